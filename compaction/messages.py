@@ -1,0 +1,394 @@
+"""Message groups, turns, head and tail, and tool-pairing validation and repair.
+
+Pure functions over ``list[Message]``; nothing here mutates its input.
+
+A **group** is the unit every stage keeps or removes whole: an assistant
+message with ``tool_calls`` (or a legacy ``function_call``) together with all
+the results answering it; any other message is a group of its own. A **turn**
+is a user message and the groups after it up to the next user message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from compaction.errors import InvalidMessagesError
+from compaction.types import Message
+
+#: First line of every summary the condenser writes; how a later compaction
+#: recognizes an earlier summary.
+SUMMARY_MARKER = "[CONTEXT CONDENSED — REFERENCE ONLY]"
+#: Content given to a tool call that arrived without a result.
+MISSING_RESULT = "[no result recorded]"
+
+HEAD_ROLES = frozenset({"system", "developer"})
+RESULT_ROLES = frozenset({"tool", "function"})
+
+
+@dataclass(frozen=True)
+class Group:
+    """Messages ``[start, end)`` that are kept or removed together."""
+
+    start: int
+    end: int
+    kind: Literal["message", "tool_call", "orphan_result"]
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class PairingProblem:
+    """One place where a tool call and its result do not line up."""
+
+    index: int
+    kind: Literal["orphan_result", "missing_result", "duplicate_result"]
+    tool_call_id: str | None
+
+    def __str__(self) -> str:
+        what = {
+            "orphan_result": "tool result answering no preceding call",
+            "missing_result": "tool call without a result",
+            "duplicate_result": "second result for the same tool call",
+        }[self.kind]
+        ident = f" {self.tool_call_id!r}" if self.tool_call_id else ""
+        return f"messages[{self.index}]: {what}{ident}"
+
+
+@dataclass(frozen=True)
+class Repair:
+    """The outcome of :func:`repair_tool_pairing`."""
+
+    messages: list[Message]
+    notes: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.notes)
+
+
+# --- reading one message ---------------------------------------------------
+
+
+def check_messages(messages: Any) -> list[Message]:
+    """Raise :class:`InvalidMessagesError` unless ``messages`` is a list of objects with a role."""
+    if not isinstance(messages, list):
+        raise InvalidMessagesError("messages", f"expected an array, got {type(messages).__name__}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidMessagesError(
+                f"messages[{i}]", f"expected an object, got {type(message).__name__}"
+            )
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise InvalidMessagesError(f"messages[{i}].role", "missing or not a string")
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise InvalidMessagesError(f"messages[{i}].tool_calls", "expected an array")
+    return messages
+
+
+def message_text(message: Message) -> str:
+    """The text of a message: its string content, or its text parts joined by newlines."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+            elif isinstance(part, str):
+                texts.append(part)
+        return "\n".join(texts)
+    return ""
+
+
+def tool_calls(message: Message) -> list[dict[str, Any]]:
+    """The well-formed entries of an assistant message's ``tool_calls``."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [call for call in calls if isinstance(call, dict)]
+
+
+def call_name_and_arguments(call: dict[str, Any]) -> tuple[str, str]:
+    """``(name, arguments)`` of a tool call or legacy function call, empty when absent."""
+    function = call.get("function", call)
+    if not isinstance(function, dict):
+        return "", ""
+    name = function.get("name")
+    arguments = function.get("arguments")
+    return (
+        name if isinstance(name, str) else "",
+        arguments if isinstance(arguments, str) else "",
+    )
+
+
+def opens_tool_group(message: Message) -> bool:
+    """Whether this message is an assistant message that calls tools or a function."""
+    if message.get("role") != "assistant":
+        return False
+    return bool(tool_calls(message)) or isinstance(message.get("function_call"), dict)
+
+
+def is_summary(message: Message) -> bool:
+    """Whether the message is a summary written by the condenser."""
+    return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
+
+
+# --- groups ----------------------------------------------------------------
+
+
+def _call_ids(message: Message) -> list[str]:
+    return [c["id"] for c in tool_calls(message) if isinstance(c.get("id"), str)]
+
+
+def group_messages(messages: Sequence[Message]) -> tuple[Group, ...]:
+    """Split ``messages`` into groups, in order, covering every index once.
+
+    Results belonging to a call are the consecutive ``tool`` messages right
+    after it whose ``tool_call_id`` it issued (a legacy ``function_call`` takes
+    the one ``function`` message after it). A result that answers nothing
+    before it forms an ``orphan_result`` group; :func:`repair_tool_pairing`
+    removes those.
+    """
+    groups: list[Group] = []
+    i, n = 0, len(messages)
+    while i < n:
+        message = messages[i]
+        if opens_tool_group(message):
+            end = i + 1
+            ids = set(_call_ids(message))
+            if ids:
+                while (
+                    end < n
+                    and messages[end].get("role") == "tool"
+                    and (messages[end].get("tool_call_id") in ids)
+                ):
+                    end += 1
+            elif end < n and messages[end].get("role") == "function":
+                end += 1
+            groups.append(Group(i, end, "tool_call"))
+            i = end
+        elif message.get("role") in RESULT_ROLES:
+            groups.append(Group(i, i + 1, "orphan_result"))
+            i += 1
+        else:
+            groups.append(Group(i, i + 1, "message"))
+            i += 1
+    return tuple(groups)
+
+
+def group_starts(groups: Sequence[Group]) -> frozenset[int]:
+    """The indices at which a group begins (plus the end of the list): the legal cut points."""
+    starts = {g.start for g in groups}
+    if groups:
+        starts.add(groups[-1].end)
+    else:
+        starts.add(0)
+    return frozenset(starts)
+
+
+# --- pairing ---------------------------------------------------------------
+
+
+def validate_tool_pairing(messages: Sequence[Message]) -> list[PairingProblem]:
+    """Every way tool calls and results fail to pair up; an empty list means valid."""
+    problems: list[PairingProblem] = []
+    for group in group_messages(messages):
+        opener = messages[group.start]
+        if group.kind == "orphan_result":
+            problems.append(
+                PairingProblem(group.start, "orphan_result", opener.get("tool_call_id"))
+            )
+            continue
+        if group.kind != "tool_call":
+            continue
+        ids = _call_ids(opener)
+        if not ids:  # legacy function_call
+            if group.size == 1:
+                problems.append(PairingProblem(group.start, "missing_result", None))
+            continue
+        seen: set[Any] = set()
+        for j in range(group.start + 1, group.end):
+            call_id = messages[j].get("tool_call_id")
+            if call_id in seen:
+                problems.append(PairingProblem(j, "duplicate_result", call_id))
+            seen.add(call_id)
+        problems.extend(
+            PairingProblem(group.start, "missing_result", call_id)
+            for call_id in ids
+            if call_id not in seen
+        )
+    return problems
+
+
+def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
+    """Repair broken pairing in the smallest way, and say what was done.
+
+    An orphan or duplicate result is dropped; a call without a result gets a
+    ``[no result recorded]`` result placed after the results it has. Input
+    that is already valid comes back as the same objects with no notes.
+    """
+    problems = validate_tool_pairing(messages)
+    if not problems:
+        return Repair(list(messages), ())
+    drop = {p.index for p in problems if p.kind != "missing_result"}
+    missing: dict[int, list[str | None]] = {}
+    for p in problems:
+        if p.kind == "missing_result":
+            missing.setdefault(p.index, []).append(p.tool_call_id)
+    group_end = {g.start: g.end for g in group_messages(messages)}
+    inserts: dict[int, list[Message]] = {}
+    for start, call_ids in missing.items():
+        opener = messages[start]
+        placeholders: list[Message] = []
+        for call_id in call_ids:
+            if call_id is None:
+                name, _ = call_name_and_arguments(opener.get("function_call") or {})
+                placeholders.append({"role": "function", "name": name, "content": MISSING_RESULT})
+            else:
+                placeholders.append(
+                    {"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT}
+                )
+        inserts[group_end[start]] = placeholders
+
+    repaired: list[Message] = []
+    for i, message in enumerate(messages):
+        repaired.extend(inserts.get(i, ()))
+        if i not in drop:
+            repaired.append(message)
+    repaired.extend(inserts.get(len(messages), ()))
+    notes = tuple(f"repaired input: {p}" for p in problems)
+    return Repair(repaired, notes)
+
+
+# --- head, turns, tail -----------------------------------------------------
+
+
+def head_end(messages: Sequence[Message], groups: Sequence[Group], head_count: int) -> int:
+    """Index one past the head: leading system/developer messages and at least
+    ``head_count`` messages, extended so that no group is cut."""
+    leading = 0
+    while leading < len(messages) and messages[leading].get("role") in HEAD_ROLES:
+        leading += 1
+    wanted = min(max(head_count, leading), len(messages))
+    if wanted == 0:
+        return 0
+    for group in groups:
+        if group.end >= wanted:
+            return group.end
+    return len(messages)
+
+
+def turn_start(messages: Sequence[Message], index: int, floor: int = 0) -> int | None:
+    """Index of the user message opening the turn that holds ``index`` (not below ``floor``)."""
+    for i in range(min(index, len(messages) - 1), floor - 1, -1):
+        if messages[i].get("role") == "user":
+            return i
+    return None
+
+
+def tail_start(
+    groups: Sequence[Group],
+    counts: Sequence[int],
+    budget: int,
+    floor: int,
+) -> int:
+    """Index where the tail begins: the newest groups whose tokens fit ``budget``.
+
+    The newest group is always in the tail, even when it alone exceeds the
+    budget, so that the latest request is never condensed away; hard
+    truncation shrinks it if it cannot fit the window. The tail never reaches
+    into the head (``floor``).
+    """
+    if not groups or groups[-1].end <= floor:
+        return max(floor, groups[-1].end if groups else 0)
+    start = groups[-1].end
+    used = 0
+    for group in reversed(groups):
+        if group.start < floor:
+            break
+        size = sum(counts[group.start : group.end])
+        if used + size > budget and start != groups[-1].end:
+            break
+        used += size
+        start = group.start
+    return start
+
+
+# --- describing tool calls ---------------------------------------------------
+
+#: Argument names that identify what a tool call acted on, most telling first.
+KEY_ARGUMENTS: tuple[str, ...] = (
+    "path",
+    "file_path",
+    "filepath",
+    "file",
+    "filename",
+    "target_file",
+    "command",
+    "cmd",
+    "query",
+    "pattern",
+    "url",
+    "uri",
+    "name",
+    "id",
+)
+_SHORT_ARGUMENT = 200
+
+
+def parse_arguments(arguments: str) -> Any:
+    """A tool call's ``arguments`` decoded from JSON, or ``None`` when they are not JSON."""
+    try:
+        return json.loads(arguments) if arguments else None
+    except ValueError:
+        return None
+
+
+def key_argument(call: dict[str, Any]) -> tuple[str, str]:
+    """``(argument name, value)`` that best says what a tool call acted on.
+
+    The first of :data:`KEY_ARGUMENTS` present as a string; otherwise the first
+    short string argument; ``("", "")`` when there is none.
+    """
+    _, arguments = call_name_and_arguments(call)
+    parsed = parse_arguments(arguments)
+    if not isinstance(parsed, dict):
+        return "", ""
+    for key in KEY_ARGUMENTS:
+        value = parsed.get(key)
+        if isinstance(value, str) and value:
+            return key, value
+    for key, value in parsed.items():
+        if isinstance(value, str) and value and len(value) <= _SHORT_ARGUMENT:
+            return str(key), value
+    return "", ""
+
+
+def call_for_result(messages: Sequence[Message], index: int) -> dict[str, Any] | None:
+    """The tool call (or legacy function call) that the result at ``index`` answers."""
+    result = messages[index]
+    call_id = result.get("tool_call_id")
+    for i in range(index - 1, -1, -1):
+        message = messages[i]
+        if message.get("role") in RESULT_ROLES:
+            continue
+        if message.get("role") != "assistant":
+            return None
+        for call in tool_calls(message):
+            if call.get("id") == call_id:
+                return call
+        function_call = message.get("function_call")
+        if isinstance(function_call, dict) and result.get("role") == "function":
+            return function_call
+        return None
+    return None
