@@ -1,0 +1,72 @@
+"""The ``llm`` summarizer: asks an OpenAI-compatible upstream for a summary.
+
+Used by the CLI (``compact --summarizer llm``) and by the server, which hands
+it the client's own credentials. The request follows DESIGN.md §6: no tools,
+``temperature: 0``, the summary budget as ``max_tokens``, not streamed. Every
+failure becomes :class:`~compaction.errors.SummarizationError`, so the
+pipeline falls back to the extractive summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from compaction.errors import SummarizationError
+from compaction.types import Message
+
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+
+
+class UpstreamSummarizer:
+    """A :class:`compaction.types.Summarizer` backed by ``POST {base_url}/chat/completions``."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        model: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self._client = client
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._model = model
+        self._headers = dict(headers or {})
+        self.calls = 0
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
+        self.calls += 1
+        try:
+            response = await self._client.post(self._url, json=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            raise SummarizationError(
+                f"summarizer upstream answered {response.status_code}: {response.text[:300]}"
+            )
+        return _summary_text(response)
+
+
+def _summary_text(response: httpx.Response) -> str:
+    try:
+        payload = response.json()
+        message = payload["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise SummarizationError("summarizer reply is not a chat completion") from exc
+    if not isinstance(message, dict):
+        raise SummarizationError("summarizer reply has no message")
+    if message.get("tool_calls") or message.get("function_call"):
+        raise SummarizationError("summarizer replied with tool calls instead of text")
+    content = message.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise SummarizationError("summarizer reply is empty")
+    return content.strip()

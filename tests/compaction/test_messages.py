@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from compaction.errors import InvalidMessagesError
+from compaction.messages import (
+    MISSING_RESULT,
+    SUMMARY_MARKER,
+    check_messages,
+    group_messages,
+    head_end,
+    is_summary,
+    key_argument,
+    message_text,
+    repair_tool_pairing,
+    tail_start,
+    turn_start,
+    validate_tool_pairing,
+)
+from tests.conftest import assistant, system, tool_group, user
+
+
+def legacy_function_pair() -> list[dict]:
+    return [
+        {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+        {"role": "function", "name": "f", "content": "42"},
+    ]
+
+
+def test_tool_call_and_all_its_results_form_one_group() -> None:
+    msgs = [system(), user("go"), *tool_group("read", {"path": "a"}, "r1", "r2", "r3"), user("x")]
+    groups = group_messages(msgs)
+    assert [(g.start, g.end, g.kind) for g in groups] == [
+        (0, 1, "message"),
+        (1, 2, "message"),
+        (2, 6, "tool_call"),
+        (6, 7, "message"),
+    ]
+
+
+def test_legacy_function_call_groups_with_its_result() -> None:
+    msgs = [user("q"), *legacy_function_pair(), assistant("done")]
+    assert [(g.start, g.end) for g in group_messages(msgs)] == [(0, 1), (1, 3), (3, 4)]
+    assert validate_tool_pairing(msgs) == []
+
+
+def test_orphan_result_and_missing_result_are_reported() -> None:
+    msgs = [
+        user("q"),
+        {"role": "tool", "tool_call_id": "nope", "content": "stray"},
+        *tool_group("ls", {"path": "."}, "x", "y")[:2],  # call with two ids, one result
+    ]
+    kinds = sorted(p.kind for p in validate_tool_pairing(msgs))
+    assert kinds == ["missing_result", "orphan_result"]
+
+
+def test_result_separated_from_its_call_by_a_user_message_is_an_orphan() -> None:
+    group = tool_group("ls", {"path": "."}, "out")
+    msgs = [group[0], user("interrupt"), group[1]]
+    kinds = sorted(p.kind for p in validate_tool_pairing(msgs))
+    assert kinds == ["missing_result", "orphan_result"]
+
+
+def test_repair_drops_orphans_and_fills_missing_results_without_mutating() -> None:
+    group = tool_group("ls", {"path": "."}, "a", "b")
+    msgs = [
+        user("q"),
+        {"role": "tool", "tool_call_id": "ghost", "content": "stray"},
+        group[0],
+        group[1],
+        user("next"),
+    ]
+    before = copy.deepcopy(msgs)
+    repair = repair_tool_pairing(msgs)
+    assert msgs == before
+    assert validate_tool_pairing(repair.messages) == []
+    assert len(repair.notes) == 2
+    assert all("repaired input" in n for n in repair.notes)
+    roles = [m["role"] for m in repair.messages]
+    assert roles == ["user", "assistant", "tool", "tool", "user"]
+    assert repair.messages[3]["content"] == MISSING_RESULT
+    assert repair.messages[3]["tool_call_id"] == group[2]["tool_call_id"]
+
+
+def test_repair_of_valid_input_changes_nothing() -> None:
+    msgs = [system(), user("q"), *tool_group("ls", {"path": "."}, "a")]
+    repair = repair_tool_pairing(msgs)
+    assert not repair.changed
+    assert all(a is b for a, b in zip(repair.messages, msgs, strict=True))
+
+
+def test_repair_gives_legacy_call_a_function_result() -> None:
+    msgs = [user("q"), legacy_function_pair()[0]]
+    repair = repair_tool_pairing(msgs)
+    assert repair.messages[-1] == {"role": "function", "name": "f", "content": MISSING_RESULT}
+    assert validate_tool_pairing(repair.messages) == []
+
+
+def test_head_covers_leading_system_messages_and_ends_on_group_boundary() -> None:
+    msgs = [system("a"), {"role": "developer", "content": "b"}, system("c"), user("task")]
+    assert head_end(msgs, group_messages(msgs), 2) == 3
+    tool_first = [system(), *tool_group("ls", {"path": "."}, "a", "b"), user("x")]
+    # head_count 2 lands inside the tool group: the whole group joins the head.
+    assert head_end(tool_first, group_messages(tool_first), 2) == 4
+    assert head_end([user("x")], group_messages([user("x")]), 0) == 0
+
+
+def test_tail_keeps_newest_groups_within_budget_but_always_the_newest() -> None:
+    msgs = [system(), user("a"), assistant("b"), user("c"), assistant("d")]
+    groups = group_messages(msgs)
+    counts = [10, 10, 10, 10, 10]
+    assert tail_start(groups, counts, 25, floor=2) == 3
+    assert tail_start(groups, counts, 5, floor=2) == 4  # newest kept though over budget
+    assert tail_start(groups, counts, 1000, floor=2) == 2  # never into the head
+
+
+def test_tail_never_splits_a_tool_group() -> None:
+    msgs = [system(), user("a"), *tool_group("ls", {"path": "."}, "x", "y"), assistant("z")]
+    groups = group_messages(msgs)
+    counts = [5, 5, 5, 5, 5, 5]
+    start = tail_start(groups, counts, 12, floor=2)
+    assert start in {g.start for g in groups}
+    assert start == 5
+
+
+def test_turn_start_finds_opening_user_message() -> None:
+    msgs = [system(), user("a"), *tool_group("ls", {"path": "."}, "x"), assistant("done")]
+    assert turn_start(msgs, 4) == 1
+    assert turn_start(msgs, 4, floor=2) is None
+
+
+def test_message_text_joins_text_parts_and_ignores_images() -> None:
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "data:..."}},
+            {"type": "text", "text": "here"},
+        ],
+    }
+    assert message_text(message) == "look\nhere"
+    assert message_text({"role": "assistant", "content": None}) == ""
+
+
+def test_is_summary_only_for_user_messages_starting_with_marker() -> None:
+    assert is_summary(user(SUMMARY_MARKER + "\nstuff"))
+    assert not is_summary(assistant(SUMMARY_MARKER))
+    assert not is_summary(user("hello " + SUMMARY_MARKER))
+
+
+def test_key_argument_prefers_known_names_then_first_short_string() -> None:
+    call = tool_group("x", {"verbose": True, "path": "src/a.py", "command": "ls"})[0]
+    assert key_argument(call["tool_calls"][0]) == ("path", "src/a.py")
+    other = tool_group("x", {"n": 3, "flavour": "mint"})[0]
+    assert key_argument(other["tool_calls"][0]) == ("flavour", "mint")
+    broken = {"function": {"name": "x", "arguments": "{not json"}}
+    assert key_argument(broken) == ("", "")
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ({"role": "user"}, "messages"),
+        (["hi"], "messages[0]"),
+        ([{"content": "x"}], "messages[0].role"),
+        ([{"role": "assistant", "tool_calls": "x"}], "messages[0].tool_calls"),
+    ],
+)
+def test_check_messages_names_the_culprit(value: object, where: str) -> None:
+    with pytest.raises(InvalidMessagesError) as info:
+        check_messages(value)
+    assert info.value.where == where
