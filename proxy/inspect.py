@@ -81,9 +81,8 @@ def render_inspection(body: dict[str, Any], config: ModelConfig, *, top: int = 1
     ranked = sorted(groups, key=lambda g: -sum(counts[g.start : g.end]))[:top]
     for group in ranked:
         tokens = sum(counts[group.start : group.end])
-        lines.append(
-            f"  [{group.start:>4}–{group.end - 1:>4}] {tokens:>8,}  {_describe_group(messages, group.start)}"
-        )
+        what = _describe_group(messages, group.start)
+        lines.append(f"  [{group.start:>4}–{group.end - 1:>4}] {tokens:>8,}  {what}")
     problems = validate_tool_pairing(messages)
     lines.append("")
     if problems:
