@@ -1,0 +1,137 @@
+"""Which profile, upstream and summary model apply to one model name.
+
+Pure functions over :class:`Settings`; the proxy keeps the learned windows and
+passes them in. Precedence, strongest first::
+
+    context_window   learned (overflow error) > [models."…"] > built-in table > [compaction]
+    other fields     [models."…"] > [compaction]
+    summary_model    [models."…"] > [compaction].summary_model > the model itself
+    upstream         [models."…"].upstream > [upstream].base_url
+    api_key_env      [models."…"].api_key_env > [upstream].api_key_env
+
+One ``[models."…"]`` table applies: the one named exactly, otherwise the
+matching glob (case-insensitive) with the most literal characters; the first
+one written wins a tie. Globs match the name as the client sends it, provider
+prefix included (``"*/qwen*"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from compaction.profile import Profile
+from config.model_table import builtin_context_window
+from config.settings import ModelOverride, Settings
+
+WindowSource = Literal["learned", "override", "table", "default"]
+
+#: Resolutions a :class:`ModelResolver` keeps before starting over; clients
+#: choose model names, so the cache must not grow without bound.
+DEFAULT_RESOLVER_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the proxy needs to handle one request for ``model``."""
+
+    model: str  #: as the client sent it; "" when the request named none
+    profile: Profile
+    upstream: str  #: base URL, no trailing slash
+    summary_model: str
+    api_key_env: str  #: variable holding the key used when the client sends none
+    override: str | None = None  #: the [models."…"] key that applied, if any
+    window_source: WindowSource = "default"  #: where profile.context_window came from
+
+
+def find_override(
+    models: Mapping[str, ModelOverride], model: str
+) -> tuple[str, ModelOverride] | None:
+    """The ``[models."…"]`` entry for ``model``: exact name first, then the most specific glob."""
+    exact = models.get(model)
+    if exact is not None:
+        return model, exact
+    name = model.lower()
+    best: tuple[str, ModelOverride] | None = None
+    best_score = -1
+    for pattern, override in models.items():
+        score = _specificity(pattern)
+        if score > best_score and fnmatchcase(name, pattern.lower()):
+            best, best_score = (pattern, override), score
+    return best
+
+
+def resolve_model(
+    settings: Settings,
+    model: str | None,
+    learned_windows: Mapping[str, int] | None = None,
+) -> ModelConfig:
+    """Resolve ``model`` against ``settings``; see the module docstring for precedence."""
+    return _apply_learned(_resolve(settings, model or ""), learned_windows)
+
+
+class ModelResolver:
+    """:func:`resolve_model` for one :class:`Settings`, remembering each answer.
+
+    Settings are frozen, so an answer stays valid; a learned window is part of
+    the cache key, so learning one for a model simply makes a new entry.
+    """
+
+    def __init__(
+        self, settings: Settings, *, max_cached: int = DEFAULT_RESOLVER_CACHE_SIZE
+    ) -> None:
+        self.settings = settings
+        self._max_cached = max_cached
+        self._cache: dict[tuple[str, int | None], ModelConfig] = {}
+
+    def resolve(
+        self, model: str | None, learned_windows: Mapping[str, int] | None = None
+    ) -> ModelConfig:
+        name = model or ""
+        learned = learned_windows.get(name) if learned_windows else None
+        key = (name, learned)
+        config = self._cache.get(key)
+        if config is None:
+            config = _apply_learned(_resolve(self.settings, name), learned_windows)
+            if len(self._cache) >= self._max_cached:
+                self._cache.clear()
+            self._cache[key] = config
+        return config
+
+
+def _resolve(settings: Settings, model: str) -> ModelConfig:
+    found = find_override(settings.models, model) if model else None
+    key, override = found if found is not None else (None, ModelOverride())
+    changes = override.profile_changes()
+    source: WindowSource = "default"
+    if "context_window" in changes:
+        source = "override"
+    elif (window := builtin_context_window(model)) is not None:
+        changes["context_window"] = window
+        source = "table"
+    return ModelConfig(
+        model=model,
+        profile=settings.compaction.to_profile(**changes),
+        upstream=override.upstream or settings.upstream.base_url,
+        summary_model=override.summary_model or settings.compaction.summary_model or model,
+        api_key_env=override.api_key_env or settings.upstream.api_key_env,
+        override=key,
+        window_source=source,
+    )
+
+
+def _apply_learned(config: ModelConfig, learned_windows: Mapping[str, int] | None) -> ModelConfig:
+    if not learned_windows:
+        return config
+    window = learned_windows.get(config.model)
+    if window is None or window <= 0:
+        return config
+    profile = dataclasses.replace(config.profile, context_window=window)
+    return dataclasses.replace(config, profile=profile, window_source="learned")
+
+
+def _specificity(pattern: str) -> int:
+    return sum(1 for char in pattern if char not in "*?")

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from compaction import profile as defaults
+from compaction.profile import Profile
+from config.settings import (
+    PROFILE_FIELDS,
+    CompactionSettings,
+    ModelOverride,
+    ServerSettings,
+    Settings,
+    UpstreamSettings,
+)
+
+
+def test_compaction_defaults_are_the_libraries() -> None:
+    settings = CompactionSettings()
+    assert settings.context_window == defaults.DEFAULT_CONTEXT_WINDOW
+    assert settings.reserve_tokens == defaults.DEFAULT_RESERVE_TOKENS
+    assert settings.keep_recent_tokens == defaults.DEFAULT_KEEP_RECENT_TOKENS
+    assert settings.head_count == defaults.DEFAULT_HEAD_COUNT
+    assert settings.image_tokens == defaults.DEFAULT_IMAGE_TOKENS
+    assert settings.summary_ratio == defaults.DEFAULT_SUMMARY_RATIO
+    assert settings.read_tools == defaults.DEFAULT_READ_TOOLS
+    assert settings.threshold is None
+    assert settings.summarizer == "llm"
+    assert settings.summary_model is None
+    assert settings.to_profile() == Profile()
+
+
+def test_compaction_has_every_profile_field_and_summary_model() -> None:
+    profile_fields = {field.name for field in dataclasses.fields(Profile)}
+    assert set(PROFILE_FIELDS) == profile_fields
+    assert set(CompactionSettings.model_fields) == profile_fields | {"summary_model"}
+    assert set(ModelOverride.model_fields) == profile_fields | {
+        "summary_model",
+        "upstream",
+        "api_key_env",
+    }
+
+
+def test_model_override_inherits_everything_by_default() -> None:
+    assert all(value is None for value in ModelOverride().model_dump().values())
+    assert ModelOverride().profile_changes() == {}
+    assert ModelOverride(context_window=8192).profile_changes() == {"context_window": 8192}
+
+
+def test_server_and_upstream_defaults() -> None:
+    server, upstream = ServerSettings(), UpstreamSettings()
+    assert (server.host, server.port, server.cors_origins) == ("127.0.0.1", 8808, [])
+    assert server.api_key is None
+    assert server.max_body_bytes == 32 * 1024 * 1024
+    assert upstream.base_url == "https://api.openai.com/v1"
+    assert upstream.api_key_env == "OPENAI_API_KEY"
+    assert (upstream.connect_timeout, upstream.read_timeout) == (10.0, 600.0)
+
+
+def test_every_field_has_a_description() -> None:
+    for model in (Settings, ServerSettings, UpstreamSettings, CompactionSettings, ModelOverride):
+        for name, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{name}"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("context_window", 0),
+        ("reserve_tokens", -1),
+        ("head_count", -1),
+        ("summary_ratio", 0),
+        ("summary_ratio", 1.5),
+        ("summarizer", "gpt"),
+        ("summary_min_tokens", 0),
+        ("threshold", 0),
+    ],
+)
+def test_compaction_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as caught:
+        CompactionSettings.model_validate({field: value})
+    assert caught.value.errors()[0]["loc"] == (field,)
+
+
+def test_compaction_applies_the_profiles_cross_field_rules() -> None:
+    with pytest.raises(ValidationError, match="summary_max_tokens must be at least"):
+        CompactionSettings(summary_min_tokens=5000)
+    ok = CompactionSettings(assistant_text_chars=1000, assistant_keep_start=300)
+    assert ok.to_profile().assistant_text_chars == 1000
+
+
+def test_override_is_checked_against_compaction() -> None:
+    with pytest.raises(ValidationError, match="summary_max_tokens must be at least"):
+        Settings.model_validate({"models": {"small": {"summary_min_tokens": 5000}}})
+
+
+def test_upstream_urls_must_be_http_and_lose_the_trailing_slash() -> None:
+    assert UpstreamSettings(base_url="http://127.0.0.1:11434/v1/").base_url == (
+        "http://127.0.0.1:11434/v1"
+    )
+    for bad in ("ftp://example.com", "localhost:8080", ""):
+        with pytest.raises(ValidationError):
+            UpstreamSettings(base_url=bad)
+    with pytest.raises(ValidationError):
+        ModelOverride(upstream="file:///etc/passwd")
+
+
+def test_port_range_and_unknown_keys() -> None:
+    with pytest.raises(ValidationError):
+        ServerSettings(port=70000)
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        ServerSettings.model_validate({"prot": 1})
+
+
+def test_proxy_key_is_never_printed() -> None:
+    server = ServerSettings(api_key=SecretStr("sk-secret"))
+    assert "sk-secret" not in repr(server)
+    assert "sk-secret" not in str(Settings(server=server))
+    assert server.api_key is not None
+    assert server.api_key.get_secret_value() == "sk-secret"
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(ValidationError):
+        settings.compaction.context_window = 1  # type: ignore[misc]
+
+
+def test_settings_read_the_environment_but_no_file(
+    monkeypatch: pytest.MonkeyPatch, write_toml: Callable[..., Path]
+) -> None:
+    write_toml("[server]\nport = 1\n", "compaction-proxy.toml")
+    monkeypatch.setenv("COMPACTION_PROXY_COMPACTION__RESERVE_TOKENS", "8000")
+    settings = Settings()
+    assert settings.compaction.reserve_tokens == 8000
+    assert settings.server.port == 8808
