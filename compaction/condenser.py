@@ -1,0 +1,322 @@
+"""Stage 2: replace the middle of a conversation with one structured summary.
+
+Deciding is kept apart from doing: :func:`plan_condense` (pure, sync) finds
+what the summary covers and whether the tail starts inside a turn;
+:func:`condense` (async) is the only place a summarizer is called.
+
+::
+
+    before  [ head ][ middle ............................. ][ tail ]
+    after   [ head ][ summary ][ tail ]
+
+    split turn (the tail starts inside the turn opened by user message U):
+    before  [ head ][ ..... ][ U ][ steps of U's turn ][ tail ]
+    after   [ head ][ summary ][ U ][ turn-prefix summary ][ tail ]
+
+Head, tail and U come out as the very same objects. Each summary is a user
+message starting with :data:`~compaction.messages.SUMMARY_MARKER` and ending
+with the ``<read-files>`` / ``<modified-files>`` blocks. Earlier summaries in
+the middle are updated (rolling), never summarized as ordinary text. An LLM
+failure falls back to the extractive summary; a summary that would not be
+shorter than what it replaces raises :class:`SummarizationError`, and the
+pipeline moves on to hard truncation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from compaction.errors import SummarizationError
+from compaction.extractive import extractive_summary
+from compaction.files import collect_files
+from compaction.messages import group_messages, is_summary, message_text
+from compaction.profile import Profile
+from compaction.prompts import (
+    fit_tokens,
+    serialize_messages,
+    summary_body,
+    summary_message,
+    summary_prompt,
+    turn_prefix_prompt,
+)
+from compaction.tokens import TokenCounter
+from compaction.types import Message, Summarizer
+
+#: Room left in the summarizer's window besides the prompt and the reply: the
+#: prompt is estimated with our tokenizer, which may not be the summarizer's.
+DEFAULT_PROMPT_MARGIN = 256
+#: A chunk of transcript is never planned smaller than this, however small the
+#: window: below it, map → fold would spend more on prompts than on content.
+MIN_CHUNK_TOKENS = 256
+#: The summary's max_tokens is at most this fraction (1/n) of the summarizer's window.
+MAX_REPLY_SHARE = 4
+#: Tighter and tighter cuts tried on one message group too large for a chunk.
+_HARDER_CUTS = (1_000, 500, 200)
+_NOTE_CHARS = 200
+
+SummarizerUsed = Literal["llm", "extractive"]
+
+
+@dataclass(frozen=True)
+class CondensePlan:
+    """What :func:`condense` replaces: ``[head_end, tail_start)``.
+
+    ``turn_start`` is the user message that opened the turn the tail starts
+    inside, when that message lies in the middle; it is kept verbatim.
+    """
+
+    head_end: int
+    tail_start: int
+    turn_start: int | None
+    previous_summaries: tuple[int, ...]
+
+    @property
+    def split_turn(self) -> bool:
+        return self.turn_start is not None
+
+    @property
+    def main_end(self) -> int:
+        """Where the main summary's span ends (the turn opener, or the tail)."""
+        return self.turn_start if self.turn_start is not None else self.tail_start
+
+
+@dataclass(frozen=True)
+class CondenseResult:
+    messages: list[Message]
+    summary: Message
+    summarizer_used: SummarizerUsed
+    summarizer_calls: int
+    summary_tokens: int
+    replaced_tokens: int
+    notes: tuple[str, ...]
+
+
+def plan_condense(messages: Sequence[Message], head_end: int, tail_start: int) -> CondensePlan:
+    """Find the turn opener (if the tail starts inside a turn) and the earlier summaries."""
+    if not 0 <= head_end <= tail_start <= len(messages):
+        raise ValueError(
+            f"need 0 <= head_end ({head_end}) <= tail_start ({tail_start}) "
+            f"<= len(messages) ({len(messages)})"
+        )
+    opener: int | None = None
+    if tail_start < len(messages) and messages[tail_start].get("role") in (
+        "assistant",
+        "tool",
+        "function",
+    ):
+        # An earlier summary is a user message but opens no turn: look past it.
+        for i in range(tail_start - 1, head_end - 1, -1):
+            message = messages[i]
+            if message.get("role") == "user" and not is_summary(message):
+                opener = i
+                break
+    previous = tuple(i for i in range(head_end, tail_start) if is_summary(messages[i]))
+    return CondensePlan(head_end, tail_start, opener, previous)
+
+
+def summary_budget(tokens: int, profile: Profile, *, turn_prefix: bool = False) -> int:
+    """The summarizer's ``max_tokens``: a share of what is replaced, clamped.
+
+    A turn-prefix summary only bridges to the steps that follow, so its
+    ceiling is half the main one.
+    """
+    ceiling = profile.summary_max_tokens
+    if turn_prefix:
+        ceiling = max(profile.summary_min_tokens, ceiling // 2)
+    return min(max(round(tokens * profile.summary_ratio), profile.summary_min_tokens), ceiling)
+
+
+async def condense(
+    messages: Sequence[Message],
+    plan: CondensePlan,
+    *,
+    profile: Profile,
+    counter: TokenCounter,
+    summarizer: Summarizer | None,
+    instructions: str | None = None,
+) -> CondenseResult:
+    """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split)."""
+    if plan.head_end >= plan.tail_start:
+        raise SummarizationError("nothing to condense: the middle is empty")
+    if profile.summarizer == "off":
+        raise SummarizationError("the summarizer is off")
+    main = list(messages[plan.head_end : plan.main_end])
+    prefix: list[Message] = []
+    if plan.turn_start is not None:
+        prefix = list(messages[plan.turn_start + 1 : plan.tail_start])
+    if not any(not is_summary(m) for m in (*main, *prefix)):
+        raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
+
+    run = _Run(profile, counter, summarizer, instructions, list(messages[: plan.head_end]))
+    main_summary = await run.summarize(main, request=None) if main else None
+    prefix_summary = None
+    if plan.turn_start is not None and prefix:
+        request = message_text(messages[plan.turn_start])
+        prefix_summary = await run.summarize(prefix, request=request)
+
+    replaced = sum(counter.count_messages([*main, *prefix]))
+    written = [m for m in (main_summary, prefix_summary) if m is not None]
+    summary_tokens = sum(counter.count_messages(written))
+    if summary_tokens >= replaced:
+        raise SummarizationError(
+            f"the summary ({summary_tokens:,} tokens) is not shorter than "
+            f"the {replaced:,} tokens it would replace"
+        )
+
+    out = list(messages[: plan.head_end])
+    if main_summary is not None:
+        out.append(main_summary)
+    if plan.turn_start is not None:
+        out.append(messages[plan.turn_start])
+        if prefix_summary is not None:
+            out.append(prefix_summary)
+    out.extend(messages[plan.tail_start :])
+    return CondenseResult(
+        messages=out,
+        summary=written[0],
+        summarizer_used="extractive" if run.fell_back else "llm",
+        summarizer_calls=run.calls,
+        summary_tokens=summary_tokens,
+        replaced_tokens=replaced,
+        notes=tuple(run.notes),
+    )
+
+
+@dataclass
+class _Run:
+    """One condense call: its settings, and what happened so far."""
+
+    profile: Profile
+    counter: TokenCounter
+    summarizer: Summarizer | None
+    instructions: str | None
+    head: list[Message]
+    calls: int = 0
+    fell_back: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    async def summarize(self, span: list[Message], *, request: str | None) -> Message:
+        """The summary message for ``span``; ``request`` is set for a turn prefix."""
+        turn_prefix = request is not None
+        ordinary = [m for m in span if not is_summary(m)]
+        previous = [summary_body(message_text(m)) for m in span if is_summary(m)]
+        if not ordinary and len(span) == 1:
+            return span[0]  # a lone earlier summary: nothing new to fold into it
+        span_tokens = sum(self.counter.count_messages(span))
+        budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
+        files = collect_files(span, self.profile)
+
+        def wrap(body: str) -> Message:
+            return summary_message(body, condensed=len(span), files=files, turn_prefix=turn_prefix)
+
+        label = "turn prefix: " if turn_prefix else ""
+        if self.profile.summarizer == "llm" and self.summarizer is not None:
+            try:
+                body = await self._llm(ordinary, previous, budget, request)
+                message = wrap(body)
+                tokens = self.counter.count_message(message)
+                if tokens >= span_tokens:
+                    raise SummarizationError(
+                        f"{tokens:,} tokens, not shorter than the {span_tokens:,} it replaces"
+                    )
+                return message
+            except SummarizationError as exc:
+                self.notes.append(f"{label}llm summary unusable ({exc}); used extractive")
+            except Exception as exc:  # any failure of the injected call falls back
+                detail = _clip_note(f"{type(exc).__name__}: {exc}")
+                self.notes.append(f"{label}llm summarizer failed ({detail}); used extractive")
+        elif self.profile.summarizer == "llm" and not self.fell_back:
+            self.notes.append("no llm summarizer available; used extractive")
+        self.fell_back = True
+        body = extractive_summary(
+            ordinary,
+            head=self.head,
+            previous=previous,
+            budget=budget,
+            counter=self.counter,
+            instructions=self.instructions,
+            files=files,
+            turn_prefix=turn_prefix,
+        )
+        return wrap(body)
+
+    async def _llm(
+        self,
+        ordinary: list[Message],
+        previous: list[str],
+        budget: int,
+        request: str | None,
+    ) -> str:
+        """Map → fold: summarize chunk by chunk, each call updating the running summary."""
+        assert self.summarizer is not None
+
+        def prompt(transcript: str, running: Sequence[str]) -> list[Message]:
+            if request is None:
+                return summary_prompt(
+                    transcript, previous=running, instructions=self.instructions, budget=budget
+                )
+            return turn_prefix_prompt(
+                transcript,
+                request=request,
+                previous=running,
+                instructions=self.instructions,
+                budget=budget,
+            )
+
+        window = self.profile.summarizer_context_window or self.profile.context_window
+        # A reply may not crowd the transcript out of a small summarizer window.
+        budget = min(budget, max(window // MAX_REPLY_SHARE, 1))
+        available = window - budget - max(DEFAULT_PROMPT_MARGIN, window // 20)
+        available -= sum(self.counter.count_messages(prompt("", ())))
+        first = available - sum(self.counter.count_text(p) + 8 for p in previous)
+        following = available - budget - 8
+        running: list[str] = previous
+        for chunk in self._chunks(ordinary, first, following):
+            self.calls += 1  # counted before awaiting: a failed call was still made
+            reply = await self.summarizer(prompt(chunk, running), budget)
+            if not isinstance(reply, str):
+                raise SummarizationError(f"the reply is {type(reply).__name__}, not text")
+            body = summary_body(reply)
+            if not body:
+                raise SummarizationError("empty reply")
+            running = [body]
+        return running[0]
+
+    def _chunks(self, messages: list[Message], first: int, following: int) -> list[str]:
+        """The serialized transcript split at group boundaries into chunks that fit."""
+        limit = self.profile.summary_tool_result_chars
+        chunks: list[str] = []
+        parts: list[str] = []
+        used = 0
+        for group in group_messages(messages):
+            text = serialize_messages(messages[group.start : group.end], limit)
+            tokens = self.counter.count_text(text) + 2
+            capacity = max(first if not chunks else following, MIN_CHUNK_TOKENS)
+            if parts and used + tokens > capacity:
+                chunks.append("\n\n".join(parts))
+                parts, used = [], 0
+                capacity = max(following, MIN_CHUNK_TOKENS)
+            if tokens > capacity:
+                text, tokens = self._squeeze(messages[group.start : group.end], capacity)
+            parts.append(text)
+            used += tokens
+        if parts or not chunks:
+            chunks.append("\n\n".join(parts))
+        return chunks
+
+    def _squeeze(self, group: list[Message], capacity: int) -> tuple[str, int]:
+        """One group serialized with its results cut harder until it fits ``capacity``."""
+        text = ""
+        for limit in _HARDER_CUTS:
+            text = serialize_messages(group, limit)
+            if self.counter.count_text(text) + 2 <= capacity:
+                break
+        text = fit_tokens(text, capacity - 2, self.counter)
+        return text, self.counter.count_text(text) + 2
+
+
+def _clip_note(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _NOTE_CHARS else flat[: _NOTE_CHARS - 1] + "…"

@@ -1,0 +1,360 @@
+"""Stage 3: hard truncation — the guarantee (DESIGN.md §5.3).
+
+Whatever comes in leaves at or below ``limit`` tokens, or
+:class:`~compaction.errors.CannotFitError` names the part that cannot::
+
+    ┌──────┬─────────┬──────────────────────────┬─────────────┬──────────────────┐
+    │ head │ summary │ [N earlier messages were │ turn opener │ newest groups    │
+    │      │         │  removed to fit …]       │             │                  │
+    └──────┴─────────┴──────────────────────────┴─────────────┴──────────────────┘
+     always  newest,   one note where the         the request   a contiguous
+     whole   if it     dropped messages were      the suffix    suffix, whole
+             fits                                 answers       groups only
+
+Space is handed out in this order: the head (never cut: CannotFitError
+``"head"`` when it alone is too large), the newest group (what the model must
+answer), the newest summary, the user message that opened the newest group's
+turn when it was dropped, then older groups newest-first until the first one
+that does not fit. The opener goes before older groups because the model needs
+the request it is working on more than the oldest steps taken for it.
+
+When even the newest group does not fit, it is cut in place (tool results,
+texts and arguments, biggest first, each keeping its start and end) until it
+does; CannotFitError ``"newest group"`` when even that is not enough.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction.errors import CannotFitError
+from compaction.messages import Group, group_messages, is_summary
+from compaction.pruner import cut_middle, shrink_arguments
+from compaction.tokens import TokenCounter
+from compaction.types import Message
+
+_NOTE = "[{count} earlier messages were removed to fit the context window.]"
+_NOTE_PATTERN = re.compile(r"\[(\d+) earlier messages were removed to fit the context window\.\]")
+#: Characters a cut field keeps at least; below this a text says nothing.
+_MIN_FIELD_CHARS = 200
+#: Room for the cut marker, so a field cut to ``n`` characters ends up at most ``n``.
+_MARKER_CHARS = 48
+#: Each cut of a field removes at least this much, so shrinking always progresses.
+_MIN_STEP_CHARS = 64
+
+
+@dataclass(frozen=True)
+class TruncateResult:
+    """The truncated conversation and what was done to it."""
+
+    messages: list[Message]
+    dropped: int  #: messages removed
+    shrunk: int  #: messages whose content was cut to fit
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    summary: int | None  #: index of the newest summary kept before the note
+    opener: int | None  #: index of the turn's user message kept after the note
+    suffix_start: int  #: the newest groups from here on are kept
+
+
+def truncate(
+    messages: Sequence[Message],
+    *,
+    head_end: int,
+    limit: int,
+    counter: TokenCounter,
+    overhead: int,
+) -> TruncateResult:
+    """Bring ``messages`` (plus ``overhead``) to at most ``limit`` tokens.
+
+    ``head_end`` should be a group boundary; one inside a group is moved to
+    the group's end, so the head never splits a tool call from its results.
+    Input that already fits comes back as the same objects.
+    """
+    counts = counter.count_messages(messages)
+    if sum(counts) + overhead <= limit:
+        return TruncateResult(list(messages), 0, 0, ())
+
+    groups = group_messages(messages)
+    head_end = _group_boundary(groups, head_end)
+    head_tokens = sum(counts[:head_end]) + overhead
+    if head_tokens > limit:
+        raise CannotFitError("head", head_tokens, limit)
+    body = [g for g in groups if g.start >= head_end]
+
+    reserve = counter.count_message(_note(len(messages)))
+    while True:
+        plan = _select(messages, counts, body, head_end, limit - head_tokens - reserve)
+        if plan is None:
+            return _shrink_newest(messages, body, head_end, head_tokens, limit, counter)
+        out, dropped = _assemble(messages, head_end, plan)
+        total = sum(counter.count_messages(out)) + overhead
+        if total <= limit:
+            note = f"removed {dropped} earlier messages to fit {limit:,} tokens"
+            return TruncateResult(out, dropped, 0, (note,))
+        # The note's token count was underestimated; leave it more room.
+        reserve += total - limit
+
+
+def _group_boundary(groups: Sequence[Group], index: int) -> int:
+    end = groups[-1].end if groups else 0
+    index = min(max(index, 0), end)
+    for group in groups:
+        if group.start < index < group.end:
+            return group.end
+    return index
+
+
+def _select(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    body: Sequence[Group],
+    head_end: int,
+    budget: int,
+) -> _Plan | None:
+    """What to keep after the head within ``budget``; ``None`` if the newest group does not fit."""
+
+    def tokens(group: Group) -> int:
+        return sum(counts[group.start : group.end])
+
+    newest = body[-1]
+    used = tokens(newest)
+    if used > budget:
+        return None
+
+    summary = next(
+        (i for i in range(newest.start - 1, head_end - 1, -1) if is_summary(messages[i])), None
+    )
+    if summary is not None and used + counts[summary] <= budget:
+        used += counts[summary]
+    else:
+        summary = None
+
+    opener = _turn_opener(messages, head_end, newest.start)
+    if opener is not None and used + counts[opener] <= budget:
+        used += counts[opener]
+    else:
+        opener = None
+
+    suffix_start = newest.start
+    for group in reversed(body[:-1]):
+        if group.start not in (summary, opener):
+            if used + tokens(group) > budget:
+                break
+            used += tokens(group)
+        suffix_start = group.start
+    return _Plan(summary, opener, suffix_start)
+
+
+def _turn_opener(messages: Sequence[Message], floor: int, start: int) -> int | None:
+    """The user message that opened the turn ``messages[start]`` belongs to, when that is
+    a request and not ``messages[start]`` itself."""
+    if messages[start].get("role") == "user":
+        return None
+    for i in range(start - 1, floor - 1, -1):
+        message = messages[i]
+        if message.get("role") == "user":
+            if is_summary(message) or _note_count(message) is not None:
+                return None
+            return i
+    return None
+
+
+def _assemble(messages: Sequence[Message], head_end: int, plan: _Plan) -> tuple[list[Message], int]:
+    out = list(messages[:head_end])
+    if plan.summary is not None and plan.summary < plan.suffix_start:
+        out.append(messages[plan.summary])
+    kept_before = {plan.summary, plan.opener}
+    dropped = [
+        m
+        for i, m in enumerate(messages[head_end : plan.suffix_start], head_end)
+        if i not in kept_before
+    ]
+    if dropped:
+        out.append(_note(_removed_count(dropped)))
+    if plan.opener is not None and plan.opener < plan.suffix_start:
+        out.append(messages[plan.opener])
+    out.extend(messages[plan.suffix_start :])
+    return out, len(dropped)
+
+
+def _note(count: int) -> Message:
+    return {"role": "user", "content": _NOTE.format(count=count)}
+
+
+def _note_count(message: Message) -> int | None:
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, str):
+        return None
+    match = _NOTE_PATTERN.fullmatch(content)
+    return int(match.group(1)) if match else None
+
+
+def _removed_count(dropped: Sequence[Message]) -> int:
+    # A note left by an earlier truncation stands for the messages it replaced.
+    return sum(_note_count(m) or 1 for m in dropped)
+
+
+# --- shrinking the newest group ----------------------------------------------
+
+
+def _shrink_newest(
+    messages: Sequence[Message],
+    body: Sequence[Group],
+    head_end: int,
+    head_tokens: int,
+    limit: int,
+    counter: TokenCounter,
+) -> TruncateResult:
+    newest = body[-1]
+    dropped = messages[head_end : newest.start]
+    note = _note(_removed_count(dropped)) if dropped else None
+    note_tokens = counter.count_message(note) if note else 0
+    group = list(messages[newest.start : newest.end])
+    before = sum(counter.count_messages(group))
+    room = limit - head_tokens - note_tokens
+
+    cut = _shrink_group(group, room, counter)
+    after = sum(counter.count_messages(cut))
+    if after > room:
+        raise CannotFitError("newest group", head_tokens + note_tokens + after, limit)
+
+    shrunk = sum(1 for new, old in zip(cut, group, strict=True) if new is not old)
+    notes = []
+    if shrunk:
+        notes.append(
+            f"cut {shrunk} messages of the newest group to fit {limit:,} tokens "
+            f"({before:,} → {after:,} tokens)"
+        )
+    out = list(messages[:head_end])
+    if note:
+        out.append(note)
+        notes.insert(0, f"removed {len(dropped)} earlier messages to fit {limit:,} tokens")
+    out.extend(cut)
+    return TruncateResult(out, len(dropped), shrunk, tuple(notes))
+
+
+@dataclass
+class _Field:
+    """One cuttable string inside a working copy of the group."""
+
+    message: int
+    original: str
+    write: Callable[[str], None]
+    is_arguments: bool
+    tokens: int
+    current: str = ""
+    exhausted: bool = False
+
+    def __post_init__(self) -> None:
+        self.current = self.original
+
+
+def _shrink_group(group: list[Message], room: int, counter: TokenCounter) -> list[Message]:
+    """``group`` with its biggest texts cut until it fits ``room`` tokens, or as far as
+    cutting goes. Untouched messages stay the same objects."""
+    work = [_editable(m) for m in group]
+    fields = [f for i, m in enumerate(work) for f in _fields(i, m, counter)]
+    counts = counter.count_messages(work)
+    touched: set[int] = set()
+    while True:
+        excess = sum(counts) - room
+        if excess <= 0:
+            break
+        candidates = [f for f in fields if not f.exhausted]
+        if not candidates:
+            break
+        # The biggest first; the earliest of equals, so the outcome is deterministic.
+        field = max(candidates, key=lambda f: f.tokens)
+        size = field.tokens
+        # Chars to keep, in proportion to the tokens that must go, with room
+        # for the marker and a step that guarantees progress.
+        wanted = len(field.current) * max(size - excess, 0) // max(size, 1) - _MARKER_CHARS
+        wanted = min(wanted, len(field.current) - _MIN_STEP_CHARS)
+        if wanted <= _MIN_FIELD_CHARS:
+            wanted = _MIN_FIELD_CHARS
+            field.exhausted = True
+        new = _cut_field(field, wanted)
+        if len(new) >= len(field.current):
+            field.exhausted = True
+            continue
+        field.current = new
+        field.tokens = counter.count_text(new)
+        field.write(new)
+        touched.add(field.message)
+        counts[field.message] = counter.count_message(work[field.message])
+    return [work[i] if i in touched else m for i, m in enumerate(group)]
+
+
+def _cut_field(field: _Field, chars: int) -> str:
+    if field.is_arguments:
+        shrunk = shrink_arguments(field.original, chars)
+        if len(shrunk) <= chars + _MARKER_CHARS:
+            return shrunk
+        # Too many keys for valid JSON that short: the text itself is cut.
+    return cut_middle(field.original, chars * 2 // 3, chars // 3)
+
+
+def _editable(message: Message) -> Message:
+    """A copy of ``message`` whose content parts and tool calls can be written to."""
+    copy: Message = dict(message)
+    content = copy.get("content")
+    if isinstance(content, list):
+        copy["content"] = [dict(p) if isinstance(p, dict) else p for p in content]
+    calls = copy.get("tool_calls")
+    if isinstance(calls, list):
+        copy["tool_calls"] = [_editable_call(c) for c in calls]
+    function_call = copy.get("function_call")
+    if isinstance(function_call, dict):
+        copy["function_call"] = dict(function_call)
+    return copy
+
+
+def _editable_call(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    copy = dict(call)
+    if isinstance(copy.get("function"), dict):
+        copy["function"] = dict(copy["function"])
+    return copy
+
+
+def _setter(target: dict[str, Any], key: str) -> Callable[[str], None]:
+    def write(value: str) -> None:
+        target[key] = value
+
+    return write
+
+
+def _fields(index: int, message: Message, counter: TokenCounter) -> list[_Field]:
+    found: list[tuple[str, dict[str, Any], str, bool]] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        found.append((content, message, "content", False))
+    elif isinstance(content, list):
+        for part in content:
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str):
+                found.append((text, part, "text", False))
+    calls = message.get("tool_calls")
+    functions = [
+        c["function"] if isinstance(c.get("function"), dict) else c
+        for c in (calls if isinstance(calls, list) else ())
+        if isinstance(c, dict)
+    ]
+    if isinstance(message.get("function_call"), dict):
+        functions.append(message["function_call"])
+    for function in functions:
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            found.append((arguments, function, "arguments", True))
+    return [
+        _Field(index, text, _setter(target, key), is_arguments, counter.count_text(text))
+        for text, target, key, is_arguments in found
+    ]

@@ -1,0 +1,466 @@
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from compaction.condenser import (
+    CondensePlan,
+    CondenseResult,
+    condense,
+    plan_condense,
+    summary_budget,
+)
+from compaction.errors import SummarizationError
+from compaction.files import FileLists, parse_file_lists
+from compaction.messages import (
+    SUMMARY_MARKER,
+    is_summary,
+    message_text,
+    validate_tool_pairing,
+)
+from compaction.profile import Profile
+from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT, summary_message
+from compaction.tokens import TokenCounter
+from compaction.types import SummarizerMode
+from tests.conftest import assistant, system, tool_group, user
+
+Message = dict[str, Any]
+COUNTER = TokenCounter("gpt-4o")
+REPLY = "## Goal\n- Fix the parser\n\n## Next Steps\n- Run the tests"
+
+
+class RecordingSummarizer:
+    """A fake summarizer that remembers every prompt and budget it was given."""
+
+    def __init__(
+        self,
+        reply: str | Callable[[int], str] = REPLY,
+        error: BaseException | None = None,
+    ) -> None:
+        self.reply = reply
+        self.error = error
+        self.history: list[tuple[list[Message], int]] = []
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        self.history.append((copy.deepcopy(messages), max_tokens))
+        if self.error is not None:
+            raise self.error
+        return self.reply(len(self.history)) if callable(self.reply) else self.reply
+
+    def prompt_text(self, call: int = -1) -> str:
+        return str(self.history[call][0][1]["content"])
+
+
+def output(i: int, chars: int = 3_000) -> str:
+    body = "\n".join(f"line {n} of output {i}: some text here" for n in range(chars // 40))
+    return f"<returncode>0</returncode>\n<output>\n{body}\n</output>"
+
+
+def conversation(steps: int = 12, chars: int = 3_000) -> list[Message]:
+    messages = [system(), user("Fix the parser in src/parser.py.")]
+    for i in range(steps):
+        messages.append(assistant(f"Step {i}: looking further."))
+        messages.extend(tool_group("bash", {"command": f"cat src/mod{i}.py"}, output(i, chars)))
+    messages.append(user("Now also update the docs."))
+    messages.append(assistant("Sure."))
+    return messages
+
+
+def run(
+    messages: Sequence[Message],
+    plan: CondensePlan,
+    *,
+    fake: RecordingSummarizer | None = None,
+    instructions: str | None = None,
+    mode: SummarizerMode = "llm",
+    **profile: Any,
+) -> CondenseResult:
+    return asyncio.run(
+        condense(
+            messages,
+            plan,
+            profile=Profile(summarizer=mode, **profile),
+            counter=COUNTER,
+            summarizer=fake,
+            instructions=instructions,
+        )
+    )
+
+
+def last_user(messages: Sequence[Message]) -> int:
+    return max(i for i, m in enumerate(messages) if m["role"] == "user")
+
+
+# --- plan_condense -------------------------------------------------------------
+
+
+def test_plan_without_split_when_the_tail_starts_at_a_user_message() -> None:
+    messages = conversation(3)
+    tail = last_user(messages)
+    plan = plan_condense(messages, 2, tail)
+    assert plan == CondensePlan(2, tail, None, ())
+    assert not plan.split_turn
+    assert plan.main_end == tail
+
+
+def test_plan_split_turn_finds_the_opener_in_the_middle() -> None:
+    messages = [
+        system(),
+        user("task"),
+        assistant("a"),
+        user("second request"),  # 3: opens the turn the tail starts inside
+        *tool_group("bash", {"command": "ls"}),  # 4, 5
+        *tool_group("bash", {"command": "pwd"}),  # 6, 7: tail
+    ]
+    plan = plan_condense(messages, 2, 6)
+    assert plan.turn_start == 3
+    assert plan.split_turn
+    assert plan.main_end == 3
+
+
+def test_plan_turn_opened_in_the_head_is_no_split() -> None:
+    messages = [system(), user("task"), *tool_group("bash", {"command": "ls"}), assistant("x")]
+    assert plan_condense(messages, 2, 4).turn_start is None
+
+
+def test_plan_looks_past_earlier_summaries_for_the_opener() -> None:
+    old = summary_message("## Goal\n- g", condensed=4, files=FileLists(), turn_prefix=False)
+    messages = [
+        system(),
+        user("task"),
+        old,  # 2
+        user("request"),  # 3
+        summary_message("- steps", condensed=2, files=FileLists(), turn_prefix=True),  # 4
+        *tool_group("bash", {"command": "ls"}),  # 5, 6
+        assistant("tail"),  # 7
+    ]
+    plan = plan_condense(messages, 2, 7)
+    assert plan.turn_start == 3
+    assert plan.previous_summaries == (2, 4)
+    only_summary = [system(), user("task"), old, assistant("tail")]
+    assert plan_condense(only_summary, 2, 3).turn_start is None
+
+
+def test_plan_rejects_bad_bounds() -> None:
+    messages = conversation(1)
+    with pytest.raises(ValueError):
+        plan_condense(messages, 3, 2)
+    with pytest.raises(ValueError):
+        plan_condense(messages, 0, len(messages) + 1)
+
+
+# --- budget ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [(0, 500), (1_000, 500), (10_000, 2_000), (20_000, 4_000), (1_000_000, 4_000)],
+)
+def test_summary_budget_is_clamped(tokens: int, expected: int) -> None:
+    assert summary_budget(tokens, Profile()) == expected
+
+
+def test_turn_prefix_budget_has_half_the_ceiling() -> None:
+    assert summary_budget(1_000_000, Profile(), turn_prefix=True) == 2_000
+    assert summary_budget(1_000, Profile(), turn_prefix=True) == 500
+    tight = Profile(summary_min_tokens=800, summary_max_tokens=1_000)
+    assert summary_budget(1_000_000, tight, turn_prefix=True) == 800
+
+
+# --- the llm path --------------------------------------------------------------
+
+
+def test_llm_summary_replaces_the_middle() -> None:
+    messages = conversation()
+    before = copy.deepcopy(messages)
+    tail = last_user(messages)
+    fake = RecordingSummarizer()
+    result = run(messages, plan_condense(messages, 2, tail), fake=fake)
+
+    assert messages == before
+    assert result.summarizer_used == "llm"
+    assert result.summarizer_calls == 1 == len(fake.history)
+    assert result.notes == ()
+    # head + summary + tail, with head and tail the very same objects
+    assert len(result.messages) == 2 + 1 + (len(messages) - tail)
+    assert all(a is b for a, b in zip(result.messages[:2], messages[:2], strict=True))
+    assert all(a is b for a, b in zip(result.messages[3:], messages[tail:], strict=True))
+    summary = result.messages[2]
+    assert summary is result.summary
+    assert summary["role"] == "user" and is_summary(summary)
+    content = message_text(summary)
+    assert content.startswith(SUMMARY_MARKER + "\n")
+    assert f"Summary of {tail - 2} earlier messages" in content
+    assert REPLY in content
+    assert "<read-files>\nsrc/mod0.py\nsrc/mod1.py" in content
+    assert result.summary_tokens == COUNTER.count_message(summary)
+    assert result.replaced_tokens == sum(COUNTER.count_messages(messages[2:tail]))
+    assert result.summary_tokens < result.replaced_tokens
+    assert validate_tool_pairing(result.messages) == []
+
+
+def test_llm_prompt_has_no_tools_and_the_budget_as_max_tokens() -> None:
+    messages = conversation()
+    tail = last_user(messages)
+    fake = RecordingSummarizer()
+    run(messages, plan_condense(messages, 2, tail), fake=fake)
+    prompt, max_tokens = fake.history[0]
+    middle_tokens = sum(COUNTER.count_messages(messages[2:tail]))
+    assert max_tokens == summary_budget(middle_tokens, Profile())
+    assert max_tokens == round(middle_tokens * 0.2)
+    assert [m["role"] for m in prompt] == ["system", "user"]
+    assert all(set(m) == {"role", "content"} for m in prompt)
+    assert prompt[0]["content"] == SUMMARY_SYSTEM_PROMPT
+    text = prompt[1]["content"]
+    assert "[Assistant]: Step 0: looking further." in text
+    assert '[Assistant tool calls]: bash({"command": "cat src/mod0.py"})' in text
+    assert "[Tool result]: <returncode>0</returncode>" in text
+    assert "characters cut" in text  # 3,000-char outputs cut to 2,000
+    assert "<previous-summary>" not in text
+
+
+def test_rolling_summary_is_passed_as_previous_summary() -> None:
+    old_body = "## Goal\n- Port the lexer\n\n## Progress\n### Done\n- Wrote `lexer.c`"
+    old = summary_message(
+        old_body,
+        condensed=30,
+        files=FileLists(("a/read.py",), ("a/changed.py",)),
+        turn_prefix=False,
+    )
+    messages = conversation()
+    messages.insert(2, old)
+    tail = last_user(messages)
+    plan = plan_condense(messages, 2, tail)
+    assert plan.previous_summaries == (2,)
+    fake = RecordingSummarizer()
+    result = run(messages, plan, fake=fake)
+    text = fake.prompt_text()
+    assert f"<previous-summary>\n{old_body}\n</previous-summary>" in text
+    assert "Update the previous summary" in text
+    conversation_part = text.split("<conversation>")[1]
+    assert SUMMARY_MARKER not in conversation_part and "Port the lexer" not in conversation_part
+    lists = parse_file_lists(message_text(result.summary))
+    assert lists.read[0] == "a/read.py" and "src/mod0.py" in lists.read
+    assert lists.modified == ("a/changed.py",)
+
+
+def test_instructions_reach_the_prompt() -> None:
+    messages = conversation()
+    fake = RecordingSummarizer()
+    run(
+        messages,
+        plan_condense(messages, 2, last_user(messages)),
+        fake=fake,
+        instructions="keep the parser errors",
+    )
+    assert "<focus>\nkeep the parser errors\n</focus>" in fake.prompt_text()
+
+
+# --- fallbacks -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fake", "note"),
+    [
+        (RecordingSummarizer(error=TimeoutError("read timed out")), "TimeoutError: read timed out"),
+        (RecordingSummarizer(error=RuntimeError("429 rate limited")), "RuntimeError: 429"),
+        (RecordingSummarizer(reply="   \n"), "empty reply"),
+        (RecordingSummarizer(reply="<think>hmm</think>"), "empty reply"),
+        (RecordingSummarizer(reply="word " * 40_000), "not shorter"),
+    ],
+)
+def test_llm_failure_falls_back_to_extractive(fake: RecordingSummarizer, note: str) -> None:
+    messages = conversation()
+    tail = last_user(messages)
+    result = run(messages, plan_condense(messages, 2, tail), fake=fake)
+    assert result.summarizer_used == "extractive"
+    assert result.summarizer_calls == len(fake.history) == 1
+    assert len(result.notes) == 1
+    assert note in result.notes[0] and result.notes[0].endswith("used extractive")
+    content = message_text(result.summary)
+    assert content.startswith(SUMMARY_MARKER)
+    assert "## Goal" in content and "`cat src/mod11.py`" in content
+    assert result.summary_tokens < result.replaced_tokens
+
+
+def test_llm_mode_without_summarizer_uses_extractive_with_a_note() -> None:
+    messages = conversation()
+    result = run(messages, plan_condense(messages, 2, last_user(messages)))
+    assert result.summarizer_used == "extractive"
+    assert result.summarizer_calls == 0
+    assert result.notes == ("no llm summarizer available; used extractive",)
+
+
+def test_extractive_mode_never_calls_the_summarizer() -> None:
+    messages = conversation()
+    fake = RecordingSummarizer()
+    result = run(
+        messages,
+        plan_condense(messages, 2, last_user(messages)),
+        fake=fake,
+        mode="extractive",
+        instructions="mind the docs",
+    )
+    assert fake.history == []
+    assert result.summarizer_used == "extractive" and result.notes == ()
+    assert "mind the docs" in message_text(result.summary)
+
+
+def test_cancellation_is_not_swallowed() -> None:
+    messages = conversation()
+    fake = RecordingSummarizer(error=asyncio.CancelledError())
+    with pytest.raises(asyncio.CancelledError):
+        run(messages, plan_condense(messages, 2, last_user(messages)), fake=fake)
+
+
+# --- refusals --------------------------------------------------------------------
+
+
+def test_empty_middle_raises() -> None:
+    messages = conversation(2)
+    with pytest.raises(SummarizationError, match="empty"):
+        run(messages, plan_condense(messages, 2, 2), fake=RecordingSummarizer())
+
+
+def test_summary_not_shorter_raises() -> None:
+    messages = [system(), user("task"), assistant("ok"), user("next")]
+    with pytest.raises(SummarizationError, match="not shorter"):
+        run(messages, plan_condense(messages, 2, 3), mode="extractive")
+
+
+def test_only_earlier_summaries_raises() -> None:
+    old = summary_message("- g", condensed=3, files=FileLists(), turn_prefix=False)
+    messages = [system(), user("task"), old, user("next")]
+    with pytest.raises(SummarizationError, match="only earlier summaries"):
+        run(messages, plan_condense(messages, 2, 3), mode="extractive")
+
+
+def test_mode_off_raises() -> None:
+    messages = conversation()
+    with pytest.raises(SummarizationError):
+        run(messages, plan_condense(messages, 2, last_user(messages)), mode="off")
+
+
+# --- map → fold ------------------------------------------------------------------
+
+
+def test_large_middle_is_summarized_in_chunks_that_fit() -> None:
+    window = 4_000
+    messages = conversation(steps=30)
+    tail = last_user(messages)
+    fake = RecordingSummarizer(reply=lambda n: f"## Goal\n- running summary {n}")
+    result = run(
+        messages, plan_condense(messages, 2, tail), fake=fake, summarizer_context_window=window
+    )
+    calls = len(fake.history)
+    assert calls > 2
+    assert result.summarizer_calls == calls
+    assert result.summarizer_used == "llm"
+    for i, (prompt, max_tokens) in enumerate(fake.history):
+        assert sum(COUNTER.count_messages(prompt)) + max_tokens <= window
+        text = prompt[1]["content"]
+        if i:
+            assert (
+                f"<previous-summary>\n## Goal\n- running summary {i}\n</previous-summary>" in text
+            )
+    # Every step reached the summarizer exactly once, in order.
+    seen = [
+        n
+        for prompt, _ in fake.history
+        for n in range(30)
+        if f'cat src/mod{n}.py"' in prompt[1]["content"]
+    ]
+    assert seen == list(range(30))
+    assert "running summary " + str(calls) in message_text(result.summary)
+
+
+def test_one_group_too_large_for_a_chunk_is_cut_harder() -> None:
+    window = 3_000
+    messages = [
+        system(),
+        user("task"),
+        *tool_group("bash", {"command": "cat big.log"}, "x" * 1_900, "y" * 1_900, "z" * 1_900),
+        user("next"),
+    ]
+    fake = RecordingSummarizer()
+    run(messages, plan_condense(messages, 2, 6), fake=fake, summarizer_context_window=window)
+    assert len(fake.history) == 1
+    prompt, max_tokens = fake.history[0]
+    assert sum(COUNTER.count_messages(prompt)) + max_tokens <= window
+
+
+# --- split turns -----------------------------------------------------------------
+
+
+def split_conversation() -> list[Message]:
+    return [
+        system(),
+        user("Fix the parser."),  # 1 (head)
+        *tool_group("read_file", {"path": "src/parser.py"}, output(0)),  # 2, 3
+        assistant("Parser fixed."),  # 4
+        user("Now add tests for it."),  # 5: opens the turn the tail starts inside
+        *tool_group("bash", {"command": "cat tests/test_parser.py"}, output(1)),  # 6, 7
+        *tool_group("write_file", {"path": "tests/test_new.py"}, output(2)),  # 8, 9
+        *tool_group("bash", {"command": "pytest -q"}, "3 passed"),  # 10, 11: tail
+        assistant("Done."),  # 12
+    ]
+
+
+def test_split_turn_output_shape() -> None:
+    messages = split_conversation()
+    before = copy.deepcopy(messages)
+    plan = plan_condense(messages, 2, 10)
+    assert plan.turn_start == 5
+    fake = RecordingSummarizer()
+    result = run(messages, plan, fake=fake)
+    assert messages == before
+    out = result.messages
+    assert len(out) == 2 + 1 + 1 + 1 + 3
+    assert out[0] is messages[0] and out[1] is messages[1]
+    assert is_summary(out[2]) and out[2] is result.summary
+    assert out[3] is messages[5]
+    assert is_summary(out[4])
+    assert "first 4 messages of the current turn" in message_text(out[4])
+    assert "<modified-files>\ntests/test_new.py\n</modified-files>" in message_text(out[4])
+    assert "<read-files>\nsrc/parser.py\n</read-files>" in message_text(out[2])
+    assert all(a is b for a, b in zip(out[5:], messages[10:], strict=True))
+    assert validate_tool_pairing(out) == []
+    # Two calls: the main summary, then the turn prefix with its own prompt.
+    assert [p[0]["content"] for p, _ in fake.history] == [
+        SUMMARY_SYSTEM_PROMPT,
+        TURN_PREFIX_SYSTEM_PROMPT,
+    ]
+    assert result.summarizer_calls == 2
+    prefix_prompt = fake.prompt_text(1)
+    assert "<current-request>\nNow add tests for it.\n</current-request>" in prefix_prompt
+    assert "cat tests/test_parser.py" in prefix_prompt and "src/parser.py" not in prefix_prompt
+    assert "Now add tests" not in fake.prompt_text(0)
+    replaced = sum(COUNTER.count_messages(messages[2:5] + messages[6:10]))
+    assert result.replaced_tokens == replaced
+
+
+def test_split_turn_with_nothing_before_the_turn() -> None:
+    messages = split_conversation()
+    messages = messages[:2] + messages[5:]  # the turn opens right after the head
+    plan = plan_condense(messages, 2, 7)
+    assert plan.turn_start == 2
+    result = run(messages, plan, mode="extractive")
+    out = result.messages
+    assert out[2] is messages[2]
+    assert is_summary(out[3]) and out[3] is result.summary
+    assert "current turn" in message_text(out[3])
+    assert "## Goal" not in message_text(out[3])
+    assert len(out) == 2 + 2 + (len(messages) - 7)
+
+
+def test_split_turn_fallback_is_reported_per_summary() -> None:
+    messages = split_conversation()
+    fake = RecordingSummarizer(error=ConnectionError("refused"))
+    result = run(messages, plan_condense(messages, 2, 10), fake=fake)
+    assert result.summarizer_used == "extractive"
+    assert len(result.notes) == 2
+    assert result.notes[1].startswith("turn prefix: llm summarizer failed (ConnectionError")

@@ -1,0 +1,223 @@
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction.extractive import extractive_summary
+from compaction.files import FileLists
+from compaction.messages import group_messages, head_end
+from compaction.prompts import SUMMARY_SECTIONS
+from compaction.tokens import TokenCounter
+from tests.conftest import assistant, system, tool_group, user
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "mini-swe-agent"
+COUNTER = TokenCounter("gpt-4o")
+
+TRACEBACK = (
+    "<returncode>1</returncode>\n<output>\nTraceback (most recent call last):\n"
+    '  File "calc.py", line 5, in division\n    return a/b\n'
+    "ZeroDivisionError: division by zero\n</output>"
+)
+
+
+def session() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    head = [system(), user("Fix the division bug in src/calc.py so that dividing by zero works.")]
+    middle = [
+        assistant("THOUGHT: I will look at the file first. It is probably small."),
+        *tool_group(
+            "bash",
+            {"command": "cat src/calc.py"},
+            "<returncode>0</returncode>\n<output>\ndef division(a, b):\n    return a/b\n</output>",
+        ),
+        assistant("The function does not guard against zero. Let me reproduce the error."),
+        *tool_group("bash", {"command": "python -c 'import calc; calc.division(1, 0)'"}, TRACEBACK),
+        user("Please don't change the function signature."),
+        assistant("I will add a check that raises ValueError instead."),
+        *tool_group(
+            "bash",
+            {"command": "sed -i 's/return a\\/b/return safe(a, b)/' src/calc.py"},
+            "<returncode>0</returncode>\n<output>\n</output>",
+        ),
+        *tool_group("read_file", {"path": "tests/test_calc.py"}, "def test_div():\n    ..."),
+        assistant("Great! Next I will run the test suite with pytest to confirm the fix."),
+    ]
+    return head, middle
+
+
+def summarize(middle: list[dict[str, Any]], **kwargs: Any) -> str:
+    options: dict[str, Any] = {"head": (), "previous": (), "budget": 800, "instructions": None}
+    options.update(kwargs)
+    return extractive_summary(middle, counter=COUNTER, **options)
+
+
+def test_sections_in_order() -> None:
+    head, middle = session()
+    text = summarize(middle, head=head)
+    positions = [text.index(f"## {s}\n") for s in SUMMARY_SECTIONS]
+    assert positions == sorted(positions)
+    done, in_progress, blocked = (
+        text.index(f"### {s}\n") for s in ("Done", "In Progress", "Blocked")
+    )
+    assert positions[2] < done < in_progress < blocked < positions[3]
+
+
+def test_digest_of_a_session() -> None:
+    head, middle = session()
+    before = copy.deepcopy(middle)
+    text = summarize(middle, head=head, files=FileLists((), ("src/calc.py",)))
+    assert middle == before
+    # Goal: the task from the head and the later user request.
+    assert "Task: Fix the division bug in src/calc.py" in text
+    assert "User: Please don't change the function signature." in text
+    # Constraints: the user's rule.
+    constraints = text.split("## Constraints & Preferences")[1].split("## Progress")[0]
+    assert "don't change the function signature" in constraints
+    # Done: commands with their outcomes.
+    assert "bash: `cat src/calc.py` → exit 0, 2 lines" in text
+    assert "→ exit 1, error: `ZeroDivisionError: division by zero`" in text
+    assert "read_file `tests/test_calc.py`" in text
+    # Blocked: the exact last error line.
+    blocked = text.split("### Blocked")[1].split("## Key Decisions")[0]
+    assert "ZeroDivisionError: division by zero" in blocked
+    # Key decisions: first sentences of reasoning, without the THOUGHT label.
+    assert "- I will look at the file first." in text
+    assert "THOUGHT" not in text
+    # Next steps: the last assistant plan.
+    next_steps = text.split("## Next Steps")[1]
+    assert "run the test suite with pytest" in next_steps
+    assert "src/calc.py" in text.split("## Critical Context")[1]
+
+
+def test_is_deterministic() -> None:
+    head, middle = session()
+    assert summarize(middle, head=head) == summarize(middle, head=head)
+
+
+def test_instructions_are_kept_as_the_focus() -> None:
+    _, middle = session()
+    text = summarize(middle, instructions="keep the pytest details")
+    assert "Focus requested for this summary: keep the pytest details" in text
+
+
+def test_budget_keeps_the_newest_steps() -> None:
+    middle = [
+        m
+        for i in range(200)
+        for m in tool_group("bash", {"command": f"echo step-{i:03d}"}, f"step-{i:03d}")
+    ]
+    text = summarize(middle, budget=500)
+    assert COUNTER.count_text(text) <= 500
+    assert "step-198" in text  # newest Done item
+    assert "step-199" in text  # In Progress
+    assert "step-000" not in text
+    assert "earlier steps not listed" in text
+
+
+def test_tiny_budget_still_fits() -> None:
+    head, middle = session()
+    assert COUNTER.count_text(summarize(middle, head=head, budget=60)) <= 60
+
+
+def test_previous_summary_goal_and_done_are_carried_over() -> None:
+    head, middle = session()
+    previous = (
+        "## Goal\n- Migrate the config loader to TOML\n\n## Progress\n### Done\n"
+        "- Rewrote `config/load.py` to use tomllib\n### Blocked\n- None\n\n"
+        "## Key Decisions\n- Keep JSON support for one release\n\n"
+        "## Critical Context\n- The CI runs Python 3.11"
+    )
+    text = summarize(middle, head=head, previous=[previous])
+    goal = text.split("## Goal")[1].split("## Constraints")[0]
+    assert "Migrate the config loader to TOML" in goal
+    done = text.split("### Done")[1].split("### In Progress")[0]
+    assert "Rewrote `config/load.py` to use tomllib" in done
+    assert done.index("Rewrote") < done.index("cat src/calc.py")  # older first
+    assert "Keep JSON support for one release" in text
+    assert "The CI runs Python 3.11" in text
+    assert "- None\n" not in text.split("### Blocked")[1].split("## Key")[0]
+
+
+def test_rolling_twice_does_not_duplicate_the_task() -> None:
+    head, middle = session()
+    first = summarize(middle, head=head)
+    second = summarize(middle[:3], head=head, previous=[first])
+    assert second.count("Task: Fix the division bug") == 1
+
+
+def test_turn_prefix_leaves_out_goal_and_constraints() -> None:
+    _, middle = session()
+    text = summarize(middle, turn_prefix=True, instructions="focus")
+    assert "## Goal" not in text and "## Constraints" not in text
+    assert text.startswith("## Progress")
+
+
+def test_unstructured_previous_summary_becomes_context() -> None:
+    text = summarize([assistant("ok then.")], previous=["We talked about the weather in Paris."])
+    assert "We talked about the weather in Paris." in text.split("## Critical Context")[1]
+
+
+def test_non_shell_tool_results() -> None:
+    middle = tool_group(
+        "get_reservation_details", {"reservation_id": "ZFA04Y"}, '{"status": "ok", "n": 1}'
+    ) + tool_group("cancel", {"reservation_id": "ZFA04Y"}, "Error: reservation is basic economy")
+    text = summarize(middle)
+    assert 'get_reservation_details(reservation_id=ZFA04Y) → `{"status": "ok", "n": 1}`' in text
+    assert "error: `Error: reservation is basic economy`" in text
+
+
+# --- a real trajectory ---------------------------------------------------------
+
+
+def _fixture(name: str) -> list[dict[str, Any]]:
+    path = FIXTURES / name
+    if not path.is_file():
+        pytest.skip(f"real fixture {path} absent (standalone clone without ../shared/fixtures)")
+    messages: list[dict[str, Any]] = json.loads(path.read_text())["messages"]
+    return messages
+
+
+def test_real_mini_swe_agent_trajectory() -> None:
+    messages = _fixture("django__django-11141.json")
+    end = head_end(messages, group_messages(messages), 2)
+    head, middle = messages[:end], messages[end:-10]
+    text = summarize(middle, head=head, budget=1_500)
+    assert COUNTER.count_text(text) <= 1_500
+    # The task, quoted from the head.
+    assert "Allow migrations directories without __init__.py files" in text
+    # Commands that were run, with outcomes.
+    assert "`sed -i '89,91d' django/db/migrations/loader.py` → exit 0" in text
+    assert "`python3 run_reproduction.py`" in text
+    # The files modified with sed -i and cat <<EOF > …, via the condenser's lists.
+    files = FileLists((), ("reproduce_app/apps.py", "django/db/migrations/loader.py"))
+    with_files = summarize(middle, head=head, budget=1_500, files=files)
+    assert "django/db/migrations/loader.py" in with_files.split("## Critical Context")[1]
+
+
+def test_pruned_briefs_are_read_not_repeated() -> None:
+    middle = [
+        *tool_group(
+            "bash",
+            {"command": "pytest -q"},
+            '[bash] "pytest -q" → 32 lines output (exit code 1, AssertionError: assert 2 == 3)',
+        ),
+        *tool_group("read_file", {"path": "src/app.py"}, "[read_file] src/app.py (45,210 chars)"),
+        assistant("Next I will fix the assertion in src/app.py."),
+    ]
+    text = summarize(middle)
+    assert "bash: `pytest -q` → exit 1, error: `AssertionError: assert 2 == 3`" in text
+    assert "read_file `src/app.py` → 45,210 chars" in text
+    assert "Last error seen: `AssertionError: assert 2 == 3`" in text
+
+
+def test_results_pair_within_their_group_when_ids_repeat() -> None:
+    middle = [
+        *tool_group("think", {"thought": "plan it"}, "", call_id="dup"),
+        *tool_group("search", {"query": "flights"}, "Error: no flights found", call_id="dup"),
+    ]
+    text = summarize(middle)
+    assert "think(thought=plan it) → no output" in text
+    assert "search(query=flights) → error: `Error: no flights found`" in text

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from compaction.files import (
+    FileLists,
+    collect_files,
+    files_of_call,
+    looks_like_path,
+    parse_file_lists,
+    render_file_lists,
+    shell_files,
+    strip_file_lists,
+)
+from compaction.messages import SUMMARY_MARKER
+from compaction.profile import Profile
+from tests.conftest import assistant, tool_group, user
+
+PROFILE = Profile()
+
+
+def call(name: str, **arguments: object) -> dict[str, object]:
+    return {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+# --- shell commands ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "read", "modified"),
+    [
+        ("cat tests/missing_colon.py", ["tests/missing_colon.py"], []),
+        ("head -n 20 setup.py && tail -5 src/a.py", ["setup.py", "src/a.py"], []),
+        ("nl -ba django/db/loader.py | sed -n '80,100p'", ["django/db/loader.py"], []),
+        ("sed -n 1,10p a.py b.py", ["a.py", "b.py"], []),
+        ('grep -C 5 "__file__" django/db/loader.py', ["django/db/loader.py"], []),
+        ("grep -e foo.py -n src/x.py", ["src/x.py"], []),
+        ("grep -rn foo django/db", [], []),
+        ("wc -l z.py # count > y.py", ["z.py"], []),
+        ("sed -i 's/a: float/b: float/' tests/missing_colon.py", [], ["tests/missing_colon.py"]),
+        ("sed -i.bak -e 's/x/y/' a/b.cfg", [], ["a/b.cfg"]),
+        ("perl -pi -e 's/a/b/' lib/x.pm", [], ["lib/x.pm"]),
+        ("echo hi > notes.md; echo more >> log/out.txt", [], ["notes.md", "log/out.txt"]),
+        ("python x.py 2>/dev/null > out.log 2>&1", [], ["out.log"]),
+        ("cat > src/app.py << 'EOF'\nx = 1 > 2\nprint('a.py')\nEOF", [], ["src/app.py"]),
+        (
+            "cat <<EOF > reproduce_app/apps.py\nfrom x import y\nEOF\ncat a.txt",
+            ["a.txt"],
+            ["reproduce_app/apps.py"],
+        ),
+        ("echo x | tee -a out/one.txt two.md", [], ["out/one.txt", "two.md"]),
+        ("mkdir -p pkg/sub\ntouch pkg/sub/__init__.py", [], ["pkg/sub/__init__.py"]),
+        ("cp a/b.py c/d.py; mv e.py f.py", ["a/b.py"], ["c/d.py", "e.py", "f.py"]),
+        ("rm -rf build/ tmp/x.log", [], ["tmp/x.log"]),
+        ("git checkout -- src/a.py && git diff", [], ["src/a.py"]),
+        ("git apply <<'EOF'\n--- a/src/x.py\n+++ b/src/x.py\n@@ -1 +1 @@\nEOF", [], ["src/x.py"]),
+        ("patch -p1 <<EOF\n+++ b/lib/y.c\nEOF", [], ["lib/y.c"]),
+        ("python3 - <<'EOF'\nwith open('a/b.py', 'w') as f:\n  f.write('')\nEOF", [], ["a/b.py"]),
+        ("python -c \"open('x.txt','w').write('1')\"", [], ["x.txt"]),
+        ("cat <<EOF > gen.py\nopen('not/run.py', 'w')\nEOF", [], ["gen.py"]),
+        ("cd /testbed && ls -la && python -m pytest tests/", [], []),
+        ("echo MINI_SWE_AGENT_FINAL_OUTPUT && git add -A && git diff --cached", [], []),
+        ("find . -name '*.py' | xargs grep foo", [], []),
+    ],
+)
+def test_shell_files(command: str, read: list[str], modified: list[str]) -> None:
+    assert shell_files(command) == FileLists(tuple(read), tuple(modified))
+
+
+def test_shell_unbalanced_quotes_do_not_raise() -> None:
+    assert shell_files("echo 'oops > x.py") == FileLists((), ("x.py",))
+
+
+def test_shell_read_then_modified_is_only_modified() -> None:
+    assert shell_files("cat a.py && sed -i s/x/y/ a.py") == FileLists((), ("a.py",))
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        ("src/app.py", True),
+        ("setup.cfg", True),
+        ("Makefile", False),
+        ("src/Makefile", True),
+        ("build/", False),
+        ("/dev/null", False),
+        ("$HOME/x.py", False),
+        ("*.py", False),
+        ("https://example.com/a.py", False),
+        ("-n", False),
+        ("3.14", False),
+        ("a=b.py", False),
+        ("", False),
+    ],
+)
+def test_looks_like_path(token: str, expected: bool) -> None:
+    assert looks_like_path(token) is expected
+
+
+# --- tool calls --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "expected"),
+    [
+        ("read_file", {"path": "src/a.py"}, FileLists(("src/a.py",))),
+        ("readFile", {"file_path": "src/a.py"}, FileLists(("src/a.py",))),
+        ("open", {"path": "tests/x.py", "line_number": 3}, FileLists(("tests/x.py",))),
+        ("edit_file", {"target_file": "a.py", "old": "x"}, FileLists((), ("a.py",))),
+        ("write_to_file", {"filename": "notes"}, FileLists((), ("notes",))),
+        ("create", {"filename": "reproduce.py"}, FileLists((), ("reproduce.py",))),
+        ("str_replace_editor", {"command": "view", "path": "a.py"}, FileLists(("a.py",))),
+        ("str_replace_editor", {"command": "create", "path": "b.py"}, FileLists((), ("b.py",))),
+        ("multi_read", {"paths": ["a.py", "b.py"]}, FileLists(("a.py", "b.py"))),
+        ("bash", {"command": "sed -i s/a/b/ c.py"}, FileLists((), ("c.py",))),
+        ("execute_command", {"cmd": "cat d.py"}, FileLists(("d.py",))),
+        ("list_tools", {"path": "x.py"}, FileLists(("x.py",))),
+        ("get_user_details", {"user_id": "sara_1"}, FileLists()),
+        ("fetch_tools", {"path": "y.py"}, FileLists()),  # "ls" is no word of "tools"
+    ],
+)
+def test_files_of_call(tool: str, arguments: dict[str, object], expected: FileLists) -> None:
+    assert files_of_call(call(tool, **arguments), PROFILE) == expected
+
+
+def test_tool_words_come_from_the_profile() -> None:
+    profile = Profile(read_tools=("fetch",), modify_tools=("scribble",))
+    assert files_of_call(call("fetch_doc", path="a.md"), profile) == FileLists(("a.md",))
+    assert files_of_call(call("scribble", path="b.md"), profile) == FileLists((), ("b.md",))
+    assert files_of_call(call("read_file", path="c.md"), profile) == FileLists()
+
+
+def test_malformed_arguments_give_nothing() -> None:
+    bad = {"id": "c", "function": {"name": "read_file", "arguments": "{not json"}}
+    assert files_of_call(bad, PROFILE) == FileLists()
+
+
+def previous_summary(read: list[str], modified: list[str]) -> dict[str, object]:
+    lists = render_file_lists(FileLists(tuple(read), tuple(modified)))
+    return user(f"{SUMMARY_MARKER}\nSummary of 3 earlier messages.\n\n## Goal\n- x\n\n{lists}")
+
+
+def test_collect_files_merges_previous_summary_in_order() -> None:
+    messages = [
+        previous_summary(["old/read.py", "both.py"], ["old/changed.py"]),
+        *tool_group("read_file", {"path": "new/read.py"}),
+        *tool_group("bash", {"command": "sed -i s/a/b/ both.py"}),
+        *tool_group("bash", {"command": "cat old/changed.py"}),
+        assistant("done"),
+    ]
+    before = copy.deepcopy(messages)
+    lists = collect_files(messages, PROFILE)
+    assert lists == FileLists(("old/read.py", "new/read.py"), ("old/changed.py", "both.py"))
+    assert messages == before
+
+
+def test_collect_files_skips_paths_that_do_not_exist() -> None:
+    messages = tool_group(
+        "bash",
+        {"command": "cat wrong/a.py"},
+        "<returncode>1</returncode>\n<output>\ncat: wrong/a.py: No such file or directory\n"
+        "</output>",
+    )
+    assert collect_files(messages, PROFILE) == FileLists()
+
+
+def test_pathless_edit_applies_to_the_open_file() -> None:
+    messages = [
+        *tool_group("open", {"path": "src/fields.py", "line_number": 10}),
+        *tool_group("edit", {"search": "a", "replace": "b"}),
+    ]
+    assert collect_files(messages, PROFILE) == FileLists((), ("src/fields.py",))
+
+
+def test_collect_files_keeps_the_newest_when_over_the_limit() -> None:
+    messages = [m for i in range(12) for m in tool_group("read_file", {"path": f"f{i}.py"})]
+    lists = collect_files(messages, PROFILE, max_files=5)
+    assert lists.read == ("f7.py", "f8.py", "f9.py", "f10.py", "f11.py")
+
+
+# --- rendering and parsing ---------------------------------------------------
+
+
+def test_render_and_parse_round_trip() -> None:
+    lists = FileLists(("a.py", "docs/b.md"), ("c/d.py",))
+    text = render_file_lists(lists)
+    assert text == (
+        "<read-files>\na.py\ndocs/b.md\n</read-files>\n<modified-files>\nc/d.py\n</modified-files>"
+    )
+    assert parse_file_lists(f"summary\n\n{text}\n") == lists
+    assert strip_file_lists(f"summary\n\n{text}\n") == "summary"
+
+
+def test_render_leaves_out_empty_blocks() -> None:
+    assert render_file_lists(FileLists()) == ""
+    assert (
+        render_file_lists(FileLists((), ("x.py",))) == "<modified-files>\nx.py\n</modified-files>"
+    )
+
+
+def test_parse_drops_from_read_what_was_modified() -> None:
+    text = "<read-files>\na.py\nb.py\n</read-files>\n<modified-files>\na.py\n</modified-files>"
+    assert parse_file_lists(text) == FileLists(("b.py",), ("a.py",))
+    assert parse_file_lists("no blocks here") == FileLists()
+
+
+def test_merge() -> None:
+    merged = FileLists(("a", "b"), ("c",)).merge(FileLists(("c", "d"), ("b",)))
+    assert merged == FileLists(("a", "d"), ("c", "b"))
+    assert not FileLists()
+    assert FileLists(("a",))

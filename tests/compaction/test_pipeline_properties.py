@@ -1,0 +1,93 @@
+"""The invariants of DESIGN.md §9, held by hypothesis on random conversations."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
+from compaction.messages import group_messages, head_end, tail_start
+from compaction.profile import compute_budget
+from compaction.pruner import prune
+from tests.synthetic import conversations
+
+COUNTER = TokenCounter("gpt-4o")
+
+profiles = st.builds(
+    Profile,
+    context_window=st.sampled_from([2_048, 4_096, 8_192, 16_000, 32_000]),
+    head_count=st.integers(0, 3),
+    keep_recent_tokens=st.sampled_from([500, 2_000, 20_000]),
+    summarizer=st.sampled_from(["extractive", "off"]),
+    threshold=st.one_of(st.none(), st.sampled_from([1_000, 3_000])),
+)
+
+
+def _run(request: dict[str, Any], profile: Profile, reason: Any) -> Any:
+    return asyncio.run(compact(request, profile, reason=reason, counter=COUNTER))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=conversations(),
+    profile=profiles,
+    reason=st.sampled_from(["threshold", "overflow", "manual"]),
+    max_tokens=st.one_of(st.none(), st.integers(1, 3_000)),
+)
+def test_compaction_invariants(
+    messages: list[dict[str, Any]], profile: Profile, reason: str, max_tokens: int | None
+) -> None:
+    request: dict[str, Any] = {"model": "gpt-4o", "messages": messages}
+    if max_tokens is not None:
+        request["max_tokens"] = max_tokens
+    snapshot = copy.deepcopy(messages)
+    counts = COUNTER.count_messages(messages)
+    overhead = COUNTER.request_overhead(request)
+    groups = group_messages(messages)
+    head = head_end(messages, groups, profile.head_count)
+    budget = compute_budget(profile, max_tokens or 0)
+
+    try:
+        result = _run(request, profile, reason)
+    except CannotFitError as exc:
+        # Only what is never dropped may be too large.
+        head_tokens = sum(counts[:head]) + overhead
+        assert exc.part == "newest group" or head_tokens > budget.input_limit, exc
+        assert messages == snapshot
+        return
+
+    assert messages == snapshot, "the input was mutated"
+    out = result.messages
+    assert validate_tool_pairing(out) == []
+    assert result.tokens_after <= result.input_limit
+    assert result.tokens_after == COUNTER.count_request({**request, "messages": out})
+    assert result.tokens_after <= result.tokens_before, "a stage grew the request"
+    assert all(a is b for a, b in zip(out[:head], messages[:head], strict=True)), "head changed"
+
+    if reason == "threshold" and result.tokens_before <= budget.trigger:
+        assert out is messages and result.stage == "none" and not result.changed
+    if result.stage != "truncated":
+        tail = tail_start(groups, counts, budget.tail_budget, head)
+        kept = len(messages) - tail
+        if kept:
+            assert all(a is b for a, b in zip(out[-kept:], messages[tail:], strict=True))
+    elif not any("shrunk" in note or "cut" in note for note in result.notes):
+        assert out[-1] is messages[-1], "the newest message was lost"
+
+
+@settings(max_examples=80, deadline=None)
+@given(messages=conversations(), data=st.data())
+def test_pruning_is_idempotent_and_never_grows(messages: list[dict[str, Any]], data: Any) -> None:
+    profile = Profile()
+    start = data.draw(st.integers(0, len(messages)))
+    end = data.draw(st.integers(start, len(messages)))
+    once = prune(messages, start, end, profile)
+    twice = prune(once.messages, start, end, profile)
+    assert twice.messages == once.messages and twice.pruned == 0
+    assert validate_tool_pairing(once.messages) == []
+    for before, after in zip(messages, once.messages, strict=True):
+        assert len(str(after)) <= len(str(before))

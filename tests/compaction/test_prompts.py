@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from compaction.files import FileLists
+from compaction.messages import SUMMARY_MARKER, is_summary
+from compaction.prompts import (
+    SUMMARY_SECTIONS,
+    SUMMARY_SYSTEM_PROMPT,
+    TURN_PREFIX_SYSTEM_PROMPT,
+    clip,
+    fit_tokens,
+    serialize_message,
+    serialize_messages,
+    summary_body,
+    summary_message,
+    summary_prompt,
+    turn_prefix_prompt,
+)
+from compaction.tokens import TokenCounter
+from tests.conftest import assistant, tool_group, user
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter("gpt-4o")
+
+
+def test_serialization_labels_every_kind_of_message() -> None:
+    group = tool_group("bash", {"command": "ls -la"}, "total 0")
+    text = serialize_messages(
+        [
+            {"role": "system", "content": "be brief"},
+            user("Fix the bug"),
+            assistant("Looking at it."),
+            *group,
+            {"role": "function", "name": "f", "content": "legacy result"},
+        ],
+        2_000,
+    )
+    assert text.splitlines() == [
+        "[System]: be brief",
+        "",
+        "[User]: Fix the bug",
+        "",
+        "[Assistant]: Looking at it.",
+        "",
+        '[Assistant tool calls]: bash({"command": "ls -la"})',
+        "",
+        "[Tool result]: total 0",
+        "",
+        "[Tool result]: legacy result",
+    ]
+
+
+def test_assistant_text_and_calls_share_one_block() -> None:
+    message = {**tool_group("read_file", {"path": "a.py"})[0], "content": "Reading."}
+    assert serialize_message(message, 2_000) == (
+        '[Assistant]: Reading.\n[Assistant tool calls]: read_file({"path": "a.py"})'
+    )
+
+
+def test_tool_results_are_cut_keeping_start_and_end() -> None:
+    output = "START" + "x" * 10_000 + "Traceback: ValueError: boom END"
+    text = serialize_message({"role": "tool", "tool_call_id": "c", "content": output}, 2_000)
+    body = text.removeprefix("[Tool result]: ")
+    assert body.startswith("START")
+    assert body.endswith("ValueError: boom END")
+    assert "characters cut" in body
+    assert len(body) <= 2_000 + 40
+
+
+def test_long_arguments_are_cut_too() -> None:
+    message = tool_group("write_file", {"path": "a.py", "content": "y" * 9_000})[0]
+    assert len(serialize_message(message, 500)) < 700
+
+
+def test_images_are_mentioned_not_inlined() -> None:
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ],
+    }
+    assert serialize_message(message, 2_000) == "[User]: what is this\n[image]"
+
+
+def test_summary_prompt_shape() -> None:
+    prompt = summary_prompt("[User]: hi", budget=700)
+    assert [m["role"] for m in prompt] == ["system", "user"]
+    assert all(set(m) == {"role", "content"} for m in prompt)
+    assert prompt[0]["content"] == SUMMARY_SYSTEM_PROMPT
+    assert "<conversation>\n[User]: hi\n</conversation>" in prompt[1]["content"]
+    assert "700" in prompt[1]["content"]
+    assert "<previous-summary>" not in prompt[1]["content"]
+    assert "<focus>" not in prompt[1]["content"]
+
+
+def test_system_prompt_asks_for_sections_in_order() -> None:
+    positions = [SUMMARY_SYSTEM_PROMPT.index(f"## {s}\n") for s in SUMMARY_SECTIONS]
+    assert positions == sorted(positions)
+    for sub in ("### Done", "### In Progress", "### Blocked"):
+        assert sub in SUMMARY_SYSTEM_PROMPT
+    assert "file paths" in SUMMARY_SYSTEM_PROMPT and "error messages" in SUMMARY_SYSTEM_PROMPT
+
+
+def test_summary_prompt_rolls_previous_summaries_and_focus() -> None:
+    prompt = summary_prompt(
+        "[User]: more", previous=["## Goal\n- old goal"], instructions="the auth bug", budget=500
+    )
+    content = prompt[1]["content"]
+    assert "<previous-summary>\n## Goal\n- old goal\n</previous-summary>" in content
+    assert "Update the previous summary" in content
+    assert "<focus>\nthe auth bug\n</focus>" in content
+    assert content.index("<previous-summary>") < content.index("<conversation>")
+
+
+def test_turn_prefix_prompt() -> None:
+    prompt = turn_prefix_prompt("[Assistant]: step", request="Add a flag", budget=500)
+    assert prompt[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT
+    content = prompt[1]["content"]
+    assert "<current-request>\nAdd a flag\n</current-request>" in content
+    assert "<turn-steps>\n[Assistant]: step\n</turn-steps>" in content
+
+
+def test_summary_message_shape() -> None:
+    message = summary_message(
+        "## Goal\n- g", condensed=12, files=FileLists(("a.py",), ("b.py",)), turn_prefix=False
+    )
+    assert message["role"] == "user"
+    assert is_summary(message)
+    lines = message["content"].splitlines()
+    assert lines[0] == SUMMARY_MARKER
+    assert "12 earlier messages" in lines[1]
+    assert message["content"].endswith(
+        "<read-files>\na.py\n</read-files>\n<modified-files>\nb.py\n</modified-files>"
+    )
+    prefix = summary_message("x", condensed=1, files=FileLists(), turn_prefix=True)
+    assert "first 1 message of the current turn" in prefix["content"]
+    assert "<read-files>" not in prefix["content"]
+
+
+def test_summary_body_round_trips_a_summary_message() -> None:
+    body = "## Goal\n- g\n\n## Next Steps\n- n"
+    message = summary_message(body, condensed=3, files=FileLists(("a",)), turn_prefix=False)
+    before = copy.deepcopy(message)
+    assert summary_body(message["content"]) == body
+    assert message == before
+
+
+def test_summary_body_cleans_replies() -> None:
+    reply = "<think>let me think</think>\n## Goal\n- g\n<read-files>\nx.py\n</read-files>"
+    assert summary_body(reply) == "## Goal\n- g"
+    assert summary_body("   \n") == ""
+
+
+def test_clip_and_fit_tokens(counter: TokenCounter) -> None:
+    assert clip("short", 10) == "short"
+    clipped = clip("a" * 100 + "b" * 100, 60)
+    assert clipped.startswith("a" * 40) and clipped.endswith("b" * 20)
+    text = " ".join(f"word{i}" for i in range(1_000))
+    fitted = fit_tokens(text, 50, counter)
+    assert counter.count_text(fitted) <= 50
+    assert fitted.startswith("word0 word1")
+    assert fit_tokens("small", 50, counter) == "small"
+    assert fit_tokens("anything", 0, counter) == ""

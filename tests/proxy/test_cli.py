@@ -1,0 +1,275 @@
+"""The command line, run as a user runs it: the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from compaction import SUMMARY_MARKER, validate_tool_pairing
+from tests.synthetic import agent_session
+
+SCRIPT = Path(sys.executable).with_name("compaction-proxy")
+
+
+def run_cli(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> Any:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        input=stdin,
+        capture_output=True,
+        env={**clean, **(env or {})},
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def big_request(tmp_path: Path) -> Path:
+    body = {
+        "model": "gpt-4o",
+        "messages": agent_session(seed=3, steps=150),
+        "temperature": 0.2,
+        "x_vendor": {"keep": True},
+    }
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_compact_writes_same_shape_with_other_fields_untouched(
+    big_request: Path, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.json"
+    done = run_cli("compact", str(big_request), "--context-window", "8192", "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    original = json.loads(big_request.read_text())
+    out = json.loads(done.stdout)
+    assert {k: v for k, v in out.items() if k != "messages"} == {
+        k: v for k, v in original.items() if k != "messages"
+    }
+    assert validate_tool_pairing(out["messages"]) == []
+    assert out["messages"][:2] == original["messages"][:2]
+    figures = json.loads(report.read_text())
+    for key in (
+        "stage",
+        "reason",
+        "tokens_before",
+        "tokens_after",
+        "input_limit",
+        "messages_before",
+        "messages_after",
+        "notes",
+    ):
+        assert key in figures
+    assert figures["tokens_after"] <= figures["input_limit"] == 8192 - 2048
+    assert figures["messages_before"] == len(original["messages"])
+    assert figures["stage"] in ("condensed", "truncated")
+    line = done.stderr.decode().splitlines()[0]
+    assert f"{figures['tokens_before']:,}" in line and f"{figures['tokens_after']:,}" in line
+
+
+def test_a_small_request_is_written_back_byte_for_byte(tmp_path: Path) -> None:
+    raw = b'{"model":"gpt-4o",  "messages":[{"role":"user","content":"hi"}],"n":1}'
+    done = run_cli("compact", "-", stdin=raw)
+    assert done.returncode == 0
+    assert done.stdout == raw
+    assert done.stderr.decode().startswith("none:")
+
+
+def test_bare_array_in_bare_array_out(big_request: Path) -> None:
+    messages = json.loads(big_request.read_text())["messages"]
+    done = run_cli("compact", "-", "--context-window", "8192", stdin=json.dumps(messages).encode())
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert isinstance(out, list) and out[0] == messages[0]
+
+
+def test_manual_reason_compacts_even_under_the_trigger(big_request: Path) -> None:
+    done = run_cli(
+        "compact", str(big_request), "--reason", "manual", "--instructions", "focus on tests"
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert any(
+        isinstance(m.get("content"), str) and m["content"].startswith(SUMMARY_MARKER)
+        for m in out["messages"]
+    )
+    assert "reason manual" in done.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("stdin", "needle"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"model": "x"}', "no 'messages'"),
+        (b'{"messages": [{"content": "no role"}]}', "messages[0].role"),
+        (b"42", "expected a request object"),
+    ],
+)
+def test_invalid_input_exits_2_with_one_line(stdin: bytes, needle: str) -> None:
+    done = run_cli("compact", "-", stdin=stdin)
+    assert done.returncode == 2
+    err = done.stderr.decode().strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert done.stdout == b""
+
+
+def test_missing_file_exits_2() -> None:
+    done = run_cli("compact", "/nonexistent/request.json")
+    assert done.returncode == 2
+    assert "/nonexistent/request.json" in done.stderr.decode()
+
+
+def test_a_head_too_large_for_the_window_exits_3(tmp_path: Path) -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "word " * 10_000},
+            {"role": "user", "content": "hi"},
+        ]
+    }
+    done = run_cli("compact", "-", "--context-window", "4096", stdin=json.dumps(body).encode())
+    assert done.returncode == 3
+    assert "head" in done.stderr.decode()
+
+
+def test_invalid_config_file_exits_2_naming_the_key(tmp_path: Path, big_request: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[compaction]\nreserv_tokens = 5\n")
+    done = run_cli("compact", str(big_request), "--config", str(config))
+    assert done.returncode == 2
+    assert "reserv_tokens" in done.stderr.decode()
+
+
+def test_config_file_sets_the_window(tmp_path: Path, big_request: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[models."gpt-4o"]\ncontext_window = 8192\n')
+    done = run_cli("compact", str(big_request), "--config", str(config), "--report", "/dev/stdout")
+    assert done.returncode == 0, done.stderr
+    assert "limit 6,144" in done.stderr.decode()
+
+
+def test_inspect_shows_roles_groups_head_tail_and_pairing(big_request: Path) -> None:
+    done = run_cli("inspect", str(big_request), "--context-window", "8192")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode()
+    for needle in (
+        "by role",
+        "tool",
+        "head",
+        "tail",
+        "largest groups",
+        "tool pairing     ok",
+        "would compact",
+        "o200k_base",
+    ):
+        assert needle in text
+
+
+# --- the llm summarizer against a real HTTP server on loopback --------------
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+    reply: ClassVar[dict[str, Any]] = {}
+    status = 200
+
+    def do_POST(self) -> None:
+        length = int(self.headers["content-length"])
+        type(self).received.append(
+            {
+                "path": self.path,
+                "auth": self.headers.get("authorization"),
+                "body": json.loads(self.rfile.read(length)),
+            }
+        )
+        data = json.dumps(type(self).reply).encode()
+        self.send_response(type(self).status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[str, type[_Upstream]]]:
+    handler = type("Handler", (_Upstream,), {"received": [], "status": 200})
+    handler.reply = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "## Goal\nFix the test.\n## Progress\nRan pytest; fixed app.py.",
+                },
+            }
+        ]
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_llm_summarizer_calls_upstream_with_key_and_no_tools(
+    big_request: Path, upstream: tuple[str, type[_Upstream]]
+) -> None:
+    url, handler = upstream
+    done = run_cli(
+        "compact",
+        str(big_request),
+        "--context-window",
+        "8192",
+        "--summarizer",
+        "llm",
+        "--upstream",
+        url,
+        env={"OPENAI_API_KEY": "sk-test-123"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert handler.received, "the summarizer was not called"
+    call = handler.received[0]
+    assert call["path"] == "/v1/chat/completions"
+    assert call["auth"] == "Bearer sk-test-123"
+    assert call["body"]["temperature"] == 0 and call["body"]["stream"] is False
+    assert "tools" not in call["body"] and 500 <= call["body"]["max_tokens"] <= 4000
+    out = json.loads(done.stdout)
+    summary = next(
+        m for m in out["messages"] if str(m.get("content", "")).startswith(SUMMARY_MARKER)
+    )
+    assert "Fix the test." in summary["content"]
+    assert "summary by llm" in done.stderr.decode()
+
+
+def test_llm_failure_falls_back_to_extractive(
+    big_request: Path, upstream: tuple[str, type[_Upstream]]
+) -> None:
+    url, handler = upstream
+    handler.status = 500
+    done = run_cli(
+        "compact",
+        str(big_request),
+        "--context-window",
+        "8192",
+        "--summarizer",
+        "llm",
+        "--upstream",
+        url,
+    )
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.decode()
+    assert "summary by extractive" in err and "500" in err
