@@ -139,6 +139,11 @@ class ServerSettings(BaseModel):
     max_body_bytes: _PositiveInt = Field(
         default=DEFAULT_MAX_BODY_BYTES, description="Larger request bodies get 413 before parsing."
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names accepted besides localhost when bound to loopback "
+        "(other Host headers get 403, against DNS rebinding).",
+    )
 
 
 class UpstreamSettings(BaseModel):

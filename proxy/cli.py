@@ -1,5 +1,6 @@
 """The ``compaction-proxy`` command line: a thin layer over the library.
 
+    compaction-proxy serve              run the proxy (default http://127.0.0.1:8808/v1)
     compaction-proxy compact [FILE|-]   run the pipeline on a request body
     compaction-proxy inspect [FILE|-]   show why a conversation is large
 
@@ -63,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Keep long chat conversations inside a model's context window.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="TOML configuration file")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8808)")
+    serve.add_argument("--upstream", metavar="URL", help="OpenAI-compatible upstream base URL")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
     run = commands.add_parser("compact", help="compact a chat-completions request body")
     _budget_flags(run)
@@ -166,9 +174,23 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
     return EXIT_OK
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.server import serve
+
+    settings = load_settings(
+        args.config,
+        server={"host": args.host, "port": args.port},
+        upstream={"base_url": args.upstream},
+    )
+    serve(settings, log_level=args.log_level)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "serve":
+            return _serve(args)
         request = read_request(args.file)
         config = _model_config(args, request.model)
         if args.command == "inspect":

@@ -1,0 +1,166 @@
+"""Checkpoints: remembering a compaction so the next request can reuse it.
+
+Pure functions and data; the proxy's store does the I/O (DESIGN.md §7).
+
+A client resends its whole history on every request. A checkpoint records
+that the first ``covered`` messages after the head were replaced by
+``replacement`` (a summary, pruned briefs, a truncation note…). It is found
+again through a **hash chain** over the normalized messages after the head::
+
+    h_0 = H(m_0),  h_i = H(h_{i-1} ‖ m_i)
+
+so ``h_{covered-1}`` identifies exactly that prefix of the conversation,
+whatever the system prompt says today. The newest checkpoint whose
+``end_hash`` occurs in the request's chain, at a group boundary, applies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from compaction.messages import (
+    HEAD_ROLES,
+    call_name_and_arguments,
+    group_starts,
+    message_text,
+    tool_calls,
+)
+from compaction.types import Message
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A stored compaction of the span right after the head."""
+
+    session: str
+    end_hash: str  #: chain hash of the last covered message
+    covered: int  #: how many messages after the head it replaces
+    replacement: tuple[Message, ...]
+    stage: str
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    model: str = ""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class AppliedCheckpoint:
+    """A request with a checkpoint applied: what to compact or forward next."""
+
+    checkpoint: Checkpoint
+    messages: list[Message]
+
+
+def normalize(message: Message) -> bytes:
+    """The parts of a message that identify it: role, text, tool calls, ids, name."""
+    calls = [(call.get("id"), *call_name_and_arguments(call)) for call in tool_calls(message)]
+    function_call = message.get("function_call")
+    if isinstance(function_call, dict):
+        calls.append((None, *call_name_and_arguments(function_call)))
+    return orjson.dumps(
+        [
+            message.get("role"),
+            message_text(message),
+            calls,
+            message.get("tool_call_id"),
+            message.get("name"),
+        ],
+        default=repr,
+    )
+
+
+def chain_hashes(messages: Sequence[Message], start: int) -> list[str]:
+    """``h_i`` for every message from ``start`` on, as hex strings."""
+    hashes: list[str] = []
+    previous = b""
+    for message in messages[start:]:
+        digest = hashlib.blake2b(previous + normalize(message), digest_size=16).digest()
+        hashes.append(digest.hex())
+        previous = digest
+    return hashes
+
+
+def session_key(messages: Sequence[Message]) -> str:
+    """Groups events of one conversation: the hash of its first non-system message."""
+    for message in messages:
+        if message.get("role") not in HEAD_ROLES:
+            return hashlib.blake2b(normalize(message), digest_size=8).hexdigest()
+    return "empty"
+
+
+def find_checkpoint(chain: Sequence[str], found: Mapping[str, Checkpoint]) -> Checkpoint | None:
+    """The newest checkpoint on the chain, among ``found`` (the store's answer
+    for the chain's hashes, fetched in one round trip)."""
+    for index in range(len(chain) - 1, -1, -1):
+        checkpoint = found.get(chain[index])
+        if checkpoint is not None and checkpoint.covered == index + 1:
+            return checkpoint
+    return None
+
+
+def apply_checkpoint(
+    messages: Sequence[Message], head_end: int, checkpoint: Checkpoint, groups: Sequence[Any]
+) -> AppliedCheckpoint | None:
+    """Replace the covered span, or ``None`` if that would split a group."""
+    cut = head_end + checkpoint.covered
+    if cut > len(messages) or cut not in group_starts(groups):
+        return None
+    applied = [*messages[:head_end], *checkpoint.replacement, *messages[cut:]]
+    return AppliedCheckpoint(checkpoint, applied)
+
+
+def kept_suffix(original: Sequence[Message], result: Sequence[Message], head_end: int) -> int:
+    """How many trailing messages of ``result`` are the very objects ending ``original``."""
+    kept = 0
+    limit = min(len(original), len(result)) - head_end
+    while kept < limit and result[-1 - kept] is original[-1 - kept]:
+        kept += 1
+    return kept
+
+
+def make_checkpoint(
+    original: Sequence[Message],
+    head_end: int,
+    result: Sequence[Message],
+    *,
+    chain: Sequence[str],
+    session: str,
+    stage: str,
+    reason: str,
+    tokens_before: int,
+    tokens_after: int,
+    model: str = "",
+) -> Checkpoint | None:
+    """The checkpoint describing how ``result`` rewrote ``original``, if it is reusable.
+
+    ``result`` must keep the head and end with a verbatim suffix of
+    ``original``; what lies between replaces the rest. ``None`` when nothing
+    was replaced or no verbatim suffix remains (e.g. the newest group was cut).
+    """
+    if any(a is not b for a, b in zip(result[:head_end], original[:head_end], strict=False)):
+        return None
+    kept = kept_suffix(original, result, head_end)
+    covered = len(original) - head_end - kept
+    if covered <= 0 or kept == 0:
+        return None
+    replacement = tuple(result[head_end : len(result) - kept])
+    return Checkpoint(
+        session=session,
+        end_hash=chain[covered - 1],
+        covered=covered,
+        replacement=replacement,
+        stage=stage,
+        reason=reason,
+        tokens_before=tokens_before,
+        tokens_after=tokens_after,
+        model=model,
+    )

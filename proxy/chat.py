@@ -1,0 +1,275 @@
+"""``POST /v1/chat/completions``.
+
+read → compact → forward → (overflow? compact again, retry once) → relay.
+Each step is a named function; the handler reads as the pipeline it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from compaction import CannotFitError, InvalidMessagesError, Profile
+from compaction import requested_output_tokens as requested_output
+from compaction.messages import check_messages
+from compaction.types import Message
+from config import ModelConfig
+from proxy import manual
+from proxy.conversation import Prepared, prepare
+from proxy.errors import (
+    BadRequest,
+    ContextLengthExceeded,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from proxy.overflow import Overflow, detect_overflow
+from proxy.state import ProxyState
+from proxy.summarizer import UpstreamSummarizer
+from proxy.upstream import (
+    read_error_body,
+    relay,
+    relay_bytes,
+    send,
+    upstream_headers,
+)
+
+logger = logging.getLogger("compaction_proxy.requests")
+
+#: Without a stated window, an overflow retry aims at this share of what
+#: failed: one retry must count, and the true window is unknown.
+OVERFLOW_SHRINK = 0.5
+
+
+# --- reading ---------------------------------------------------------------
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 above ``limit`` before it is parsed."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding not in ("identity", ""):
+        raise UnsupportedMediaType(
+            f"Compressed request bodies ({encoding}) are not supported; send identity."
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """The body as a dict with a valid ``messages`` list, or a 400."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    if "messages" not in body:
+        raise BadRequest("'messages' is a required property.", param="messages")
+    try:
+        check_messages(body["messages"])
+    except InvalidMessagesError as exc:
+        raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string.", param="model")
+    return body
+
+
+# --- the handler -----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Call:
+    """One chat request as it moves through the handler."""
+
+    request: Request
+    state: ProxyState
+    raw: bytes
+    body: dict[str, Any]
+    messages: list[Message]
+    config: ModelConfig
+    headers: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"{self.config.upstream}/chat/completions"
+
+    def summarizer(self) -> UpstreamSummarizer:
+        headers = {k: v for k, v in self.headers.items() if k != "content-type"}
+        return UpstreamSummarizer(
+            self.state.client, self.config.upstream, self.config.summary_model, headers
+        )
+
+    def encode(self, prepared: Prepared) -> bytes:
+        if prepared.untouched and self.messages is self.body["messages"]:
+            return self.raw  # nothing changed: the client's own bytes
+        return orjson.dumps({**self.body, "messages": prepared.messages})
+
+
+async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) -> _Call:
+    raw = await read_body(request, state.settings.server.max_body_bytes)
+    body = parse_chat_body(raw)
+    config = state.resolve(body.get("model"))
+    return _Call(
+        request=request,
+        state=state,
+        raw=raw,
+        body=body,
+        messages=manual.strip_commands(body["messages"]),
+        config=config,
+        headers=upstream_headers(
+            request.headers.items(),
+            fallback_key=state.fallback_key(config),
+            drop_authorization=uses_proxy_key,
+        ),
+    )
+
+
+async def handle_chat(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
+    started = time.perf_counter()
+    call = await _read_call(request, state, uses_proxy_key)
+    instructions = manual.command_instructions(call.messages)
+    if instructions is not None:
+        return await _manual(call, instructions)
+
+    prepared = await _prepare(call, reason="threshold")
+    upstream = await send(state.client, "POST", call.url, call.headers, call.encode(prepared))
+    if upstream.status_code >= 400:
+        error = await read_error_body(upstream)
+        overflow = detect_overflow(upstream.status_code, error)
+        if overflow is None:
+            _log(call, prepared, upstream.status_code, started)
+            return relay_bytes(upstream, error, prepared.headers())
+        prepared = await _prepare(
+            call, reason="overflow", profile=_overflow_profile(call, prepared, overflow)
+        )
+        upstream = await send(state.client, "POST", call.url, call.headers, call.encode(prepared))
+    _log(call, prepared, upstream.status_code, started)
+    return relay(upstream, prepared.headers())
+
+
+async def _prepare(
+    call: _Call,
+    *,
+    reason: Any,
+    profile: Profile | None = None,
+    instructions: str | None = None,
+    store: bool = True,
+) -> Prepared:
+    summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
+    try:
+        return await prepare(
+            call.state,
+            call.body,
+            call.messages,
+            call.config,
+            summarizer,
+            reason=reason,
+            instructions=instructions,
+            profile=profile,
+            store=store,
+        )
+    except CannotFitError as exc:
+        raise ContextLengthExceeded(
+            f"This request cannot be made to fit the model's context window: {exc}. "
+            "Shorten the system prompt or the first messages, or lower max_tokens.",
+            param="messages",
+        ) from exc
+    except InvalidMessagesError as exc:
+        raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
+
+
+def _overflow_profile(call: _Call, prepared: Prepared, overflow: Overflow) -> Profile:
+    """The budget for the retry: the window the error states, or a smaller one."""
+    model = call.config.model
+    if overflow.limit:
+        call.state.learn_window(model, overflow.limit)
+        call.config = call.state.resolve(model)
+        return call.config.profile
+    # With no reserve of its own, the budget's input limit is exactly the
+    # target: R_eff falls back to the output the request asked for.
+    target = max(int(prepared.result.tokens_after * OVERFLOW_SHRINK), 1)
+    return dataclasses.replace(
+        call.config.profile,
+        context_window=target + requested_output(call.body),
+        reserve_tokens=0,
+    )
+
+
+async def _manual(call: _Call, instructions: str) -> Response:
+    history = call.messages[:-1]
+    call.messages = history
+    prepared = await _prepare(call, reason="manual", instructions=instructions or None)
+    replaced = prepared.checkpoint.covered if prepared.checkpoint else 0
+    text = manual.reply_text(
+        prepared.tokens_before, prepared.result.tokens_after, replaced, prepared.result.changed
+    )
+    model = call.config.model or "compaction-proxy"
+    headers = prepared.headers()
+    if call.body.get("stream") is True:
+        options = call.body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return StreamingResponse(
+            manual.completion_chunks(model, text, include_usage),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    return Response(
+        orjson.dumps(manual.completion(model, text)),
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
+    """``POST /v1/compaction/preview``: what would be sent, and the report."""
+    call = await _read_call(request, state, uses_proxy_key)
+    prepared = await _prepare(call, reason="threshold", store=False)
+    result = prepared.result
+    report = {
+        "model": call.config.model,
+        "stage": result.stage,
+        "reason": result.reason,
+        "tokens_before": prepared.tokens_before,
+        "tokens_after": result.tokens_after,
+        "input_limit": result.input_limit,
+        "trigger": result.trigger,
+        "messages_before": len(call.body["messages"]),
+        "messages_after": result.messages_after,
+        "summarizer": result.summarizer_used,
+        "summarizer_calls": result.summarizer_calls,
+        "checkpoint": prepared.checkpoint.id if prepared.checkpoint else None,
+        "notes": list(result.notes),
+    }
+    return Response(
+        orjson.dumps({"messages": prepared.messages, "report": report}),
+        media_type="application/json",
+        headers=prepared.headers(),
+    )
+
+
+def _log(call: _Call, prepared: Prepared, status: int, started: float) -> None:
+    logger.info(
+        "chat model=%s stage=%s reason=%s tokens=%d->%d upstream_status=%d ms=%.1f",
+        call.config.model or "-",
+        prepared.stage,
+        prepared.result.reason,
+        prepared.tokens_before,
+        prepared.result.tokens_after,
+        status,
+        (time.perf_counter() - started) * 1000,
+    )

@@ -1,0 +1,93 @@
+"""Errors the proxy answers itself, in OpenAI's error shape.
+
+    ProxyError                  status + OpenAI-shaped body
+     ├── BadRequest      400    the body is not a chat request we can read
+     ├── Unauthorized    401    the proxy key is missing or wrong
+     ├── Forbidden       403    a Host header that is not local (DNS rebinding)
+     ├── PayloadTooLarge 413    the body is above the size limit
+     ├── UpstreamUnreachable 502  no connection to the upstream
+     └── UpstreamTimeout     504  the upstream said nothing in time
+
+Upstream errors (status >= 400 from the upstream) are not ProxyErrors: they
+are relayed as the upstream sent them. 502/504 bodies reveal nothing internal
+(no URLs, no exception text), only what kind of failure it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def json_bytes(self) -> bytes:
+        return orjson.dumps(self.body())
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(BadRequest):
+    """The part of the conversation that is never dropped does not fit."""
+
+    code = "context_length_exceeded"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "invalid_request_error"
+    code = "forbidden_host"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"

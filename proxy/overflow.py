@@ -1,0 +1,114 @@
+"""Recognizing an upstream's "the prompt is too long" error.
+
+Every provider words it differently. One table holds the wordings; each entry
+may capture the context window the error states (``limit``), which the proxy
+then uses as the budget for the retry and remembers for the model.
+
+Only client-error statuses and the 500s some local servers use are looked at;
+429 (rate limits, including "request too large … tokens per minute") never
+counts as an overflow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+_NUMBER = r"(?P<limit>\d[\d,]*)"
+
+
+@dataclass(frozen=True)
+class OverflowPattern:
+    provider: str
+    regex: re.Pattern[str]
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A recognized context-length error; ``limit`` is the window it states, if any."""
+
+    provider: str
+    limit: int | None
+
+
+def _p(provider: str, pattern: str) -> OverflowPattern:
+    return OverflowPattern(provider, re.compile(pattern, re.IGNORECASE))
+
+
+#: Most specific first; the first match wins.
+PATTERNS: tuple[OverflowPattern, ...] = (
+    # OpenAI, Azure OpenAI, vLLM (older), DeepSeek, Groq, OpenRouter, Together…
+    _p("openai-compatible", rf"maximum context length is {_NUMBER} tokens"),
+    # vLLM (newer)
+    _p("vllm", rf"longer than the maximum model length of {_NUMBER}"),
+    # llama.cpp server, newer and older wordings
+    _p("llama.cpp", rf"exceeds the available context size \({_NUMBER} tokens\)"),
+    _p("llama.cpp", r"exceeds the available context size"),
+    _p("llama.cpp", r"context size has been exceeded"),
+    # LM Studio
+    _p("lm-studio", rf"context length of only {_NUMBER} tokens"),
+    _p("lm-studio", rf"n_keep: \d+\s*>=\s*n_ctx: {_NUMBER}"),
+    _p("lm-studio", r"tokens to keep from the initial prompt is greater than the context length"),
+    # Mistral
+    _p("mistral", rf"too large for model with {_NUMBER} maximum context length"),
+    # Anthropic-compatible gateways
+    _p("anthropic", rf"prompt is too long: \d[\d,]* tokens > {_NUMBER} maximum"),
+    _p("anthropic", r"prompt is too long"),
+    # Gemini-compatible gateways
+    _p("gemini", rf"exceeds the maximum number of tokens allowed \({_NUMBER}\)"),
+    # Hugging Face TGI
+    _p("tgi", rf"`inputs` tokens \+ `max_new_tokens` must be <= {_NUMBER}"),
+    # Ollama
+    _p("ollama", r"(input|prompt) (length )?exceeds (the )?(maximum )?context length"),
+    _p("ollama", r"prompt too long; exceeded (max )?context length"),
+    # OpenAI (newer wording), Groq and generic gateways
+    _p("openai", r"input exceeds the context window"),
+    _p("generic", r"context[_ ]length[_ ]exceeded|context window (is )?exceeded"),
+    _p("generic", r"maximum context length"),
+)
+
+#: Error codes / types that mean an overflow whatever the message says.
+OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+_STATUSES = frozenset({400, 413, 422, 500})
+
+
+def _fields(body: Any) -> tuple[str, set[str], int | None]:
+    """(message text, codes/types, n_ctx) from an error body of any common shape."""
+    if not isinstance(body, dict):
+        return "", set(), None
+    error = body.get("error", body)
+    if isinstance(error, str):
+        return error, set(), None
+    if not isinstance(error, dict):
+        return "", set(), None
+    parts = [str(error.get(key)) for key in ("message", "detail") if error.get(key)]
+    if isinstance(body.get("detail"), str):
+        parts.append(body["detail"])
+    codes = {str(error[key]) for key in ("code", "type") if isinstance(error.get(key), str)}
+    n_ctx = error.get("n_ctx")
+    return " ".join(parts), codes, n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+
+
+def detect_overflow(status: int, body: bytes) -> Overflow | None:
+    """The overflow this error response reports, or ``None`` if it is another error."""
+    if status not in _STATUSES:
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message, codes, n_ctx = _fields(parsed)
+    if not message:
+        message = body[:4000].decode("utf-8", "replace")
+    for pattern in PATTERNS:
+        match = pattern.regex.search(message)
+        if match:
+            limit = match.groupdict().get("limit")
+            stated = int(limit.replace(",", "")) if limit else n_ctx
+            return Overflow(pattern.provider, stated)
+    if codes & OVERFLOW_CODES:
+        return Overflow("openai-compatible", n_ctx)
+    return None

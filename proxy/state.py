@@ -1,0 +1,67 @@
+"""What the running proxy holds: settings, the upstream client, the store, caches.
+
+Built once in the app's lifespan and passed to the handlers; there are no
+module globals.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+
+import httpx
+
+from compaction import TokenCounter, encoding_for_model
+from config import ModelConfig, ModelResolver, Settings
+from proxy.store import CheckpointStore
+
+
+@dataclass
+class ProxyState:
+    settings: Settings
+    client: httpx.AsyncClient
+    store: CheckpointStore
+    resolver: ModelResolver
+    #: Context windows stated by upstream overflow errors, by model name.
+    learned_windows: dict[str, int] = field(default_factory=dict)
+    _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)
+
+    def resolve(self, model: str | None) -> ModelConfig:
+        return self.resolver.resolve(model, self.learned_windows)
+
+    def counter(self, config: ModelConfig) -> TokenCounter:
+        """One counter (and so one token cache) per encoding and image cost."""
+        key = (encoding_for_model(config.model), config.profile.image_tokens)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = TokenCounter(encoding=key[0], image_tokens=key[1])
+            self._counters[key] = counter
+        return counter
+
+    def learn_window(self, model: str, window: int) -> None:
+        current = self.resolve(model).profile.context_window
+        if 0 < window < current or model not in self.learned_windows:
+            self.learned_windows[model] = window
+
+    def fallback_key(self, config: ModelConfig) -> str | None:
+        """The configured upstream key, used only when a client sends none."""
+        return os.environ.get(config.api_key_env) or None
+
+
+def build_client(settings: Settings) -> httpx.AsyncClient:
+    upstream = settings.upstream
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            upstream.read_timeout, connect=upstream.connect_timeout, pool=upstream.connect_timeout
+        ),
+        limits=httpx.Limits(
+            max_connections=upstream.max_connections,
+            max_keepalive_connections=upstream.max_keepalive_connections,
+        ),
+        # Each request carries its client's own credentials; nothing may leak
+        # from one user to the next through a shared cookie jar.
+        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+        follow_redirects=False,
+        trust_env=False,
+    )
