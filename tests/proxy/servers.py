@@ -36,8 +36,8 @@ OVERFLOW_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
         400,
         {
             "error": {
-                "message": "This model's maximum context length is {w} tokens. However, your messages "
-                "resulted in {n} tokens. Please reduce the length of the messages.",
+                "message": "This model's maximum context length is {w} tokens. However, your "
+                "messages resulted in {n} tokens. Please reduce the length of the messages.",
                 "type": "invalid_request_error",
                 "param": "messages",
                 "code": "context_length_exceeded",
