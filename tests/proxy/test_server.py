@@ -1,0 +1,284 @@
+"""Everything around the chat path: errors, other routes, credentials, exposure, streams."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from config import load_settings
+from proxy.app import create_app
+from tests.proxy.conftest import ProxyFactory
+from tests.proxy.servers import FakeUpstream, serve_in_thread
+from tests.synthetic import agent_session
+
+HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+
+
+# --- bad input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"model": "gpt-4o"}', "'messages' is a required property"),
+        (b'{"messages": "hi"}', "messages"),
+        (b'{"messages": [42]}', "messages[0]"),
+        (b'{"messages": [{"content": "x"}]}', "messages[0].role"),
+        (b'{"model": 5, "messages": []}', "'model' must be a string"),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, "not valid JSON"),
+    ],
+)
+def test_bad_bodies_get_openai_shaped_400(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], raw: bytes, needle: str
+) -> None:
+    url = start_proxy()
+    response = httpx.post(f"{url}/chat/completions", content=raw)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert needle in error["message"] and error["type"] == "invalid_request_error"
+    assert fake[0].received == []
+
+
+def test_body_above_the_limit_gets_413_before_parsing(start_proxy: ProxyFactory) -> None:
+    url = start_proxy(server={"max_body_bytes": 1000})
+    response = httpx.post(f"{url}/chat/completions", content=b"x" * 5000)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+    def chunks() -> Any:  # no content-length: counted while reading
+        for _ in range(10):
+            yield b"x" * 500
+
+    streamed = httpx.post(f"{url}/chat/completions", content=chunks())
+    assert streamed.status_code == 413
+
+
+def test_unreachable_upstream_gives_502_revealing_nothing(tmp_path: Any) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    settings = load_settings(None, upstream={"base_url": f"http://127.0.0.1:{port}/v1"})
+    with serve_in_thread(create_app(settings)) as url:
+        response = httpx.post(f"{url}/v1/chat/completions", json=HI)
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_unreachable" and str(port) not in response.text
+
+
+def test_silent_upstream_gives_bounded_504(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    fake[0].behaviours = ["hang"]
+    url = start_proxy(upstream={"read_timeout": 0.5})
+    started = time.monotonic()
+    response = httpx.post(f"{url}/chat/completions", json=HI, timeout=10)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+    assert time.monotonic() - started < 5
+
+
+def test_stream_dropped_mid_way_ends_with_an_error_event(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    fake[0].behaviours = ["drop"]
+    url = start_proxy()
+    response = httpx.post(f"{url}/chat/completions", json={**HI, "stream": True}, timeout=10)
+    events = [e for e in response.text.split("\n\n") if e]
+    assert "upstream_dropped" in events[-1]
+
+
+# --- streams -----------------------------------------------------------------
+
+
+def test_client_disconnect_cancels_the_upstream_within_a_second(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    upstream.chunks, upstream.chunk_delay = 200, 0.05  # a 10-second stream
+    url = start_proxy()
+    with httpx.stream("POST", f"{url}/chat/completions", json={**HI, "stream": True}) as response:
+        lines = response.iter_lines()
+        next(lines)
+        next(lines)
+    left = time.monotonic()
+    while not upstream.stream_closed and time.monotonic() - left < 3:
+        time.sleep(0.02)
+    assert upstream.stream_closed, "the upstream stream was never closed"
+    assert upstream.stream_closed[0] - left < 1.0
+
+
+def test_fifty_concurrent_streams_all_complete(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    upstream.chunks, upstream.chunk_delay = 10, 0.01
+    url = start_proxy()
+
+    async def one(sdk: openai.AsyncOpenAI, i: int) -> str:
+        stream = await sdk.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": f"n{i}"}], stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def burst() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0) as sdk:
+            return await asyncio.gather(*(one(sdk, i) for i in range(50)))
+
+    texts = asyncio.run(burst())
+    expected = "".join(f"w{i} " for i in range(10))
+    assert texts == [expected] * 50
+
+
+# --- other routes -------------------------------------------------------------
+
+
+def test_other_routes_are_forwarded_unchanged(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    url = start_proxy()
+    sdk = openai.OpenAI(base_url=url, api_key="sk-x", max_retries=0)
+    assert [m.id for m in sdk.models.list()] == ["gpt-4o"]
+    embedding = sdk.embeddings.create(model="e", input=["a", "b"])
+    assert len(embedding.data) == 2
+    assert upstream.received[-1].path == "/v1/embeddings"
+    assert upstream.received[-1].headers["authorization"] == "Bearer sk-x"
+    relayed = httpx.get(f"{url}/nothing-here")  # the upstream's own 404, relayed
+    assert relayed.status_code == 404 and relayed.text == "Not Found"
+    missing = httpx.get(url.removesuffix("/v1") + "/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_preview_shows_what_would_be_sent_without_calling_the_model(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    url = start_proxy(
+        models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "extractive"}
+    )
+    body = {"model": "gpt-4o", "messages": agent_session(seed=11, steps=120)}
+    response = httpx.post(f"{url}/compaction/preview", json=body, timeout=30)
+    assert response.status_code == 200
+    preview = response.json()
+    assert preview["report"]["stage"] in ("condensed", "truncated")
+    assert preview["report"]["tokens_after"] <= preview["report"]["input_limit"]
+    assert len(preview["messages"]) < len(body["messages"])
+    assert fake[0].received == []
+
+
+def test_healthz(start_proxy: ProxyFactory) -> None:
+    url = start_proxy()
+    assert httpx.get(url.removesuffix("/v1") + "/healthz").json() == {"status": "ok"}
+
+
+def test_checkpoint_endpoint_returns_the_replacement(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    url = start_proxy(
+        models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "extractive"}
+    )
+    body = {"model": "gpt-4o", "messages": agent_session(seed=12, steps=120)}
+    ident = httpx.post(f"{url}/chat/completions", json=body).headers["x-compaction-id"]
+    checkpoint = httpx.get(f"{url}/compaction/checkpoints/{ident}").json()
+    assert checkpoint["id"] == ident and checkpoint["covered"] > 0
+    assert checkpoint["replacement"]
+    assert httpx.get(f"{url}/compaction/checkpoints/nope").status_code == 404
+
+
+def test_each_model_goes_to_its_own_upstream(fake: tuple[FakeUpstream, str]) -> None:
+    main, main_url = fake
+    local = FakeUpstream()
+    with serve_in_thread(local.app()) as local_base:
+        settings = load_settings(
+            None,
+            upstream={"base_url": main_url},
+            models={"llama3.1:8b": {"upstream": local_base + "/v1", "context_window": 8192}},
+        )
+        with serve_in_thread(create_app(settings)) as url:
+            httpx.post(f"{url}/v1/chat/completions", json=HI)
+            httpx.post(f"{url}/v1/chat/completions", json={**HI, "model": "llama3.1:8b"})
+    assert [r.json()["model"] for r in main.chat_requests] == ["gpt-4o"]
+    assert [r.json()["model"] for r in local.chat_requests] == ["llama3.1:8b"]
+
+
+# --- credentials and exposure ---------------------------------------------------
+
+
+def test_configured_key_is_used_only_when_the_client_sends_none(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-configured")
+    url = start_proxy()
+    httpx.post(f"{url}/chat/completions", json=HI)
+    httpx.post(f"{url}/chat/completions", json=HI, headers={"authorization": "Bearer sk-mine"})
+    httpx.post(f"{url}/chat/completions", json=HI, headers={"api-key": "azure-key"})
+    sent = [r.headers for r in fake[0].chat_requests]
+    assert sent[0]["authorization"] == "Bearer sk-configured"
+    assert sent[1]["authorization"] == "Bearer sk-mine"
+    assert sent[2]["api-key"] == "azure-key" and "authorization" not in sent[2]
+
+
+def test_proxy_key_is_required_and_never_forwarded(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-upstream")
+    url = start_proxy(server={"api_key": "proxy-secret"})
+    assert httpx.post(f"{url}/chat/completions", json=HI).status_code == 401
+    wrong = httpx.post(f"{url}/chat/completions", json=HI, headers={"authorization": "Bearer no"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    sdk = openai.OpenAI(base_url=url, api_key="proxy-secret", max_retries=0)
+    sdk.chat.completions.create(**HI)
+    dedicated = httpx.post(
+        f"{url}/chat/completions",
+        json=HI,
+        headers={"x-compaction-proxy-key": "proxy-secret", "authorization": "Bearer sk-own"},
+    )
+    assert dedicated.status_code == 200
+    sent = [r.headers for r in fake[0].chat_requests]
+    assert sent[0]["authorization"] == "Bearer sk-upstream"
+    assert sent[1]["authorization"] == "Bearer sk-own"
+    assert all("proxy-secret" not in str(h) for h in sent)
+    assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+
+
+def test_non_local_host_header_is_refused(start_proxy: ProxyFactory) -> None:
+    url = start_proxy()
+    evil = httpx.post(f"{url}/chat/completions", json=HI, headers={"host": "evil.example"})
+    assert evil.status_code == 403
+    local = httpx.get(url.removesuffix("/v1") + "/healthz", headers={"host": "localhost:8808"})
+    assert local.status_code == 200
+
+
+def test_no_cors_headers_unless_configured(start_proxy: ProxyFactory) -> None:
+    url = start_proxy()
+    response = httpx.post(
+        f"{url}/chat/completions", json=HI, headers={"origin": "https://site.example"}
+    )
+    assert not any(h.startswith("access-control-") for h in response.headers)
+
+
+def test_secrets_and_content_never_reach_the_logs(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    sentinel = "sk-SENTINEL-0123456789"
+    secret_text = "TOP-SECRET-CONVERSATION-TEXT"
+    url = start_proxy(models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "llm"})
+    messages = agent_session(seed=13, steps=120, task=secret_text)
+    with caplog.at_level(logging.DEBUG):
+        sdk = openai.OpenAI(base_url=url, api_key=sentinel, max_retries=0)
+        sdk.chat.completions.create(model="gpt-4o", messages=messages)
+        fake[0].behaviours = ["500"]
+        with pytest.raises(openai.InternalServerError):
+            sdk.chat.completions.create(model="gpt-4o", messages=messages)
+    assert caplog.records, "nothing was logged at all"
+    assert sentinel not in caplog.text
+    assert secret_text not in caplog.text
