@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+from compaction.checkpoints import (
+    Checkpoint,
+    apply_checkpoint,
+    chain_hashes,
+    find_checkpoint,
+    kept_suffix,
+    make_checkpoint,
+    session_key,
+)
+from compaction.messages import SUMMARY_MARKER, group_messages
+from tests.conftest import assistant, system, tool_group, user
+
+
+def conversation() -> list[dict]:
+    return [
+        system("sys"),
+        user("task"),
+        *tool_group("read_file", {"path": "a.py"}, "aaa"),
+        assistant("looked"),
+        *tool_group("bash", {"command": "pytest"}, "ok", "more"),
+        user("next"),
+        assistant("done"),
+    ]
+
+
+def summary() -> dict:
+    return user(f"{SUMMARY_MARKER}\nsummary")
+
+
+def test_chain_ignores_the_head_and_unknown_keys_but_not_content() -> None:
+    msgs = conversation()
+    other_system = [system("a different date"), *msgs[1:]]
+    assert chain_hashes(msgs, 1) == chain_hashes(other_system, 1)
+    decorated = [*msgs[:3], {**msgs[3], "x_extra": 1}, *msgs[4:]]
+    assert chain_hashes(msgs, 2) == chain_hashes(decorated, 2)
+    edited = [*msgs[:4], assistant("looked twice"), *msgs[5:]]
+    chain, other = chain_hashes(msgs, 2), chain_hashes(edited, 2)
+    assert chain[:2] == other[:2] and chain[2:] != other[2:]  # a chain: all later ones differ
+
+
+def test_session_key_is_the_first_non_system_message() -> None:
+    msgs = conversation()
+    assert session_key(msgs) == session_key([system("other"), *msgs[1:3]])
+    assert session_key(msgs) != session_key([system("sys"), user("another task")])
+
+
+def test_make_then_find_then_apply_round_trip() -> None:
+    msgs = conversation()
+    head = 2
+    result = [*msgs[:head], summary(), *msgs[-2:]]  # the middle replaced, tail kept
+    chain = chain_hashes(msgs, head)
+    made = make_checkpoint(
+        msgs,
+        head,
+        result,
+        chain=chain,
+        session="s",
+        stage="condensed",
+        reason="threshold",
+        tokens_before=100,
+        tokens_after=20,
+    )
+    assert made is not None
+    assert made.covered == len(msgs) - head - 2
+    assert made.replacement == (result[2],)
+
+    later = [*msgs, assistant("more"), user("again")]
+    later_chain = chain_hashes(later, head)
+    found = find_checkpoint(later_chain, {made.end_hash: made})
+    assert found is made
+    applied = apply_checkpoint(later, head, made, group_messages(later))
+    assert applied is not None
+    assert applied.messages == [*later[:head], result[2], *later[head + made.covered :]]
+
+
+def test_no_checkpoint_without_a_verbatim_suffix_or_replacement() -> None:
+    msgs = conversation()
+    chain = chain_hashes(msgs, 2)
+    shrunk_tail = [*msgs[:2], summary(), {**msgs[-1], "content": "cut"}]
+    assert (
+        make_checkpoint(
+            msgs,
+            2,
+            shrunk_tail,
+            chain=chain,
+            session="s",
+            stage="truncated",
+            reason="threshold",
+            tokens_before=1,
+            tokens_after=1,
+        )
+        is None
+    )
+    assert (
+        make_checkpoint(
+            msgs,
+            2,
+            list(msgs),
+            chain=chain,
+            session="s",
+            stage="none",
+            reason="threshold",
+            tokens_before=1,
+            tokens_after=1,
+        )
+        is None
+    )
+
+
+def test_a_checkpoint_that_would_split_a_group_is_rejected() -> None:
+    msgs = conversation()
+    # covered=2 ends inside the read_file group (assistant call at 2, result at 3).
+    bad = Checkpoint(
+        session="s",
+        end_hash="x",
+        covered=1,
+        replacement=(summary(),),
+        stage="condensed",
+        reason="threshold",
+        tokens_before=1,
+        tokens_after=1,
+    )
+    assert apply_checkpoint(msgs, 2, bad, group_messages(msgs)) is None
+
+
+def test_find_requires_the_hash_at_the_recorded_position() -> None:
+    msgs = conversation()
+    chain = chain_hashes(msgs, 2)
+    misplaced = Checkpoint(
+        session="s",
+        end_hash=chain[3],
+        covered=2,
+        replacement=(),
+        stage="pruned",
+        reason="threshold",
+        tokens_before=1,
+        tokens_after=1,
+    )
+    assert find_checkpoint(chain, {chain[3]: misplaced}) is None
+
+
+def test_kept_suffix_counts_identical_objects_only() -> None:
+    msgs = conversation()
+    assert kept_suffix(msgs, [*msgs[:2], summary(), *msgs[-3:]], 2) == 3
+    assert kept_suffix(msgs, [*msgs[:2], dict(msgs[-1])], 2) == 0
