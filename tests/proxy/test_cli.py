@@ -273,3 +273,46 @@ def test_llm_failure_falls_back_to_extractive(
     assert done.returncode == 0, done.stderr
     err = done.stderr.decode()
     assert "summary by extractive" in err and "500" in err
+
+
+def test_serve_runs_the_proxy_until_sigterm(tmp_path: Path) -> None:
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port), "--upstream", "http://127.0.0.1:9/v1"],
+        cwd=tmp_path,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz")
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.1)
+        assert health.json() == {"status": "ok"}
+        down = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert down.status_code == 502  # the configured upstream is not there
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught.
+    assert process.returncode in (0, -signal.SIGTERM), err
+    assert b"Application shutdown complete" in err
+    assert b"127.0.0.1:9/v1" in err  # the start-up line names the upstream
