@@ -8,6 +8,7 @@ store.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from compaction.messages import group_messages, head_end
 from compaction.types import Message
 from config import ModelConfig
 from proxy.state import ProxyState
+
+logger = logging.getLogger("compaction_proxy.checkpoints")
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,10 @@ async def prepare(
     if used is not None:
         applied = apply_checkpoint(messages, head, used, groups)
         if applied is None:
-            used = None  # would split a group: recompute instead
+            logger.warning(
+                "replay error: checkpoint %s would split a message group; recomputing", used.id
+            )
+            used = None
         else:
             working = applied.messages
 
