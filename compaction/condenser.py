@@ -34,13 +34,13 @@ from compaction.files import collect_files
 from compaction.messages import group_messages, is_summary, message_text
 from compaction.profile import Profile
 from compaction.prompts import (
-    fit_tokens,
     serialize_messages,
     summary_body,
     summary_message,
     summary_prompt,
     turn_prefix_prompt,
 )
+from compaction.text import fit_tokens, one_line
 from compaction.tokens import TokenCounter
 from compaction.types import Message, Summarizer
 
@@ -136,27 +136,40 @@ async def condense(
     counter: TokenCounter,
     summarizer: Summarizer | None,
     instructions: str | None = None,
+    originals: Sequence[Message] | None = None,
 ) -> CondenseResult:
-    """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split)."""
+    """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
+
+    ``originals`` are the same messages before pruning, index for index. The
+    file lists are read from their tool calls, whose long arguments the
+    pruner cut (a ``sed -i '…' path`` loses its path at the end), and the
+    extractive summary reads their assistant messages whole.
+    """
+    if originals is None:
+        originals = messages
+    elif len(originals) != len(messages):
+        raise ValueError(
+            f"originals ({len(originals)} messages) must match messages ({len(messages)})"
+        )
     if plan.head_end >= plan.tail_start:
         raise SummarizationError("nothing to condense: the middle is empty")
     if profile.summarizer == "off":
         raise SummarizationError("the summarizer is off")
-    main = list(messages[plan.head_end : plan.main_end])
-    prefix: list[Message] = []
+    main = _Span.of(messages, originals, plan.head_end, plan.main_end)
+    prefix = _Span([], [])
     if plan.turn_start is not None:
-        prefix = list(messages[plan.turn_start + 1 : plan.tail_start])
-    if not any(not is_summary(m) for m in (*main, *prefix)):
+        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start)
+    if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
         raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
 
     run = _Run(profile, counter, summarizer, instructions, list(messages[: plan.head_end]))
-    main_summary = await run.summarize(main, request=None) if main else None
+    main_summary = await run.summarize(main, request=None) if main.messages else None
     prefix_summary = None
-    if plan.turn_start is not None and prefix:
+    if plan.turn_start is not None and prefix.messages:
         request = message_text(messages[plan.turn_start])
         prefix_summary = await run.summarize(prefix, request=request)
 
-    replaced = sum(counter.count_messages([*main, *prefix]))
+    replaced = sum(counter.count_messages([*main.messages, *prefix.messages]))
     written = [m for m in (main_summary, prefix_summary) if m is not None]
     summary_tokens = sum(counter.count_messages(written))
     if summary_tokens >= replaced:
@@ -184,6 +197,28 @@ async def condense(
     )
 
 
+@dataclass(frozen=True)
+class _Span:
+    """Messages ``[start, end)`` as condensed, and the same ones before pruning."""
+
+    messages: list[Message]
+    originals: list[Message]
+
+    @classmethod
+    def of(
+        cls, messages: Sequence[Message], originals: Sequence[Message], start: int, end: int
+    ) -> _Span:
+        return cls(list(messages[start:end]), list(originals[start:end]))
+
+    def for_digest(self) -> list[Message]:
+        """Results as pruned (the extractive digest reads their briefs), assistant
+        messages whole (their calls, and text without a cut marker)."""
+        return [
+            original if message.get("role") == "assistant" else message
+            for message, original in zip(self.messages, self.originals, strict=True)
+        ]
+
+
 @dataclass
 class _Run:
     """One condense call: its settings, and what happened so far."""
@@ -197,16 +232,17 @@ class _Run:
     fell_back: bool = False
     notes: list[str] = field(default_factory=list)
 
-    async def summarize(self, span: list[Message], *, request: str | None) -> Message:
-        """The summary message for ``span``; ``request`` is set for a turn prefix."""
+    async def summarize(self, whole: _Span, *, request: str | None) -> Message:
+        """The summary message for ``whole``; ``request`` is set for a turn prefix."""
         turn_prefix = request is not None
+        span = whole.messages
         ordinary = [m for m in span if not is_summary(m)]
         previous = [summary_body(message_text(m)) for m in span if is_summary(m)]
         if not ordinary and len(span) == 1:
             return span[0]  # a lone earlier summary: nothing new to fold into it
         span_tokens = sum(self.counter.count_messages(span))
         budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
-        files = collect_files(span, self.profile)
+        files = collect_files(whole.originals, self.profile)
 
         def wrap(body: str) -> Message:
             return summary_message(body, condensed=len(span), files=files, turn_prefix=turn_prefix)
@@ -225,13 +261,13 @@ class _Run:
             except SummarizationError as exc:
                 self.notes.append(f"{label}llm summary unusable ({exc}); used extractive")
             except Exception as exc:  # any failure of the injected call falls back
-                detail = _clip_note(f"{type(exc).__name__}: {exc}")
+                detail = one_line(f"{type(exc).__name__}: {exc}", _NOTE_CHARS)
                 self.notes.append(f"{label}llm summarizer failed ({detail}); used extractive")
         elif self.profile.summarizer == "llm" and not self.fell_back:
             self.notes.append("no llm summarizer available; used extractive")
         self.fell_back = True
         body = extractive_summary(
-            ordinary,
+            [m for m in whole.for_digest() if not is_summary(m)],
             head=self.head,
             previous=previous,
             budget=budget,
@@ -315,8 +351,3 @@ class _Run:
                 break
         text = fit_tokens(text, capacity - 2, self.counter)
         return text, self.counter.count_text(text) + 2
-
-
-def _clip_note(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= _NOTE_CHARS else flat[: _NOTE_CHARS - 1] + "…"

@@ -11,6 +11,7 @@ is a user message and the groups after it up to the next user message.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +24,10 @@ from compaction.types import Message
 SUMMARY_MARKER = "[CONTEXT CONDENSED — REFERENCE ONLY]"
 #: Content given to a tool call that arrived without a result.
 MISSING_RESULT = "[no result recorded]"
+#: The user message hard truncation puts where it dropped ``count`` messages.
+TRUNCATION_NOTE = "[{count} earlier messages were removed to fit the context window.]"
+# Built from the format, so the two cannot drift apart.
+_TRUNCATION_NOTE = re.compile(re.escape(TRUNCATION_NOTE).replace(re.escape("{count}"), r"(\d+)"))
 
 HEAD_ROLES = frozenset({"system", "developer"})
 RESULT_ROLES = frozenset({"tool", "function"})
@@ -141,6 +146,25 @@ def opens_tool_group(message: Message) -> bool:
 def is_summary(message: Message) -> bool:
     """Whether the message is a summary written by the condenser."""
     return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
+
+
+def truncation_note(count: int) -> Message:
+    """The user message standing in for ``count`` messages dropped by hard truncation."""
+    return {"role": "user", "content": TRUNCATION_NOTE.format(count=count)}
+
+
+def truncation_note_count(message: Message) -> int | None:
+    """How many messages a truncation note stands for; ``None`` for any other message."""
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, str):
+        return None
+    match = _TRUNCATION_NOTE.fullmatch(content)
+    return int(match.group(1)) if match else None
+
+
+def is_truncation_note(message: Message) -> bool:
+    """Whether the message is a note left by hard truncation."""
+    return truncation_note_count(message) is not None
 
 
 # --- groups ----------------------------------------------------------------
@@ -326,16 +350,21 @@ def tail_start(
 
 # --- describing tool calls ---------------------------------------------------
 
-#: Argument names that identify what a tool call acted on, most telling first.
-KEY_ARGUMENTS: tuple[str, ...] = (
+#: Argument names that hold the file a tool call acted on.
+PATH_ARGUMENTS: tuple[str, ...] = (
     "path",
     "file_path",
     "filepath",
     "file",
     "filename",
     "target_file",
-    "command",
-    "cmd",
+)
+#: Argument names that hold a shell command line.
+COMMAND_ARGUMENTS: tuple[str, ...] = ("command", "cmd")
+#: Argument names that identify what a tool call acted on, most telling first.
+KEY_ARGUMENTS: tuple[str, ...] = (
+    *PATH_ARGUMENTS,
+    *COMMAND_ARGUMENTS,
     "query",
     "pattern",
     "url",

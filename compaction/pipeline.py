@@ -164,6 +164,7 @@ async def compact(
 
     # Stage 1: prune the whole middle.
     stage: Stage = "none"
+    unpruned = messages  # the file lists must see arguments before the pruner cut them
     pruned = prune(messages, head, tail, profile)
     if pruned.pruned and _valid(pruned.messages, "prune", run.notes):
         messages, stage = pruned.messages, "pruned"
@@ -182,6 +183,7 @@ async def compact(
                 counter=counter,
                 summarizer=summarizer,
                 instructions=instructions,
+                originals=unpruned,
             )
         except SummarizationError as exc:
             run.notes.append(f"condense skipped: {exc}")

@@ -42,7 +42,8 @@ DEFAULT_SUMMARY_TOOL_RESULT_CHARS = 2_000
 #: Tool names (or substrings of them) that read files or modify them. A tool
 #: whose name contains one of the "modify" words counts as modifying; otherwise
 #: one containing a "read" word counts as reading. Shell commands are looked at
-#: too (``cat x`` reads, ``sed -i`` / ``> x`` modify); see condenser.files.
+#: too (``cat x`` reads, ``sed -i`` / ``> x`` modify); see :mod:`compaction.files`
+#: and :mod:`compaction.shell`.
 DEFAULT_READ_TOOLS: tuple[str, ...] = (
     "read",
     "view",

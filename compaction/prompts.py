@@ -20,7 +20,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
-from compaction.tokens import TokenCounter
+from compaction.text import clip
 from compaction.types import Message
 
 #: The headings of every summary, in order; Progress has three sub-headings.
@@ -42,7 +42,6 @@ _LABELS = {
     "tool": "[Tool result]",
     "function": "[Tool result]",
 }
-_CUT = "\n[… {n:,} characters cut …]\n"
 _THINKING = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
 
 SUMMARY_SYSTEM_PROMPT = """\
@@ -108,37 +107,6 @@ the following steps rely on.
 Be brief. Keep identifiers, paths, commands and errors verbatim, in backticks. \
 Never invent anything. Do not write lists of files read or modified.
 """
-
-
-# --- text helpers ----------------------------------------------------------
-
-
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to about ``limit`` characters, keeping its start and its end.
-
-    The end is kept too because that is where errors and results usually are
-    (the last line of a traceback, a test summary).
-    """
-    if len(text) <= limit:
-        return text
-    keep_end = limit // 3
-    keep_start = limit - keep_end
-    cut = len(text) - keep_start - keep_end
-    return text[:keep_start] + _CUT.format(n=cut) + text[len(text) - keep_end :]
-
-
-def fit_tokens(text: str, max_tokens: int, counter: TokenCounter) -> str:
-    """``text`` cut from the end until it holds at most ``max_tokens`` tokens."""
-    if max_tokens <= 0:
-        return ""
-    while (count := counter.count_text(text)) > max_tokens:
-        keep = max(int(len(text) * max_tokens / count * 0.95), 0)
-        if keep >= len(text):
-            keep = len(text) - 1
-        text = text[:keep].rstrip() + " …"
-        if keep <= 0:
-            return ""
-    return text
 
 
 # --- serializing the conversation -------------------------------------------

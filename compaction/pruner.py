@@ -19,13 +19,13 @@ bytes, which keeps upstream prompt caches hitting between compactions
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from compaction.messages import (
+    COMMAND_ARGUMENTS,
     KEY_ARGUMENTS,
     RESULT_ROLES,
     call_for_result,
@@ -34,14 +34,8 @@ from compaction.messages import (
     message_text,
 )
 from compaction.profile import Profile
+from compaction.text import cut_middle, one_line, shrink_arguments
 from compaction.types import Message
-
-# Wider than any marker _text_marker / _value_marker can produce for a string
-# that fits in memory, so a cut string is never long enough to be cut again.
-_TEXT_MARKER_ROOM = 48
-_VALUE_MARKER_ROOM = 32
-#: A JSON string value is never cut shorter than this: shorter keeps nothing useful.
-_MIN_VALUE_CHARS = 40
 
 _BRIEF_NAME_CHARS = 64
 _BRIEF_ARG_CHARS = 80
@@ -52,7 +46,7 @@ _BRIEF_STATUS_CHARS = 80
 _STATUS_EDGE_LINES = 5
 _ERROR_TAIL_LINES = 20
 
-_COMMAND_KEYS = frozenset({"command", "cmd"})
+_COMMAND_KEYS = frozenset(COMMAND_ARGUMENTS)
 _QUOTED_KEYS = _COMMAND_KEYS | {"query", "pattern"}
 _PLAIN_KEYS = frozenset(KEY_ARGUMENTS) - _QUOTED_KEYS
 
@@ -65,7 +59,6 @@ _OUTPUT_TAG = re.compile(r"<output>\n?(.*)</output>", re.DOTALL)
 _TRACEBACK = "Traceback (most recent call last)"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
 _ERROR_LINE = re.compile(r"^\s*(?:error|fatal|panic)\b\s*[:\[]|^npm ERR!", re.IGNORECASE)
-_WHITESPACE = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -141,15 +134,15 @@ def tool_brief(call: dict[str, Any] | None, result: Message) -> str:
     else:
         size = f"({', '.join([f'{len(text):,} chars', *extras])})"
 
-    parts = [f"[{_one_line(name, _BRIEF_NAME_CHARS)}]"]
+    parts = [f"[{one_line(name, _BRIEF_NAME_CHARS)}]"]
     if value:
-        shown = _one_line(value, _BRIEF_ARG_CHARS)
+        shown = one_line(value, _BRIEF_ARG_CHARS)
         if key in _PLAIN_KEYS:
             parts.append(shown)
         elif key in _QUOTED_KEYS:
             parts.append(f'"{shown}"')
         else:  # an argument with no telling name: say which one it is
-            parts.append(f'{_one_line(key, _BRIEF_NAME_CHARS)}="{shown}"')
+            parts.append(f'{one_line(key, _BRIEF_NAME_CHARS)}="{shown}"')
     parts.append(size)
     return " ".join(parts)
 
@@ -166,7 +159,7 @@ def _status(text: str) -> list[str]:
             break
     error = _error_line(text, lines)
     if error:
-        found.append(_one_line(error, _BRIEF_STATUS_CHARS))
+        found.append(one_line(error, _BRIEF_STATUS_CHARS))
     return found
 
 
@@ -204,11 +197,6 @@ def _image_count(content: Any) -> int:
         for part in content
         if isinstance(part, dict) and part.get("type") in ("image_url", "image", "input_image")
     )
-
-
-def _one_line(text: str, limit: int) -> str:
-    flat = _WHITESPACE.sub(" ", text).strip()
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 # --- assistant messages ----------------------------------------------------
@@ -277,108 +265,3 @@ def _cut_assistant_text(text: str, profile: Profile) -> str:
     if len(text) <= profile.assistant_text_chars:
         return text
     return cut_middle(text, profile.assistant_keep_start, profile.assistant_keep_end)
-
-
-# --- cutting, shared with stage 3 ------------------------------------------
-
-
-def _text_marker(cut: int) -> str:
-    return f"\n[… {cut:,} characters cut …]\n"
-
-
-def cut_middle(text: str, keep_start: int, keep_end: int) -> str:
-    """``text`` with its middle replaced by a marker saying how much was cut.
-
-    Returns ``text`` itself (the same object) when cutting would not make it
-    shorter, so a cut text is never cut again with the same figures.
-    """
-    keep_start, keep_end = max(keep_start, 0), max(keep_end, 0)
-    if len(text) <= keep_start + keep_end + _TEXT_MARKER_ROOM:
-        return text
-    cut = len(text) - keep_start - keep_end
-    return text[:keep_start] + _text_marker(cut) + text[len(text) - keep_end :]
-
-
-def _value_marker(cut: int) -> str:
-    return f"…[{cut:,} chars cut]"
-
-
-def _cap_value(value: str, cap: int) -> str:
-    if len(value) <= cap + _VALUE_MARKER_ROOM:
-        return value
-    return value[:cap] + _value_marker(len(value) - cap)
-
-
-def _cap_strings(value: Any, cap: int) -> Any:
-    """``value`` with every string longer than ``cap`` (plus marker room) cut. Keys stay."""
-    if isinstance(value, str):
-        return _cap_value(value, cap)
-    if isinstance(value, list):
-        return [_cap_strings(item, cap) for item in value]
-    if isinstance(value, dict):
-        return {key: _cap_strings(item, cap) for key, item in value.items()}
-    return value
-
-
-def _longest_string(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return max((_longest_string(item) for item in value), default=0)
-    if isinstance(value, dict):
-        return max((_longest_string(item) for item in value.values()), default=0)
-    return 0
-
-
-def _dumps(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # lone surrogates from \ud800 escapes: keep them escaped
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
-    return text
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def shrink_arguments(arguments: str, limit: int) -> str:
-    """Tool-call ``arguments`` cut to about ``limit`` characters, inside the JSON.
-
-    Every string value is capped at one common length, the largest that lets
-    the re-serialized JSON fit (so the longest values lose the most); valid
-    JSON stays valid. When even short values do not fit (many keys), the
-    values are cut to a floor and the result may stay above ``limit``.
-    Arguments that are not JSON are cut as a plain string. Returns
-    ``arguments`` unchanged when nothing shorter comes out; a second call
-    with the same ``limit`` returns its input.
-    """
-    limit = max(limit, 2 * _VALUE_MARKER_ROOM)
-    if len(arguments) <= limit:
-        return arguments
-    try:
-        parsed = json.loads(arguments, parse_constant=_reject_constant)
-        candidate = _dumps(_shrink_json(parsed, limit))
-    except ValueError:  # not JSON, or values JSON cannot write back (1e400 → inf)
-        pass
-    else:
-        return candidate if len(candidate) < len(arguments) else arguments
-    keep = limit - _VALUE_MARKER_ROOM
-    return arguments[:keep] + _value_marker(len(arguments) - keep)
-
-
-def _shrink_json(parsed: Any, limit: int) -> Any:
-    def fits(cap: int) -> bool:
-        return len(_dumps(_cap_strings(parsed, cap))) <= limit
-
-    low, high = _MIN_VALUE_CHARS, max(_longest_string(parsed), _MIN_VALUE_CHARS)
-    if fits(low):
-        # Largest cap that fits: cutting as little as possible.
-        while low < high:
-            middle = (low + high + 1) // 2
-            if fits(middle):
-                low = middle
-            else:
-                high = middle - 1
-    return _cap_strings(parsed, low)

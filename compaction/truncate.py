@@ -25,19 +25,23 @@ does; CannotFitError ``"newest group"`` when even that is not enough.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from compaction.errors import CannotFitError
-from compaction.messages import Group, group_messages, is_summary
-from compaction.pruner import cut_middle, shrink_arguments
+from compaction.messages import (
+    Group,
+    group_messages,
+    is_summary,
+    is_truncation_note,
+    truncation_note,
+    truncation_note_count,
+)
+from compaction.text import cut_middle, shrink_arguments
 from compaction.tokens import TokenCounter
 from compaction.types import Message
 
-_NOTE = "[{count} earlier messages were removed to fit the context window.]"
-_NOTE_PATTERN = re.compile(r"\[(\d+) earlier messages were removed to fit the context window\.\]")
 #: Characters a cut field keeps at least; below this a text says nothing.
 _MIN_FIELD_CHARS = 200
 #: Room for the cut marker, so a field cut to ``n`` characters ends up at most ``n``.
@@ -88,7 +92,7 @@ def truncate(
         raise CannotFitError("head", head_tokens, limit)
     body = [g for g in groups if g.start >= head_end]
 
-    reserve = counter.count_message(_note(len(messages)))
+    reserve = counter.count_message(truncation_note(len(messages)))
     while True:
         plan = _select(messages, counts, body, head_end, limit - head_tokens - reserve)
         if plan is None:
@@ -160,7 +164,7 @@ def _turn_opener(messages: Sequence[Message], floor: int, start: int) -> int | N
     for i in range(start - 1, floor - 1, -1):
         message = messages[i]
         if message.get("role") == "user":
-            if is_summary(message) or _note_count(message) is not None:
+            if is_summary(message) or is_truncation_note(message):
                 return None
             return i
     return None
@@ -177,28 +181,16 @@ def _assemble(messages: Sequence[Message], head_end: int, plan: _Plan) -> tuple[
         if i not in kept_before
     ]
     if dropped:
-        out.append(_note(_removed_count(dropped)))
+        out.append(truncation_note(_removed_count(dropped)))
     if plan.opener is not None and plan.opener < plan.suffix_start:
         out.append(messages[plan.opener])
     out.extend(messages[plan.suffix_start :])
     return out, len(dropped)
 
 
-def _note(count: int) -> Message:
-    return {"role": "user", "content": _NOTE.format(count=count)}
-
-
-def _note_count(message: Message) -> int | None:
-    content = message.get("content")
-    if message.get("role") != "user" or not isinstance(content, str):
-        return None
-    match = _NOTE_PATTERN.fullmatch(content)
-    return int(match.group(1)) if match else None
-
-
 def _removed_count(dropped: Sequence[Message]) -> int:
     # A note left by an earlier truncation stands for the messages it replaced.
-    return sum(_note_count(m) or 1 for m in dropped)
+    return sum(truncation_note_count(m) or 1 for m in dropped)
 
 
 # --- shrinking the newest group ----------------------------------------------
@@ -214,7 +206,7 @@ def _shrink_newest(
 ) -> TruncateResult:
     newest = body[-1]
     dropped = messages[head_end : newest.start]
-    note = _note(_removed_count(dropped)) if dropped else None
+    note = truncation_note(_removed_count(dropped)) if dropped else None
     note_tokens = counter.count_message(note) if note else 0
     group = list(messages[newest.start : newest.end])
     before = sum(counter.count_messages(group))

@@ -24,6 +24,7 @@ from compaction.messages import (
 )
 from compaction.profile import Profile
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT, summary_message
+from compaction.pruner import prune
 from compaction.tokens import TokenCounter
 from compaction.types import SummarizerMode
 from tests.conftest import assistant, system, tool_group, user
@@ -464,3 +465,47 @@ def test_split_turn_fallback_is_reported_per_summary() -> None:
     assert result.summarizer_used == "extractive"
     assert len(result.notes) == 2
     assert result.notes[1].startswith("turn prefix: llm summarizer failed (ConnectionError")
+
+
+# --- file lists from the arguments before pruning ------------------------------
+
+LONG_SED = "sed -i '" + "s/old_name/new_name/g;" * 20 + "' django/db/models/fields/__init__.py"
+
+
+def test_file_lists_come_from_the_originals_before_pruning() -> None:
+    profile = Profile(summarizer="extractive")
+    originals = conversation(steps=30, chars=400)  # results short enough to stay unpruned
+    arguments = {"command": LONG_SED, "description": "Rename old_name to new_name. " * 9}
+    originals[4:4] = tool_group("bash", arguments, "<returncode>0</returncode>")
+    pruned = prune(originals, 2, last_user(originals), profile).messages
+    assert "fields/__init__.py" not in str(pruned[4]["tool_calls"])  # the path was cut
+    plan = plan_condense(pruned, 2, last_user(pruned))
+
+    def summary(**originals_: Any) -> str:
+        result = asyncio.run(
+            condense(pruned, plan, profile=profile, counter=COUNTER, summarizer=None, **originals_)
+        )
+        return message_text(result.summary)
+
+    without = summary()
+    assert "django/db/models/fields/__init__.py" not in without
+    assert "chars cut]" in without  # the digest quoted the cut command
+    with_originals = summary(originals=originals)
+    assert parse_file_lists(with_originals).modified == ("django/db/models/fields/__init__.py",)
+    assert "chars cut]" not in with_originals
+    assert f"bash: `{LONG_SED[:60]}" in with_originals
+
+
+def test_originals_must_match_the_messages() -> None:
+    messages = conversation()
+    with pytest.raises(ValueError, match="originals"):
+        asyncio.run(
+            condense(
+                messages,
+                plan_condense(messages, 2, last_user(messages)),
+                profile=Profile(summarizer="extractive"),
+                counter=COUNTER,
+                summarizer=None,
+                originals=messages[:-1],
+            )
+        )

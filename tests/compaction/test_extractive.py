@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,68 @@ def test_results_pair_within_their_group_when_ids_repeat() -> None:
     text = summarize(middle)
     assert "think(thought=plan it) → no output" in text
     assert "search(query=flights) → error: `Error: no flights found`" in text
+
+
+# --- repetition and the task quote -----------------------------------------------
+
+COMPLAINT = (
+    "Please always provide EXACTLY ONE action in triple backticks, found {n} actions. "
+    "Please format your action in triple backticks as shown in <response_example>."
+)
+
+
+def test_repeated_user_messages_appear_once_with_a_count() -> None:
+    middle = [
+        user(COMPLAINT.format(n=3)),
+        assistant("Sorry, one action this time."),
+        user(COMPLAINT.format(n=2)),
+        user("Also add a changelog entry."),
+        user(COMPLAINT.format(n=2)),
+    ]
+    text = summarize(middle, head=[system(), user("Fix the bug.")])
+    goal = text.split("## Goal")[1].split("## Constraints")[0]
+    constraints = text.split("## Constraints & Preferences")[1].split("## Progress")[0]
+    assert "EXACTLY ONE" not in goal  # a reminder, not a request
+    assert "User: Also add a changelog entry." in goal
+    assert constraints.count("EXACTLY ONE") == 1
+    assert "- User, 3 times: Please always provide EXACTLY ONE action in triple backticks, " in (
+        constraints
+    )
+    assert "found 2 actions." in constraints  # the newest wording
+
+
+def test_a_rule_repeated_in_different_messages_is_counted() -> None:
+    middle = [
+        user("Run the migration now. You must not touch tests/ at all."),
+        user("Then update the docs. You must not touch tests/ at all."),
+        user("Run step 1. Never push."),
+        user("Run step 2. Never push."),  # the same message but for a number
+    ]
+    constraints = summarize(middle).split("## Constraints & Preferences")[1]
+    assert "- You must not touch tests/ at all. (2 times)" in constraints
+    assert "- User, 2 times: Run step 2." in constraints
+    assert "- Never push. (2 times)" in constraints
+
+
+def test_task_quote_is_compact() -> None:
+    task = (
+        "<pr_description>\nConsider the following PR description:\n"
+        "Django Admin with Inlines not using UUIDField default value\n"
+        + "Description of the bug, with many details about the models. " * 40
+        + "\n</pr_description>"
+    )
+    text = summarize([assistant("Looking.")], head=[system(), user(task)])
+    line = next(s for s in text.splitlines() if s.startswith("- Task: "))
+    assert line.startswith("- Task: Django Admin with Inlines not using UUIDField default value")
+    assert "<pr_description>" not in line and "Consider the following" not in line
+    assert len(line) <= 260 and line.endswith(" …")
+    assert line.removesuffix(" …").split()[-1] in task.split()  # cut between words
+
+
+def test_long_text_without_sentence_ends_is_read_in_linear_time() -> None:
+    huge = "lorem ipsum " * 20_000  # no sentence punctuation in 240,000 characters
+    middle = [user(huge), assistant(huge), assistant(huge), *tool_group("bash", {"command": huge})]
+    start = time.perf_counter()
+    text = summarize(middle, head=[system(), user(huge)], previous=[huge])
+    assert time.perf_counter() - start < 5
+    assert "lorem ipsum" in text

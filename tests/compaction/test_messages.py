@@ -12,10 +12,13 @@ from compaction.messages import (
     group_messages,
     head_end,
     is_summary,
+    is_truncation_note,
     key_argument,
     message_text,
     repair_tool_pairing,
     tail_start,
+    truncation_note,
+    truncation_note_count,
     turn_start,
     validate_tool_pairing,
 )
@@ -172,3 +175,12 @@ def test_check_messages_names_the_culprit(value: object, where: str) -> None:
     with pytest.raises(InvalidMessagesError) as info:
         check_messages(value)
     assert info.value.where == where
+
+
+def test_truncation_note_round_trips_its_count() -> None:
+    note = truncation_note(12)
+    assert note == user("[12 earlier messages were removed to fit the context window.]")
+    assert truncation_note_count(note) == 12 and is_truncation_note(note)
+    assert truncation_note_count(assistant(str(note["content"]))) is None
+    assert not is_truncation_note(user(f"{note['content']} And then some."))
+    assert not is_truncation_note({"role": "user", "content": [{"type": "text", "text": "x"}]})

@@ -2,16 +2,12 @@ from __future__ import annotations
 
 import copy
 
-import pytest
-
 from compaction.files import FileLists
 from compaction.messages import SUMMARY_MARKER, is_summary
 from compaction.prompts import (
     SUMMARY_SECTIONS,
     SUMMARY_SYSTEM_PROMPT,
     TURN_PREFIX_SYSTEM_PROMPT,
-    clip,
-    fit_tokens,
     serialize_message,
     serialize_messages,
     summary_body,
@@ -19,13 +15,7 @@ from compaction.prompts import (
     summary_prompt,
     turn_prefix_prompt,
 )
-from compaction.tokens import TokenCounter
 from tests.conftest import assistant, tool_group, user
-
-
-@pytest.fixture(scope="module")
-def counter() -> TokenCounter:
-    return TokenCounter("gpt-4o")
 
 
 def test_serialization_labels_every_kind_of_message() -> None:
@@ -155,15 +145,3 @@ def test_summary_body_cleans_replies() -> None:
     reply = "<think>let me think</think>\n## Goal\n- g\n<read-files>\nx.py\n</read-files>"
     assert summary_body(reply) == "## Goal\n- g"
     assert summary_body("   \n") == ""
-
-
-def test_clip_and_fit_tokens(counter: TokenCounter) -> None:
-    assert clip("short", 10) == "short"
-    clipped = clip("a" * 100 + "b" * 100, 60)
-    assert clipped.startswith("a" * 40) and clipped.endswith("b" * 20)
-    text = " ".join(f"word{i}" for i in range(1_000))
-    fitted = fit_tokens(text, 50, counter)
-    assert counter.count_text(fitted) <= 50
-    assert fitted.startswith("word0 word1")
-    assert fit_tokens("small", 50, counter) == "small"
-    assert fit_tokens("anything", 0, counter) == ""

@@ -1,0 +1,175 @@
+"""What each tool call in a stretch of conversation did, and how it went.
+
+Read off the messages without an LLM, for the extractive summary: a call
+becomes ``bash: `pytest -q` → exit 1, error: `AssertionError: …``` — its
+tool and key argument, then the exit status, the error line or the size of
+its output. A result the pruner already replaced by a one-line brief
+(:func:`compaction.pruner.tool_brief`) is read from that brief. Every regex
+here runs in linear time: results can be megabytes long.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction.files import results_after
+from compaction.messages import (
+    COMMAND_ARGUMENTS,
+    PATH_ARGUMENTS,
+    call_name_and_arguments,
+    key_argument,
+    message_text,
+    tool_calls,
+)
+from compaction.text import one_line
+from compaction.types import Message
+
+_ARGUMENT_CHARS = 120
+_ERROR_CHARS = 200
+
+_RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
+_EXIT_CODE = re.compile(r"(?i)\bexit(?:\s+code|\s+status)?\s*[:=]?\s*(-?\d+)\b")
+_OUTPUT = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)
+_EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b.*")
+_ERROR_WORDS = re.compile(
+    r"(?i)\b(error|fatal|failed|failure|no such file|not found|permission denied|"
+    r"cannot|can't|could not|unable to)\b"
+)
+# The pruner's briefs (pruner.tool_brief): ``→ 32 lines output (extras)`` for a
+# command, ``(45,210 chars, extras)`` otherwise. The extras are ``exit code N``
+# first, ``N images`` last and the error line between: that line may hold
+# anything, commas and brackets included, so it is what is left over.
+_BRIEF_COMMAND = re.compile(r" → (?P<size>[\d,]+ lines?) output(?: \((?P<extras>.*)\))?$")
+_BRIEF_SIZED = re.compile(r" \((?P<size>[\d,]+ chars)(?:, (?P<extras>.*))?\)$")
+_BRIEF_CODE = re.compile(r"^exit code (-?\d+)(?:, |$)")
+_BRIEF_IMAGES = re.compile(r"(?:^|, )([\d,]+ images?)$")
+_FAILED_START = re.compile(r"(?i)^\s*(error|traceback|fatal|failed|exception)\b")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One tool call: what it acted on, how it went (``None`` without a result), its error."""
+
+    call: str
+    outcome: str | None
+    error: str | None
+
+    @property
+    def line(self) -> str:
+        """The call as a bullet line."""
+        return f"- {self.call} → {self.outcome}" if self.outcome else f"- {self.call}"
+
+
+def tool_steps(messages: Sequence[Message]) -> list[Step]:
+    """One :class:`Step` per tool call in ``messages``, in order."""
+    steps = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        results = results_after(messages, i)
+        for call in tool_calls(message):
+            steps.append(_step(call, results.get(call.get("id"))))
+        function_call = message.get("function_call")
+        if isinstance(function_call, dict):
+            following = messages[i + 1] if i + 1 < len(messages) else {}
+            result = message_text(following) if following.get("role") == "function" else None
+            steps.append(_step(function_call, result))
+    return steps
+
+
+def _step(call: dict[str, Any], result: str | None) -> Step:
+    name, _ = call_name_and_arguments(call)
+    key, value = key_argument(call)
+    if not value:
+        what = name or "tool"
+    elif key in COMMAND_ARGUMENTS:
+        what = f"{name}: `{_first_line(value)}`"
+    elif key in PATH_ARGUMENTS:
+        what = f"{name} `{_first_line(value)}`"
+    else:
+        what = f"{name}({key}={_first_line(value)})"
+    if result is None:
+        return Step(what, None, None)
+    brief = _pruned_brief(name, result)
+    outcome, error = brief if brief else _outcome(result)
+    return Step(what, outcome, error)
+
+
+def _outcome(result: str) -> tuple[str, str | None]:
+    """A few words on how a tool call went, and its error line if it failed."""
+    code_match = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
+    code = int(code_match.group(1)) if code_match else None
+    output_match = _OUTPUT.search(result)
+    body = output_match.group(1) if output_match else result
+    if code is not None:
+        failed = code != 0
+    else:
+        failed = bool(_FAILED_START.match(body) or _exception_line(body))
+    error = _error_line(body) if failed else None
+    lines = [line for line in body.splitlines() if line.strip()]
+    if not lines:
+        size = "no output"
+    elif len(lines) == 1 and len(body) <= 80 and not error:
+        size = f"`{lines[0].strip()}`"
+    elif len(lines) == 1:
+        size = f"{len(body.strip()):,} chars"
+    else:
+        size = f"{len(lines):,} lines"
+    parts = [f"exit {code}"] if code is not None else []
+    parts.append(f"error: `{error}`" if error else size)
+    return ", ".join(parts), error
+
+
+def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
+    """The outcome already written by the pruner into a one-line brief.
+
+    ``[bash] "pytest" → 32 lines output (exit code 1, AssertionError: …)`` or
+    ``[read_file] src/app.py (45,210 chars)``: in the pipeline the condenser
+    sees the middle after pruning, so most long results arrive like this.
+    """
+    if "\n" in result or not result.startswith(f"[{name}] "):
+        return None
+    match = _BRIEF_COMMAND.search(result) or _BRIEF_SIZED.search(result)
+    if not match:
+        return None
+    size, extras = match.group("size"), match.group("extras") or ""
+    code_match = _BRIEF_CODE.match(extras)
+    code = code_match.group(1) if code_match else None
+    if code_match:
+        extras = extras[code_match.end() :]
+    images = _BRIEF_IMAGES.search(extras)
+    if images:
+        extras = extras[: images.start()]
+        if size.endswith("chars"):
+            size = f"{size}, {images.group(1)}"
+    details = extras.strip()
+    error = details if details and code != "0" else None
+    words = [f"exit {code}"] if code is not None else []
+    words.append(f"error: `{error}`" if error else size)
+    return ", ".join(words), error
+
+
+def _exception_line(text: str) -> str | None:
+    for line in reversed(text.splitlines()):
+        if _EXCEPTION_LINE.match(line):
+            return line.strip()
+    return None
+
+
+def _error_line(text: str) -> str | None:
+    """The line that best says what went wrong: a traceback's last line first."""
+    line = _exception_line(text)
+    if line is None:
+        line = next(
+            (s.strip() for s in reversed(text.splitlines()) if _ERROR_WORDS.search(s)), None
+        )
+    return one_line(line, _ERROR_CHARS) if line else None
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    first = one_line(lines[0], _ARGUMENT_CHARS) if lines else ""
+    return first + (" …" if len(lines) > 1 and not first.endswith("…") else "")

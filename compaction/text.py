@@ -1,0 +1,167 @@
+"""Shortening text and JSON: the one home of every "make this fit" helper.
+
+Pure functions on strings. Texts keep their start and end around a marker
+saying how much was cut (:func:`cut_middle`, :func:`clip`), since errors and
+results sit at the end; tool-call arguments are cut inside their JSON, so
+valid JSON stays valid (:func:`shrink_arguments`); one-line quotes are
+flattened and end with an ellipsis (:func:`one_line`). A cut string is never
+cut again by the same call: the pruner relies on that to be idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from compaction.tokens import TokenCounter
+
+# Wider than any marker _text_marker / _value_marker can produce for a string
+# that fits in memory, so a cut string is never long enough to be cut again.
+_TEXT_MARKER_ROOM = 48
+_VALUE_MARKER_ROOM = 32
+#: A JSON string value is never cut shorter than this: shorter keeps nothing useful.
+_MIN_VALUE_CHARS = 40
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, whitespace runs made single spaces, cut to ``limit`` with "…"."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+# --- texts -------------------------------------------------------------------
+
+
+def _text_marker(cut: int) -> str:
+    return f"\n[… {cut:,} characters cut …]\n"
+
+
+def _cut(text: str, keep_start: int, keep_end: int) -> str:
+    cut = len(text) - keep_start - keep_end
+    return text[:keep_start] + _text_marker(cut) + text[len(text) - keep_end :]
+
+
+def cut_middle(text: str, keep_start: int, keep_end: int) -> str:
+    """``text`` with its middle replaced by a marker saying how much was cut.
+
+    Returns ``text`` itself (the same object) when cutting would not make it
+    shorter, so a cut text is never cut again with the same figures.
+    """
+    keep_start, keep_end = max(keep_start, 0), max(keep_end, 0)
+    if len(text) <= keep_start + keep_end + _TEXT_MARKER_ROOM:
+        return text
+    return _cut(text, keep_start, keep_end)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, keeping its start and its end.
+
+    The end is kept too because that is where errors and results usually are
+    (the last line of a traceback, a test summary).
+    """
+    if len(text) <= limit:
+        return text
+    keep_end = limit // 3
+    return _cut(text, limit - keep_end, keep_end)
+
+
+def fit_tokens(text: str, max_tokens: int, counter: TokenCounter) -> str:
+    """``text`` cut from the end until it holds at most ``max_tokens`` tokens."""
+    if max_tokens <= 0:
+        return ""
+    while (count := counter.count_text(text)) > max_tokens:
+        keep = max(int(len(text) * max_tokens / count * 0.95), 0)
+        if keep >= len(text):
+            keep = len(text) - 1
+        text = text[:keep].rstrip() + " …"
+        if keep <= 0:
+            return ""
+    return text
+
+
+# --- JSON arguments ------------------------------------------------------------
+
+
+def _value_marker(cut: int) -> str:
+    return f"…[{cut:,} chars cut]"
+
+
+def _cap_value(value: str, cap: int) -> str:
+    if len(value) <= cap + _VALUE_MARKER_ROOM:
+        return value
+    return value[:cap] + _value_marker(len(value) - cap)
+
+
+def _cap_strings(value: Any, cap: int) -> Any:
+    """``value`` with every string longer than ``cap`` (plus marker room) cut. Keys stay."""
+    if isinstance(value, str):
+        return _cap_value(value, cap)
+    if isinstance(value, list):
+        return [_cap_strings(item, cap) for item in value]
+    if isinstance(value, dict):
+        return {key: _cap_strings(item, cap) for key, item in value.items()}
+    return value
+
+
+def _longest_string(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return max((_longest_string(item) for item in value), default=0)
+    if isinstance(value, dict):
+        return max((_longest_string(item) for item in value.values()), default=0)
+    return 0
+
+
+def _dumps(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # lone surrogates from \ud800 escapes: keep them escaped
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def shrink_arguments(arguments: str, limit: int) -> str:
+    """Tool-call ``arguments`` cut to about ``limit`` characters, inside the JSON.
+
+    Every string value is capped at one common length, the largest that lets
+    the re-serialized JSON fit (so the longest values lose the most); valid
+    JSON stays valid. When even short values do not fit (many keys), the
+    values are cut to a floor and the result may stay above ``limit``.
+    Arguments that are not JSON are cut as a plain string. Returns
+    ``arguments`` unchanged when nothing shorter comes out; a second call
+    with the same ``limit`` returns its input.
+    """
+    limit = max(limit, 2 * _VALUE_MARKER_ROOM)
+    if len(arguments) <= limit:
+        return arguments
+    try:
+        parsed = json.loads(arguments, parse_constant=_reject_constant)
+        candidate = _dumps(_shrink_json(parsed, limit))
+    except ValueError:  # not JSON, or values JSON cannot write back (1e400 → inf)
+        pass
+    else:
+        return candidate if len(candidate) < len(arguments) else arguments
+    keep = limit - _VALUE_MARKER_ROOM
+    return arguments[:keep] + _value_marker(len(arguments) - keep)
+
+
+def _shrink_json(parsed: Any, limit: int) -> Any:
+    def fits(cap: int) -> bool:
+        return len(_dumps(_cap_strings(parsed, cap))) <= limit
+
+    low, high = _MIN_VALUE_CHARS, max(_longest_string(parsed), _MIN_VALUE_CHARS)
+    if fits(low):
+        # Largest cap that fits: cutting as little as possible.
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle - 1
+    return _cap_strings(parsed, low)

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from compaction.files import parse_file_lists
+from compaction.messages import message_text
+from compaction.pipeline import compact
+from compaction.profile import Profile
+from compaction.tokens import TokenCounter
+from tests.conftest import assistant, system, tool_group, user
+
+COUNTER = TokenCounter("gpt-4o")
+
+
+def test_files_modified_by_a_long_command_survive_its_pruning() -> None:
+    # The pruner cuts long arguments from the end, where sed -i names its file.
+    command = "sed -i '" + "s/old_name/new_name/g;" * 20 + "' src/pkg/deep/module.py"
+    messages: list[dict[str, Any]] = [system(), user("Rename old_name everywhere.")]
+    messages += tool_group("bash", {"command": command}, "<returncode>0</returncode>")
+    for i in range(30):  # results short enough to stay unpruned, so there is much to condense
+        messages += tool_group("bash", {"command": f"cat src/m{i}.py"}, f"line {i}\n" * 50)
+    messages += [user("Now run the tests."), assistant("Running them.")]
+    profile = Profile(summarizer="extractive", keep_recent_tokens=100)
+    request = {"model": "gpt-4o", "messages": messages}
+
+    result = asyncio.run(compact(request, profile, reason="manual", counter=COUNTER))
+
+    assert result.stage == "condensed"
+    assert result.summary is not None
+    lists = parse_file_lists(message_text(result.summary))
+    assert lists.modified == ("src/pkg/deep/module.py",)
+    assert "src/m0.py" in lists.read

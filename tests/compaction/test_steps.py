@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from compaction.steps import Step, tool_steps
+from tests.conftest import tool_group
+
+
+def only_step(name: str, arguments: dict[str, object], result: str) -> Step:
+    (step,) = tool_steps(tool_group(name, arguments, result))
+    return step
+
+
+def test_a_call_without_a_result_has_no_outcome() -> None:
+    call = tool_group("bash", {"command": "ls"})[0]
+    (step,) = tool_steps([call])
+    assert step == Step("bash: `ls`", None, None)
+    assert step.line == "- bash: `ls`"
+
+
+def test_a_shell_result_gives_exit_code_and_error_line() -> None:
+    result = "<returncode>1</returncode>\n<output>\nTraceback …\nKeyError: 'x'\n</output>"
+    step = only_step("bash", {"command": "python run.py\nmore"}, result)
+    assert step.line == "- bash: `python run.py …` → exit 1, error: `KeyError: 'x'`"
+    assert step.error == "KeyError: 'x'"
+
+
+@pytest.mark.parametrize(
+    ("brief", "outcome", "error"),
+    [
+        ('[bash] "pytest" → 32 lines output', "32 lines", None),
+        ('[bash] "pytest" → 1 line output (exit code 0)', "exit 0, 1 line", None),
+        (
+            '[bash] "pytest" → 32 lines output (exit code 1, AssertionError: assert 2 == 3)',
+            "exit 1, error: `AssertionError: assert 2 == 3`",
+            "AssertionError: assert 2 == 3",
+        ),
+        # Error lines hold commas and brackets of their own.
+        (
+            '[bash] "pytest" → 9 lines output (exit code 2, TypeError: f() takes (a, b), [c])',
+            "exit 2, error: `TypeError: f() takes (a, b), [c]`",
+            "TypeError: f() takes (a, b), [c]",
+        ),
+        (
+            '[bash] "a → b (c)" → 3 lines output (exit code 0, Error: x, 2 images)',
+            "exit 0, 3 lines",
+            None,
+        ),
+        (
+            '[bash] "pytest" → 4 lines output (error: no such file (x), y)',
+            "error: `error: no such file (x), y`",
+            "error: no such file (x), y",
+        ),
+    ],
+)
+def test_pruned_command_briefs_are_read(brief: str, outcome: str, error: str | None) -> None:
+    step = only_step("bash", {"command": "pytest"}, brief)
+    assert (step.outcome, step.error) == (outcome, error)
+
+
+@pytest.mark.parametrize(
+    ("brief", "outcome"),
+    [
+        ("[read_file] src/a.py (45,210 chars)", "45,210 chars"),
+        ("[read_file] src/a.py (45,210 chars, 2 images)", "45,210 chars, 2 images"),
+        (
+            "[read_file] src/a.py (900 chars, Error: bad (x), y, 1 image)",
+            "error: `Error: bad (x), y`",
+        ),
+    ],
+)
+def test_pruned_sized_briefs_are_read(brief: str, outcome: str) -> None:
+    assert only_step("read_file", {"path": "src/a.py"}, brief).outcome == outcome
+
+
+def test_a_brief_of_another_tool_is_ordinary_text() -> None:
+    step = only_step("bash", {"command": "cat x"}, "[read_file] x (10 chars)")
+    assert step.outcome == "`[read_file] x (10 chars)`"
+
+
+def test_huge_results_are_read_in_linear_time() -> None:
+    results = ["x" * 300_000, "a." * 150_000, "lorem " * 50_000, "[bash] " + "(" * 100_000]
+    start = time.perf_counter()
+    for result in results:
+        only_step("bash", {"command": "run"}, result)
+    assert time.perf_counter() - start < 5

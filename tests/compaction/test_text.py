@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compaction.text import clip, cut_middle, fit_tokens, one_line, shrink_arguments
+from compaction.tokens import TokenCounter
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter("gpt-4o")
+
+
+def test_one_line_flattens_and_cuts_with_an_ellipsis() -> None:
+    assert one_line("  a\n\tb  c ", 10) == "a b c"
+    assert one_line("word " * 10, 11) == "word word…"  # no blank before the ellipsis
+    assert len(one_line("x" * 50, 20)) == 20
+
+
+def test_cut_middle_keeps_both_ends_and_never_cuts_twice() -> None:
+    text = "S" * 100 + "M" * 1_000 + "E" * 50
+    cut = cut_middle(text, 100, 50)
+    assert cut == "S" * 100 + "\n[… 1,000 characters cut …]\n" + "E" * 50
+    assert cut_middle(cut, 100, 50) is cut
+    short = "s" * 160
+    assert cut_middle(short, 100, 50) is short  # the marker would not save anything
+
+
+def test_clip_and_fit_tokens(counter: TokenCounter) -> None:
+    assert clip("short", 10) == "short"
+    clipped = clip("a" * 100 + "b" * 100, 60)
+    assert clipped.startswith("a" * 40) and clipped.endswith("b" * 20)
+    text = " ".join(f"word{i}" for i in range(1_000))
+    fitted = fit_tokens(text, 50, counter)
+    assert counter.count_text(fitted) <= 50
+    assert fitted.startswith("word0 word1")
+    assert fit_tokens("small", 50, counter) == "small"
+    assert fit_tokens("anything", 0, counter) == ""
+
+
+def test_argument_cutting_spares_short_values_and_cuts_the_longest_most() -> None:
+    arguments = {"a": "A" * 2_000, "b": "B" * 300, "c": "short", "nested": [{"d": "D" * 900}]}
+    parsed = json.loads(shrink_arguments(json.dumps(arguments), 400))
+    assert parsed["c"] == "short"
+    kept = [parsed["a"], parsed["b"], parsed["nested"][0]["d"]]
+    assert all("chars cut]" in value for value in kept)
+    assert len({value.index("…") for value in kept}) == 1  # one common cap
+
+
+def test_arguments_that_are_not_json_are_cut_as_text() -> None:
+    arguments = "not json " * 100
+    shrunk = shrink_arguments(arguments, 200)
+    assert len(shrunk) <= 200 and shrunk.startswith("not json not json")
+    assert shrink_arguments(shrunk, 200) == shrunk
+
+
+def test_arguments_with_many_short_values_stay_valid_json_above_the_limit() -> None:
+    arguments = json.dumps({f"key_{i}": f"value_{i}" for i in range(100)})
+    shrunk = shrink_arguments(arguments, 200)
+    assert json.loads(shrunk) == json.loads(arguments)  # nothing to cut but spaces
+    assert len(shrunk) < len(arguments)
+    assert shrink_arguments(shrunk, 200) == shrunk
