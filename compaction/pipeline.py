@@ -160,7 +160,7 @@ async def compact(
 
     groups = group_messages(messages)
     head = head_end(messages, groups, profile.head_count)
-    tail = tail_start(groups, counts, run.budget.tail_budget, head)
+    tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
 
     # Stage 1: prune the whole middle.
     stage: Stage = "none"
@@ -216,6 +216,18 @@ async def compact(
     if not _valid(cut.messages, "truncate", run.notes):
         raise AssertionError("hard truncation produced split tool groups")  # pragma: no cover
     return finish(cut.messages, "truncated")
+
+
+def _tail_budget(run: _Run, counts: Sequence[int], head: int) -> int:
+    """The budget of the verbatim tail.
+
+    A user who types ``/compact`` expects something to be condensed even when
+    the whole conversation would fit in the usual tail, so a manual
+    compaction keeps at most half of what follows the head.
+    """
+    if run.reason == "manual":
+        return min(run.budget.tail_budget, sum(counts[head:]) // 2)
+    return run.budget.tail_budget
 
 
 def _valid(messages: Sequence[Message], stage: str, notes: list[str]) -> bool:

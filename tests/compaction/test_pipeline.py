@@ -31,3 +31,16 @@ def test_files_modified_by_a_long_command_survive_its_pruning() -> None:
     lists = parse_file_lists(message_text(result.summary))
     assert lists.modified == ("src/pkg/deep/module.py",)
     assert "src/m0.py" in lists.read
+
+
+def test_manual_compaction_condenses_even_when_everything_fits_the_tail() -> None:
+    from tests.synthetic import agent_session
+
+    messages = agent_session(seed=21, steps=30)
+    profile = Profile(context_window=128_000, summarizer="extractive")
+    result = asyncio.run(compact({"messages": messages}, profile, reason="manual"))
+    assert result.stage == "condensed"
+    assert result.tokens_after < result.tokens_before
+    assert result.messages[-1] is messages[-1]
+    unforced = asyncio.run(compact({"messages": messages}, profile, reason="threshold"))
+    assert unforced.stage == "none"
