@@ -16,6 +16,7 @@ messages are the caller's own objects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -179,7 +180,7 @@ async def compact(
             condensed = await condense(
                 messages,
                 plan_condense(messages, head, tail),
-                profile=profile,
+                profile=_fit_summary_budget(run, messages, head, tail),
                 counter=counter,
                 summarizer=summarizer,
                 instructions=instructions,
@@ -216,6 +217,26 @@ async def compact(
     if not _valid(cut.messages, "truncate", run.notes):
         raise AssertionError("hard truncation produced split tool groups")  # pragma: no cover
     return finish(cut.messages, "truncated")
+
+
+#: Share of the room left between head + tail and the input limit that a
+#: summary may take; the rest absorbs estimation error and the next turns.
+SUMMARY_ROOM_SHARE = 0.6
+
+
+def _fit_summary_budget(run: _Run, messages: Sequence[Message], head: int, tail: int) -> Profile:
+    """The profile with its summary ceiling lowered to what the window has room for.
+
+    On a small window 20 % of a large middle (up to 4000 tokens) would not fit
+    beside the head and tail, and truncation would then drop the tail.
+    """
+    kept = run.total([*messages[:head], *messages[tail:]])
+    room = int((run.budget.input_limit - kept) * SUMMARY_ROOM_SHARE)
+    profile = run.profile
+    ceiling = max(profile.summary_min_tokens, min(profile.summary_max_tokens, room))
+    if ceiling == profile.summary_max_tokens:
+        return profile
+    return dataclasses.replace(profile, summary_max_tokens=ceiling)
 
 
 def _tail_budget(run: _Run, counts: Sequence[int], head: int) -> int:

@@ -44,3 +44,15 @@ def test_manual_compaction_condenses_even_when_everything_fits_the_tail() -> Non
     assert result.messages[-1] is messages[-1]
     unforced = asyncio.run(compact({"messages": messages}, profile, reason="threshold"))
     assert unforced.stage == "none"
+
+
+def test_summary_budget_shrinks_to_the_room_a_small_window_leaves() -> None:
+    from tests.synthetic import agent_session
+
+    messages = agent_session(seed=22, steps=200, output_chars=6_000)
+    profile = Profile(context_window=8_192, summarizer="extractive")
+    result = asyncio.run(compact({"messages": messages}, profile))
+    # A 20 % budget would be 4000 tokens here and push the tail out.
+    assert result.stage == "condensed"
+    assert result.tokens_after <= result.input_limit
+    assert result.messages[-1] is messages[-1]
