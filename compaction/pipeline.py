@@ -169,7 +169,7 @@ async def compact(
     pruned = prune(messages, head, tail, profile)
     if pruned.pruned and _valid(pruned.messages, "prune", run.notes):
         messages, stage = pruned.messages, "pruned"
-    if reason == "threshold" and run.total(messages) <= run.budget.trigger:
+    if reason == "threshold" and run.total(messages) <= run.budget.trigger * profile.prune_target:
         return finish(messages, stage)
 
     # Stage 2: condense the middle into one summary. Manual and overflow

@@ -33,6 +33,11 @@ DEFAULT_ASSISTANT_TEXT_CHARS = 2_000
 DEFAULT_ASSISTANT_KEEP_START = 800
 DEFAULT_ASSISTANT_KEEP_END = 400
 
+#: A compaction by the trigger stops after pruning only when pruning brought
+#: the request to this share of the trigger: a prune that leaves little room
+#: would be followed by another compaction a turn or two later.
+DEFAULT_PRUNE_TARGET = 0.7
+
 # Condenser.
 DEFAULT_SUMMARY_RATIO = 0.20
 DEFAULT_SUMMARY_MIN_TOKENS = 500
@@ -91,6 +96,7 @@ class Profile:
     assistant_text_chars: int = DEFAULT_ASSISTANT_TEXT_CHARS
     assistant_keep_start: int = DEFAULT_ASSISTANT_KEEP_START
     assistant_keep_end: int = DEFAULT_ASSISTANT_KEEP_END
+    prune_target: float = DEFAULT_PRUNE_TARGET
 
     summary_ratio: float = DEFAULT_SUMMARY_RATIO
     summary_min_tokens: int = DEFAULT_SUMMARY_MIN_TOKENS
@@ -128,6 +134,8 @@ class Profile:
                 raise ValueError(f"{name} must not be negative, got {value}")
         if self.threshold is not None and self.threshold <= 0:
             raise ValueError(f"threshold must be positive, got {self.threshold}")
+        if not 0 < self.prune_target <= 1:
+            raise ValueError(f"prune_target must be in (0, 1], got {self.prune_target}")
         if not 0 < self.summary_ratio <= 1:
             raise ValueError(f"summary_ratio must be in (0, 1], got {self.summary_ratio}")
         if self.summary_max_tokens < self.summary_min_tokens:

@@ -5,6 +5,7 @@ Layout (DESIGN.md §8)::
     [server]            ServerSettings      where the proxy listens, who may call it
     [upstream]          UpstreamSettings    where requests go
     [compaction]        CompactionSettings  every Profile field + summary_model
+    [store]             StoreSettings       checkpoints, originals, events (proxy.stores)
     [models."<glob>"]   ModelOverride       per-model changes to [compaction]
 
 Every model forbids unknown keys and is frozen. The pipeline's defaults are not
@@ -35,6 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -48,6 +50,7 @@ from compaction.profile import (
     DEFAULT_IMAGE_TOKENS,
     DEFAULT_KEEP_RECENT_TOKENS,
     DEFAULT_MODIFY_TOOLS,
+    DEFAULT_PRUNE_TARGET,
     DEFAULT_READ_TOOLS,
     DEFAULT_RESERVE_TOKENS,
     DEFAULT_SUMMARY_MAX_TOKENS,
@@ -75,6 +78,14 @@ DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 DEFAULT_READ_TIMEOUT: Final = 600.0
 DEFAULT_MAX_CONNECTIONS: Final = 100
 DEFAULT_MAX_KEEPALIVE_CONNECTIONS: Final = 20
+DEFAULT_RETENTION_DAYS: Final = 30.0
+DEFAULT_PROGRESS_MIN_RATIO: Final = 0.10
+DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
+
+#: A short name for [store] url, as the issue and the docs spell it; the nested
+#: COMPACTION_PROXY_STORE__URL wins when both are set.
+STORE_URL_ENV: Final = ENV_PREFIX + "STORE"
+STORE_SCHEMES: Final = ("memory", "sqlite", "redis", "rediss")
 
 #: The Profile fields, in declaration order: the keys [compaction] and
 #: [models."…"] share with the library.
@@ -87,6 +98,14 @@ def _http_url(value: str) -> str:
         raise ValueError("must be an http:// or https:// URL")
     # Callers append paths ("/chat/completions"); a trailing slash would double it.
     return value.rstrip("/")
+
+
+def _store_url(value: str) -> str:
+    scheme = urlsplit(value).scheme.lower()
+    if value and scheme not in STORE_SCHEMES:
+        schemes = ", ".join(f"{name}://" for name in STORE_SCHEMES)
+        raise ValueError(f"must be empty or a {schemes} URL")
+    return value
 
 
 _PositiveInt = Annotated[int, Field(gt=0)]
@@ -112,6 +131,8 @@ _DOC: Final = {
     "assistant_text_chars": "Pruner: assistant text longer than this is cut in the middle.",
     "assistant_keep_start": "Pruner: characters kept from the start of cut assistant text.",
     "assistant_keep_end": "Pruner: characters kept from the end of cut assistant text.",
+    "prune_target": "Pruning alone ends a compaction only if it brings the request to this "
+    "share of the trigger; otherwise the middle is condensed, to leave room for later turns.",
     "summary_ratio": "Summary budget as a share of the middle's tokens.",
     "summary_min_tokens": "Lower bound of the summary budget.",
     "summary_max_tokens": "Upper bound of the summary budget.",
@@ -172,6 +193,40 @@ class UpstreamSettings(BaseModel):
     )
 
 
+class StoreSettings(BaseModel):
+    """``[store]``: where checkpoints, originals and events are kept (DESIGN.md §7)."""
+
+    model_config = _SECTION
+
+    url: Annotated[str, AfterValidator(_store_url)] = Field(
+        default="",
+        description="sqlite:///path.db, redis://host:port/db or memory://; empty means "
+        "SQLite at $XDG_STATE_HOME/compaction-proxy/state.db (~/.local/state/… when unset). "
+        f"{STORE_URL_ENV} also sets it; {STORE_URL_ENV}__URL wins if both are set.",
+    )
+    retention_days: _PositiveFloat = Field(
+        default=DEFAULT_RETENTION_DAYS,
+        description="Days the replaced messages (and old checkpoints and events) are kept.",
+    )
+    store_originals: bool = Field(
+        default=True, description="Keep the messages each compaction replaced."
+    )
+    progress_min_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
+        default=DEFAULT_PROGRESS_MIN_RATIO,
+        description="A compaction that shrinks the request by less than this share "
+        "is not repeated for the same span.",
+    )
+    lock_ttl_seconds: _PositiveFloat = Field(
+        default=DEFAULT_LOCK_TTL_SECONDS,
+        description="Single-flight lock expiry: waiters proceed after this if the holder "
+        "died. Keep it above the slowest summarization.",
+    )
+
+    @property
+    def retention_seconds(self) -> float:
+        return self.retention_days * 86400.0
+
+
 class CompactionSettings(BaseModel):
     """``[compaction]``: the pipeline profile used unless a model table says otherwise."""
 
@@ -207,6 +262,7 @@ class CompactionSettings(BaseModel):
     assistant_keep_end: _NonNegativeInt = Field(
         default=DEFAULT_ASSISTANT_KEEP_END, description=_DOC["assistant_keep_end"]
     )
+    prune_target: _Ratio = Field(default=DEFAULT_PRUNE_TARGET, description=_DOC["prune_target"])
     summary_ratio: _Ratio = Field(default=DEFAULT_SUMMARY_RATIO, description=_DOC["summary_ratio"])
     summary_min_tokens: _PositiveInt = Field(
         default=DEFAULT_SUMMARY_MIN_TOKENS, description=_DOC["summary_min_tokens"]
@@ -269,6 +325,7 @@ class ModelOverride(BaseModel):
     assistant_keep_end: _NonNegativeInt | None = Field(
         default=None, description=_DOC["assistant_keep_end"]
     )
+    prune_target: _Ratio | None = Field(default=None, description=_DOC["prune_target"])
     summary_ratio: _Ratio | None = Field(default=None, description=_DOC["summary_ratio"])
     summary_min_tokens: _PositiveInt | None = Field(
         default=None, description=_DOC["summary_min_tokens"]
@@ -313,6 +370,7 @@ class Settings(BaseSettings):
     compaction: CompactionSettings = Field(
         default_factory=CompactionSettings, description="[compaction]"
     )
+    store: StoreSettings = Field(default_factory=StoreSettings, description="[store]")
     models: dict[str, ModelOverride] = Field(
         default_factory=dict,
         description="Per-model overrides by exact name or glob; the most specific one applies.",
@@ -348,4 +406,25 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # No .env files or secret directories: the TOML file is the one file source.
-        return (init_settings, env_settings)
+        return (init_settings, EnvSource(settings_cls))
+
+
+class EnvSource(EnvSettingsSource):
+    """The ``COMPACTION_PROXY_*`` variables, with ``COMPACTION_PROXY_STORE`` read as
+    [store] url when it is not a JSON object."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        name = STORE_URL_ENV.lower()
+        raw = self.env_vars.get(name)
+        self.store_url: str | None = None
+        if raw is not None and not raw.lstrip().startswith("{"):
+            self.store_url = raw
+            self.env_vars = {key: value for key, value in self.env_vars.items() if key != name}
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        if self.store_url is not None:
+            nested = data.get("store")
+            data["store"] = {"url": self.store_url, **(nested if isinstance(nested, dict) else {})}
+        return data
