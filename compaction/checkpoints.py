@@ -48,6 +48,10 @@ class Checkpoint:
     tokens_before: int
     tokens_after: int
     model: str = ""
+    #: False when this compaction shrank the request by less than the
+    #: progress guard asks: the span is then not summarized again until new
+    #: messages give the summarizer something to work on.
+    progress_ok: bool = True
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
 
@@ -139,6 +143,7 @@ def make_checkpoint(
     tokens_before: int,
     tokens_after: int,
     model: str = "",
+    progress_ok: bool = True,
 ) -> Checkpoint | None:
     """The checkpoint describing how ``result`` rewrote ``original``, if it is reusable.
 
@@ -163,4 +168,5 @@ def make_checkpoint(
         tokens_before=tokens_before,
         tokens_after=tokens_after,
         model=model,
+        progress_ok=progress_ok,
     )

@@ -18,6 +18,7 @@ from config.settings import (
     ModelOverride,
     ServerSettings,
     Settings,
+    StoreSettings,
     UpstreamSettings,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "ServerSettings",
     "SettingDoc",
     "Settings",
+    "StoreSettings",
     "UpstreamSettings",
     "builtin_context_window",
     "find_config_file",

@@ -3,7 +3,8 @@
 Sources, highest first (DESIGN.md §8)::
 
     overrides      load_settings(**overrides): the CLI's flags, as nested dicts
-    environment    COMPACTION_PROXY_SERVER__PORT=9000, COMPACTION_PROXY_MODELS='{…}'
+    environment    COMPACTION_PROXY_SERVER__PORT=9000, COMPACTION_PROXY_MODELS='{…}',
+                   COMPACTION_PROXY_STORE=redis://… (short for COMPACTION_PROXY_STORE__URL)
     TOML file      load_settings(path) > $COMPACTION_PROXY_CONFIG > ./compaction-proxy.toml
     defaults       the models' field defaults (compaction.profile's DEFAULT_…)
 
@@ -28,17 +29,20 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
-from pydantic_settings import EnvSettingsSource, InitSettingsSource, SettingsError
+from pydantic_settings import InitSettingsSource, SettingsError
 
 from config.errors import ConfigError, ConfigIssue
 from config.settings import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     OVERRIDE_CONFLICT,
+    STORE_URL_ENV,
     CompactionSettings,
+    EnvSource,
     ModelOverride,
     ServerSettings,
     Settings,
+    StoreSettings,
     UpstreamSettings,
 )
 
@@ -50,6 +54,7 @@ _SECTIONS: Final[Mapping[str, type[BaseModel]]] = {
     "server": ServerSettings,
     "upstream": UpstreamSettings,
     "compaction": CompactionSettings,
+    "store": StoreSettings,
 }
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -132,7 +137,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _read_environment() -> _Layer:
-    source = EnvSettingsSource(Settings)
+    source = EnvSource(Settings)
     # pydantic-settings would report bad JSON as "error parsing value for field
     # …"; checking first lets the message name the variable.
     for field in Settings.model_fields:
@@ -147,7 +152,10 @@ def _read_environment() -> _Layer:
         data = source()
     except SettingsError as exc:
         raise ConfigError(ConfigIssue("", str(exc), "the environment")) from exc
-    return _Layer("the environment", data, env_vars=source.env_vars)
+    env_vars = dict(source.env_vars)
+    if source.store_url is not None:  # so an error in it names the variable
+        env_vars[STORE_URL_ENV.lower()] = source.store_url
+    return _Layer("the environment", data, env_vars=env_vars)
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:

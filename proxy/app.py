@@ -6,11 +6,15 @@ The upstream ``httpx.AsyncClient`` is opened and closed in the lifespan.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, Request
+import orjson
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -21,14 +25,36 @@ from proxy.chat import handle_chat, handle_preview
 from proxy.errors import ProxyError
 from proxy.guards import KEY_IN_AUTHORIZATION, HostGuard, ProxyKeyGuard, is_loopback
 from proxy.state import ProxyState, build_client
-from proxy.store import CheckpointStore, MemoryStore
+from proxy.stores import Store, open_store, to_dict
 from proxy.upstream import error_response, relay, send, upstream_headers
+
+logger = logging.getLogger("compaction_proxy")
+
+#: Seconds a replica's heartbeat lives in a shared store; it is renewed at a
+#: third of that, so a live replica's compactions are never closed as interrupted.
+HEARTBEAT_TTL = 30.0
+#: Seconds between purges of originals past their retention.
+PURGE_INTERVAL = 3600.0
+
+
+async def _keep_alive(state: ProxyState) -> None:
+    since_purge = 0.0
+    while True:
+        await asyncio.sleep(HEARTBEAT_TTL / 3)
+        try:
+            await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
+            since_purge += HEARTBEAT_TTL / 3
+            if since_purge >= PURGE_INTERVAL:
+                since_purge = 0.0
+                await state.store.purge()
+        except Exception as exc:  # the store may be down for a while; keep serving
+            logger.warning("store upkeep failed: %s", type(exc).__name__)
 
 
 def create_app(
     settings: Settings,
     *,
-    store: CheckpointStore | None = None,
+    store: Store | None = None,
     client: httpx.AsyncClient | None = None,
 ) -> ASGIApp:
     """The proxy as an ASGI application. ``client`` and ``store`` are for tests."""
@@ -37,15 +63,29 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = client is None
         http = client or build_client(settings)
-        app.state.proxy = ProxyState(
-            settings=settings,
-            client=http,
-            store=store or MemoryStore(),
-            resolver=ModelResolver(settings),
+        backend = store or open_store(
+            settings.store.url,
+            retention_seconds=settings.store.retention_seconds,
+            store_originals=settings.store.store_originals,
         )
+        state = ProxyState(
+            settings=settings, client=http, store=backend, resolver=ModelResolver(settings)
+        )
+        await backend.heartbeat(state.instance, HEARTBEAT_TTL)
+        closed = await backend.fail_interrupted(state.instance)
+        if closed:
+            logger.warning("closed %d compaction(s) interrupted by a restart", closed)
+        state.learned_windows.update(await backend.learned_windows())
+        await backend.purge()
+        app.state.proxy = state
+        keeper = asyncio.create_task(_keep_alive(state))
         try:
             yield
         finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            await backend.close()
             if owned:
                 await http.aclose()
 
@@ -93,23 +133,21 @@ def create_app(
 
     @app.get("/v1/compaction/checkpoints/{checkpoint_id}")
     async def checkpoint(checkpoint_id: str, request: Request) -> Response:
-        found = await state_of(request).store.get(checkpoint_id)
+        store = state_of(request).store
+        found = await store.get(checkpoint_id)
         if found is None:
             raise StarletteHTTPException(404, "No such checkpoint.")
-        return JSONResponse(
-            {
-                "id": found.id,
-                "session": found.session,
-                "covered": found.covered,
-                "stage": found.stage,
-                "reason": found.reason,
-                "tokens_before": found.tokens_before,
-                "tokens_after": found.tokens_after,
-                "model": found.model,
-                "created_at": found.created_at,
-                "replacement": list(found.replacement),
-            }
-        )
+        body = to_dict(found)
+        body["originals"] = await store.originals(checkpoint_id)
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @app.get("/v1/compaction/events")
+    async def events(
+        request: Request, session: str | None = None, limit: int = Query(100, ge=1, le=1000)
+    ) -> Response:
+        found = await state_of(request).store.events(session=session, limit=limit)
+        body = {"object": "list", "data": [to_dict(event) for event in found]}
+        return Response(orjson.dumps(body), media_type="application/json")
 
     @app.api_route(
         "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]

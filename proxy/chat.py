@@ -155,7 +155,7 @@ async def handle_chat(request: Request, state: ProxyState, *, uses_proxy_key: bo
             _log(call, prepared, upstream.status_code, started)
             return relay_bytes(upstream, error, prepared.headers())
         prepared = await _prepare(
-            call, reason="overflow", profile=_overflow_profile(call, prepared, overflow)
+            call, reason="overflow", profile=await _overflow_profile(call, prepared, overflow)
         )
         upstream = await send(state.client, "POST", call.url, call.headers, call.encode(prepared))
     _log(call, prepared, upstream.status_code, started)
@@ -193,11 +193,11 @@ async def _prepare(
         raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
 
 
-def _overflow_profile(call: _Call, prepared: Prepared, overflow: Overflow) -> Profile:
+async def _overflow_profile(call: _Call, prepared: Prepared, overflow: Overflow) -> Profile:
     """The budget for the retry: the window the error states, or a smaller one."""
     model = call.config.model
     if overflow.limit:
-        call.state.learn_window(model, overflow.limit)
+        await call.state.learn_window(model, overflow.limit)
         call.config = call.state.resolve(model)
         return call.config.profile
     # With no reserve of its own, the budget's input limit is exactly the

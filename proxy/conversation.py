@@ -1,14 +1,23 @@
-"""One request's conversation: checkpoint lookup, compaction, new checkpoint.
+"""One request's conversation: stored checkpoint, compaction, events, new checkpoint.
 
 The route handlers call :func:`prepare`; it answers what to forward. It is
-the only place that ties the pure library (pipeline, checkpoints) to the
-store.
+the one place that ties the pure library (pipeline, checkpoints) to the
+store:
+
+1. the newest stored checkpoint of the conversation is applied;
+2. under the trigger, that is all (no lock, no event, no summarizer);
+3. otherwise one request per conversation state compacts (single flight:
+   concurrent requests wait for it and then reuse its checkpoint), with
+   ``compaction.queued → compaction.started → context.compacted`` events,
+   or ``compaction.failed``;
+4. the result is stored as a checkpoint with the messages it replaced.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +31,12 @@ from compaction.checkpoints import (
     make_checkpoint,
     session_key,
 )
-from compaction.messages import group_messages, head_end
+from compaction.messages import Group, group_messages, head_end
+from compaction.profile import compute_budget, requested_output_tokens
 from compaction.types import Message
 from config import ModelConfig
 from proxy.state import ProxyState
+from proxy.stores import Event, EventType
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
@@ -57,6 +68,70 @@ class Prepared:
         return headers
 
 
+@dataclass(frozen=True)
+class _Conversation:
+    """The client's messages and what identifies them."""
+
+    messages: list[Message]
+    groups: tuple[Group, ...]
+    head: int
+    chain: list[str]
+    session: str
+
+
+@dataclass(frozen=True)
+class _View:
+    """The conversation with its newest stored checkpoint applied (if any)."""
+
+    messages: list[Message]
+    used: Checkpoint | None
+
+
+async def _view(state: ProxyState, conversation: _Conversation) -> _View:
+    chain = conversation.chain
+    used = find_checkpoint(chain, await state.store.lookup(chain)) if chain else None
+    if used is None:
+        return _View(conversation.messages, None)
+    applied = apply_checkpoint(conversation.messages, conversation.head, used, conversation.groups)
+    if applied is None:
+        logger.warning("replay error: checkpoint %s would split a message group", used.id)
+        return _View(conversation.messages, None)
+    return _View(applied.messages, used)
+
+
+def _needs_compaction(
+    state: ProxyState,
+    config: ModelConfig,
+    profile: Profile,
+    body: Mapping[str, Any],
+    view: _View,
+    reason: Reason,
+) -> bool:
+    if reason != "threshold":
+        return True
+    counter = state.counter(config)
+    tokens = sum(counter.count_messages(view.messages)) + counter.request_overhead(body)
+    return tokens > compute_budget(profile, requested_output_tokens(body)).trigger
+
+
+def _guarded(
+    state: ProxyState,
+    config: ModelConfig,
+    profile: Profile,
+    view: _View,
+    conversation: _Conversation,
+) -> Profile:
+    """The progress guard: a span whose last compaction barely helped is not
+    summarized again until the messages after it outgrow the verbatim tail."""
+    used = view.used
+    if used is None or used.progress_ok or profile.summarizer == "off":
+        return profile
+    newer = conversation.messages[conversation.head + used.covered :]
+    if sum(state.counter(config).count_messages(newer)) > compute_budget(profile).tail_budget:
+        return profile
+    return dataclasses.replace(profile, summarizer="off")
+
+
 async def prepare(
     state: ProxyState,
     body: Mapping[str, Any],
@@ -69,63 +144,161 @@ async def prepare(
     profile: Profile | None = None,
     store: bool = True,
 ) -> Prepared:
-    """Apply the stored checkpoint, run the pipeline, remember a new checkpoint.
+    """Apply the stored checkpoint, compact if needed, remember the result.
 
     ``messages`` is the client's conversation (``/compact`` exchanges already
-    removed); ``body`` supplies every other field for counting. Raises what
-    :func:`compaction.compact` raises.
+    removed); ``body`` supplies every other field for counting. ``store=False``
+    (the preview) changes nothing: no lock, no events, no checkpoint. Raises
+    what :func:`compaction.compact` raises.
     """
     profile = profile or config.profile
-    counter = state.counter(config)
     groups = group_messages(messages)
     head = head_end(messages, groups, profile.head_count)
-    chain = chain_hashes(messages, head)
-    used = find_checkpoint(chain, await state.store.lookup(chain)) if chain else None
-    working = messages
-    if used is not None:
-        applied = apply_checkpoint(messages, head, used, groups)
-        if applied is None:
-            logger.warning(
-                "replay error: checkpoint %s would split a message group; recomputing", used.id
-            )
-            used = None
-        else:
-            working = applied.messages
-
-    request = {**body, "messages": working}
-    result = await compact(
-        request,
-        profile,
-        summarizer,
-        reason=reason,
-        instructions=instructions,
-        counter=counter,
+    conversation = _Conversation(
+        messages, groups, head, chain_hashes(messages, head), session_key(messages)
     )
+    view = await _view(state, conversation)
+    if not store or not _needs_compaction(state, config, profile, body, view, reason):
+        return await _run(
+            state,
+            body,
+            conversation,
+            view,
+            config,
+            profile,
+            summarizer,
+            reason,
+            instructions,
+            store=False,
+        )
+    key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
+    async with state.store.lock(key, state.settings.store.lock_ttl_seconds):
+        view = await _view(state, conversation)  # another request may have just compacted
+        if not _needs_compaction(state, config, profile, body, view, reason):
+            return await _run(
+                state,
+                body,
+                conversation,
+                view,
+                config,
+                profile,
+                summarizer,
+                reason,
+                instructions,
+                store=False,
+            )
+        guarded = _guarded(state, config, profile, view, conversation)
+        return await _run(
+            state,
+            body,
+            conversation,
+            view,
+            config,
+            guarded,
+            summarizer,
+            reason,
+            instructions,
+            store=True,
+        )
+
+
+async def _run(
+    state: ProxyState,
+    body: Mapping[str, Any],
+    conversation: _Conversation,
+    view: _View,
+    config: ModelConfig,
+    profile: Profile,
+    summarizer: Summarizer | None,
+    reason: Reason,
+    instructions: str | None,
+    *,
+    store: bool,
+) -> Prepared:
+    counter = state.counter(config)
+    emit = _Emitter(state, conversation.session, config.model, reason) if store else None
+    if emit:
+        await emit("compaction.queued")
+        await emit("compaction.started")
+    try:
+        result = await compact(
+            {**body, "messages": view.messages},
+            profile,
+            summarizer,
+            reason=reason,
+            instructions=instructions,
+            counter=counter,
+        )
+    except Exception as exc:
+        if emit:
+            await emit("compaction.failed", error=f"{type(exc).__name__}: {exc}"[:1000])
+        raise
     tokens_before = result.tokens_before
-    if used is not None:
-        tokens_before = counter.count_request({**body, "messages": messages})
+    if view.used is not None:
+        tokens_before = counter.count_request({**body, "messages": conversation.messages})
         result = dataclasses.replace(result, tokens_before=tokens_before)
 
     made = None
-    if result.changed and result.stage != "none":
-        made = make_checkpoint(
-            messages,
-            head,
-            result.messages,
-            chain=chain,
-            session=session_key(messages),
+    if store and result.changed and result.stage != "none":
+        made = _checkpoint(state, conversation, result, reason, tokens_before, config.model)
+        if made is not None:
+            replaced = conversation.messages[conversation.head : conversation.head + made.covered]
+            await state.store.put(made, replaced)
+    if emit:
+        await emit(
+            "context.compacted",
             stage=result.stage,
-            reason=reason,
             tokens_before=tokens_before,
             tokens_after=result.tokens_after,
-            model=config.model,
+            replaced_hashes=tuple(conversation.chain[: made.covered]) if made else (),
+            checkpoint_id=made.id if made else None,
         )
-        if made is not None and store:
-            await state.store.put(made)
     return Prepared(
         messages=result.messages,
-        untouched=result.messages is messages and used is None,
+        untouched=result.messages is conversation.messages and view.used is None,
         result=result,
         tokens_before=tokens_before,
-        checkpoint=made or used,
+        checkpoint=made or view.used,
     )
+
+
+def _checkpoint(
+    state: ProxyState,
+    conversation: _Conversation,
+    result: CompactionResult,
+    reason: Reason,
+    tokens_before: int,
+    model: str,
+) -> Checkpoint | None:
+    shrink = 1 - result.tokens_after / max(tokens_before, 1)
+    return make_checkpoint(
+        conversation.messages,
+        conversation.head,
+        result.messages,
+        chain=conversation.chain,
+        session=conversation.session,
+        stage=result.stage,
+        reason=reason,
+        tokens_before=tokens_before,
+        tokens_after=result.tokens_after,
+        model=model,
+        progress_ok=shrink >= state.settings.store.progress_min_ratio,
+    )
+
+
+class _Emitter:
+    """Appends the lifecycle events of one compaction."""
+
+    def __init__(self, state: ProxyState, session: str, model: str, reason: str) -> None:
+        self._state = state
+        self._base = {
+            "compaction_id": uuid.uuid4().hex,
+            "session": session,
+            "model": model,
+            "reason": reason,
+            "instance": state.instance,
+        }
+
+    async def __call__(self, kind: EventType, **fields: Any) -> None:
+        event = Event(type=kind, **self._base, **fields)
+        await self._state.store.add_event(event)

@@ -7,6 +7,7 @@ module globals.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
@@ -14,15 +15,17 @@ import httpx
 
 from compaction import TokenCounter, encoding_for_model
 from config import ModelConfig, ModelResolver, Settings
-from proxy.store import CheckpointStore
+from proxy.stores import Store
 
 
 @dataclass
 class ProxyState:
     settings: Settings
     client: httpx.AsyncClient
-    store: CheckpointStore
+    store: Store
     resolver: ModelResolver
+    #: This process, as named in the events it writes.
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     #: Context windows stated by upstream overflow errors, by model name.
     learned_windows: dict[str, int] = field(default_factory=dict)
     _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)
@@ -39,10 +42,12 @@ class ProxyState:
             self._counters[key] = counter
         return counter
 
-    def learn_window(self, model: str, window: int) -> None:
-        current = self.resolve(model).profile.context_window
-        if 0 < window < current or model not in self.learned_windows:
-            self.learned_windows[model] = window
+    async def learn_window(self, model: str, window: int) -> None:
+        """Remember a window an overflow error stated, here and in the store."""
+        if window <= 0 or self.learned_windows.get(model) == window:
+            return
+        self.learned_windows[model] = window
+        await self.store.set_learned_window(model, window)
 
     def fallback_key(self, config: ModelConfig) -> str | None:
         """The configured upstream key, used only when a client sends none."""

@@ -18,6 +18,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "ServerSettings",
         "SettingDoc",
         "Settings",
+        "StoreSettings",
         "UpstreamSettings",
         "builtin_context_window",
         "find_config_file",

@@ -283,3 +283,39 @@ def test_proxy_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.server.api_key is not None
     assert settings.server.api_key.get_secret_value() == "local-secret"
     assert "local-secret" not in repr(settings)
+
+
+def test_store_section_from_the_file(write_toml: WriteToml) -> None:
+    path = write_toml('[store]\nurl = "sqlite:///./state.db"\nstore_originals = false\n')
+    store = load_settings(path).store
+    assert (store.url, store.store_originals) == ("sqlite:///./state.db", False)
+
+
+def test_short_store_variable_beats_the_file(
+    monkeypatch: pytest.MonkeyPatch, write_toml: WriteToml
+) -> None:
+    path = write_toml('[store]\nurl = "memory://"\nretention_days = 2\n')
+    monkeypatch.setenv("COMPACTION_PROXY_STORE", "redis://127.0.0.1:6379/1")
+    store = load_settings(path).store
+    assert (store.url, store.retention_days) == ("redis://127.0.0.1:6379/1", 2)
+
+
+def test_nested_store_variable_beats_the_short_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_STORE", "redis://short/0")
+    monkeypatch.setenv("COMPACTION_PROXY_STORE__URL", "memory://")
+    assert load_settings().store.url == "memory://"
+
+
+def test_bad_short_store_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_STORE", "postgres://db/x")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    issue = caught.value.issues[0]
+    assert issue.key == "store.url"
+    assert "redis://" in issue.problem
+    assert issue.source == "environment variable COMPACTION_PROXY_STORE"
+
+
+def test_unknown_store_key_suggests_the_right_one(write_toml: WriteToml) -> None:
+    with pytest.raises(ConfigError, match="did you mean 'retention_days'"):
+        load_settings(write_toml("[store]\nretention_day = 3\n"))

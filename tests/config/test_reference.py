@@ -23,3 +23,12 @@ def test_reference_rows_unpack_as_key_default_description() -> None:
     key, default, description, _env = settings_reference()[0]
     assert (key, default) == ("server.host", '"127.0.0.1"')
     assert description
+
+
+def test_reference_lists_the_store_section() -> None:
+    rows = {row.key: row for row in settings_reference()}
+    assert rows["store.url"].default == '""'
+    assert rows["store.url"].env == "COMPACTION_PROXY_STORE__URL"
+    assert "COMPACTION_PROXY_STORE " in rows["store.url"].description
+    assert rows["store.retention_days"].default == "30.0"
+    assert rows["store.progress_min_ratio"].default == "0.1"

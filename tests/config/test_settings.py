@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -15,6 +16,7 @@ from config.settings import (
     ModelOverride,
     ServerSettings,
     Settings,
+    StoreSettings,
     UpstreamSettings,
 )
 
@@ -62,7 +64,14 @@ def test_server_and_upstream_defaults() -> None:
 
 
 def test_every_field_has_a_description() -> None:
-    for model in (Settings, ServerSettings, UpstreamSettings, CompactionSettings, ModelOverride):
+    for model in (
+        Settings,
+        ServerSettings,
+        UpstreamSettings,
+        CompactionSettings,
+        StoreSettings,
+        ModelOverride,
+    ):
         for name, info in model.model_fields.items():
             assert info.description, f"{model.__name__}.{name}"
 
@@ -138,3 +147,57 @@ def test_settings_read_the_environment_but_no_file(
     settings = Settings()
     assert settings.compaction.reserve_tokens == 8000
     assert settings.server.port == 8808
+
+
+def test_store_defaults() -> None:
+    store = StoreSettings()
+    assert store.url == ""  # SQLite at the default state path
+    assert (store.retention_days, store.store_originals) == (30.0, True)
+    assert store.retention_seconds == 30 * 86400
+    assert (store.progress_min_ratio, store.lock_ttl_seconds) == (0.10, 120.0)
+    assert Settings().store == store
+
+
+@pytest.mark.parametrize(
+    "url", ["", "memory://", "sqlite:///tmp/s.db", "sqlite:///./s.db", "redis://h:6379/0"]
+)
+def test_store_urls_accepted(url: str) -> None:
+    assert StoreSettings(url=url).url == url
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("url", "postgres://db/x"),
+        ("url", "state.db"),
+        ("retention_days", 0),
+        ("progress_min_ratio", -0.1),
+        ("progress_min_ratio", 1),
+        ("lock_ttl_seconds", 0),
+    ],
+)
+def test_store_rejects(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError):
+        StoreSettings(**{field: value})
+
+
+def test_store_url_from_the_short_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_STORE", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("COMPACTION_PROXY_STORE__RETENTION_DAYS", "7")
+    settings = Settings()
+    assert settings.store.url == "redis://127.0.0.1:6379/0"
+    assert settings.store.retention_days == 7
+
+
+def test_nested_store_url_variable_wins_over_the_short_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_STORE", "redis://short/0")
+    monkeypatch.setenv("COMPACTION_PROXY_STORE__URL", "memory://")
+    assert Settings().store.url == "memory://"
+
+
+def test_store_variable_may_still_be_a_json_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMPACTION_PROXY_STORE", '{"url": "memory://", "store_originals": false}')
+    store = Settings().store
+    assert (store.url, store.store_originals) == ("memory://", False)

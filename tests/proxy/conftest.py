@@ -23,6 +23,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("COMPACTION_PROXY_") or name == "OPENAI_API_KEY":
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
 
 
 @pytest.fixture
@@ -41,6 +42,7 @@ def start_proxy(fake: tuple[FakeUpstream, str]) -> Iterator[ProxyFactory]:
     stack = ExitStack()
 
     def start(**sections: Any) -> str:
+        sections.setdefault("store", {"url": "memory://"})
         sections.setdefault("upstream", {})
         sections["upstream"] = {"base_url": fake[1], **sections["upstream"]}
         settings: Settings = load_settings(None, **sections)

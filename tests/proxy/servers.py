@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import orjson
 import uvicorn
 from starlette.applications import Starlette
@@ -117,6 +119,8 @@ class FakeUpstream:
     #: One-shot behaviours consumed by the next chat requests, in order:
     #: "500", "429", "hang", "drop".
     behaviours: list[str] = field(default_factory=list)
+    #: Seconds the summarizer's answer takes (a "summarizing" process to kill).
+    summary_delay: float = 0.0
     summary_text: str = "## Goal\nFix the bug.\n## Progress\n### Done\n- ran the tests"
     received: list[Received] = field(default_factory=list)
     stream_closed: list[float] = field(default_factory=list)
@@ -187,6 +191,8 @@ class FakeUpstream:
         received = await self._record(request)
         body = received.json()
         if _is_summary_request(body):
+            if self.summary_delay:
+                await asyncio.sleep(self.summary_delay)
             return JSONResponse(_completion(body, self.summary_text, 10))
         behaviour = self.behaviours.pop(0) if self.behaviours else ""
         if behaviour == "500":
@@ -342,3 +348,52 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+class ProxyProcess:
+    """``compaction-proxy serve`` as its own process, as a user runs it."""
+
+    def __init__(self, upstream: str, env: dict[str, str], cwd: str) -> None:
+        import os
+        import sys
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        script = os.path.join(os.path.dirname(sys.executable), "compaction-proxy")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+        self.process = subprocess.Popen(
+            [
+                script,
+                "serve",
+                "--port",
+                str(self.port),
+                "--upstream",
+                upstream,
+                "--log-level",
+                "warning",
+            ],
+            env={**base, **env},
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
+                return
+            except httpx.TransportError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    err = self.process.stderr.read() if self.process.stderr else b""
+                    raise RuntimeError(f"proxy did not start: {err.decode()[-2000:]}") from None
+                time.sleep(0.05)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process.poll() is None:
+            if kill:
+                self.process.kill()
+            else:
+                self.process.terminate()
+        self.process.communicate(timeout=30)

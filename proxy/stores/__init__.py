@@ -1,0 +1,112 @@
+"""proxy.stores: where checkpoints, originals, events and learned windows live.
+
+    store = open_store(settings.store.url, retention_seconds=…, store_originals=…)
+    found = await store.lookup(chain)            # one round trip
+    async with store.lock(f"compact:{key}", ttl):  # single flight
+        ...
+    await store.close()
+
+``url`` chooses the backend:
+
+* ``""`` or ``sqlite://`` — SQLite at :func:`default_sqlite_path` (the default);
+* ``sqlite:///absolute/path.db``, ``sqlite:///./relative.db`` — SQLite there;
+* ``redis://host:port/db`` (or ``rediss://``) — shared by several replicas;
+* ``memory://`` — this process only (tests).
+
+Every backend passes the same contract suite (``tests/proxy/stores``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from proxy.stores.base import (
+    DEFAULT_CAPACITY,
+    DEFAULT_RETENTION_SECONDS,
+    INTERRUPTED,
+    OPEN_EVENT_TYPES,
+    Event,
+    EventType,
+    Store,
+    StoreError,
+    interrupted,
+)
+from proxy.stores.codec import to_dict
+from proxy.stores.memory import MemoryStore
+from proxy.stores.redis import DEFAULT_KEY_PREFIX, RedisStore
+from proxy.stores.sqlite import SQLiteStore, default_sqlite_path
+
+_SCHEMES = ("memory", "sqlite", "redis", "rediss")
+
+
+def open_store(
+    url: str,
+    *,
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    store_originals: bool = True,
+    capacity: int = DEFAULT_CAPACITY,
+    key_prefix: str = DEFAULT_KEY_PREFIX,
+) -> Store:
+    """The store ``url`` names; nothing is opened or connected until first use.
+
+    ``capacity`` bounds the memory backend; ``key_prefix`` namespaces Redis keys.
+    Raises :class:`ValueError` (a :class:`StoreError`) for an unknown scheme.
+    """
+    if retention_seconds <= 0:
+        raise StoreError(f"retention must be positive, got {retention_seconds}")
+    scheme = urlsplit(url).scheme.lower() if url else "sqlite"
+    if scheme == "memory":
+        return MemoryStore(
+            capacity, retention_seconds=retention_seconds, store_originals=store_originals
+        )
+    if scheme == "sqlite":
+        return SQLiteStore(
+            sqlite_path(url), retention_seconds=retention_seconds, store_originals=store_originals
+        )
+    if scheme in ("redis", "rediss"):
+        return RedisStore.from_url(
+            url,
+            key_prefix=key_prefix,
+            retention_seconds=retention_seconds,
+            store_originals=store_originals,
+        )
+    shown = f"{scheme!r}" if scheme else "none"
+    raise StoreError(
+        f"unsupported store URL scheme {shown} in {url!r}; "
+        f"use one of {', '.join(s + '://' for s in _SCHEMES)}"
+    )
+
+
+def sqlite_path(url: str) -> Path:
+    """The file a ``sqlite://`` URL names; the default path for ``""`` or ``sqlite://``.
+
+    ``sqlite:///abs/state.db`` is absolute; ``sqlite:///./state.db`` and
+    ``sqlite:///../state.db`` are relative to the working directory and
+    ``sqlite:///~/state.db`` to the home directory.
+    """
+    rest = unquote(url[len("sqlite://") :]) if url else ""
+    if rest in ("", "/"):
+        return default_sqlite_path()
+    if rest.startswith(("/./", "/../", "/~")):
+        rest = rest[1:]
+    return Path(rest).expanduser()
+
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "INTERRUPTED",
+    "OPEN_EVENT_TYPES",
+    "Event",
+    "EventType",
+    "MemoryStore",
+    "RedisStore",
+    "SQLiteStore",
+    "Store",
+    "StoreError",
+    "default_sqlite_path",
+    "interrupted",
+    "open_store",
+    "sqlite_path",
+    "to_dict",
+]

@@ -1,0 +1,133 @@
+"""The store contract: what every backend keeps, and the events it records.
+
+A store holds four things for the proxy (DESIGN.md §7):
+
+* **checkpoints**, found by the chain hash at the end of the span they cover;
+* the **originals** a checkpoint replaced, for its retention;
+* the **event log** of compactions (queued → started → compacted | failed);
+* **learned windows** (context sizes stated by upstream overflow errors).
+
+It also offers single-flight **locks**. Every method is async; a backend
+whose I/O is blocking (SQLite) runs it on its own worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Final, Literal, Protocol
+
+from compaction.checkpoints import Checkpoint
+from compaction.types import Message
+
+EventType = Literal[
+    "compaction.queued", "compaction.started", "context.compacted", "compaction.failed"
+]
+
+#: Event types that leave a compaction unfinished.
+OPEN_EVENT_TYPES: Final[frozenset[str]] = frozenset({"compaction.queued", "compaction.started"})
+INTERRUPTED: Final = "interrupted by restart"
+
+DEFAULT_RETENTION_SECONDS: Final = 30 * 86400.0
+DEFAULT_CAPACITY: Final = 10_000
+DEFAULT_EVENTS_LIMIT: Final = 100
+#: How many events are kept per session and in all (memory and Redis lists).
+DEFAULT_SESSION_EVENTS: Final = 1_000
+DEFAULT_GLOBAL_EVENTS: Final = 10_000
+
+
+class StoreError(ValueError):
+    """A store cannot be used: an unknown URL scheme, a database from a newer version."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step in the life of a compaction."""
+
+    compaction_id: str  #: groups the lifecycle events of one compaction
+    type: EventType
+    session: str
+    model: str
+    reason: str
+    instance: str  #: id of the proxy process that emitted it
+    stage: str | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    replaced_hashes: tuple[str, ...] = ()
+    error: str | None = None
+    checkpoint_id: str | None = None
+    created_at: float = field(default_factory=time.time)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def is_open(self) -> bool:
+        """True while the compaction has neither succeeded nor failed."""
+        return self.type in OPEN_EVENT_TYPES
+
+
+def interrupted(event: Event, instance: str, message: str = INTERRUPTED) -> Event:
+    """The ``compaction.failed`` event closing ``event``'s compaction, emitted by ``instance``."""
+    return Event(
+        compaction_id=event.compaction_id,
+        type="compaction.failed",
+        session=event.session,
+        model=event.model,
+        reason=event.reason,
+        instance=instance,
+        stage=event.stage,
+        tokens_before=event.tokens_before,
+        replaced_hashes=event.replaced_hashes,
+        error=message,
+    )
+
+
+class Store(Protocol):
+    """Checkpoints, originals, events, learned windows and locks (DESIGN.md §7)."""
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        """The checkpoints stored under any of ``hashes``, in one round trip."""
+        ...
+
+    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+        """Store ``checkpoint`` (replacing one with the same end hash) and what it replaced."""
+        ...
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None: ...
+
+    async def originals(self, checkpoint_id: str) -> list[Message] | None:
+        """The messages the checkpoint replaced; ``None`` if not kept or expired."""
+        ...
+
+    async def add_event(self, event: Event) -> None: ...
+
+    async def events(
+        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+    ) -> list[Event]:
+        """The last ``limit`` events recorded, newest first, of one session or of all."""
+        ...
+
+    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
+        """Close, as ``compaction.failed``, every compaction left queued or started by a
+        dead instance other than ``instance``; how many were closed."""
+        ...
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        """Declare ``instance`` alive for ``ttl`` seconds (shared backends only)."""
+        ...
+
+    def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
+        """Hold ``key`` exclusively; a holder that never releases loses it after ``ttl``."""
+        ...
+
+    async def learned_windows(self) -> dict[str, int]: ...
+
+    async def set_learned_window(self, model: str, window: int) -> None: ...
+
+    async def purge(self, now: float | None = None) -> int:
+        """Drop what is older than the retention; how many originals were dropped."""
+        ...
+
+    async def close(self) -> None: ...

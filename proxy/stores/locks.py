@@ -1,0 +1,51 @@
+"""Single flight inside one process: leases that expire, like the Redis lock.
+
+A lease that is never released (a bug, a task that hangs) stops blocking its
+waiters after ``ttl`` seconds, so the memory and SQLite backends honour the
+same contract as Redis, where the holder may be a dead replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Lease:
+    token: object
+    deadline: float  #: loop.time() at which the lease lapses
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LeaseLocks:
+    """Named locks with expiry, for the tasks of one event loop."""
+
+    def __init__(self) -> None:
+        self._leases: dict[str, _Lease] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str, ttl: float) -> AsyncIterator[None]:
+        token = object()
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            lease = self._leases.get(key)
+            if lease is None or lease.deadline <= now:
+                self._leases[key] = _Lease(token, now + ttl)
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(lease.deadline - now):
+                    await lease.released.wait()
+        try:
+            yield
+        finally:
+            lease = self._leases.get(key)
+            if lease is not None and lease.token is token:
+                del self._leases[key]
+                lease.released.set()
+
+    def __len__(self) -> int:
+        return len(self._leases)

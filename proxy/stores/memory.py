@@ -1,0 +1,137 @@
+"""Everything in this process's memory: for tests and throwaway runs.
+
+Bounded: past ``capacity`` checkpoints the oldest is forgotten with its
+originals; the event log keeps the newest events only. Lost on exit, so
+every other instance counts as dead for :meth:`fail_interrupted`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+
+from compaction.checkpoints import Checkpoint
+from compaction.types import Message
+from proxy.stores.base import (
+    DEFAULT_CAPACITY,
+    DEFAULT_EVENTS_LIMIT,
+    DEFAULT_GLOBAL_EVENTS,
+    DEFAULT_RETENTION_SECONDS,
+    INTERRUPTED,
+    Event,
+    interrupted,
+)
+from proxy.stores.locks import LeaseLocks
+
+
+class MemoryStore:
+    """The :class:`~proxy.stores.base.Store` contract in a few dicts."""
+
+    def __init__(
+        self,
+        capacity: int = DEFAULT_CAPACITY,
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        store_originals: bool = True,
+        max_events: int = DEFAULT_GLOBAL_EVENTS,
+    ) -> None:
+        self._by_hash: OrderedDict[str, Checkpoint] = OrderedDict()
+        self._by_id: dict[str, Checkpoint] = {}
+        self._originals: OrderedDict[str, tuple[float, list[Message]]] = OrderedDict()
+        self._events: deque[Event] = deque(maxlen=max_events)
+        self._open: dict[str, Event] = {}  #: latest event of unfinished compactions
+        self._windows: dict[str, int] = {}
+        self._locks = LeaseLocks()
+        self._capacity = capacity
+        self._retention = retention_seconds
+        self._store_originals = store_originals
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        found = {}
+        for value in hashes:
+            checkpoint = self._by_hash.get(value)
+            if checkpoint is not None:
+                found[value] = checkpoint
+        return found
+
+    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+        # A newer checkpoint for the same span replaces the older one; the
+        # older one's originals stay until the retention, as in SQLite and Redis.
+        replaced = self._by_hash.pop(checkpoint.end_hash, None)
+        if replaced is not None:
+            self._by_id.pop(replaced.id, None)
+        self._by_hash[checkpoint.end_hash] = checkpoint
+        self._by_id[checkpoint.id] = checkpoint
+        if originals is not None and self._store_originals:
+            self._originals[checkpoint.id] = (checkpoint.created_at, list(originals))
+            self._originals.move_to_end(checkpoint.id)
+        while len(self._by_hash) > self._capacity:
+            _, evicted = self._by_hash.popitem(last=False)
+            self._by_id.pop(evicted.id, None)
+        while len(self._originals) > self._capacity:
+            self._originals.popitem(last=False)
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        return self._by_id.get(checkpoint_id)
+
+    async def originals(self, checkpoint_id: str) -> list[Message] | None:
+        kept = self._originals.get(checkpoint_id)
+        return None if kept is None else list(kept[1])
+
+    async def add_event(self, event: Event) -> None:
+        self._events.append(event)
+        if event.is_open:
+            self._open[event.compaction_id] = event
+        else:
+            self._open.pop(event.compaction_id, None)
+
+    async def events(
+        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+    ) -> list[Event]:
+        found: list[Event] = []
+        for event in reversed(self._events):
+            if len(found) >= limit:
+                break
+            if session is None or event.session == session:
+                found.append(event)
+        return found
+
+    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
+        stale = [event for event in self._open.values() if event.instance != instance]
+        for event in stale:
+            await self.add_event(interrupted(event, instance, message))
+        return len(stale)
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        return None
+
+    def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
+        return self._locks.hold(key, ttl)
+
+    async def learned_windows(self) -> dict[str, int]:
+        return dict(self._windows)
+
+    async def set_learned_window(self, model: str, window: int) -> None:
+        self._windows[model] = window
+
+    async def purge(self, now: float | None = None) -> int:
+        cutoff = (time.time() if now is None else now) - self._retention
+        old = [cp for cp in self._by_hash.values() if cp.created_at < cutoff]
+        for checkpoint in old:
+            del self._by_hash[checkpoint.end_hash]
+            self._by_id.pop(checkpoint.id, None)
+        dropped = [key for key, (created, _) in self._originals.items() if created < cutoff]
+        for key in dropped:
+            del self._originals[key]
+        kept = [event for event in self._events if event.created_at >= cutoff]
+        if len(kept) != len(self._events):
+            self._events = deque(kept, maxlen=self._events.maxlen)
+        return len(dropped)
+
+    async def close(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return len(self._by_hash)

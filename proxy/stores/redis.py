@@ -1,0 +1,231 @@
+"""The shared store: several proxy replicas behind one load balancer, one Redis.
+
+Keys, all under a configurable prefix (default ``compaction-proxy:``)::
+
+    cp:<end hash>        checkpoint JSON            TTL = retention; lookup is one MGET
+    ckpt:<id>            the same JSON, by id       TTL = retention
+    orig:<id>            replaced messages JSON     TTL = retention (purge is implicit)
+    events               newest events, capped list (LPUSH + LTRIM in one MULTI)
+    events:<session>     one session's, capped      TTL = retention, renewed on each event
+    open                 hash compaction id → latest event, while queued/started
+    alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
+    lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
+    windows              hash model → learned context window
+
+An instance is alive while its heartbeat key exists; a lock whose holder died
+lapses after its ttl, and a waiter (polling with backoff) takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+
+from compaction.checkpoints import Checkpoint
+from compaction.types import Message
+from proxy.stores import codec
+from proxy.stores.base import (
+    DEFAULT_EVENTS_LIMIT,
+    DEFAULT_GLOBAL_EVENTS,
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_SESSION_EVENTS,
+    INTERRUPTED,
+    Event,
+    interrupted,
+)
+
+DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
+_POLL_FIRST: Final = 0.01
+_POLL_MAX: Final = 0.25
+
+# Delete the lock only if we still own it: after an expiry another holder may.
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Close one open compaction unless its latest event changed since it was read,
+# so two replicas starting together record one failure, not two.
+_CLOSE_OPEN: Final = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+    return 0
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[3])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
+redis.call('LPUSH', KEYS[3], ARGV[3])
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+return 1
+"""
+
+
+async def _reply(pending: Any) -> Any:
+    # redis-py types every command as "value or awaitable"; the asyncio client
+    # always returns an awaitable.
+    return await pending
+
+
+class RedisStore:
+    """The :class:`~proxy.stores.base.Store` contract on a Redis server."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        store_originals: bool = True,
+        session_events: int = DEFAULT_SESSION_EVENTS,
+        global_events: int = DEFAULT_GLOBAL_EVENTS,
+    ) -> None:
+        self._client = client
+        self._prefix = key_prefix
+        self._retention_ms = max(1, int(retention_seconds * 1000))
+        self._store_originals = store_originals
+        self._session_events = session_events
+        self._global_events = global_events
+        self._release = client.register_script(_RELEASE)
+        self._close_open = client.register_script(_CLOSE_OPEN)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """A store on a new client for ``url``; the client connects on first use."""
+        return cls(aioredis.Redis.from_url(url), **options)
+
+    def _key(self, *parts: str) -> str:
+        return self._prefix + ":".join(parts)
+
+    # -- checkpoints -------------------------------------------------------
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        if not hashes:
+            return {}
+        wanted = list(dict.fromkeys(hashes))
+        values = await _reply(self._client.mget([self._key("cp", value) for value in wanted]))
+        return {
+            value: codec.load_checkpoint(raw)
+            for value, raw in zip(wanted, values, strict=True)
+            if raw is not None
+        }
+
+    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+        raw = codec.dump_checkpoint(checkpoint)
+        ttl = self._retention_ms
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(self._key("cp", checkpoint.end_hash), raw, px=ttl, get=True)
+            pipe.set(self._key("ckpt", checkpoint.id), raw, px=ttl)
+            if originals is not None and self._store_originals:
+                pipe.set(self._key("orig", checkpoint.id), codec.dump_messages(originals), px=ttl)
+            replies = await pipe.execute()
+        previous = replies[0]
+        if previous is not None:
+            # A newer checkpoint for the same span: the older one is no longer
+            # found by id either (its originals stay until they expire).
+            old = codec.load_checkpoint(previous)
+            if old.id != checkpoint.id:
+                await _reply(self._client.delete(self._key("ckpt", old.id)))
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        raw = await _reply(self._client.get(self._key("ckpt", checkpoint_id)))
+        return None if raw is None else codec.load_checkpoint(raw)
+
+    async def originals(self, checkpoint_id: str) -> list[Message] | None:
+        raw = await _reply(self._client.get(self._key("orig", checkpoint_id)))
+        return None if raw is None else codec.load_messages(raw)
+
+    # -- events ------------------------------------------------------------
+
+    async def add_event(self, event: Event) -> None:
+        raw = codec.dump_event(event)
+        by_session = self._key("events", event.session)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.lpush(self._key("events"), raw)
+            pipe.ltrim(self._key("events"), 0, self._global_events - 1)
+            pipe.lpush(by_session, raw)
+            pipe.ltrim(by_session, 0, self._session_events - 1)
+            pipe.pexpire(by_session, self._retention_ms)
+            if event.is_open:
+                pipe.hset(self._key("open"), event.compaction_id, raw)
+            else:
+                pipe.hdel(self._key("open"), event.compaction_id)
+            await pipe.execute()
+
+    async def events(
+        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+    ) -> list[Event]:
+        if limit <= 0:
+            return []
+        key = self._key("events") if session is None else self._key("events", session)
+        raws = await _reply(self._client.lrange(key, 0, limit - 1))
+        return [codec.load_event(raw) for raw in raws]
+
+    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("open")))
+        stale = [(raw, codec.load_event(raw)) for raw in entries.values()]
+        stale = [(raw, event) for raw, event in stale if event.instance != instance]
+        others = sorted({event.instance for _, event in stale})
+        if not others:
+            return 0
+        beats = await _reply(self._client.mget([self._key("alive", name) for name in others]))
+        dead = {name for name, beat in zip(others, beats, strict=True) if beat is None}
+        closed = 0
+        for raw, event in stale:
+            if event.instance not in dead:
+                continue
+            failed = interrupted(event, instance, message)
+            closed += await self._close_open(
+                keys=[self._key("open"), self._key("events"), self._key("events", event.session)],
+                args=[
+                    event.compaction_id,
+                    raw,
+                    codec.dump_event(failed),
+                    self._global_events,
+                    self._session_events,
+                    self._retention_ms,
+                ],
+            )
+        return closed
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        ttl_ms = max(1, int(ttl * 1000))
+        await _reply(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
+
+    @contextlib.asynccontextmanager
+    async def lock(self, key: str, ttl: float) -> AsyncIterator[None]:
+        name = self._key("lock", key)
+        token = uuid.uuid4().hex
+        ttl_ms = max(1, int(ttl * 1000))
+        delay = _POLL_FIRST
+        while not await _reply(self._client.set(name, token, nx=True, px=ttl_ms)):
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: waiters spread out
+            delay = min(delay * 2, _POLL_MAX)
+        try:
+            yield
+        finally:
+            await self._release(keys=[name], args=[token])
+
+    # -- learned windows ---------------------------------------------------
+
+    async def learned_windows(self) -> dict[str, int]:
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("windows")))
+        return {model.decode(): int(window) for model, window in entries.items()}
+
+    async def set_learned_window(self, model: str, window: int) -> None:
+        await _reply(self._client.hset(self._key("windows"), model, window))
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def purge(self, now: float | None = None) -> int:
+        return 0  # every record carries its own expiry
+
+    async def close(self) -> None:
+        await self._client.aclose()

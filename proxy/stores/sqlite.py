@@ -1,0 +1,369 @@
+"""The default store: one SQLite file under the user's state directory.
+
+One connection, opened on first use and used only from one dedicated worker
+thread, so store I/O never blocks the event loop (the loop awaits
+``run_in_executor``). WAL mode lets several processes share the file: readers
+never wait for the writer, and writers wait up to the busy timeout.
+
+The schema is versioned with ``PRAGMA user_version``; :data:`MIGRATIONS` is
+the ordered list of steps, each applied in its own transaction, so a file
+written by any earlier version is brought up to date on open. A file from a
+newer version is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
+from functools import partial
+from pathlib import Path
+from typing import Final, TypeVar
+
+from compaction.checkpoints import Checkpoint
+from compaction.types import Message
+from proxy.stores import codec
+from proxy.stores.base import (
+    DEFAULT_EVENTS_LIMIT,
+    DEFAULT_RETENTION_SECONDS,
+    INTERRUPTED,
+    Event,
+    StoreError,
+    interrupted,
+)
+from proxy.stores.locks import LeaseLocks
+
+_T = TypeVar("_T")
+
+BUSY_TIMEOUT_SECONDS: Final = 10.0
+
+#: Each entry moves the schema from version ``index`` to ``index + 1``.
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        """CREATE TABLE checkpoints (
+            id TEXT PRIMARY KEY,
+            end_hash TEXT NOT NULL,
+            session TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            json BLOB NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX checkpoints_end_hash ON checkpoints (end_hash)",
+        "CREATE INDEX checkpoints_created_at ON checkpoints (created_at)",
+        """CREATE TABLE originals (
+            checkpoint_id TEXT PRIMARY KEY,
+            created_at REAL NOT NULL,
+            json BLOB NOT NULL
+        )""",
+        "CREATE INDEX originals_created_at ON originals (created_at)",
+        """CREATE TABLE events (
+            id TEXT PRIMARY KEY,
+            compaction_id TEXT NOT NULL,
+            session TEXT NOT NULL,
+            type TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            instance TEXT NOT NULL,
+            json BLOB NOT NULL
+        )""",
+        "CREATE INDEX events_session ON events (session, created_at)",
+        "CREATE INDEX events_created_at ON events (created_at)",
+        "CREATE INDEX events_compaction ON events (compaction_id)",
+        'CREATE TABLE learned_windows (model TEXT PRIMARY KEY, "window" INTEGER NOT NULL)',
+    ),
+)
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+_OPEN_TYPES_SQL: Final = "('compaction.queued', 'compaction.started')"
+
+
+def default_sqlite_path() -> Path:
+    """``$XDG_STATE_HOME/compaction-proxy/state.db``, else ``~/.local/state/…``."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "compaction-proxy" / "state.db"
+
+
+def schema_version(connection: sqlite3.Connection) -> int:
+    version: int = connection.execute("PRAGMA user_version").fetchone()[0]
+    return version
+
+
+def migrate(
+    connection: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGRATIONS
+) -> int:
+    """Apply the steps the file lacks, each in one transaction; the version reached.
+
+    ``connection`` must be in autocommit mode (``isolation_level=None``).
+    """
+    while True:
+        connection.execute("BEGIN IMMEDIATE")  # re-read under the write lock: another
+        try:  # process may be migrating the same file
+            version = schema_version(connection)
+            if version > len(migrations):
+                raise StoreError(
+                    f"the database is at schema version {version}, newer than this "
+                    f"proxy's {len(migrations)}; upgrade the proxy or use another file"
+                )
+            if version == len(migrations):
+                connection.execute("COMMIT")
+                return version
+            for statement in migrations[version]:
+                connection.execute(statement)
+            connection.execute(f"PRAGMA user_version = {version + 1}")
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+
+
+class SQLiteStore:
+    """The :class:`~proxy.stores.base.Store` contract in one SQLite file."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        store_originals: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self._retention = retention_seconds
+        self._store_originals = store_originals
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compaction-store")
+        self._connection: sqlite3.Connection | None = None  #: touched by the worker only
+        self._locks = LeaseLocks()
+        self._closed = False
+
+    # -- the worker thread -------------------------------------------------
+
+    async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise StoreError(f"the store at {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(self._call, work))
+
+    def _call(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._connection is None:
+            self._connection = self._open()
+        return work(self._connection)
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
+        try:
+            connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute("PRAGMA synchronous = NORMAL")
+            migrate(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    @staticmethod
+    def _write(connection: sqlite3.Connection, work: Callable[[], _T]) -> _T:
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            result = work()
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+        return result
+
+    # -- checkpoints -------------------------------------------------------
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        if not hashes:
+            return {}
+        wanted = list(dict.fromkeys(hashes))
+
+        def work(connection: sqlite3.Connection) -> dict[str, Checkpoint]:
+            found: dict[str, Checkpoint] = {}
+            for start in range(0, len(wanted), 500):  # below SQLite's variable limit
+                chunk = wanted[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows = connection.execute(
+                    f"SELECT end_hash, json FROM checkpoints WHERE end_hash IN ({marks})", chunk
+                )
+                for end_hash, raw in rows:
+                    found[end_hash] = codec.load_checkpoint(raw)
+            return found
+
+        return await self._run(work)
+
+    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+        keep = originals is not None and self._store_originals
+
+        def work(connection: sqlite3.Connection) -> None:
+            raw = codec.dump_checkpoint(checkpoint)
+            kept = codec.dump_messages(originals) if keep and originals is not None else None
+
+            def write() -> None:
+                connection.execute(
+                    "DELETE FROM checkpoints WHERE end_hash = ? OR id = ?",
+                    (checkpoint.end_hash, checkpoint.id),
+                )
+                connection.execute(
+                    "INSERT INTO checkpoints (id, end_hash, session, created_at, json) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (
+                        checkpoint.id,
+                        checkpoint.end_hash,
+                        checkpoint.session,
+                        checkpoint.created_at,
+                        raw,
+                    ),
+                )
+                if kept is not None:
+                    connection.execute(
+                        "INSERT OR REPLACE INTO originals (checkpoint_id, created_at, json) "
+                        "VALUES (?, ?, ?)",
+                        (checkpoint.id, checkpoint.created_at, kept),
+                    )
+
+            self._write(connection, write)
+
+        await self._run(work)
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        def work(connection: sqlite3.Connection) -> Checkpoint | None:
+            row = connection.execute(
+                "SELECT json FROM checkpoints WHERE id = ?", (checkpoint_id,)
+            ).fetchone()
+            return None if row is None else codec.load_checkpoint(row[0])
+
+        return await self._run(work)
+
+    async def originals(self, checkpoint_id: str) -> list[Message] | None:
+        def work(connection: sqlite3.Connection) -> list[Message] | None:
+            row = connection.execute(
+                "SELECT json FROM originals WHERE checkpoint_id = ?", (checkpoint_id,)
+            ).fetchone()
+            return None if row is None else codec.load_messages(row[0])
+
+        return await self._run(work)
+
+    # -- events ------------------------------------------------------------
+
+    async def add_event(self, event: Event) -> None:
+        await self._run(partial(self._insert_event, event=event))
+
+    @staticmethod
+    def _insert_event(connection: sqlite3.Connection, event: Event) -> None:
+        connection.execute(
+            "INSERT OR REPLACE INTO events "
+            "(id, compaction_id, session, type, created_at, instance, json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                event.id,
+                event.compaction_id,
+                event.session,
+                event.type,
+                event.created_at,
+                event.instance,
+                codec.dump_event(event),
+            ),
+        )
+
+    async def events(
+        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+    ) -> list[Event]:
+        # Newest recorded first, as the memory and Redis lists: clocks of
+        # different processes need not agree, the order of arrival does.
+        if limit <= 0:
+            return []
+
+        def work(connection: sqlite3.Connection) -> list[Event]:
+            if session is None:
+                rows = connection.execute(
+                    "SELECT json FROM events ORDER BY rowid DESC LIMIT ?",
+                    (limit,),
+                )
+            else:
+                rows = connection.execute(
+                    "SELECT json FROM events WHERE session = ? ORDER BY rowid DESC LIMIT ?",
+                    (session, limit),
+                )
+            return [codec.load_event(raw) for (raw,) in rows]
+
+        return await self._run(work)
+
+    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
+        # Without heartbeats in a file, every other instance is taken for dead:
+        # this runs at start-up, when nothing of ours can be in flight yet.
+        def work(connection: sqlite3.Connection) -> int:
+            def write() -> int:
+                rows = connection.execute(
+                    "SELECT json FROM events AS e WHERE e.type IN "
+                    f"{_OPEN_TYPES_SQL} AND e.instance != ? AND NOT EXISTS "
+                    "(SELECT 1 FROM events AS later WHERE later.compaction_id = e.compaction_id"
+                    " AND later.rowid > e.rowid)",
+                    (instance,),
+                ).fetchall()
+                for (raw,) in rows:
+                    failed = interrupted(codec.load_event(raw), instance, message)
+                    self._insert_event(connection, failed)
+                return len(rows)
+
+            return self._write(connection, write)
+
+        return await self._run(work)
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        return None
+
+    def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
+        return self._locks.hold(key, ttl)
+
+    # -- learned windows ---------------------------------------------------
+
+    async def learned_windows(self) -> dict[str, int]:
+        def work(connection: sqlite3.Connection) -> dict[str, int]:
+            rows = connection.execute('SELECT model, "window" FROM learned_windows')
+            return {model: window for model, window in rows}
+
+        return await self._run(work)
+
+    async def set_learned_window(self, model: str, window: int) -> None:
+        def work(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                'INSERT OR REPLACE INTO learned_windows (model, "window") VALUES (?, ?)',
+                (model, window),
+            )
+
+        await self._run(work)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def purge(self, now: float | None = None) -> int:
+        cutoff = (time.time() if now is None else now) - self._retention
+
+        def work(connection: sqlite3.Connection) -> int:
+            def write() -> int:
+                dropped = connection.execute(
+                    "DELETE FROM originals WHERE created_at < ?", (cutoff,)
+                ).rowcount
+                connection.execute("DELETE FROM checkpoints WHERE created_at < ?", (cutoff,))
+                connection.execute("DELETE FROM events WHERE created_at < ?", (cutoff,))
+                return dropped
+
+            return self._write(connection, write)
+
+        return await self._run(work)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._close_connection)
+        self._closed = True
+        self._executor.shutdown(wait=True)  # the worker is idle: this only joins it
+
+    def _close_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None

@@ -1,0 +1,186 @@
+"""What only the SQLite backend promises: a file, WAL, migrations, sharing, a free loop."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from proxy.stores import SQLiteStore, StoreError, open_store
+from proxy.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from tests.proxy.stores.test_contract import ORIGINALS, checkpoint, event
+
+pytestmark = pytest.mark.anyio
+
+
+def _pragma(path: Path, name: str) -> object:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def _tables(path: Path) -> set[str]:
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {name for (name,) in rows}
+
+
+async def test_file_and_parent_directories_are_created_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "state.db"
+    store = SQLiteStore(path)
+    assert not path.parent.exists()  # opening the store touches nothing
+    await store.put(checkpoint())
+    assert path.is_file()
+    assert _pragma(path, "journal_mode") == "wal"
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert {"checkpoints", "originals", "events", "learned_windows"} <= _tables(path)
+    await store.close()
+
+
+async def test_connection_uses_normal_sync_and_a_busy_timeout(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+
+    def settings(connection: sqlite3.Connection) -> tuple[int, int]:
+        sync = connection.execute("PRAGMA synchronous").fetchone()[0]
+        busy = connection.execute("PRAGMA busy_timeout").fetchone()[0]
+        return sync, busy
+
+    sync, busy = await store._run(settings)
+    assert sync == 1  # NORMAL
+    assert busy >= 1000
+    await store.close()
+
+
+async def test_an_empty_existing_database_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE unrelated (x)")
+    assert _pragma(path, "user_version") == 0
+    store = SQLiteStore(path)
+    made = checkpoint()
+    await store.put(made, ORIGINALS)
+    assert await store.get(made.id) == made
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert "unrelated" in _tables(path)
+    await store.close()
+
+
+def test_migrations_apply_in_order_from_an_older_version(tmp_path: Path) -> None:
+    extra = ("CREATE TABLE notes (id TEXT PRIMARY KEY)", "CREATE INDEX notes_id ON notes (id)")
+    connection = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        assert migrate(connection) == SCHEMA_VERSION  # a file written by today's version
+        assert migrate(connection, (*MIGRATIONS, extra)) == SCHEMA_VERSION + 1
+        assert schema_version(connection) == SCHEMA_VERSION + 1
+        connection.execute("INSERT INTO notes VALUES ('n')")
+        assert migrate(connection, (*MIGRATIONS, extra)) == SCHEMA_VERSION + 1  # no-op
+    finally:
+        connection.close()
+
+
+def test_a_failing_migration_leaves_the_previous_version_intact(tmp_path: Path) -> None:
+    broken = ("CREATE TABLE half (x)", "THIS IS NOT SQL")
+    connection = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        migrate(connection)
+        with pytest.raises(sqlite3.OperationalError):
+            migrate(connection, (*MIGRATIONS, broken))
+        assert schema_version(connection) == SCHEMA_VERSION
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        assert "half" not in tables
+        assert not connection.in_transaction
+    finally:
+        connection.close()
+
+
+async def test_a_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    store = SQLiteStore(path)
+    with pytest.raises(StoreError, match="newer"):
+        await store.lookup(["h"])
+    await store.close()
+
+
+async def test_two_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first, second = SQLiteStore(path), SQLiteStore(path)
+    made = checkpoint()
+    await first.put(made, ORIGINALS)
+    assert await second.lookup(["h1"]) == {"h1": made}
+    assert await second.originals(made.id) == ORIGINALS
+    await second.add_event(event("c1", "compaction.started", instance="second"))
+    await second.set_learned_window("m", 4096)
+    assert [item.compaction_id for item in await first.events()] == ["c1"]
+    assert await first.learned_windows() == {"m": 4096}
+    # A restarted first process closes what the (dead) second one left open.
+    assert await first.fail_interrupted("first") == 1
+    assert (await second.events())[0].type == "compaction.failed"
+    await first.close()
+    await second.close()
+
+
+async def test_concurrent_writers_on_one_file_do_not_fail(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    stores = [SQLiteStore(path) for _ in range(3)]
+    await asyncio.gather(
+        *(
+            store.put(checkpoint(f"h{index}-{number}"), ORIGINALS)
+            for index, store in enumerate(stores)
+            for number in range(20)
+        )
+    )
+    found = await stores[0].lookup([f"h{i}-{n}" for i in range(3) for n in range(20)])
+    assert len(found) == 60
+    for store in stores:
+        await store.close()
+
+
+async def test_store_io_runs_off_the_event_loop(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    threads: set[str] = set()
+
+    def which_thread(connection: sqlite3.Connection) -> None:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.2)  # a slow disk: the loop must keep running meanwhile
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticking = asyncio.create_task(ticker())
+    await store._run(which_thread)
+    big = [{"role": "tool", "content": "x" * 1_000_000} for _ in range(8)]
+    await store.put(checkpoint(), big)
+    ticking.cancel()
+    assert ticks >= 5
+    assert threads and threading.current_thread().name not in threads
+    assert await store.originals((await store.lookup(["h1"]))["h1"].id) == big
+    await store.close()
+
+
+async def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.lookup(["h"])
+
+
+async def test_purge_also_drops_old_checkpoints_and_events(tmp_path: Path) -> None:
+    store = open_store(f"sqlite://{tmp_path / 'state.db'}", retention_seconds=10)
+    now = time.time()
+    await store.put(checkpoint("old", created_at=now - 100), ORIGINALS)
+    await store.add_event(event("c", created_at=now - 100))
+    await store.add_event(event("d", created_at=now))
+    assert await store.purge(now=now) == 1
+    assert await store.lookup(["old"]) == {}
+    assert [item.compaction_id for item in await store.events()] == ["d"]
+    await store.close()
