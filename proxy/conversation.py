@@ -121,13 +121,21 @@ def _guarded(
     view: _View,
     conversation: _Conversation,
 ) -> Profile:
-    """The progress guard: a span whose last compaction barely helped is not
-    summarized again until the messages after it outgrow the verbatim tail."""
+    """The progress guard: after a compaction that barely shrank the request,
+    summarize again only once enough new material arrived to make progress.
+
+    Right after that compaction the messages after its span were the verbatim
+    tail; summarizing again is worth a call only when they have outgrown the
+    tail by ``progress_min_ratio`` of the input limit. Until then pruning and
+    truncation keep the request within the limit at no cost.
+    """
     used = view.used
     if used is None or used.progress_ok or profile.summarizer == "off":
         return profile
+    budget = compute_budget(profile)
     newer = conversation.messages[conversation.head + used.covered :]
-    if sum(state.counter(config).count_messages(newer)) > compute_budget(profile).tail_budget:
+    needed = budget.tail_budget + state.settings.store.progress_min_ratio * budget.input_limit
+    if sum(state.counter(config).count_messages(newer)) > needed:
         return profile
     return dataclasses.replace(profile, summarizer="off")
 

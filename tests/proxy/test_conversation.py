@@ -1,0 +1,110 @@
+"""proxy.conversation: checkpoints applied, single flight, and the progress guard."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from compaction import SUMMARY_MARKER
+from compaction.checkpoints import chain_hashes, make_checkpoint
+from compaction.messages import group_messages
+from config import load_settings
+from proxy.conversation import prepare
+from proxy.state import ProxyState
+from proxy.stores import MemoryStore
+from tests.synthetic import agent_session
+
+
+class RecordingSummarizer:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        self.calls += 1
+        await asyncio.sleep(0.05)  # long enough for concurrent requests to pile up
+        return "## Goal\nKeep going.\n## Progress\n### Done\n- many steps"
+
+
+def _state() -> tuple[ProxyState, Any]:
+    settings = load_settings(
+        None, store={"url": "memory://"}, models={"m": {"context_window": 8192}}
+    )
+    from config import ModelResolver
+
+    state = ProxyState(
+        settings=settings,
+        client=httpx.AsyncClient(),
+        store=MemoryStore(),
+        resolver=ModelResolver(settings),
+    )
+    return state, state.resolve("m")
+
+
+def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> None:
+    messages = agent_session(seed=51, steps=120)
+    body = {"model": "m", "messages": messages}
+
+    async def run(concurrent: int) -> tuple[int, set[str]]:
+        state, config = _state()
+        summarizer = RecordingSummarizer()
+        results = await asyncio.gather(
+            *(prepare(state, body, messages, config, summarizer) for _ in range(concurrent))
+        )
+        await state.client.aclose()
+        return summarizer.calls, {r.checkpoint.id for r in results if r.checkpoint}
+
+    alone, _ = asyncio.run(run(1))
+    together, ids = asyncio.run(run(6))
+    assert alone >= 1
+    assert together == alone  # one compaction's calls (chunks, turn prefix), not six
+    assert len(ids) == 1
+
+
+def _poor_checkpoint(messages: list[dict[str, Any]], covered: int) -> Any:
+    summary = {"role": "user", "content": f"{SUMMARY_MARKER}\n## Goal\nstill big"}
+    result = [*messages[:2], summary, *messages[2 + covered :]]
+    return make_checkpoint(
+        messages,
+        2,
+        result,
+        chain=chain_hashes(messages, 2),
+        session="s",
+        stage="condensed",
+        reason="threshold",
+        tokens_before=100,
+        tokens_after=95,
+        progress_ok=False,
+    )
+
+
+def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
+    async def run(extra_steps: int, output_chars: int) -> tuple[int, str, int, int]:
+        state, config = _state()
+        big_task = "Follow these rules carefully. " * 1120  # a head of ~5,600 tokens
+        messages = agent_session(seed=52, steps=30, task=big_task, output_chars=600)
+        starts = [g.start for g in group_messages(messages) if g.start <= len(messages) - 8]
+        checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2)
+        assert checkpoint is not None
+        await state.store.put(checkpoint)
+        new = agent_session(seed=53, steps=extra_steps, output_chars=output_chars)[2:-1]
+        later = [*messages, *new]
+        summarizer = RecordingSummarizer()
+        body = {"model": "m", "messages": later}
+        prepared = await prepare(state, body, later, config, summarizer)
+        await state.client.aclose()
+        return (
+            summarizer.calls,
+            prepared.stage,
+            prepared.result.tokens_after,
+            (prepared.result.input_limit),
+        )
+
+    # A little new material (beyond the tail, but not by 10 % of the limit):
+    # the middle is not summarized again, and the request still fits.
+    calls, stage, after, limit = asyncio.run(run(extra_steps=1, output_chars=16_000))
+    assert calls == 0 and stage == "truncated" and after <= limit
+    # Plenty of new material: summarizing can make progress again.
+    calls, stage, after, limit = asyncio.run(run(extra_steps=6, output_chars=6_000))
+    assert calls >= 1 and after <= limit
