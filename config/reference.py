@@ -72,3 +72,17 @@ def _toml(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     return str(value)
+
+
+def markdown_table() -> str:
+    """The README's settings table, generated so that it cannot drift from the code."""
+    rows = ["| key | default | environment variable | meaning |", "|---|---|---|---|"]
+    for doc in settings_reference():
+        default = f"`{doc.default}`" if doc.default else "—"
+        env = f"`{doc.env}`" if doc.env else "—"
+        rows.append(f"| `{doc.key}` | {default} | {env} | {doc.description} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m config.reference > table.md
+    print(markdown_table())

@@ -20,7 +20,7 @@ only; :func:`config.load_settings` adds the TOML file and readable errors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -159,6 +159,13 @@ class ServerSettings(BaseModel):
     )
     max_body_bytes: _PositiveInt = Field(
         default=DEFAULT_MAX_BODY_BYTES, description="Larger request bodies get 413 before parsing."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="Log lines as plain text or one JSON object per line."
+    )
+    log_content: bool = Field(
+        default=False,
+        description="Also log the last message's text (never on by default: it is private).",
     )
     allowed_hosts: list[str] = Field(
         default_factory=list,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,6 +25,8 @@ from config import ModelResolver, Settings
 from proxy.chat import handle_chat, handle_preview
 from proxy.errors import ProxyError
 from proxy.guards import KEY_IN_AUTHORIZATION, HostGuard, ProxyKeyGuard, is_loopback
+from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.metrics import MeteredStore, Metrics
 from proxy.state import ProxyState, build_client
 from proxy.stores import Store, open_store, to_dict
 from proxy.upstream import error_response, relay, send, upstream_headers
@@ -71,15 +74,20 @@ def create_app(
             retention_seconds=settings.store.retention_seconds,
             store_originals=settings.store.store_originals,
         )
+        metrics = Metrics()
         state = ProxyState(
-            settings=settings, client=http, store=backend, resolver=ModelResolver(settings)
+            settings=settings,
+            client=http,
+            store=MeteredStore(backend, metrics),
+            resolver=ModelResolver(settings),
+            metrics=metrics,
         )
-        await backend.heartbeat(state.instance, HEARTBEAT_TTL)
-        closed = await backend.fail_interrupted(state.instance)
+        await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
+        closed = await state.store.fail_interrupted(state.instance)
         if closed:
             logger.warning("closed %d compaction(s) interrupted by a restart", closed)
-        state.learned_windows.update(await backend.learned_windows())
-        await backend.purge()
+        state.learned_windows.update(await state.store.learned_windows())
+        await state.store.purge()
         app.state.proxy = state
         keeper = asyncio.create_task(_keep_alive(state))
         try:
@@ -88,7 +96,7 @@ def create_app(
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
-            await backend.close()
+            await state.store.close()
             if owned:
                 await http.aclose()
 
@@ -117,6 +125,11 @@ def create_app(
         error.status = exc.status_code
         error.type = "invalid_request_error"
         return error_response(error)
+
+    @app.get("/metrics")
+    async def metrics_endpoint(request: Request) -> Response:
+        exposition = state_of(request).metrics.exposition()
+        return Response(exposition, media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -166,9 +179,11 @@ def create_app(
             drop_authorization=key_in_authorization(request),
         )
         has_body = request.method not in ("GET", "HEAD", "OPTIONS")
+        started = time.perf_counter()
         upstream = await send(
             state.client, request.method, url, headers, request.stream() if has_body else None
         )
+        state.metrics.record_upstream("other", time.perf_counter() - started, upstream.status_code)
         return relay(upstream, {})
 
     wrapped: ASGIApp = app

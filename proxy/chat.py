@@ -11,13 +11,14 @@ import logging
 import time
 from typing import Any
 
+import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from compaction import CannotFitError, InvalidMessagesError, Profile
 from compaction import requested_output_tokens as requested_output
-from compaction.messages import check_messages
+from compaction.messages import check_messages, message_text
 from compaction.types import Message
 from config import ModelConfig
 from proxy import manual
@@ -27,7 +28,10 @@ from proxy.errors import (
     ContextLengthExceeded,
     PayloadTooLarge,
     UnsupportedMediaType,
+    UpstreamTimeout,
+    UpstreamUnreachable,
 )
+from proxy.logs import REQUESTS
 from proxy.overflow import Overflow, detect_overflow
 from proxy.state import ProxyState
 from proxy.summarizer import UpstreamSummarizer
@@ -39,7 +43,7 @@ from proxy.upstream import (
     upstream_headers,
 )
 
-logger = logging.getLogger("compaction_proxy.requests")
+logger = logging.getLogger(REQUESTS)
 
 #: Without a stated window, an overflow retry aims at this share of what
 #: failed: one retry must count, and the true window is unknown.
@@ -147,18 +151,19 @@ async def handle_chat(request: Request, state: ProxyState, *, uses_proxy_key: bo
         return await _manual(call, instructions)
 
     prepared = await _prepare(call, reason="threshold")
-    upstream = await send(state.client, "POST", call.url, call.headers, call.encode(prepared))
+    upstream = await _send(call, call.encode(prepared))
     if upstream.status_code >= 400:
         error = await read_error_body(upstream)
         overflow = detect_overflow(upstream.status_code, error)
         if overflow is None:
-            _log(call, prepared, upstream.status_code, started)
+            _finish(call, prepared, upstream.status_code, started)
             return relay_bytes(upstream, error, prepared.headers())
+        state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
         prepared = await _prepare(
             call, reason="overflow", profile=await _overflow_profile(call, prepared, overflow)
         )
-        upstream = await send(state.client, "POST", call.url, call.headers, call.encode(prepared))
-    _log(call, prepared, upstream.status_code, started)
+        upstream = await _send(call, call.encode(prepared))
+    _finish(call, prepared, upstream.status_code, started)
     return relay(upstream, prepared.headers())
 
 
@@ -262,14 +267,36 @@ async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key:
     )
 
 
-def _log(call: _Call, prepared: Prepared, status: int, started: float) -> None:
-    logger.info(
-        "chat model=%s stage=%s reason=%s tokens=%d->%d upstream_status=%d ms=%.1f",
-        call.config.model or "-",
-        prepared.stage,
-        prepared.result.reason,
-        prepared.tokens_before,
-        prepared.result.tokens_after,
-        status,
-        (time.perf_counter() - started) * 1000,
-    )
+async def _send(call: _Call, body: bytes) -> httpx.Response:
+    """POST the chat request upstream, timing it for the metrics."""
+    metrics = call.state.metrics
+    started = time.perf_counter()
+    try:
+        response = await send(call.state.client, "POST", call.url, call.headers, body)
+    except UpstreamTimeout:
+        metrics.record_upstream("chat", 0.0, None, "timeout")
+        raise
+    except UpstreamUnreachable:
+        metrics.record_upstream("chat", 0.0, None, "unreachable")
+        raise
+    metrics.record_upstream("chat", time.perf_counter() - started, response.status_code)
+    return response
+
+
+def _finish(call: _Call, prepared: Prepared, status: int, started: float) -> None:
+    """Metrics and the one log line of a chat request (no content, no secrets)."""
+    metrics = call.state.metrics
+    metrics.record_request(call.config.model, prepared.result, prepared.tokens_before)
+    metrics.record_compaction(prepared.result, call.config.profile.summarizer == "llm")
+    fields: dict[str, object] = {
+        "model": call.config.model or "-",
+        "stage": prepared.stage,
+        "reason": prepared.result.reason if prepared.stage != "none" else "none",
+        "tokens_before": prepared.tokens_before,
+        "tokens_after": prepared.result.tokens_after,
+        "upstream_status": status,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    if call.state.settings.server.log_content and call.messages:
+        fields["content"] = message_text(call.messages[-1])[:2000]
+    logger.info("chat", extra={"fields": fields})

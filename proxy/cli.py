@@ -71,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to listen on (default 8808)")
     serve.add_argument("--upstream", metavar="URL", help="OpenAI-compatible upstream base URL")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), help="text (default) or one JSON object a line"
+    )
+    serve.add_argument(
+        "--log-content",
+        action="store_const",
+        const=True,
+        help="also log the last message's text (off by default: it is private)",
+    )
 
     run = commands.add_parser("compact", help="compact a chat-completions request body")
     _budget_flags(run)
@@ -179,7 +188,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(
         args.config,
-        server={"host": args.host, "port": args.port},
+        server={
+            "host": args.host,
+            "port": args.port,
+            "log_format": args.log_format,
+            "log_content": args.log_content,
+        },
         upstream={"base_url": args.upstream},
     )
     serve(settings, log_level=args.log_level)

@@ -7,6 +7,7 @@ import logging
 import uvicorn
 
 from config import Settings
+from proxy import logs
 from proxy.app import create_app
 
 #: Seconds open streams get to finish after SIGTERM.
@@ -14,9 +15,7 @@ GRACEFUL_SHUTDOWN_SECONDS = 30
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(log_level, settings.server.log_format)
     logging.getLogger("compaction_proxy").info(
         "compaction-proxy on http://%s:%d/v1 → %s",
         settings.server.host,
@@ -30,6 +29,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         loop="auto",
         http="auto",
         log_level=log_level,
+        log_config=None,  # keep the handler configured above (text or JSON) for uvicorn too
         server_header=False,
         proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,

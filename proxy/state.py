@@ -15,6 +15,7 @@ import httpx
 
 from compaction import TokenCounter, encoding_for_model
 from config import ModelConfig, ModelResolver, Settings
+from proxy.metrics import Metrics
 from proxy.stores import Store
 
 
@@ -24,6 +25,7 @@ class ProxyState:
     client: httpx.AsyncClient
     store: Store
     resolver: ModelResolver
+    metrics: Metrics = field(default_factory=Metrics)
     #: This process, as named in the events it writes.
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     #: Context windows stated by upstream overflow errors, by model name.

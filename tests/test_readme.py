@@ -17,6 +17,12 @@ def test_every_setting_is_in_the_readme_with_its_default() -> None:
             assert f"| `{doc.key}` | `{doc.default}` |" in README, doc.key
 
 
+def test_the_settings_table_is_the_generated_one() -> None:
+    from config.reference import markdown_table
+
+    assert markdown_table() in README, "regenerate it: python -m config.reference"
+
+
 def test_every_cli_flag_is_in_the_readme() -> None:
     parser = build_parser()
     for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
