@@ -162,69 +162,48 @@ async def prepare(
     profile = profile or config.profile
     groups = group_messages(messages)
     head = head_end(messages, groups, profile.head_count)
-    conversation = _Conversation(
-        messages, groups, head, chain_hashes(messages, head), session_key(messages)
+    job = _Job(
+        state=state,
+        body=body,
+        conversation=_Conversation(
+            messages, groups, head, chain_hashes(messages, head), session_key(messages)
+        ),
+        config=config,
+        summarizer=summarizer,
+        reason=reason,
+        instructions=instructions,
     )
-    view = await _view(state, conversation)
+    view = await _view(state, job.conversation)
     if not store or not _needs_compaction(state, config, profile, body, view, reason):
-        return await _run(
-            state,
-            body,
-            conversation,
-            view,
-            config,
-            profile,
-            summarizer,
-            reason,
-            instructions,
-            store=False,
-        )
+        return await _run(job, view, profile, store=False)
+    conversation = job.conversation
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with state.store.lock(key, state.settings.store.lock_ttl_seconds):
         view = await _view(state, conversation)  # another request may have just compacted
         if not _needs_compaction(state, config, profile, body, view, reason):
-            return await _run(
-                state,
-                body,
-                conversation,
-                view,
-                config,
-                profile,
-                summarizer,
-                reason,
-                instructions,
-                store=False,
-            )
+            return await _run(job, view, profile, store=False)
         guarded = _guarded(state, config, profile, view, conversation)
-        return await _run(
-            state,
-            body,
-            conversation,
-            view,
-            config,
-            guarded,
-            summarizer,
-            reason,
-            instructions,
-            store=True,
-        )
+        return await _run(job, view, guarded, store=True)
 
 
-async def _run(
-    state: ProxyState,
-    body: Mapping[str, Any],
-    conversation: _Conversation,
-    view: _View,
-    config: ModelConfig,
-    profile: Profile,
-    summarizer: Summarizer | None,
-    reason: Reason,
-    instructions: str | None,
-    *,
-    store: bool,
-) -> Prepared:
+@dataclass(frozen=True)
+class _Job:
+    """What stays the same for one request while it is being prepared."""
+
+    state: ProxyState
+    body: Mapping[str, Any]
+    conversation: _Conversation
+    config: ModelConfig
+    summarizer: Summarizer | None
+    reason: Reason
+    instructions: str | None
+
+
+async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prepared:
+    """Compact ``view``; with ``store``, record the events and the checkpoint."""
+    state, body, conversation, config = job.state, job.body, job.conversation, job.config
     counter = state.counter(config)
-    emit = _Emitter(state, conversation.session, config.model, reason) if store else None
+    emit = _Emitter(state, conversation.session, config.model, job.reason) if store else None
     if emit:
         await emit("compaction.queued")
         await emit("compaction.started")
@@ -232,9 +211,9 @@ async def _run(
         result = await compact(
             {**body, "messages": view.messages},
             profile,
-            summarizer,
-            reason=reason,
-            instructions=instructions,
+            job.summarizer,
+            reason=job.reason,
+            instructions=job.instructions,
             counter=counter,
         )
     except Exception as exc:
@@ -248,7 +227,7 @@ async def _run(
 
     made = None
     if store and result.changed and result.stage != "none":
-        made = _checkpoint(state, conversation, result, reason, tokens_before, config.model)
+        made = _checkpoint(state, conversation, result, job.reason, tokens_before, config.model)
         if made is not None:
             replaced = conversation.messages[conversation.head : conversation.head + made.covered]
             await state.store.put(made, replaced)
