@@ -31,7 +31,7 @@ from compaction.checkpoints import (
     make_checkpoint,
     session_key,
 )
-from compaction.messages import Group, group_messages, head_end
+from compaction.messages import Group, group_messages, head_end, validate_tool_pairing
 from compaction.profile import compute_budget, requested_output_tokens
 from compaction.types import Message
 from config import ModelConfig
@@ -99,19 +99,40 @@ async def _view(state: ProxyState, conversation: _Conversation) -> _View:
     return _View(applied.messages, used)
 
 
-def _needs_compaction(
-    state: ProxyState,
-    config: ModelConfig,
-    profile: Profile,
-    body: Mapping[str, Any],
-    view: _View,
-    reason: Reason,
-) -> bool:
-    if reason != "threshold":
-        return True
-    counter = state.counter(config)
-    tokens = sum(counter.count_messages(view.messages)) + counter.request_overhead(body)
-    return tokens > compute_budget(profile, requested_output_tokens(body)).trigger
+def _within_trigger(job: _Job, view: _View, profile: Profile) -> Prepared | None:
+    """The answer for a request that needs no compaction, without running the pipeline.
+
+    The hot path: most requests are under the trigger and well formed, and
+    their token counts come from the cache. ``None`` when the pipeline must
+    run (over the trigger, a manual or overflow compaction, broken pairing).
+    """
+    if job.reason != "threshold":
+        return None
+    counter = job.state.counter(job.config)
+    tokens = sum(counter.count_messages(view.messages)) + counter.request_overhead(job.body)
+    budget = compute_budget(profile, requested_output_tokens(job.body))
+    if tokens > budget.trigger or validate_tool_pairing(view.messages):
+        return None
+    tokens_before = tokens
+    if view.used is not None:
+        tokens_before = counter.count_request({**job.body, "messages": job.conversation.messages})
+    result = CompactionResult(
+        messages=view.messages,
+        stage="none",
+        reason=job.reason,
+        tokens_before=tokens_before,
+        tokens_after=tokens,
+        input_limit=budget.input_limit,
+        trigger=budget.trigger,
+        messages_before=len(job.conversation.messages),
+    )
+    return Prepared(
+        messages=view.messages,
+        untouched=view.used is None,
+        result=result,
+        tokens_before=tokens_before,
+        checkpoint=view.used,
+    )
 
 
 def _guarded(
@@ -174,14 +195,18 @@ async def prepare(
         instructions=instructions,
     )
     view = await _view(state, job.conversation)
-    if not store or not _needs_compaction(state, config, profile, body, view, reason):
+    if not store:  # the preview: run everything, remember nothing
         return await _run(job, view, profile, store=False)
+    quick = _within_trigger(job, view, profile)
+    if quick is not None:
+        return quick
     conversation = job.conversation
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with state.store.lock(key, state.settings.store.lock_ttl_seconds):
         view = await _view(state, conversation)  # another request may have just compacted
-        if not _needs_compaction(state, config, profile, body, view, reason):
-            return await _run(job, view, profile, store=False)
+        quick = _within_trigger(job, view, profile)
+        if quick is not None:
+            return quick
         guarded = _guarded(state, config, profile, view, conversation)
         return await _run(job, view, guarded, store=True)
 
