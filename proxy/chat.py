@@ -6,6 +6,7 @@ Each step is a named function; the handler reads as the pipeline it is.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -48,6 +49,9 @@ logger = logging.getLogger(REQUESTS)
 #: Without a stated window, an overflow retry aims at this share of what
 #: failed: one retry must count, and the true window is unknown.
 OVERFLOW_SHRINK = 0.5
+#: Bodies larger than this are parsed and counted in a worker thread, so one
+#: huge request never stalls the event loop (and every other request on it).
+OFF_LOOP_BYTES = 64 * 1024
 
 
 # --- reading ---------------------------------------------------------------
@@ -81,6 +85,12 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    try:
+        # orjson reads 1024 levels of nesting but writes only 254, and counting,
+        # hashing and forwarding a rewritten body all write it again.
+        orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:
+        raise BadRequest(f"The request body is nested too deeply: {exc}.") from exc
     if "messages" not in body:
         raise BadRequest("'messages' is a required property.", param="messages")
     try:
@@ -124,16 +134,29 @@ class _Call:
         return orjson.dumps({**self.body, "messages": prepared.messages})
 
 
+def _count_ahead(state: ProxyState, config: ModelConfig, messages: list[Message]) -> None:
+    """Count ``messages`` (loading the encoding on first use) to fill the token cache.
+
+    Tokenizing megabytes takes hundreds of milliseconds; done in a worker
+    thread, every later count of these messages on the event loop is a lookup.
+    """
+    state.counter(config).count_messages(messages)
+
+
 async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) -> _Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
-    body = parse_chat_body(raw)
+    large = len(raw) > OFF_LOOP_BYTES
+    body = await asyncio.to_thread(parse_chat_body, raw) if large else parse_chat_body(raw)
     config = state.resolve(body.get("model"))
+    messages = manual.strip_commands(body["messages"])
+    if large:
+        await asyncio.to_thread(_count_ahead, state, config, messages)
     return _Call(
         request=request,
         state=state,
         raw=raw,
         body=body,
-        messages=manual.strip_commands(body["messages"]),
+        messages=messages,
         config=config,
         headers=upstream_headers(
             request.headers.items(),

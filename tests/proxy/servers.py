@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,13 @@ class FakeUpstream:
     #: Seconds the summarizer's answer takes (a "summarizing" process to kill).
     summary_delay: float = 0.0
     summary_text: str = "## Goal\nFix the bug.\n## Progress\n### Done\n- ran the tests"
+    #: How the summarizer answers: "text" (``summary_text``), or a broken reply:
+    #: "garbage" (not JSON), "no-choices", "empty" (empty content),
+    #: "tool-calls" (a tool call instead of text), "error" (a 500).
+    summary_reply: str = "text"
+    #: False skips tokenizing chat requests (``usage`` then says 0), so the fake
+    #: spends no CPU of its own on huge bodies while a test measures the proxy.
+    count_tokens: bool = True
     received: list[Received] = field(default_factory=list)
     stream_closed: list[float] = field(default_factory=list)
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("gpt-4o"))
@@ -193,7 +200,7 @@ class FakeUpstream:
         if _is_summary_request(body):
             if self.summary_delay:
                 await asyncio.sleep(self.summary_delay)
-            return JSONResponse(_completion(body, self.summary_text, 10))
+            return self._summary(body)
         behaviour = self.behaviours.pop(0) if self.behaviours else ""
         if behaviour == "500":
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
@@ -211,7 +218,9 @@ class FakeUpstream:
             )
         if behaviour == "hang":
             await asyncio.sleep(3600)
-        prompt = int(self.counter.count_request(body) * self.count_factor)
+        prompt = (
+            int(self.counter.count_request(body) * self.count_factor) if self.count_tokens else 0
+        )
         if self.window is not None and prompt > self.window:
             status, template = OVERFLOW_ERRORS[self.error_style]
             text = orjson.dumps(template).decode()
@@ -226,6 +235,33 @@ class FakeUpstream:
                 media_type="text/event-stream",
             )
         return JSONResponse(_completion(body, answer, prompt))
+
+    def _summary(self, body: dict[str, Any]) -> Response:
+        reply = self.summary_reply
+        if reply == "garbage":
+            return Response(
+                "<html><body>502 Bad Gateway</body></html>", 200, media_type="text/html"
+            )
+        if reply == "error":
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
+        completion = _completion(body, self.summary_text, 10)
+        if reply == "no-choices":
+            del completion["choices"]
+        elif reply == "empty":
+            completion["choices"][0]["message"]["content"] = ""
+        elif reply == "tool-calls":
+            completion["choices"][0]["finish_reason"] = "tool_calls"
+            completion["choices"][0]["message"].update(
+                content=None,
+                tool_calls=[
+                    {
+                        "id": "call_summary",
+                        "type": "function",
+                        "function": {"name": "write_summary", "arguments": '{"text": "x"}'},
+                    }
+                ],
+            )
+        return JSONResponse(completion)
 
     async def _sse(
         self, body: dict[str, Any], answer: str, prompt: int, drop: bool
@@ -278,8 +314,8 @@ class FakeUpstream:
                     ],
                 }
             )
-            options = body.get("stream_options") or {}
-            if options.get("include_usage"):
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):
                 yield _event(
                     {
                         **base,
@@ -348,6 +384,38 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@contextmanager
+def serve_hangup() -> Iterator[str]:
+    """A TCP server that reads each request and closes the connection without
+    answering (an upstream that dies before sending headers); yields its base URL."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                with suppress(OSError):
+                    conn.recv(65536)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
 
 
 class ProxyProcess:
