@@ -28,6 +28,7 @@ import orjson
 from compaction.messages import (
     HEAD_ROLES,
     call_name_and_arguments,
+    group_messages,
     group_starts,
     message_text,
     tool_calls,
@@ -154,6 +155,11 @@ def make_checkpoint(
     if any(a is not b for a, b in zip(result[:head_end], original[:head_end], strict=False)):
         return None
     kept = kept_suffix(original, result, head_end)
+    # A verbatim tool result whose call was rewritten (its arguments pruned)
+    # is not part of a reusable suffix: the cut must fall between groups.
+    starts = group_starts(group_messages(original))
+    while kept and len(original) - kept not in starts:
+        kept -= 1
     covered = len(original) - head_end - kept
     if covered <= 0 or kept == 0:
         return None

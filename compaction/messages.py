@@ -91,10 +91,31 @@ def check_messages(messages: Any) -> list[Message]:
         role = message.get("role")
         if not isinstance(role, str):
             raise InvalidMessagesError(f"messages[{i}].role", "missing or not a string")
-        calls = message.get("tool_calls")
-        if calls is not None and not isinstance(calls, list):
-            raise InvalidMessagesError(f"messages[{i}].tool_calls", "expected an array")
+        _check_pairing_fields(message, f"messages[{i}]")
     return messages
+
+
+def _check_pairing_fields(message: Message, where: str) -> None:
+    """The fields that pair calls with results must have the types OpenAI gives them."""
+    call_id = message.get("tool_call_id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise InvalidMessagesError(f"{where}.tool_call_id", "expected a string")
+    function_call = message.get("function_call")
+    if function_call is not None and not isinstance(function_call, dict):
+        raise InvalidMessagesError(f"{where}.function_call", "expected an object")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise InvalidMessagesError(f"{where}.tool_calls", "expected an array")
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise InvalidMessagesError(f"{where}.tool_calls[{j}]", "expected an object")
+        if call.get("id") is not None and not isinstance(call.get("id"), str):
+            raise InvalidMessagesError(f"{where}.tool_calls[{j}].id", "expected a string")
+        function = call.get("function")
+        if function is not None and not isinstance(function, dict):
+            raise InvalidMessagesError(f"{where}.tool_calls[{j}].function", "expected an object")
 
 
 def message_text(message: Message) -> str:

@@ -88,6 +88,7 @@ def create_app(
             logger.warning("closed %d compaction(s) interrupted by a restart", closed)
         state.learned_windows.update(await state.store.learned_windows())
         await state.store.purge()
+        await asyncio.to_thread(state.warm)
         app.state.proxy = state
         keeper = asyncio.create_task(_keep_alive(state))
         try:

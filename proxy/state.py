@@ -14,6 +14,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 
 from compaction import TokenCounter, encoding_for_model
+from compaction.encodings import load_encoding
 from config import ModelConfig, ModelResolver, Settings
 from proxy.metrics import Metrics
 from proxy.stores import Store
@@ -43,6 +44,14 @@ class ProxyState:
             counter = TokenCounter(encoding=key[0], image_tokens=key[1])
             self._counters[key] = counter
         return counter
+
+    def warm(self) -> None:
+        """Load the tokenizers before serving: loading one takes most of a second
+        and holds the GIL, which would stall every request in flight."""
+        for model in (None, *self.settings.models):
+            self.counter(self.resolve(model))
+        for encoding in ("o200k_base", "cl100k_base"):
+            load_encoding(encoding)
 
     async def learn_window(self, model: str, window: int) -> None:
         """Remember a window an overflow error stated, here and in the store."""

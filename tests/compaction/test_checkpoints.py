@@ -145,3 +145,38 @@ def test_kept_suffix_counts_identical_objects_only() -> None:
     msgs = conversation()
     assert kept_suffix(msgs, [*msgs[:2], summary(), *msgs[-3:]], 2) == 3
     assert kept_suffix(msgs, [*msgs[:2], dict(msgs[-1])], 2) == 0
+
+
+def test_a_suffix_starting_inside_a_group_is_cut_back_to_the_group() -> None:
+    msgs = [
+        system("sys"),
+        user("task"),
+        assistant("thinking"),
+        *tool_group("write_file", {"path": "a.py", "text": "x" * 40_000}, "ok"),
+        user("go on"),
+    ]
+    pruned_call = {
+        **msgs[3],
+        "tool_calls": [
+            {
+                **msgs[3]["tool_calls"][0],
+                "function": {"name": "write_file", "arguments": '{"path": "a.py", "text": "x…"}'},
+            }
+        ],
+    }
+    result = [*msgs[:3], pruned_call, msgs[4], msgs[5]]  # the result and the user kept as-is
+    made = make_checkpoint(
+        msgs,
+        2,
+        result,
+        chain=chain_hashes(msgs, 2),
+        session="s",
+        stage="pruned",
+        reason="threshold",
+        tokens_before=1,
+        tokens_after=1,
+    )
+    assert made is not None
+    assert made.covered == 3  # the whole group, not just its call
+    applied = apply_checkpoint(msgs, 2, made, group_messages(msgs))
+    assert applied is not None and applied.messages == result

@@ -184,3 +184,22 @@ def test_truncation_note_round_trips_its_count() -> None:
     assert truncation_note_count(assistant(str(note["content"]))) is None
     assert not is_truncation_note(user(f"{note['content']} And then some."))
     assert not is_truncation_note({"role": "user", "content": [{"type": "text", "text": "x"}]})
+
+
+@pytest.mark.parametrize(
+    ("message", "where"),
+    [
+        ({"role": "tool", "tool_call_id": ["a"], "content": "x"}, "messages[0].tool_call_id"),
+        ({"role": "assistant", "function_call": [None]}, "messages[0].function_call"),
+        ({"role": "assistant", "tool_calls": ["x"]}, "messages[0].tool_calls[0]"),
+        ({"role": "assistant", "tool_calls": [{"id": ["a"]}]}, "messages[0].tool_calls[0].id"),
+        (
+            {"role": "assistant", "tool_calls": [{"id": "a", "function": "f"}]},
+            "messages[0].tool_calls[0].function",
+        ),
+    ],
+)
+def test_check_messages_rejects_pairing_fields_of_the_wrong_type(message: dict, where: str) -> None:
+    with pytest.raises(InvalidMessagesError) as info:
+        check_messages([message])
+    assert info.value.where == where
