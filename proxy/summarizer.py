@@ -44,16 +44,32 @@ class UpstreamSummarizer:
             "max_tokens": max_tokens,
             "stream": False,
         }
-        self.calls += 1
-        try:
-            response = await self._client.post(self._url, json=body, headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+        response = await self._post(body)
+        if response.status_code == 400 and _rejects_classic_parameters(response):
+            # Reasoning models (o-series, gpt-5) refuse max_tokens and a
+            # temperature other than the default; ask once more their way.
+            del body["temperature"]
+            body["max_completion_tokens"] = body.pop("max_tokens")
+            response = await self._post(body)
         if response.status_code != 200:
             raise SummarizationError(
                 f"summarizer upstream answered {response.status_code}: {response.text[:300]}"
             )
         return _summary_text(response)
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        self.calls += 1
+        try:
+            return await self._client.post(self._url, json=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+
+
+def _rejects_classic_parameters(response: httpx.Response) -> bool:
+    text = response.text
+    return "max_completion_tokens" in text or (
+        "temperature" in text and "unsupported" in text.lower()
+    )
 
 
 def _summary_text(response: httpx.Response) -> str:
