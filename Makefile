@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint clean
+.PHONY: install run test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check compaction config proxy tests
 	$(BIN)/ruff format --check compaction config proxy tests
 	$(BIN)/mypy
+
+# Benchmarks against a direct connection and LiteLLM (installed once into
+# .bench-venv/); writes tests/bench/RESULTS.md. BENCH_ARGS: --quick, --no-peer, --no-profile.
+bench: $(STAMP)
+	BENCH_COMMAND="make bench" $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

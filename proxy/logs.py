@@ -52,3 +52,6 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx logs every upstream request at INFO: a second line per request on
+    # the hot path, saying nothing our own line does not.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,364 @@
+"""RESULTS.md: the machine, the method, the targets with met/missed, and every table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tests.bench.large import CORPUS_WINDOW, WINDOW, Bucket, FirstCompaction
+from tests.bench.memory import Memory
+from tests.bench.profiling import Profile
+from tests.bench.rig import DIRECT, Rounds, added, of, ratio
+from tests.bench.stats import Spread, verdict
+from tests.bench.streaming import CHUNKS, LEVELS
+
+PROXY = "compaction-proxy"
+
+
+@dataclass
+class Results:
+    """Everything one run measured; ``None`` where a part was skipped."""
+
+    machine: list[tuple[str, str]]
+    method: list[tuple[str, str]]
+    names: list[str]  #: targets measured: direct, compaction-proxy, maybe litellm
+    latency: Rounds
+    throughput: Rounds
+    streams: dict[int, Rounds]
+    under_trigger: Rounds
+    under_trigger_tokens: int
+    first: list[FirstCompaction]
+    corpus: list[Bucket]
+    memory: Memory
+    rss: dict[str, tuple[int, int]]  #: name → (idle KiB, after the rig KiB)
+    profiles: list[Profile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Check:
+    figure: str
+    target: str
+    value: str
+    met: bool | None
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _le(spread: Spread, limit: float) -> bool | None:
+    return None if math.isnan(spread.median) else spread.median <= limit
+
+
+def _mib(kib: int | None) -> str:
+    return "—" if kib is None else f"{kib / 1024:.0f} MiB"
+
+
+def checks(r: Results) -> list[Check]:
+    p50 = added(r.latency, PROXY, "p50")
+    p99 = added(r.latency, PROXY, "p99")
+    share = ratio(r.throughput, PROXY, "rps")
+    ttfb = added(r.streams[1], PROXY, "ttfb")
+    lost = _lost(r.streams, PROXY)
+    big = added(r.under_trigger, PROXY, "p50")
+    found = [
+        Check("pass-through p50 added (c=1)", "≤ 1 ms", p50.show(2, " ms"), _le(p50, 1.0)),
+        Check("pass-through p99 added (c=1)", "≤ 3 ms", p99.show(2, " ms"), _le(p99, 3.0)),
+        Check(
+            "throughput at p99 ≤ 50 ms, share of direct",
+            "≥ 50 %",
+            share.show(3),
+            None if math.isnan(share.median) else share.median >= 0.5,
+        ),
+        Check("streaming TTFB added (c=1)", "≤ 2 ms", ttfb.show(2, " ms"), _le(ttfb, 2.0)),
+        Check("streaming frames or [DONE] lost (all levels)", "0", str(lost), lost == 0),
+        Check(
+            f"{r.under_trigger_tokens:,}-token conversation under the trigger, added",
+            "≤ 5 ms",
+            big.show(2, " ms"),
+            _le(big, 5.0),
+        ),
+    ]
+    for first, limit in zip(r.first, (150.0, 600.0), strict=False):
+        size = f"{first.tokens:,}-token first compaction"
+        found.append(
+            Check(
+                f"{size}, in-process (cold)",
+                f"≤ {limit:.0f} ms",
+                first.cold.show(0, " ms"),
+                _le(first.cold, limit),
+            )
+        )
+        found.append(
+            Check(
+                f"{size}, through the server (added)",
+                f"≤ {limit:.0f} ms",
+                first.server_added.show(0, " ms"),
+                _le(first.server_added, limit),
+            )
+        )
+    return found
+
+
+def _lost(streams: dict[int, Rounds], name: str) -> int:
+    total = 0
+    for rounds in streams.values():
+        figures = rounds[name]
+        total += int(sum(figures["short"]))
+        total += int(sum(figures["streams"]) - sum(figures["done"]))
+    return total
+
+
+def _pass_through(r: Results) -> list[str]:
+    names = r.names
+    rows = [
+        ["p50 (ms)", *(of(r.latency, n, "p50").show() for n in names)],
+        ["p99 (ms)", *(of(r.latency, n, "p99").show() for n in names)],
+        ["added p50 (ms)", "—", *(added(r.latency, n, "p50").show() for n in names[1:])],
+        ["added p99 (ms)", "—", *(added(r.latency, n, "p99").show() for n in names[1:])],
+        ["server CPU per request (ms)", *(of(r.latency, n, "cpu_ms").show() for n in names)],
+        ["errors", *(f"{sum(r.latency[n]['errors']):.0f}" for n in names)],
+    ]
+    return _table(["", *names], rows)
+
+
+def _throughput(r: Results) -> list[str]:
+    names = r.names
+    rows = [
+        ["best req/s with p99 ≤ 50 ms", *(of(r.throughput, n, "rps").show(0) for n in names)],
+        ["at concurrency", *(of(r.throughput, n, "concurrency").show(0) for n in names)],
+        ["p99 there (ms)", *(of(r.throughput, n, "p99").show(1) for n in names)],
+        ["share of direct", "1", *(ratio(r.throughput, n, "rps").show(3) for n in names[1:])],
+    ]
+    return _table(["", *names], rows)
+
+
+def _streaming(r: Results) -> list[str]:
+    head = ["streams", "target", "TTFB (ms)", "added TTFB", "gap p50 (ms)", "added gap p50"]
+    head += ["gap p99 (ms)", "added gap p99", "streams run", "frames (expected)", "[DONE]"]
+    rows = []
+    for level in LEVELS:
+        rounds = r.streams[level]
+        for name in r.names:
+            figures = rounds[name]
+            streams = sum(figures["streams"])
+            is_direct = name == DIRECT
+            rows.append(
+                [
+                    str(level),
+                    name,
+                    of(rounds, name, "ttfb").show(),
+                    "—" if is_direct else added(rounds, name, "ttfb").show(),
+                    of(rounds, name, "gap_p50").show(),
+                    "—" if is_direct else added(rounds, name, "gap_p50").show(),
+                    of(rounds, name, "gap_p99").show(),
+                    "—" if is_direct else added(rounds, name, "gap_p99").show(),
+                    f"{streams:.0f}",
+                    f"{sum(figures['frames']):.0f} ({streams * CHUNKS:.0f})",
+                    f"{sum(figures['done']):.0f}",
+                ]
+            )
+    return _table(head, rows)
+
+
+def _large(r: Results) -> list[str]:
+    names = r.names
+    lines = [
+        f"**Under the trigger**: a {r.under_trigger_tokens:,}-token synthetic agent session to "
+        "`gpt-4o` (128k window), the same body again and again (warm token cache; "
+        "`x-compaction-stage: none` checked).",
+        "",
+        *_table(
+            ["", *names],
+            [
+                ["p50 (ms)", *(of(r.under_trigger, n, "p50").show() for n in names)],
+                [
+                    "added p50 (ms)",
+                    "—",
+                    *(added(r.under_trigger, n, "p50").show() for n in names[1:]),
+                ],
+            ],
+        ),
+        f"**First compaction** of a conversation never seen before, {WINDOW // 1000}k window, "
+        "extractive summarizer. In-process: `compaction.compact` with a fresh `TokenCounter` "
+        "(cold) and then again with that counter (warm: what a proxy that saw the conversation "
+        "grow has cached). Through the server: the whole request, and that minus the direct "
+        "request with the same body (best of 3).",
+        "",
+    ]
+    rows = [
+        [
+            f"{f.tokens:,}",
+            f.cold.show(0),
+            f.warm.show(0),
+            f.server.show(0),
+            f.server_added.show(0),
+            ", ".join(sorted(set(f.stages))),
+            f"{f.tokens_after:,}",
+        ]
+        for f in r.first
+    ]
+    lines += _table(
+        [
+            "tokens",
+            "in-process cold (ms)",
+            "in-process warm (ms)",
+            "server (ms)",
+            "server added (ms)",
+            "x-compaction-stage",
+            "tokens after",
+        ],
+        rows,
+    )
+    if r.corpus:
+        lines += [
+            f"**The corpus** (`../shared/fixtures`), each compacted in-process at a "
+            f"{CORPUS_WINDOW // 1000}k window with a fresh `TokenCounter`, by size:",
+            "",
+            *_table(
+                [
+                    "tokens",
+                    "conversations",
+                    "compacted",
+                    "median tokens",
+                    "median (ms)",
+                    "p90 (ms)",
+                    "max (ms)",
+                    "stages",
+                ],
+                [
+                    [
+                        b.label,
+                        str(b.count),
+                        str(b.compacted),
+                        f"{b.median_tokens:,}",
+                        f"{b.median_ms:.1f}",
+                        f"{b.p90_ms:.1f}",
+                        f"{b.max_ms:.1f}",
+                        ", ".join(f"{k} {v}" for k, v in sorted(b.stages.items())),
+                    ]
+                    for b in r.corpus
+                ],
+            ),
+        ]
+    else:
+        lines += ["**The corpus**: `../shared/fixtures` is absent here; skipped.", ""]
+    return lines
+
+
+def _memory(r: Results) -> list[str]:
+    m = r.memory
+    rows = [
+        ["idle, just started", _mib(m.idle_kib)],
+        ["after its first request (token encoding loaded)", _mib(m.first_request_kib)],
+        [
+            f"after {m.requests:,} distinct requests ({m.request_errors} errors, "
+            f"{m.requests_seconds:.0f} s)",
+            _mib(m.after_requests_kib),
+        ],
+    ]
+    if m.after_corpus_kib is not None:
+        stages = ", ".join(f"{k} {v}" for k, v in sorted(m.corpus_stages.items()))
+        rows.append(
+            [
+                f"after compacting all {m.corpus} corpus conversations at 16k ({stages}; "
+                f"{m.corpus_errors} errors; median {m.corpus_median_ms:.0f} ms, "
+                f"max {m.corpus_max_ms:.0f} ms per request)",
+                _mib(m.after_corpus_kib),
+            ]
+        )
+    lines = [
+        "A fresh `compaction-proxy` process of its own (SQLite store in a temp file); "
+        "VmRSS from /proc/<pid>/status.",
+        "",
+        *_table(["compaction-proxy", "RSS"], rows),
+    ]
+    if r.rss:
+        lines += [
+            "The processes of the rig above, for comparison:",
+            "",
+            *_table(
+                ["process", "RSS idle", "RSS after sections 1–4"],
+                [[n, _mib(a), _mib(b)] for n, (a, b) in r.rss.items()],
+            ),
+        ]
+    return lines
+
+
+def _profiles(r: Results) -> list[str]:
+    lines = [
+        "A separate proxy process under cProfile on the CPU clock of its main thread "
+        "(`tests/bench/profiling.py`), warmed up first. cProfile's overhead inflates "
+        "call-heavy code, so CPU per request here is higher than in section 1; the shares "
+        "say where to look.",
+        "",
+    ]
+    for p in r.profiles:
+        lines += [
+            f"**{p.label}** — {p.requests} requests, {p.cpu_ms_per_request:.2f} ms "
+            "profiled CPU per request.",
+            "",
+            *_table(
+                [
+                    "the project's functions (cumulative)",
+                    "share",
+                    "self time by package",
+                    "share",
+                ],
+                [
+                    [
+                        f"`{own.function}`" if own else "",
+                        f"{own.share:.0%}" if own else "",
+                        hot.function if hot else "",
+                        f"{hot.share:.0%}" if hot else "",
+                    ]
+                    for own, hot in _pairs(p)
+                ],
+            ),
+        ]
+    return lines
+
+
+def _pairs(p: Profile) -> list[tuple[object, object]]:
+    size = max(len(p.own), len(p.packages))
+    own = [*p.own, *[None] * (size - len(p.own))]
+    hot = [*p.packages, *[None] * (size - len(p.packages))]
+    return list(zip(own, hot, strict=True))
+
+
+def render(r: Results) -> str:
+    lines = [
+        "# Benchmark results",
+        "",
+        "Written by the bench (`make bench`); do not edit by hand. Every figure is a median "
+        "over rounds with the range of the rounds in parentheses; *added* is a proxy's "
+        "figure minus the direct connection's figure of the same round.",
+        "",
+        "## Machine and method",
+        "",
+        *_table(["", ""], [*r.machine, *r.method]),
+        "## Targets (issue 5)",
+        "",
+        *_table(
+            ["figure", "target", "compaction-proxy", "verdict"],
+            [[c.figure, c.target, c.value, verdict(c.met)] for c in checks(r)],
+        ),
+    ]
+    if r.notes:
+        lines += ["Notes:", "", *(f"* {note}" for note in r.notes), ""]
+    lines += ["## 1. Pass-through overhead, concurrency 1", "", *_pass_through(r)]
+    lines += ["## 2. Throughput, one worker, p99 ≤ 50 ms", "", *_throughput(r)]
+    lines += [
+        f"## 3. Streaming ({CHUNKS} frames 20 ms apart, then `[DONE]`)",
+        "",
+        *_streaming(r),
+    ]
+    lines += ["## 4. Large conversations", "", *_large(r)]
+    lines += ["## 5. Memory", "", *_memory(r)]
+    if r.profiles:
+        lines += ["## Where the proxy's CPU goes", "", *_profiles(r)]
+    return "\n".join(lines).rstrip() + "\n"
