@@ -26,15 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction.messages import (
-    COMMAND_ARGUMENTS,
-    PATH_ARGUMENTS,
-    call_name_and_arguments,
-    is_summary,
-    message_text,
-    parse_arguments,
-    tool_calls,
-)
+from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, parse_arguments
+from compaction.messages import call_name_and_arguments, is_summary, message_text, tool_calls
 from compaction.profile import Profile
 from compaction.shell import shell_files
 from compaction.types import Message

@@ -24,15 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction.messages import (
-    COMMAND_ARGUMENTS,
-    KEY_ARGUMENTS,
-    RESULT_ROLES,
-    call_for_result,
-    call_name_and_arguments,
-    key_argument,
-    message_text,
-)
+from compaction.calls import COMMAND_ARGUMENTS, KEY_ARGUMENTS, call_for_result, key_argument
+from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
 from compaction.text import cut_middle, one_line, shrink_arguments
 from compaction.types import Message

@@ -15,15 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, key_argument
 from compaction.files import results_after
-from compaction.messages import (
-    COMMAND_ARGUMENTS,
-    PATH_ARGUMENTS,
-    call_name_and_arguments,
-    key_argument,
-    message_text,
-    tool_calls,
-)
+from compaction.messages import call_name_and_arguments, message_text, tool_calls
 from compaction.text import one_line
 from compaction.types import Message
 

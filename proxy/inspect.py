@@ -6,11 +6,11 @@ from collections import defaultdict
 from typing import Any
 
 from compaction import TokenCounter, validate_tool_pairing
+from compaction.calls import key_argument
 from compaction.messages import (
     call_name_and_arguments,
     group_messages,
     head_end,
-    key_argument,
     tail_start,
     tool_calls,
 )

@@ -11,15 +11,9 @@ import orjson
 import pytest
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
-from compaction.messages import (
-    SUMMARY_MARKER,
-    group_messages,
-    head_end,
-    message_text,
-    tool_calls,
-)
+from compaction.calls import parse_arguments as parse_args
+from compaction.messages import SUMMARY_MARKER, group_messages, head_end, message_text, tool_calls
 from compaction.messages import call_name_and_arguments as call_parts
-from compaction.messages import parse_arguments as parse_args
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 FILES = sorted(FIXTURES.glob("*/*.json")) if FIXTURES.is_dir() else []

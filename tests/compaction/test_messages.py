@@ -13,7 +13,6 @@ from compaction.messages import (
     head_end,
     is_summary,
     is_truncation_note,
-    key_argument,
     message_text,
     repair_tool_pairing,
     tail_start,
@@ -151,15 +150,6 @@ def test_is_summary_only_for_user_messages_starting_with_marker() -> None:
     assert is_summary(user(SUMMARY_MARKER + "\nstuff"))
     assert not is_summary(assistant(SUMMARY_MARKER))
     assert not is_summary(user("hello " + SUMMARY_MARKER))
-
-
-def test_key_argument_prefers_known_names_then_first_short_string() -> None:
-    call = tool_group("x", {"verbose": True, "path": "src/a.py", "command": "ls"})[0]
-    assert key_argument(call["tool_calls"][0]) == ("path", "src/a.py")
-    other = tool_group("x", {"n": 3, "flavour": "mint"})[0]
-    assert key_argument(other["tool_calls"][0]) == ("flavour", "mint")
-    broken = {"function": {"name": "x", "arguments": "{not json"}}
-    assert key_argument(broken) == ("", "")
 
 
 @pytest.mark.parametrize(

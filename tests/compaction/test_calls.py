@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from compaction.calls import call_for_result, key_argument
+from tests.conftest import assistant, tool_group, user
+
+
+def test_key_argument_prefers_known_names_then_first_short_string() -> None:
+    call = tool_group("x", {"verbose": True, "path": "src/a.py", "command": "ls"})[0]
+    assert key_argument(call["tool_calls"][0]) == ("path", "src/a.py")
+    other = tool_group("x", {"n": 3, "flavour": "mint"})[0]
+    assert key_argument(other["tool_calls"][0]) == ("flavour", "mint")
+    broken = {"function": {"name": "x", "arguments": "{not json"}}
+    assert key_argument(broken) == ("", "")
+
+
+def test_call_for_result_finds_the_call_a_result_answers() -> None:
+    group = tool_group("read_file", {"path": "a.py"}, "one", "two")
+    msgs = [user("go"), *group, assistant("done")]
+    assert call_for_result(msgs, 3) is group[0]["tool_calls"][1]
+    assert call_for_result(msgs, 2) is group[0]["tool_calls"][0]
+    orphan = [user("go"), {"role": "tool", "tool_call_id": "x", "content": "?"}]
+    assert call_for_result(orphan, 1) is None
