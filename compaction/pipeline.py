@@ -24,11 +24,14 @@ from typing import Any
 from compaction.condenser import condense, plan_condense
 from compaction.errors import SummarizationError
 from compaction.messages import (
+    call_name_and_arguments,
     check_messages,
     group_messages,
     head_end,
+    message_text,
     repair_tool_pairing,
     tail_start,
+    tool_calls,
     validate_tool_pairing,
 )
 from compaction.profile import Budget, Profile, compute_budget, requested_output_tokens
@@ -83,12 +86,18 @@ class _Run:
         return sum(self.counter.count_messages(messages)) + self.overhead
 
 
-async def _count_all(counter: TokenCounter, messages: Sequence[Message]) -> list[int]:
+def _text_size(messages: Sequence[Message]) -> int:
+    """Roughly how many characters the tokenizer will see: text and tool-call arguments."""
     size = 0
     for message in messages:
-        content = message.get("content")
-        size += len(content) if isinstance(content, str) else 256
-    if size > OFF_LOOP_CHARS:
+        size += len(message_text(message))
+        for call in tool_calls(message):
+            size += len(call_name_and_arguments(call)[1])
+    return size
+
+
+async def _count_all(counter: TokenCounter, messages: Sequence[Message]) -> list[int]:
+    if _text_size(messages) > OFF_LOOP_CHARS:
         return await asyncio.to_thread(counter.count_messages, messages)
     return counter.count_messages(messages)
 
