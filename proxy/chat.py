@@ -12,7 +12,6 @@ import logging
 import time
 from typing import Any
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -36,13 +35,8 @@ from proxy.logs import REQUESTS
 from proxy.overflow import Overflow, detect_overflow
 from proxy.state import ProxyState
 from proxy.summarizer import UpstreamSummarizer
-from proxy.upstream import (
-    read_error_body,
-    relay,
-    relay_bytes,
-    send,
-    upstream_headers,
-)
+from proxy.transport import UpstreamResponse
+from proxy.upstream import Relay, relay_bytes, send, upstream_headers
 
 logger = logging.getLogger(REQUESTS)
 
@@ -175,19 +169,19 @@ async def handle_chat(request: Request, state: ProxyState, *, uses_proxy_key: bo
 
     prepared = await _prepare(call, reason="threshold")
     upstream = await _send(call, call.encode(prepared))
-    if upstream.status_code >= 400:
-        error = await read_error_body(upstream)
-        overflow = detect_overflow(upstream.status_code, error)
+    if upstream.status >= 400:
+        error = await upstream.read()
+        overflow = detect_overflow(upstream.status, error)
         if overflow is None:
-            _finish(call, prepared, upstream.status_code, started)
+            _finish(call, prepared, upstream.status, started)
             return relay_bytes(upstream, error, prepared.headers())
         state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
         prepared = await _prepare(
             call, reason="overflow", profile=await _overflow_profile(call, prepared, overflow)
         )
         upstream = await _send(call, call.encode(prepared))
-    _finish(call, prepared, upstream.status_code, started)
-    return relay(upstream, prepared.headers())
+    _finish(call, prepared, upstream.status, started)
+    return Relay(upstream, prepared.headers())
 
 
 async def _prepare(
@@ -290,19 +284,19 @@ async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key:
     )
 
 
-async def _send(call: _Call, body: bytes) -> httpx.Response:
+async def _send(call: _Call, body: bytes) -> UpstreamResponse:
     """POST the chat request upstream, timing it for the metrics."""
     metrics = call.state.metrics
     started = time.perf_counter()
     try:
-        response = await send(call.state.client, "POST", call.url, call.headers, body)
+        response = await send(call.state.transport, "POST", call.url, call.headers, body)
     except UpstreamTimeout:
         metrics.record_upstream("chat", 0.0, None, "timeout")
         raise
     except UpstreamUnreachable:
         metrics.record_upstream("chat", 0.0, None, "unreachable")
         raise
-    metrics.record_upstream("chat", time.perf_counter() - started, response.status_code)
+    metrics.record_upstream("chat", time.perf_counter() - started, response.status)
     return response
 
 

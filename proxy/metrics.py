@@ -88,6 +88,10 @@ class Metrics:
             registry=r,
         )
         self._models: set[str] = set()
+        #: Labelled children of the per-request metrics: ``labels()`` takes a
+        #: lock and builds a key on every call, and these are hit per request.
+        self._per_request: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._latency: dict[str, Any] = {}
 
     def model(self, name: str) -> str:
         if name in self._models:
@@ -98,10 +102,21 @@ class Metrics:
         return "other"
 
     def record_request(self, model: str, result: CompactionResult, tokens_before: int) -> None:
-        label = self.model(model or "-")
-        self.requests.labels(label, result.stage).inc()
-        self.tokens_before.labels(label).inc(tokens_before)
-        self.tokens_after.labels(label).inc(result.tokens_after)
+        key = (model, result.stage)
+        children = self._per_request.get(key)
+        if children is None:
+            label = self.model(model or "-")
+            children = (
+                self.requests.labels(label, result.stage),
+                self.tokens_before.labels(label),
+                self.tokens_after.labels(label),
+            )
+            if len(self._per_request) < MAX_MODELS * 8:
+                self._per_request[key] = children
+        requests, before, after = children
+        requests.inc()
+        before.inc(tokens_before)
+        after.inc(result.tokens_after)
 
     def record_compaction(self, result: CompactionResult, llm_mode: bool) -> None:
         if result.stage == "none":
@@ -115,7 +130,10 @@ class Metrics:
         self, route: str, seconds: float, status: int | None, kind: str = ""
     ) -> None:
         if status is not None:
-            self.upstream_latency.labels(route).observe(seconds)
+            latency = self._latency.get(route)
+            if latency is None:
+                latency = self._latency[route] = self.upstream_latency.labels(route)
+            latency.observe(seconds)
             if status >= 400:
                 self.upstream_errors.labels(f"{status // 100}xx").inc()
         else:

@@ -31,6 +31,9 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         log_level=log_level,
         log_config=None,  # keep the handler configured above (text or JSON) for uvicorn too
         server_header=False,
+        # The proxy writes its own line per request (proxy/logs.py), with the
+        # figures that matter; uvicorn's would be a second one.
+        access_log=False,
         proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )

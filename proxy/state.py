@@ -18,11 +18,15 @@ from compaction.encodings import load_encoding
 from config import ModelConfig, ModelResolver, Settings
 from proxy.metrics import Metrics
 from proxy.stores import Store
+from proxy.transport import Transport
 
 
 @dataclass
 class ProxyState:
     settings: Settings
+    #: Relays client requests (chat completions and every other /v1 path).
+    transport: Transport
+    #: The proxy's own calls to the upstream (the llm summarizer).
     client: httpx.AsyncClient
     store: Store
     resolver: ModelResolver
@@ -63,6 +67,16 @@ class ProxyState:
     def fallback_key(self, config: ModelConfig) -> str | None:
         """The configured upstream key, used only when a client sends none."""
         return os.environ.get(config.api_key_env) or None
+
+
+def build_transport(settings: Settings) -> Transport:
+    upstream = settings.upstream
+    return Transport(
+        connect_timeout=upstream.connect_timeout,
+        read_timeout=upstream.read_timeout,
+        max_connections=upstream.max_connections,
+        max_keepalive=upstream.max_keepalive_connections,
+    )
 
 
 def build_client(settings: Settings) -> httpx.AsyncClient:

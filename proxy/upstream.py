@@ -1,20 +1,22 @@
 """Talking to the upstream: request headers, sending, and relaying the answer.
 
-One ``httpx.AsyncClient`` (created in the app's lifespan) owns the connection
-pool. Responses are relayed as they arrive — no buffering, no re-chunking —
-and always closed, also when the client goes away mid-stream.
+One :class:`~proxy.transport.Transport` (created in the app's lifespan) owns
+the connection pool. Responses are relayed as they arrive — no buffering, no
+re-chunking — and always closed, also when the client goes away mid-stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 
-import httpx
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BadRequest, ProxyError
+from proxy.transport import BodyLost, Transport, UpstreamResponse
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +34,10 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
-        # httpx negotiates compression with the upstream itself and hands us
-        # decoded bytes, so the client's and the upstream's encodings never leak.
+        # The transport asks the upstream for identity encoding itself.
         "accept-encoding",
-        "content-encoding",
+        # uvicorn answers a client's 100-continue; the transport sends bodies at once.
+        "expect",
     }
 )
 AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
@@ -68,44 +70,26 @@ def upstream_headers(
     return headers
 
 
-def response_headers(upstream: httpx.Response, extra: Mapping[str, str]) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-    headers.update(extra)
+def _relayed_headers(
+    upstream: UpstreamResponse, extra: Mapping[str, str]
+) -> list[tuple[bytes, bytes]]:
+    headers = [(k, v) for k, v in upstream.raw_headers if k.decode("latin-1") not in HOP_BY_HOP]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
     return headers
 
 
 async def send(
-    client: httpx.AsyncClient,
+    transport: Transport,
     method: str,
     url: str,
     headers: Mapping[str, str],
     content: bytes | AsyncIterator[bytes] | None,
-) -> httpx.Response:
-    """Send and return the response with its body unread (``stream=True``)."""
-    request = client.build_request(method, url, headers=headers, content=content)
+) -> UpstreamResponse:
+    """Send and return the response once its headers are in, its body unread."""
     try:
-        return await client.send(request, stream=True)
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout("The upstream did not answer in time.") from exc
-    except httpx.TransportError as exc:
-        raise UpstreamUnreachable("The upstream could not be reached.") from exc
-
-
-async def read_error_body(response: httpx.Response, limit: int = 1 << 20) -> bytes:
-    """The (decoded) body of an error response, at most ``limit`` bytes, then close it."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in response.aiter_bytes():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size >= limit:
-                break
-    except httpx.HTTPError:
-        pass
-    finally:
-        await response.aclose()
-    return b"".join(chunks)
+        return await transport.request(method, url, headers.items(), content)
+    except ValueError as exc:
+        raise BadRequest(f"The request cannot be forwarded: {exc}.") from exc
 
 
 def _stream_error_event(message: str) -> bytes:
@@ -113,37 +97,94 @@ def _stream_error_event(message: str) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-async def _relay_body(response: httpx.Response, is_sse: bool) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.aiter_bytes():
-            yield chunk
-    except httpx.HTTPError as exc:
-        # Headers are gone already: the status cannot change any more. An SSE
-        # client gets an error event instead of a stream that just stops.
-        logger.warning("upstream stream broke: %s", type(exc).__name__)
-        if is_sse:
-            yield _stream_error_event("The upstream connection was lost mid-stream.")
-    finally:
-        await response.aclose()
+class Relay(Response):
+    """The upstream's answer relayed as it arrives: no buffering, no re-chunking.
+
+    A body that is complete when the headers arrive (most JSON answers) goes
+    out in one message. Otherwise the client's disconnect is watched, and
+    aborts the upstream request at once — a generation nobody reads is not
+    left running (and billed) to its end.
+    """
+
+    def __init__(self, upstream: UpstreamResponse, extra_headers: Mapping[str, str]) -> None:
+        self.upstream = upstream
+        self.status_code = upstream.status
+        self.raw_headers = _relayed_headers(upstream, extra_headers)
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        upstream = self.upstream
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            if upstream.complete:
+                body = upstream.take_buffered()
+                upstream.release()
+                await send({"type": "http.response.body", "body": body})
+                return
+            await self._stream(receive, send)
+        finally:
+            upstream.abort()  # nothing when the body was read to its end
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        upstream = self.upstream
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(_abort_on_disconnect(receive, upstream, gone))
+        try:
+            while True:
+                try:
+                    chunk = await upstream.next_chunk()
+                except BodyLost as exc:
+                    if gone.is_set():
+                        return
+                    # Headers are gone already: the status cannot change any
+                    # more. An SSE client gets an error event instead of a
+                    # stream that just stops.
+                    logger.warning("upstream stream broke: %s", exc)
+                    if (upstream.header("content-type") or "").startswith("text/event-stream"):
+                        message = "The upstream connection was lost mid-stream."
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": _stream_error_event(message),
+                                "more_body": True,
+                            }
+                        )
+                    break
+                if chunk is None:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
 
 
-def relay(response: httpx.Response, extra_headers: Mapping[str, str]) -> Response:
-    """A streaming response relaying ``response`` chunk by chunk."""
-    is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
-    return StreamingResponse(
-        _relay_body(response, is_sse),
-        status_code=response.status_code,
-        headers=response_headers(response, extra_headers),
-    )
+async def _abort_on_disconnect(
+    receive: Receive, upstream: UpstreamResponse, gone: asyncio.Event
+) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            upstream.abort()
+            return
 
 
 def relay_bytes(
-    response: httpx.Response, body: bytes, extra_headers: Mapping[str, str]
+    upstream: UpstreamResponse, body: bytes, extra_headers: Mapping[str, str]
 ) -> Response:
     """An already-read upstream response (an error), relayed as it was."""
-    return Response(
-        body, status_code=response.status_code, headers=response_headers(response, extra_headers)
-    )
+    response = Response(body, status_code=upstream.status)
+    response.raw_headers = [
+        *(h for h in _relayed_headers(upstream, extra_headers)),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    return response
 
 
 def error_response(error: ProxyError, extra_headers: Mapping[str, str] | None = None) -> Response:

@@ -155,7 +155,7 @@ class SQLiteStore:
         connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            connection.execute("PRAGMA journal_mode = WAL")
+            _enter_wal(connection)
             connection.execute("PRAGMA synchronous = NORMAL")
             migrate(connection)
         except BaseException:
@@ -367,3 +367,21 @@ class SQLiteStore:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+def _enter_wal(connection: sqlite3.Connection) -> None:
+    """Switch to WAL mode, waiting out other processes opening the same new file.
+
+    Changing the journal mode can fail at once with "database is locked"
+    without going through the busy handler (seen with two processes opening
+    one fresh file), so it is retried here for as long as busy_timeout says.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)

@@ -32,9 +32,11 @@ def _state() -> tuple[ProxyState, Any]:
         None, store={"url": "memory://"}, models={"m": {"context_window": 8192}}
     )
     from config import ModelResolver
+    from proxy.state import build_transport
 
     state = ProxyState(
         settings=settings,
+        transport=build_transport(settings),
         client=httpx.AsyncClient(),
         store=MemoryStore(),
         resolver=ModelResolver(settings),

@@ -250,12 +250,16 @@ def test_the_first_request_does_not_stall_healthz(tmp_path: Path) -> None:
         httpx.Client(timeout=60) as client,
     ):
         time.sleep(0.1)
-        response, latencies, line = _timed_post(
-            client, poller, f"{proxy.url}/chat/completions", json.dumps(HI).encode()
-        )
+        started = time.monotonic()
+        response = client.post(f"{proxy.url}/chat/completions", json=HI)
+        took = time.monotonic() - started
+        latencies = poller.during(started, started + took)
     # Asserted once every server thread has stopped (see the note further down).
     assert response.status_code == 200
-    assert max(latencies) <= 0.100, line
+    # A request quicker than the poll interval may overlap no poll; then its
+    # own duration bounds how long the loop can have been blocked.
+    worst = max(latencies, default=took)
+    assert worst <= 0.100, f"request {took * 1000:.0f} ms, worst /healthz {worst * 1000:.0f} ms"
 
 
 # --- bad bodies, fuzzed ------------------------------------------------------------
