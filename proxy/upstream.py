@@ -73,7 +73,11 @@ def upstream_headers(
 def _relayed_headers(
     upstream: UpstreamResponse, extra: Mapping[str, str]
 ) -> list[tuple[bytes, bytes]]:
-    headers = [(k, v) for k, v in upstream.raw_headers if k.decode("latin-1") not in HOP_BY_HOP]
+    headers = [
+        (k, v)
+        for k, v in upstream.raw_headers
+        if k != b"date" and k.decode("latin-1") not in HOP_BY_HOP  # uvicorn sends its own date
+    ]
     headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
     return headers
 

@@ -10,6 +10,7 @@ error body, latency and failure injection, and a record of every request.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 import subprocess
 import threading
@@ -159,6 +160,7 @@ class FakeUpstream:
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+                Route("/v1/files", self._files, methods=["POST"]),
             ]
         )
 
@@ -177,6 +179,12 @@ class FakeUpstream:
                 "data": [{"id": "gpt-4o", "object": "model", "created": 0, "owned_by": "fake"}],
             }
         )
+
+    async def _files(self, request: Request) -> Response:
+        """An upload: answers with the size and digest of what arrived."""
+        received = await self._record(request)
+        digest = hashlib.sha256(received.body).hexdigest()
+        return JSONResponse({"object": "file", "bytes": len(received.body), "sha256": digest})
 
     async def _embeddings(self, request: Request) -> Response:
         received = await self._record(request)

@@ -38,6 +38,7 @@ def test_small_request_is_forwarded_byte_for_byte(
     assert upstream.chat_requests[-1].body == raw
     assert response.headers["x-compaction-stage"] == "none"
     assert upstream.chat_requests[-1].headers["authorization"] == "Bearer k"
+    assert len(response.headers.get_list("date")) == 1  # the upstream's is not added to ours
 
 
 def test_sdk_round_trip_with_compaction_over_threshold(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -157,6 +160,28 @@ def test_other_routes_are_forwarded_unchanged(
     assert relayed.status_code == 404 and relayed.text == "Not Found"
     missing = httpx.get(url.removesuffix("/v1") + "/nothing-here")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_a_large_upload_is_streamed_through_intact(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    url = start_proxy()
+    payload = os.urandom(3 << 20)  # above the size read whole: sent on chunked
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(payload), 100_000):
+            yield payload[start : start + 100_000]
+
+    for content in (payload, chunks()):  # with a length, and without one
+        response = httpx.post(f"{url}/files", content=content, timeout=30)
+        assert response.status_code == 200, response.text
+        assert response.json() == {
+            "object": "file",
+            "bytes": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        }
+    assert upstream.received[-1].path == "/v1/files"
 
 
 def test_preview_shows_what_would_be_sent_without_calling_the_model(
