@@ -110,7 +110,7 @@ class _Connection(asyncio.Protocol):
             self._writable.set_result(None)
         response = self.response
         if response is not None and not response.complete:
-            if response.until_close and response.status:
+            if response.until_close and response.status and exc is None:
                 response.finish()  # no length, no chunking: the body ends with the connection
             else:
                 response.fail("upstream connection closed")
@@ -163,16 +163,26 @@ class _Connection(asyncio.Protocol):
         self.response = response
         self._parser = httptools.HttpResponseParser(self)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, timeout: float) -> None:
+        """Write, then wait (at most ``timeout``) while the upstream is not reading."""
         assert self.transport is not None
         self.transport.write(data)
         if self._writable is not None:
-            await self._writable
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writable), timeout)
+            except TimeoutError as exc:
+                raise UpstreamTimeout("The upstream did not read the request in time.") from exc
 
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping whatever is still unsent."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class UpstreamResponse:
@@ -301,7 +311,7 @@ class UpstreamResponse:
     def abort(self) -> None:
         """Stop now (the client went away): the connection is closed, readers end."""
         if not self.complete:
-            self._connection.close()
+            self._connection.abort()
             self.fail("aborted")
         self.release()
 
@@ -310,7 +320,14 @@ class UpstreamResponse:
         if self._released:
             return
         self._released = True
-        self._pool.release(self._connection, reusable=self.complete and self.keep_alive)
+        reusable = self.complete and self.keep_alive
+        transport = self._connection.transport
+        if reusable and self._paused and not self._connection.closed and transport is not None:
+            # Completed with reading paused (body unread): pooled paused, the
+            # connection would never hear its next answer.
+            self._paused = False
+            transport.resume_reading()
+        self._pool.release(self._connection, reusable=reusable)
 
     def _consumed(self, size: int) -> None:
         self._buffered -= size
@@ -371,7 +388,7 @@ class Transport:
             )
             connection.start(response)
             try:
-                await _write_request(connection, head, body)
+                await _write_request(connection, head, body, self._read_timeout)
                 await response.wait_headers()
             except UpstreamUnreachable:
                 response.release()
@@ -455,22 +472,25 @@ _JOIN_BELOW = 64 * 1024
 
 
 async def _write_request(
-    connection: _Connection, head: bytes, body: bytes | AsyncIterator[bytes] | None
+    connection: _Connection,
+    head: bytes,
+    body: bytes | AsyncIterator[bytes] | None,
+    timeout: float,
 ) -> None:
     if body is None:
-        await connection.write(head)
+        await connection.write(head, timeout)
     elif isinstance(body, bytes):
         if len(body) < _JOIN_BELOW:
-            await connection.write(head + body)
+            await connection.write(head + body, timeout)
         else:
-            await connection.write(head)
-            await connection.write(body)
+            await connection.write(head, timeout)
+            await connection.write(body, timeout)
     else:
-        await connection.write(head)
+        await connection.write(head, timeout)
         async for chunk in body:
             if chunk:
-                await connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        await connection.write(b"0\r\n\r\n")
+                await connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk), timeout)
+        await connection.write(b"0\r\n\r\n", timeout)
 
 
 def _expire(future: asyncio.Future[None], message: str) -> None:
