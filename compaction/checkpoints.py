@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -33,6 +33,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
+from compaction.tokens import message_key
 from compaction.types import Message
 
 
@@ -83,15 +84,60 @@ def normalize(message: Message) -> bytes:
     )
 
 
-def chain_hashes(messages: Sequence[Message], start: int) -> list[str]:
-    """``h_i`` for every message from ``start`` on, as hex strings."""
-    hashes: list[str] = []
+class ChainMemo(Protocol):
+    """Remembers chain links by message key (:class:`~compaction.tokens.TokenCounter` does)."""
+
+    def follow(self, keys: Sequence[bytes], start: int, previous: bytes) -> list[bytes]:
+        """The links remembered for ``keys[start:]`` in turn, the first one after
+        ``previous``, up to the first that is not remembered."""
+        ...
+
+    def remember_links(self, links: Iterable[tuple[bytes, bytes, bytes]]) -> None:
+        """Remember ``(message key, previous hash, link)`` triples."""
+        ...
+
+
+def chain_hashes(
+    messages: Sequence[Message],
+    start: int,
+    *,
+    memo: ChainMemo | None = None,
+    keys: Sequence[bytes] | None = None,
+) -> list[str]:
+    """``h_i`` for every message from ``start`` on, as hex strings.
+
+    With a ``memo``, a link it remembers (the same message after the same
+    hash) is looked up by the message's :func:`~compaction.tokens.message_key`
+    instead of normalized and hashed again: a client resends its history on
+    every request. ``keys`` are those keys, one per message, if already known.
+    """
+    if memo is not None and keys is None:
+        keys = [b""] * start + [message_key(m) for m in messages[start:]]
+    links: list[bytes] = []
+    learned: list[tuple[bytes, bytes, bytes]] = []
     previous = b""
-    for message in messages[start:]:
-        digest = hashlib.blake2b(previous + normalize(message), digest_size=16).digest()
-        hashes.append(digest.hex())
-        previous = digest
-    return hashes
+    i = start
+    while i < len(messages):
+        if memo is not None and keys is not None:
+            found = memo.follow(keys, i, previous)
+            if found:
+                links.extend(found)
+                i += len(found)
+                previous = found[-1]
+                continue
+            learned.append((keys[i], previous, link := _link(previous, messages[i])))
+        else:
+            link = _link(previous, messages[i])
+        links.append(link)
+        previous = link
+        i += 1
+    if memo is not None and learned:
+        memo.remember_links(learned)
+    return [link.hex() for link in links]
+
+
+def _link(previous: bytes, message: Message) -> bytes:
+    return hashlib.blake2b(previous + normalize(message), digest_size=16).digest()
 
 
 def session_key(messages: Sequence[Message]) -> str:

@@ -32,7 +32,7 @@ HEAD_ROLES = frozenset({"system", "developer"})
 RESULT_ROLES = frozenset({"tool", "function"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: made for every message of every request
 class Group:
     """Messages ``[start, end)`` that are kept or removed together."""
 
@@ -90,7 +90,9 @@ def check_messages(messages: Any) -> list[Message]:
         role = message.get("role")
         if not isinstance(role, str):
             raise InvalidMessagesError(f"messages[{i}].role", "missing or not a string")
-        _check_pairing_fields(message, f"messages[{i}]")
+        # Checked per message of every request: most messages have none of these.
+        if "tool_calls" in message or "tool_call_id" in message or "function_call" in message:
+            _check_pairing_fields(message, f"messages[{i}]")
     return messages
 
 
@@ -158,9 +160,7 @@ def call_name_and_arguments(call: dict[str, Any]) -> tuple[str, str]:
 
 def opens_tool_group(message: Message) -> bool:
     """Whether this message is an assistant message that calls tools or a function."""
-    if message.get("role") != "assistant":
-        return False
-    return bool(tool_calls(message)) or isinstance(message.get("function_call"), dict)
+    return _opened_call_ids(message) is not None
 
 
 def is_summary(message: Message) -> bool:
@@ -190,8 +190,27 @@ def is_truncation_note(message: Message) -> bool:
 # --- groups ----------------------------------------------------------------
 
 
-def _call_ids(message: Message) -> list[str]:
-    return [c["id"] for c in tool_calls(message) if isinstance(c.get("id"), str)]
+def _opened_call_ids(message: Message) -> list[str] | None:
+    """The ids of the tool calls this message opens a group with (none for a
+    legacy ``function_call`` or calls without ids); ``None`` when it opens no group.
+
+    One look at the message: grouping runs over every message of every request.
+    """
+    if message.get("role") != "assistant":
+        return None
+    calls = message.get("tool_calls")
+    opens = False
+    ids: list[str] = []
+    if isinstance(calls, list):
+        for call in calls:
+            if isinstance(call, dict):
+                opens = True
+                call_id = call.get("id")
+                if isinstance(call_id, str):
+                    ids.append(call_id)
+    if opens or isinstance(message.get("function_call"), dict):
+        return ids
+    return None
 
 
 def group_messages(messages: Sequence[Message]) -> tuple[Group, ...]:
@@ -203,31 +222,7 @@ def group_messages(messages: Sequence[Message]) -> tuple[Group, ...]:
     before it forms an ``orphan_result`` group; :func:`repair_tool_pairing`
     removes those.
     """
-    groups: list[Group] = []
-    i, n = 0, len(messages)
-    while i < n:
-        message = messages[i]
-        if opens_tool_group(message):
-            end = i + 1
-            ids = set(_call_ids(message))
-            if ids:
-                while (
-                    end < n
-                    and messages[end].get("role") == "tool"
-                    and (messages[end].get("tool_call_id") in ids)
-                ):
-                    end += 1
-            elif end < n and messages[end].get("role") == "function":
-                end += 1
-            groups.append(Group(i, end, "tool_call"))
-            i = end
-        elif message.get("role") in RESULT_ROLES:
-            groups.append(Group(i, i + 1, "orphan_result"))
-            i += 1
-        else:
-            groups.append(Group(i, i + 1, "message"))
-            i += 1
-    return tuple(groups)
+    return _scan(messages, None)
 
 
 def group_starts(groups: Sequence[Group]) -> frozenset[int]:
@@ -243,35 +238,104 @@ def group_starts(groups: Sequence[Group]) -> frozenset[int]:
 # --- pairing ---------------------------------------------------------------
 
 
-def validate_tool_pairing(messages: Sequence[Message]) -> list[PairingProblem]:
-    """Every way tool calls and results fail to pair up; an empty list means valid."""
+@dataclass(frozen=True)
+class Grouping:
+    """:func:`group_messages` and :func:`validate_tool_pairing` of the same messages."""
+
+    groups: tuple[Group, ...]
+    problems: tuple[PairingProblem, ...]
+
+
+def group_and_validate(messages: Sequence[Message]) -> Grouping:
+    """Groups and pairing problems in one pass over ``messages`` (the proxy needs
+    both for every request)."""
     problems: list[PairingProblem] = []
-    for group in group_messages(messages):
-        opener = messages[group.start]
+    groups = _scan(messages, problems)
+    return Grouping(groups, tuple(problems))
+
+
+def validate_tool_pairing(
+    messages: Sequence[Message], groups: Sequence[Group] | None = None
+) -> list[PairingProblem]:
+    """Every way tool calls and results fail to pair up; an empty list means valid.
+
+    ``groups`` are :func:`group_messages` of ``messages`` when the caller has them.
+    """
+    problems: list[PairingProblem] = []
+    if groups is None:
+        _scan(messages, problems)
+        return problems
+    for group in groups:
         if group.kind == "orphan_result":
-            problems.append(
-                PairingProblem(group.start, "orphan_result", opener.get("tool_call_id"))
-            )
-            continue
-        if group.kind != "tool_call":
-            continue
-        ids = _call_ids(opener)
-        if not ids:  # legacy function_call
-            if group.size == 1:
-                problems.append(PairingProblem(group.start, "missing_result", None))
-            continue
-        seen: set[Any] = set()
-        for j in range(group.start + 1, group.end):
-            call_id = messages[j].get("tool_call_id")
-            if call_id in seen:
-                problems.append(PairingProblem(j, "duplicate_result", call_id))
-            seen.add(call_id)
-        problems.extend(
-            PairingProblem(group.start, "missing_result", call_id)
-            for call_id in ids
-            if call_id not in seen
-        )
+            _orphan(messages, group.start, problems)
+        elif group.kind == "tool_call":
+            ids = _opened_call_ids(messages[group.start]) or []
+            _check_results(messages, group.start, group.end, ids, problems)
     return problems
+
+
+def _scan(messages: Sequence[Message], problems: list[PairingProblem] | None) -> tuple[Group, ...]:
+    """The groups of ``messages``; their pairing problems added to ``problems`` if given."""
+    groups: list[Group] = []
+    i, n = 0, len(messages)
+    while i < n:
+        message = messages[i]
+        role = message.get("role")
+        ids = _opened_call_ids(message) if role == "assistant" else None
+        if ids is not None:
+            end = i + 1
+            if ids:
+                issued = set(ids)
+                while (
+                    end < n
+                    and messages[end].get("role") == "tool"
+                    and (messages[end].get("tool_call_id") in issued)
+                ):
+                    end += 1
+            elif end < n and messages[end].get("role") == "function":
+                end += 1
+            if problems is not None:
+                _check_results(messages, i, end, ids, problems)
+            groups.append(Group(i, end, "tool_call"))
+            i = end
+        elif role in RESULT_ROLES:
+            if problems is not None:
+                _orphan(messages, i, problems)
+            groups.append(Group(i, i + 1, "orphan_result"))
+            i += 1
+        else:
+            groups.append(Group(i, i + 1, "message"))
+            i += 1
+    return tuple(groups)
+
+
+def _orphan(messages: Sequence[Message], index: int, problems: list[PairingProblem]) -> None:
+    problems.append(PairingProblem(index, "orphan_result", messages[index].get("tool_call_id")))
+
+
+def _check_results(
+    messages: Sequence[Message],
+    start: int,
+    end: int,
+    ids: list[str],
+    problems: list[PairingProblem],
+) -> None:
+    """The problems of the tool group ``[start, end)`` whose opener issued ``ids``."""
+    if not ids:  # legacy function_call
+        if end - start == 1:
+            problems.append(PairingProblem(start, "missing_result", None))
+        return
+    answered = [messages[j].get("tool_call_id") for j in range(start + 1, end)]
+    if answered == ids and len(set(ids)) == len(ids):
+        return  # the usual case, checked on every request: one result per call, in order
+    seen: set[Any] = set()
+    for j, call_id in enumerate(answered, start + 1):
+        if call_id in seen:
+            problems.append(PairingProblem(j, "duplicate_result", call_id))
+        seen.add(call_id)
+    problems.extend(
+        PairingProblem(start, "missing_result", call_id) for call_id in ids if call_id not in seen
+    )
 
 
 def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
@@ -281,7 +345,8 @@ def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
     ``[no result recorded]`` result placed after the results it has. Input
     that is already valid comes back as the same objects with no notes.
     """
-    problems = validate_tool_pairing(messages)
+    groups = group_messages(messages)
+    problems = validate_tool_pairing(messages, groups)
     if not problems:
         return Repair(list(messages), ())
     drop = {p.index for p in problems if p.kind != "missing_result"}
@@ -289,7 +354,7 @@ def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
     for p in problems:
         if p.kind == "missing_result":
             missing.setdefault(p.index, []).append(p.tool_call_id)
-    group_end = {g.start: g.end for g in group_messages(messages)}
+    group_end = {g.start: g.end for g in groups}
     inserts: dict[int, list[Message]] = {}
     for start, call_ids in missing.items():
         opener = messages[start]

@@ -15,7 +15,6 @@ messages are the caller's own objects.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,25 +23,18 @@ from typing import Any
 from compaction.condenser import condense, plan_condense
 from compaction.errors import SummarizationError
 from compaction.messages import (
-    call_name_and_arguments,
     check_messages,
     group_messages,
     head_end,
-    message_text,
     repair_tool_pairing,
     tail_start,
-    tool_calls,
     validate_tool_pairing,
 )
 from compaction.profile import Budget, Profile, compute_budget, requested_output_tokens
 from compaction.pruner import prune
-from compaction.tokens import TokenCounter
+from compaction.tokens import TokenCounter, count_messages_off_loop
 from compaction.truncate import truncate
 from compaction.types import Message, Reason, Stage, Summarizer
-
-#: Requests with more characters than this are counted in a worker thread, so
-#: a single huge request never stalls the event loop of the server using us.
-OFF_LOOP_CHARS = 64_000
 
 
 @dataclass(frozen=True)
@@ -86,22 +78,6 @@ class _Run:
         return sum(self.counter.count_messages(messages)) + self.overhead
 
 
-def _text_size(messages: Sequence[Message]) -> int:
-    """Roughly how many characters the tokenizer will see: text and tool-call arguments."""
-    size = 0
-    for message in messages:
-        size += len(message_text(message))
-        for call in tool_calls(message):
-            size += len(call_name_and_arguments(call)[1])
-    return size
-
-
-async def _count_all(counter: TokenCounter, messages: Sequence[Message]) -> list[int]:
-    if _text_size(messages) > OFF_LOOP_CHARS:
-        return await asyncio.to_thread(counter.count_messages, messages)
-    return counter.count_messages(messages)
-
-
 async def compact(
     request: Mapping[str, Any],
     profile: Profile,
@@ -133,7 +109,7 @@ async def compact(
         reason=reason,
         notes=[],
     )
-    counts = await _count_all(counter, original)
+    counts = await count_messages_off_loop(counter, original)
     tokens_before = sum(counts) + run.overhead
 
     repair = repair_tool_pairing(original)

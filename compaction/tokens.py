@@ -13,16 +13,18 @@ tokens priming the reply.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from compaction.encodings import load_encoding
+from compaction.messages import call_name_and_arguments, message_text, tool_calls
 from compaction.profile import DEFAULT_IMAGE_TOKENS
 from compaction.types import Message
 
@@ -31,7 +33,13 @@ TOKENS_PER_NAME = 1
 TOKENS_PER_TOOL_CALL = 3
 REPLY_PRIMING = 3
 DEFAULT_CACHE_SIZE = 65_536
+#: Chain links remembered per cached message (see :meth:`TokenCounter.remember_links`).
+LINKS_PER_MESSAGE = 4
 CHARS_PER_TOKEN = 4
+#: New text above this many characters is tokenized in a worker thread by
+#: :func:`count_messages_off_loop`: tens of milliseconds of CPU that would
+#: stall an event loop. (Below it the thread hop costs more than it saves.)
+OFF_LOOP_CHARS = 64_000
 
 _O200K_PREFIXES = (
     "gpt-4o",
@@ -58,13 +66,41 @@ def encoding_for_model(model: str | None) -> str:
 
 
 def message_key(message: Message) -> bytes:
-    """A stable digest of a message's canonical JSON form."""
+    """A stable digest of a message's canonical JSON form (16 bytes).
+
+    Taken of every message of every request, so the hash is SHA-256: CPUs
+    compute it in hardware (x86 SHA extensions, ARMv8), while CPython's
+    BLAKE2 is portable C at about half the speed.
+    """
     data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS, default=repr)
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return hashlib.sha256(data).digest()[:16]
+
+
+def message_keys(messages: Sequence[Message]) -> list[bytes]:
+    """:func:`message_key` of every message."""
+    return [message_key(m) for m in messages]
+
+
+class _Entry:
+    """What the cache knows about one message."""
+
+    __slots__ = ("count", "links")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        #: This message's recent links in checkpoint hash chains: the hash
+        #: before it → its own (see :meth:`TokenCounter.follow`).
+        self.links: dict[bytes, bytes] | None = None
 
 
 class TokenCounter:
-    """Counts tokens the way the upstream will, with a bounded per-message cache."""
+    """Counts tokens the way the upstream will, with a bounded per-message cache.
+
+    The cache also remembers each message's links in checkpoint hash chains
+    (:func:`compaction.checkpoints.chain_hashes`): a link costs a
+    normalization and a hash of the whole message, as much as its key, and a
+    warm request needs both for every message it resends.
+    """
 
     def __init__(
         self,
@@ -78,7 +114,7 @@ class TokenCounter:
         self._encoding = load_encoding(name)
         self.encoding_name = name if self._encoding is not None else "chars/4"
         self.image_tokens = image_tokens
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.hits = 0
@@ -99,27 +135,100 @@ class TokenCounter:
     # --- messages --------------------------------------------------------
 
     def count_message(self, message: Message) -> int:
-        key = message_key(message)
+        return self.count_messages([message])[0]
+
+    def count_messages(
+        self, messages: Sequence[Message], keys: Sequence[bytes] | None = None
+    ) -> list[int]:
+        """The count of every message; ``keys`` are their :func:`message_key` if known."""
+        if keys is None:
+            keys = message_keys(messages)
+        counts: list[int] = []
+        missing: list[int] = []
         with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
+            cache = self._cache
+            for i, key in enumerate(keys):
+                entry = cache.get(key)
+                if entry is None:
+                    missing.append(i)
+                    counts.append(0)
+                else:
+                    cache.move_to_end(key)
+                    counts.append(entry.count)
+            self.hits += len(keys) - len(missing)
+        for i in missing:
+            counts[i] = self._count_missing(messages[i], keys[i])
+        return counts
+
+    def _count_missing(self, message: Message, key: bytes) -> int:
+        cached = self._cached(key)  # a repeat of an earlier message, or another thread's
+        count = self._count_message_uncached(message) if cached is None else cached
+        with self._lock:
+            if cached is None:
+                self.misses += 1
+            else:
                 self.hits += 1
-                return cached
-        count = self._count_message_uncached(message)
-        with self._lock:
-            self.misses += 1
-            self._cache[key] = count
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        self._remember(key, count)
         return count
 
-    def count_messages(self, messages: Sequence[Message]) -> list[int]:
-        return [self.count_message(m) for m in messages]
+    def _cached(self, key: bytes) -> int | None:
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None:
+                return None
+            self._cache.move_to_end(key)
+            return entry.count
+
+    def _remember(self, key: bytes, count: int) -> None:
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = _Entry(count)
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+
+    def uncached(self, keys: Sequence[bytes]) -> list[int]:
+        """The positions of ``keys`` the cache does not hold."""
+        with self._lock:
+            return [i for i, key in enumerate(keys) if key not in self._cache]
 
     def is_cached(self, message: Message) -> bool:
         with self._lock:
             return message_key(message) in self._cache
+
+    # --- chain links -----------------------------------------------------
+
+    def follow(self, keys: Sequence[bytes], start: int, previous: bytes) -> list[bytes]:
+        """The chain links remembered for ``keys[start:]`` in turn, the first one
+        after the hash ``previous``, up to the first that is not remembered."""
+        links: list[bytes] = []
+        with self._lock:
+            cache = self._cache
+            for i in range(start, len(keys)):
+                entry = cache.get(keys[i])
+                link = entry.links.get(previous) if entry is not None and entry.links else None
+                if link is None:
+                    break
+                links.append(link)
+                previous = link
+        return links
+
+    def remember_links(self, links: Iterable[tuple[bytes, bytes, bytes]]) -> None:
+        """Remember ``(message key, previous hash, link)`` triples for messages in the
+        cache (the others are not kept).
+
+        A message keeps its last :data:`LINKS_PER_MESSAGE` links: the same
+        short message ("ok", "continue") may follow many others.
+        """
+        with self._lock:
+            for key, previous, link in links:
+                entry = self._cache.get(key)
+                if entry is None:
+                    continue
+                if entry.links is None:
+                    entry.links = {}
+                elif previous not in entry.links and len(entry.links) >= LINKS_PER_MESSAGE:
+                    del entry.links[next(iter(entry.links))]
+                entry.links[previous] = link
 
     def _count_message_uncached(self, message: Message) -> int:
         total = TOKENS_PER_MESSAGE
@@ -183,14 +292,53 @@ class TokenCounter:
         for key in ("tools", "functions"):
             value = request.get(key)
             if value:
-                total += self._count_json(value)
+                total += self._count_schema(value)
         response_format = request.get("response_format")
         if isinstance(response_format, dict) and response_format.get("type") != "text":
-            total += self._count_json(response_format)
+            total += self._count_schema(response_format)
         return total
+
+    def _count_schema(self, value: Any) -> int:
+        """:meth:`_count_json`, cached: agents resend the same tool schemas every turn."""
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=repr)
+        # The prefix keeps a schema from sharing a key with a message.
+        key = hashlib.sha256(b"schema:" + data).digest()[:16]
+        count = self._cached(key)
+        if count is None:
+            count = self._count_json(value)
+            self._remember(key, count)
+        return count
 
     def count_request(self, request: Mapping[str, Any]) -> int:
         """Everything the upstream will count for a chat-completions body."""
         messages = request.get("messages")
         body = sum(self.count_messages(messages)) if isinstance(messages, list) else 0
         return body + self.request_overhead(request)
+
+
+def text_size(messages: Sequence[Message]) -> int:
+    """Roughly how many characters the tokenizer will see: text and tool-call arguments."""
+    size = 0
+    for message in messages:
+        size += len(message_text(message))
+        for call in tool_calls(message):
+            size += len(call_name_and_arguments(call)[1])
+    return size
+
+
+async def count_messages_off_loop(
+    counter: TokenCounter, messages: Sequence[Message], keys: Sequence[bytes] | None = None
+) -> list[int]:
+    """:meth:`TokenCounter.count_messages`, tokenizing in a worker thread when the
+    messages the cache has not seen hold more than :data:`OFF_LOOP_CHARS` of text.
+
+    A resent history is a cache lookup and stays on the loop; only new text
+    can be expensive.
+    """
+    keys = message_keys(messages) if keys is None else keys
+    new = counter.uncached(keys)
+    if new:
+        fresh = [messages[i] for i in new]
+        if text_size(fresh) > OFF_LOOP_CHARS:
+            await asyncio.to_thread(counter.count_messages, fresh, [keys[i] for i in new])
+    return counter.count_messages(messages, keys)

@@ -22,7 +22,7 @@ from compaction.messages import check_messages, message_text
 from compaction.types import Message
 from config import ModelConfig
 from proxy import manual
-from proxy.conversation import Prepared, prepare
+from proxy.conversation import Conversation, Prepared, identify, prepare
 from proxy.errors import (
     BadRequest,
     ContextLengthExceeded,
@@ -43,9 +43,13 @@ logger = logging.getLogger(REQUESTS)
 #: Without a stated window, an overflow retry aims at this share of what
 #: failed: one retry must count, and the true window is unknown.
 OVERFLOW_SHRINK = 0.5
-#: Bodies larger than this are parsed and counted in a worker thread, so one
-#: huge request never stalls the event loop (and every other request on it).
-OFF_LOOP_BYTES = 64 * 1024
+#: Bodies larger than this are parsed, keyed and counted in a worker thread,
+#: so one huge request never stalls the event loop (and every other request
+#: on it). Smaller ones are parsed on the loop — a few milliseconds at most;
+#: with the GIL a thread would only slice that work, at ~2 ms of hand-over
+#: cost — and only their new text, if there is much, is tokenized in a
+#: thread (see conversation.prepare).
+OFF_LOOP_BYTES = 1 << 20
 
 
 # --- reading ---------------------------------------------------------------
@@ -79,12 +83,11 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"The request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
-    try:
-        # orjson reads 1024 levels of nesting but writes only 254, and counting,
-        # hashing and forwarding a rewritten body all write it again.
-        orjson.dumps(body)
-    except orjson.JSONEncodeError as exc:
-        raise BadRequest(f"The request body is nested too deeply: {exc}.") from exc
+    # orjson reads 1024 levels of nesting but writes only 254, and counting,
+    # hashing and forwarding a rewritten body all write it again. The
+    # messages are written anyway when they are keyed (see _too_deep); the
+    # other fields are checked here.
+    _writable({key: value for key, value in body.items() if key != "messages"})
     if "messages" not in body:
         raise BadRequest("'messages' is a required property.", param="messages")
     try:
@@ -95,6 +98,17 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string.", param="model")
     return body
+
+
+def _writable(value: Any) -> None:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise _too_deep(exc) from exc
+
+
+def _too_deep(exc: orjson.JSONEncodeError) -> BadRequest:
+    return BadRequest(f"The request body is nested too deeply: {exc}.")
 
 
 # --- the handler -----------------------------------------------------------
@@ -111,6 +125,8 @@ class _Call:
     messages: list[Message]
     config: ModelConfig
     headers: dict[str, str]
+    #: The messages keyed, counted and chained ahead (large bodies, off the loop).
+    identified: Conversation | None = None
 
     @property
     def url(self) -> str:
@@ -128,23 +144,30 @@ class _Call:
         return orjson.dumps({**self.body, "messages": prepared.messages})
 
 
-def _count_ahead(state: ProxyState, config: ModelConfig, messages: list[Message]) -> None:
-    """Count ``messages`` (loading the encoding on first use) to fill the token cache.
-
-    Tokenizing megabytes takes hundreds of milliseconds; done in a worker
-    thread, every later count of these messages on the event loop is a lookup.
-    """
-    state.counter(config).count_messages(messages)
+def _read_conversation(
+    state: ProxyState, raw: bytes, *, ahead: bool
+) -> tuple[dict[str, Any], ModelConfig, list[Message], Conversation | None]:
+    """Parse, resolve the model, drop /compact exchanges; with ``ahead``, also
+    key, count and chain the messages (what a large body does in a worker thread)."""
+    body = parse_chat_body(raw)
+    config = state.resolve(body.get("model"))
+    messages = manual.strip_commands(body["messages"])
+    try:
+        identified = identify(state, config, messages) if ahead else None
+    except orjson.JSONEncodeError as exc:
+        raise _too_deep(exc) from exc
+    return body, config, messages, identified
 
 
 async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) -> _Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
-    large = len(raw) > OFF_LOOP_BYTES
-    body = await asyncio.to_thread(parse_chat_body, raw) if large else parse_chat_body(raw)
-    config = state.resolve(body.get("model"))
-    messages = manual.strip_commands(body["messages"])
-    if large:
-        await asyncio.to_thread(_count_ahead, state, config, messages)
+    if len(raw) > OFF_LOOP_BYTES:
+        # Parsing, keying and counting megabytes takes long enough to stall
+        # every other request on the loop: one worker thread does it all.
+        read = await asyncio.to_thread(_read_conversation, state, raw, ahead=True)
+    else:
+        read = _read_conversation(state, raw, ahead=False)
+    body, config, messages, identified = read
     return _Call(
         request=request,
         state=state,
@@ -152,6 +175,7 @@ async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) 
         body=body,
         messages=messages,
         config=config,
+        identified=identified,
         headers=upstream_headers(
             request.headers.items(),
             fallback_key=state.fallback_key(config),
@@ -204,6 +228,7 @@ async def _prepare(
             instructions=instructions,
             profile=profile,
             store=store,
+            identified=call.identified,
         )
     except CannotFitError as exc:
         raise ContextLengthExceeded(
@@ -213,6 +238,8 @@ async def _prepare(
         ) from exc
     except InvalidMessagesError as exc:
         raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
+    except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
+        raise _too_deep(exc) from exc
 
 
 async def _overflow_profile(call: _Call, prepared: Prepared, overflow: Overflow) -> Profile:

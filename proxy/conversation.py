@@ -4,13 +4,15 @@ The route handlers call :func:`prepare`; it answers what to forward. It is
 the one place that ties the pure library (pipeline, checkpoints) to the
 store:
 
-1. the newest stored checkpoint of the conversation is applied;
-2. under the trigger, that is all (no lock, no event, no summarizer);
-3. otherwise one request per conversation state compacts (single flight:
+1. every message is keyed, counted, grouped and chained once
+   (:func:`identify`; from the token cache when the history was seen before);
+2. the newest stored checkpoint of the conversation is applied;
+3. under the trigger, that is all (no lock, no event, no summarizer);
+4. otherwise one request per conversation state compacts (single flight:
    concurrent requests wait for it and then reuse its checkpoint), with
    ``compaction.queued → compaction.started → context.compacted`` events,
    or ``compaction.failed``;
-4. the result is stored as a checkpoint with the messages it replaced.
+5. the result is stored as a checkpoint with the messages it replaced.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from compaction import CompactionResult, Profile, Reason, Summarizer, compact
@@ -31,8 +33,9 @@ from compaction.checkpoints import (
     make_checkpoint,
     session_key,
 )
-from compaction.messages import Group, group_messages, head_end, validate_tool_pairing
+from compaction.messages import Group, PairingProblem, group_and_validate, head_end
 from compaction.profile import compute_budget, requested_output_tokens
+from compaction.tokens import TokenCounter, count_messages_off_loop, message_keys
 from compaction.types import Message
 from config import ModelConfig
 from proxy.state import ProxyState
@@ -69,14 +72,57 @@ class Prepared:
 
 
 @dataclass(frozen=True)
-class _Conversation:
-    """The client's messages and what identifies them."""
+class Conversation:
+    """The client's messages and what identifies them, worked out once per request.
+
+    Every message's key, token count and chain link come from the token
+    counter's cache when the client resends a history seen before.
+    """
 
     messages: list[Message]
+    keys: list[bytes]  #: :func:`~compaction.tokens.message_key` of each message
+    counts: list[int]  #: tokens of each message
     groups: tuple[Group, ...]
+    problems: tuple[PairingProblem, ...]  #: how tool calls and results fail to pair up
     head: int
+    head_count: int  #: the profile's ``head_count`` that ``head`` was found with
     chain: list[str]
     session: str
+    counter: TokenCounter = field(repr=False, compare=False)  #: what counted them
+
+
+def identify(state: ProxyState, config: ModelConfig, messages: list[Message]) -> Conversation:
+    """Key, count, group and chain ``messages`` for :func:`prepare`.
+
+    Tokenizes what the token cache has not seen, so a large new request takes
+    a while: the caller may run this in a worker thread and hand the result to
+    :func:`prepare`.
+    """
+    return _identify(state.counter(config), messages, config.profile.head_count)
+
+
+def _identify(
+    counter: TokenCounter,
+    messages: list[Message],
+    head_count: int,
+    keys: list[bytes] | None = None,
+) -> Conversation:
+    keys = message_keys(messages) if keys is None else keys
+    counts = counter.count_messages(messages, keys)
+    grouping = group_and_validate(messages)
+    head = head_end(messages, grouping.groups, head_count)
+    return Conversation(
+        messages=messages,
+        keys=keys,
+        counts=counts,
+        groups=grouping.groups,
+        problems=grouping.problems,
+        head=head,
+        head_count=head_count,
+        chain=chain_hashes(messages, head, memo=counter, keys=keys),
+        session=session_key(messages),
+        counter=counter,
+    )
 
 
 @dataclass(frozen=True)
@@ -85,18 +131,28 @@ class _View:
 
     messages: list[Message]
     used: Checkpoint | None
+    counts: list[int]  #: tokens of each of ``messages``
+    problems: tuple[PairingProblem, ...]  #: of ``messages``
 
 
-async def _view(state: ProxyState, conversation: _Conversation) -> _View:
+async def _view(state: ProxyState, counter: TokenCounter, conversation: Conversation) -> _View:
     chain = conversation.chain
+    unchanged = _View(conversation.messages, None, conversation.counts, conversation.problems)
     used = find_checkpoint(chain, await state.store.lookup(chain)) if chain else None
     if used is None:
-        return _View(conversation.messages, None)
+        return unchanged
     applied = apply_checkpoint(conversation.messages, conversation.head, used, conversation.groups)
     if applied is None:
         logger.warning("replay error: checkpoint %s would split a message group", used.id)
-        return _View(conversation.messages, None)
-    return _View(applied.messages, used)
+        return unchanged
+    head, cut = conversation.head, conversation.head + used.covered
+    counts = [
+        *conversation.counts[:head],
+        *counter.count_messages(used.replacement),
+        *conversation.counts[cut:],
+    ]
+    problems = group_and_validate(applied.messages).problems
+    return _View(applied.messages, used, counts, problems)
 
 
 def _within_trigger(job: _Job, view: _View, profile: Profile) -> Prepared | None:
@@ -108,14 +164,14 @@ def _within_trigger(job: _Job, view: _View, profile: Profile) -> Prepared | None
     """
     if job.reason != "threshold":
         return None
-    counter = job.state.counter(job.config)
-    tokens = sum(counter.count_messages(view.messages)) + counter.request_overhead(job.body)
+    overhead = job.counter.request_overhead(job.body)
+    tokens = sum(view.counts) + overhead
     budget = compute_budget(profile, requested_output_tokens(job.body))
-    if tokens > budget.trigger or validate_tool_pairing(view.messages):
+    if tokens > budget.trigger or view.problems:
         return None
     tokens_before = tokens
     if view.used is not None:
-        tokens_before = counter.count_request({**job.body, "messages": job.conversation.messages})
+        tokens_before = sum(job.conversation.counts) + overhead
     result = CompactionResult(
         messages=view.messages,
         stage="none",
@@ -136,11 +192,7 @@ def _within_trigger(job: _Job, view: _View, profile: Profile) -> Prepared | None
 
 
 def _guarded(
-    state: ProxyState,
-    config: ModelConfig,
-    profile: Profile,
-    view: _View,
-    conversation: _Conversation,
+    state: ProxyState, profile: Profile, view: _View, conversation: Conversation
 ) -> Profile:
     """The progress guard: after a compaction that barely shrank the request,
     summarize again only once enough new material arrived to make progress.
@@ -154,9 +206,9 @@ def _guarded(
     if used is None or used.progress_ok or profile.summarizer == "off":
         return profile
     budget = compute_budget(profile)
-    newer = conversation.messages[conversation.head + used.covered :]
+    newer = conversation.counts[conversation.head + used.covered :]
     needed = budget.tail_budget + state.settings.store.progress_min_ratio * budget.input_limit
-    if sum(state.counter(config).count_messages(newer)) > needed:
+    if sum(newer) > needed:
         return profile
     return dataclasses.replace(profile, summarizer="off")
 
@@ -172,42 +224,51 @@ async def prepare(
     instructions: str | None = None,
     profile: Profile | None = None,
     store: bool = True,
+    identified: Conversation | None = None,
 ) -> Prepared:
     """Apply the stored checkpoint, compact if needed, remember the result.
 
     ``messages`` is the client's conversation (``/compact`` exchanges already
-    removed); ``body`` supplies every other field for counting. ``store=False``
-    (the preview) changes nothing: no lock, no events, no checkpoint. Raises
-    what :func:`compaction.compact` raises.
+    removed); ``body`` supplies every other field for counting;
+    ``identified`` is :func:`identify` of ``messages`` if the caller has it.
+    ``store=False`` (the preview) changes nothing: no lock, no events, no
+    checkpoint. Raises what :func:`compaction.compact` raises.
     """
     profile = profile or config.profile
-    groups = group_messages(messages)
-    head = head_end(messages, groups, profile.head_count)
+    counter = state.counter(config)
+    conversation = identified
+    if (
+        conversation is None
+        or conversation.messages is not messages
+        or conversation.head_count != profile.head_count
+        or conversation.counter is not counter
+    ):
+        keys = message_keys(messages)
+        await count_messages_off_loop(counter, messages, keys)  # new megabytes: in a thread
+        conversation = _identify(counter, messages, profile.head_count, keys)
     job = _Job(
         state=state,
         body=body,
-        conversation=_Conversation(
-            messages, groups, head, chain_hashes(messages, head), session_key(messages)
-        ),
+        conversation=conversation,
         config=config,
+        counter=counter,
         summarizer=summarizer,
         reason=reason,
         instructions=instructions,
     )
-    view = await _view(state, job.conversation)
+    view = await _view(state, counter, conversation)
     if not store:  # the preview: run everything, remember nothing
         return await _run(job, view, profile, store=False)
     quick = _within_trigger(job, view, profile)
     if quick is not None:
         return quick
-    conversation = job.conversation
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with state.store.lock(key, state.settings.store.lock_ttl_seconds):
-        view = await _view(state, conversation)  # another request may have just compacted
+        view = await _view(state, counter, conversation)  # another request may have just compacted
         quick = _within_trigger(job, view, profile)
         if quick is not None:
             return quick
-        guarded = _guarded(state, config, profile, view, conversation)
+        guarded = _guarded(state, profile, view, conversation)
         return await _run(job, view, guarded, store=True)
 
 
@@ -217,8 +278,9 @@ class _Job:
 
     state: ProxyState
     body: Mapping[str, Any]
-    conversation: _Conversation
+    conversation: Conversation
     config: ModelConfig
+    counter: TokenCounter
     summarizer: Summarizer | None
     reason: Reason
     instructions: str | None
@@ -227,7 +289,7 @@ class _Job:
 async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prepared:
     """Compact ``view``; with ``store``, record the events and the checkpoint."""
     state, body, conversation, config = job.state, job.body, job.conversation, job.config
-    counter = state.counter(config)
+    counter = job.counter
     emit = _Emitter(state, conversation.session, config.model, job.reason) if store else None
     if emit:
         await emit("compaction.queued")
@@ -247,7 +309,7 @@ async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prep
         raise
     tokens_before = result.tokens_before
     if view.used is not None:
-        tokens_before = counter.count_request({**body, "messages": conversation.messages})
+        tokens_before = sum(conversation.counts) + counter.request_overhead(body)
         result = dataclasses.replace(result, tokens_before=tokens_before)
 
     made = None
@@ -276,7 +338,7 @@ async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prep
 
 def _checkpoint(
     state: ProxyState,
-    conversation: _Conversation,
+    conversation: Conversation,
     result: CompactionResult,
     reason: Reason,
     tokens_before: int,

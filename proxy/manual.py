@@ -49,6 +49,9 @@ def strip_commands(messages: list[Message]) -> list[Message]:
     """
     drop: set[int] = set()
     for i in range(len(messages) - 1):
+        # The role first: this runs over every message of every request.
+        if messages[i].get("role") != "user" or messages[i + 1].get("role") != "assistant":
+            continue
         if _is_command(messages[i]) and _is_reply(messages[i + 1]):
             drop.update((i, i + 1))
     if not drop:

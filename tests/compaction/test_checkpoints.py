@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import copy
+from concurrent.futures import ThreadPoolExecutor
+
 from compaction.checkpoints import (
     Checkpoint,
     apply_checkpoint,
@@ -10,6 +13,7 @@ from compaction.checkpoints import (
     session_key,
 )
 from compaction.messages import SUMMARY_MARKER, group_messages
+from compaction.tokens import LINKS_PER_MESSAGE, TokenCounter, message_keys
 from tests.conftest import assistant, system, tool_group, user
 
 
@@ -180,3 +184,44 @@ def test_a_suffix_starting_inside_a_group_is_cut_back_to_the_group() -> None:
     assert made.covered == 3  # the whole group, not just its call
     applied = apply_checkpoint(msgs, 2, made, group_messages(msgs))
     assert applied is not None and applied.messages == result
+
+
+def _chain_of(messages: list[dict], start: int, counter: TokenCounter) -> list[str]:
+    """The memoized chain as the proxy takes it: messages counted, then chained."""
+    keys = message_keys(messages)
+    counter.count_messages(messages, keys)
+    return chain_hashes(messages, start, memo=counter, keys=keys)
+
+
+def test_a_memoized_chain_is_the_chain() -> None:
+    msgs = [*conversation(), user("ok"), assistant("ok"), user("ok"), assistant("ok")]
+    counter = TokenCounter("gpt-4o")
+    plain = chain_hashes(msgs, 2)
+    assert _chain_of(msgs, 2, counter) == plain  # cold: every link computed
+    assert _chain_of(msgs, 2, counter) == plain  # warm: every link remembered
+    assert chain_hashes(msgs, 2, memo=counter) == plain  # keys worked out on the way
+    assert chain_hashes(copy.deepcopy(msgs), 2, memo=counter) == plain  # new objects, same text
+    edited = [*msgs[:4], assistant("looked twice"), *msgs[5:]]
+    assert _chain_of(edited, 2, counter) == chain_hashes(edited, 2) != plain
+    assert _chain_of(msgs, 1, counter) == chain_hashes(msgs, 1)  # another head
+    assert _chain_of(msgs, 2, counter) == plain
+
+
+def test_a_memoized_chain_survives_eviction_and_repeats() -> None:
+    counter = TokenCounter("gpt-4o", cache_size=3)  # smaller than any conversation here
+    repeated = [user("same"), assistant("same")] * (LINKS_PER_MESSAGE + 2)
+    for msgs in (conversation(), repeated, [*conversation(), *repeated]):
+        for _ in range(2):
+            assert _chain_of(msgs, 1, counter) == chain_hashes(msgs, 1)
+
+
+def test_a_memoized_chain_is_the_chain_when_threads_share_the_memo() -> None:
+    conversations = [
+        [user(f"task {i % 3}"), *[assistant(f"step {j}") for j in range(i % 5)], user("ok")]
+        for i in range(24)
+    ]
+    expected = [chain_hashes(msgs, 0) for msgs in conversations]
+    counter = TokenCounter("gpt-4o", cache_size=8)
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            assert list(pool.map(lambda m: _chain_of(m, 0, counter), conversations)) == expected

@@ -3,12 +3,15 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from compaction.errors import InvalidMessagesError
 from compaction.messages import (
     MISSING_RESULT,
     SUMMARY_MARKER,
     check_messages,
+    group_and_validate,
     group_messages,
     head_end,
     is_summary,
@@ -193,3 +196,116 @@ def test_check_messages_rejects_pairing_fields_of_the_wrong_type(message: dict, 
     with pytest.raises(InvalidMessagesError) as info:
         check_messages([message])
     assert info.value.where == where
+
+
+def test_check_messages_accepts_null_pairing_fields() -> None:
+    nulls = [
+        {"role": "assistant", "content": "x", "tool_calls": None, "function_call": None},
+        {"role": "tool", "tool_call_id": None, "content": "x"},
+    ]
+    assert check_messages(nulls) is nulls
+
+
+# --- grouping and validation against the plain definitions ------------------
+
+
+def _reference_ids(message: dict) -> list[str]:
+    calls = message.get("tool_calls")
+    calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    return [c["id"] for c in calls if isinstance(c.get("id"), str)]
+
+
+def _reference_opens(message: dict) -> bool:
+    calls = message.get("tool_calls")
+    has_calls = isinstance(calls, list) and any(isinstance(c, dict) for c in calls)
+    return message.get("role") == "assistant" and (
+        has_calls or isinstance(message.get("function_call"), dict)
+    )
+
+
+def _reference_groups(messages: list[dict]) -> list[tuple[int, int, str]]:
+    """group_messages as first written: one helper call per question."""
+    groups, i = [], 0
+    while i < len(messages):
+        if _reference_opens(messages[i]):
+            end, ids = i + 1, set(_reference_ids(messages[i]))
+            if ids:
+                while (
+                    end < len(messages)
+                    and messages[end].get("role") == "tool"
+                    and messages[end].get("tool_call_id") in ids
+                ):
+                    end += 1
+            elif end < len(messages) and messages[end].get("role") == "function":
+                end += 1
+            groups.append((i, end, "tool_call"))
+            i = end
+        else:
+            kind = "orphan_result" if messages[i].get("role") in ("tool", "function") else "message"
+            groups.append((i, i + 1, kind))
+            i += 1
+    return groups
+
+
+def _reference_problems(messages: list[dict]) -> list[tuple[int, str, object]]:
+    problems: list[tuple[int, str, object]] = []
+    for start, end, kind in _reference_groups(messages):
+        if kind == "orphan_result":
+            problems.append((start, "orphan_result", messages[start].get("tool_call_id")))
+        if kind != "tool_call":
+            continue
+        ids = _reference_ids(messages[start])
+        if not ids:
+            if end - start == 1:
+                problems.append((start, "missing_result", None))
+            continue
+        seen: set[object] = set()
+        for j in range(start + 1, end):
+            call_id = messages[j].get("tool_call_id")
+            if call_id in seen:
+                problems.append((j, "duplicate_result", call_id))
+            seen.add(call_id)
+        problems.extend((start, "missing_result", c) for c in ids if c not in seen)
+    return problems
+
+
+_IDS = st.sampled_from(["a", "b", "c"])
+_CALL = st.one_of(
+    st.builds(lambda i: {"id": i, "type": "function", "function": {"name": "f"}}, _IDS),
+    st.just({"type": "function", "function": {"name": "f"}}),  # no id
+    st.just("not a call"),
+)
+_MESSAGE = st.one_of(
+    st.just({"role": "system", "content": "s"}),
+    st.just(user("u")),
+    st.just(assistant("a")),
+    st.builds(lambda calls: {"role": "assistant", "tool_calls": calls}, st.lists(_CALL)),
+    st.just({"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}}),
+    st.builds(lambda i: {"role": "tool", "tool_call_id": i, "content": "r"}, _IDS),
+    st.just({"role": "function", "name": "f", "content": "r"}),
+)
+
+
+def _calls_then_results(calls: str, results: str) -> list[dict]:
+    opener = {"role": "assistant", "tool_calls": [{"id": c, "function": {}} for c in calls]}
+    return [opener, *({"role": "tool", "tool_call_id": r, "content": "r"} for r in results)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_MESSAGE, max_size=14))
+@example(_calls_then_results("aa", "aa"))  # one result too many for the same id
+@example(_calls_then_results("ab", "ba"))  # answered out of order: fine
+@example(_calls_then_results("ab", "a"))
+@example(_calls_then_results("ab", "aab"))
+def test_groups_and_pairing_problems_follow_their_definitions(messages: list[dict]) -> None:
+    groups = group_messages(messages)
+    assert [(g.start, g.end, g.kind) for g in groups] == _reference_groups(messages)
+    expected = _reference_problems(messages)
+    grouping = group_and_validate(messages)
+    assert grouping.groups == groups
+    for problems in (
+        validate_tool_pairing(messages),
+        validate_tool_pairing(messages, groups),
+        grouping.problems,
+    ):
+        assert [(p.index, p.kind, p.tool_call_id) for p in problems] == expected

@@ -56,34 +56,3 @@ def test_summary_budget_shrinks_to_the_room_a_small_window_leaves() -> None:
     assert result.stage == "condensed"
     assert result.tokens_after <= result.input_limit
     assert result.messages[-1] is messages[-1]
-
-
-def test_large_text_in_parts_or_arguments_is_counted_off_the_event_loop() -> None:
-    import threading
-
-    from compaction import pipeline
-
-    counted_on: list[str] = []
-
-    class Recording(TokenCounter):
-        def count_messages(self, messages: Any) -> list[int]:
-            counted_on.append(threading.current_thread().name)
-            return super().count_messages(messages)
-
-    parts = {
-        "role": "tool",
-        "tool_call_id": "c",
-        "content": [{"type": "text", "text": "x " * 50_000}],
-    }
-    call = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "w", "arguments": "y" * 100_000}}
-        ],
-    }
-    for message in ([call, parts], [{"role": "user", "content": "small"}]):
-        counted_on.clear()
-        asyncio.run(pipeline._count_all(Recording("gpt-4o"), message))
-        off_loop = counted_on[0] != threading.main_thread().name
-        assert off_loop == (len(message) == 2)

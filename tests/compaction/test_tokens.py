@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from compaction import encodings
-from compaction.tokens import REPLY_PRIMING, TokenCounter, encoding_for_model
+from compaction.tokens import (
+    LINKS_PER_MESSAGE,
+    REPLY_PRIMING,
+    TokenCounter,
+    encoding_for_model,
+    message_key,
+    message_keys,
+)
+from compaction.types import Message
 from tests.conftest import tool_group, user
 
 
@@ -119,3 +127,154 @@ def test_falls_back_to_characters_over_four_and_says_so(
         assert "characters / 4" in caplog.text
     finally:
         encodings.load_encoding.cache_clear()
+
+
+def _full_message() -> dict:
+    return {
+        "role": "assistant",
+        "content": "looking",
+        "name": "bob",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"role": "user"},
+        {"content": "looking!"},
+        {"content": [{"type": "text", "text": "looking"}]},
+        {"name": "alice"},
+        {"tool_call_id": "c1"},
+        {"refusal": "no"},  # an unknown field: counted, so part of the key
+        {"tool_calls": [{**_full_message()["tool_calls"][0], "id": "c2"}]},
+        {
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "cat", "arguments": "{}"}}
+            ]
+        },
+        {
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{ }"}}
+            ]
+        },
+    ],
+)
+def test_message_key_changes_with_any_field(change: dict) -> None:
+    message = _full_message()
+    assert message_key({**message, **change}) != message_key(message)
+
+
+def test_message_key_ignores_key_order_and_the_object() -> None:
+    message = _full_message()
+    reordered = dict(reversed(list(message.items())))
+    assert message_key(reordered) == message_key(message)
+    assert message_keys([message, reordered]) == [message_key(message)] * 2
+
+
+def test_count_messages_with_known_keys_uses_them() -> None:
+    counter = TokenCounter("gpt-4o")
+    history = [user("a short one"), user("a somewhat longer message than that")]
+    assert counter.count_messages(history, message_keys(history)) == counter.count_messages(history)
+    # The keys are trusted: a message under another's key gets that one's count.
+    swapped = counter.count_messages(history, message_keys(history)[::-1])
+    assert swapped == counter.count_messages(history)[::-1]
+
+
+def test_a_message_repeated_in_one_request_is_tokenized_once() -> None:
+    counter = TokenCounter("gpt-4o")
+    counts = counter.count_messages([user("same"), user("other"), user("same")])
+    assert counts[0] == counts[2]
+    assert (counter.hits, counter.misses) == (1, 2)
+
+
+def test_schemas_are_tokenized_once_and_again_when_they_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counter = TokenCounter("gpt-4o")
+    counted: list[object] = []
+    count_json = counter._count_json
+    monkeypatch.setattr(counter, "_count_json", lambda v: counted.append(v) or count_json(v))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"messages": [], "tools": tools}
+    first = counter.request_overhead(body)
+    assert counter.request_overhead({"messages": [], "tools": [dict(t) for t in tools]}) == first
+    assert len(counted) == 1
+    described = [{**tools[0], "function": {**tools[0]["function"], "description": "many words"}}]
+    assert counter.request_overhead({"messages": [], "tools": described}) > first
+    assert len(counted) == 2
+
+
+def test_a_schema_never_takes_the_count_of_a_message_with_the_same_json() -> None:
+    counter = TokenCounter("gpt-4o")
+    response_format = {"type": "json_object"}
+    as_message = counter.count_message(response_format)  # cached under its message key
+    overhead = counter.request_overhead({"response_format": response_format})
+    assert overhead - REPLY_PRIMING == counter._count_json(response_format) != as_message
+
+
+def test_chain_links_are_remembered_per_message_and_bounded() -> None:
+    counter = TokenCounter("gpt-4o")
+    message = user("continue")
+    key = message_key(message)
+    counter.count_message(message)
+    previous = [bytes([i]) * 16 for i in range(LINKS_PER_MESSAGE + 2)]
+    counter.remember_links((key, p, p[::-1] + b"!") for p in previous)
+    assert counter.follow([key], 0, previous[-1]) == [previous[-1][::-1] + b"!"]
+    assert counter.follow([key], 0, previous[0]) == []  # the oldest links went first
+    remembered = [p for p in previous if counter.follow([key], 0, p)]
+    assert remembered == previous[-LINKS_PER_MESSAGE:]
+
+
+def test_links_are_kept_only_for_cached_messages_and_leave_with_them() -> None:
+    counter = TokenCounter("gpt-4o", cache_size=2)
+    first, second, third = user("1"), user("2"), user("3")
+    keys = message_keys([first, second, third])
+    counter.remember_links([(keys[0], b"", b"x" * 16)])  # not counted yet: not kept
+    assert counter.follow(keys, 0, b"") == []
+    counter.count_messages([first, second])
+    counter.remember_links([(keys[0], b"", b"x" * 16), (keys[1], b"x" * 16, b"y" * 16)])
+    assert counter.follow(keys, 0, b"") == [b"x" * 16, b"y" * 16]  # stops at the third
+    counter.count_message(third)  # evicts the first, links and all
+    assert counter.follow(keys, 0, b"") == []
+    assert counter.follow(keys, 1, b"x" * 16) == [b"y" * 16]
+
+
+def test_only_much_new_text_is_tokenized_off_the_event_loop() -> None:
+    """Large text parts and tool-call arguments go to a worker thread the first
+    time; resent (cached) or small new messages are counted on the loop."""
+    import asyncio
+    import threading
+
+    from compaction.tokens import count_messages_off_loop
+
+    tokenized_on: list[str] = []
+
+    class Recording(TokenCounter):
+        def _count_message_uncached(self, message: Message) -> int:
+            tokenized_on.append(threading.current_thread().name)
+            return super()._count_message_uncached(message)
+
+    parts = {
+        "role": "tool",
+        "tool_call_id": "c",
+        "content": [{"type": "text", "text": "x " * 50_000}],
+    }
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "w", "arguments": "y" * 100_000}}
+        ],
+    }
+    counter = Recording("gpt-4o")
+    loop = threading.main_thread().name
+    asyncio.run(count_messages_off_loop(counter, [call, parts]))
+    assert len(tokenized_on) == 2 and loop not in tokenized_on
+    tokenized_on.clear()
+    small = {"role": "user", "content": "small"}
+    counts = asyncio.run(count_messages_off_loop(counter, [call, parts, small]))
+    assert tokenized_on == [loop]  # only the new small message, on the loop
+    assert counts == counter.count_messages([call, parts, small])

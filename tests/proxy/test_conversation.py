@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 
-from compaction import SUMMARY_MARKER
-from compaction.checkpoints import chain_hashes, make_checkpoint
+from compaction import SUMMARY_MARKER, TokenCounter, encoding_for_model
+from compaction.checkpoints import chain_hashes, make_checkpoint, session_key
 from compaction.messages import group_messages
 from config import load_settings
-from proxy.conversation import prepare
+from proxy.conversation import identify, prepare
 from proxy.state import ProxyState
 from proxy.stores import MemoryStore
 from tests.synthetic import agent_session
@@ -110,3 +110,61 @@ def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
     # Plenty of new material: summarizing can make progress again.
     calls, stage, after, limit = asyncio.run(run(extra_steps=6, output_chars=6_000))
     assert calls >= 1 and after <= limit
+
+
+def _fresh_counter(config: Any) -> TokenCounter:
+    return TokenCounter(
+        encoding=encoding_for_model(config.model), image_tokens=config.profile.image_tokens
+    )
+
+
+def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
+    async def run() -> None:
+        state, config = _state()
+        messages = agent_session(seed=54, steps=4, output_chars=400)
+        body = {"model": "m", "messages": messages}
+        identified = identify(state, config, messages)
+        assert identified.counts == _fresh_counter(config).count_messages(messages)
+        assert identified.head == 2
+        assert identified.chain == chain_hashes(messages, 2)
+        assert identified.session == session_key(messages)
+
+        counter = state.counter(config)
+        hits, misses = counter.hits, counter.misses
+        reused = await prepare(state, body, messages, config, None, identified=identified)
+        assert (counter.hits, counter.misses) == (hits, misses)  # nothing counted again
+        worked_out = await prepare(state, body, messages, config, None)
+        assert counter.hits > hits
+        assert reused.stage == "none" and reused.untouched
+        assert reused.headers() == worked_out.headers()
+        # What identifies other messages is not used for these.
+        other = identify(state, config, agent_session(seed=55, steps=2, output_chars=400))
+        mismatched = await prepare(state, body, messages, config, None, identified=other)
+        assert mismatched.headers() == worked_out.headers()
+        await state.client.aclose()
+
+    asyncio.run(run())
+
+
+def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> None:
+    async def run() -> None:
+        state, config = _state()
+        messages = agent_session(seed=56, steps=6, output_chars=400)
+        starts = [g.start for g in group_messages(messages) if 2 < g.start < len(messages) - 2]
+        checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2)
+        assert checkpoint is not None
+        await state.store.put(checkpoint)
+        later = [*messages, {"role": "user", "content": "and now?"}]
+        body = {"model": "m", "messages": later}
+        for _ in range(2):  # cold, then warm
+            prepared = await prepare(state, body, later, config, None)
+            assert prepared.stage == "none" and not prepared.untouched
+            assert prepared.checkpoint is not None and prepared.checkpoint.id == checkpoint.id
+            assert prepared.messages == [*later[:2], *checkpoint.replacement, *later[starts[-1] :]]
+            counter = _fresh_counter(config)
+            assert prepared.tokens_before == counter.count_request(body)
+            forwarded = {**body, "messages": prepared.messages}
+            assert prepared.result.tokens_after == counter.count_request(forwarded)
+        await state.client.aclose()
+
+    asyncio.run(run())

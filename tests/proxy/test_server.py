@@ -39,6 +39,12 @@ HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
         (b'{"model": 5, "messages": []}', "'model' must be a string"),
         (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid JSON"),
         (b"[" * 5000 + b"]" * 5000, "not valid JSON"),
+        # Deeper than orjson writes (254) but not than it reads (1024).
+        (
+            b'{"messages": [{"role": "user", "content": ' + b"[" * 300 + b"]" * 300 + b"}]}",
+            "nested too deeply",
+        ),
+        (b'{"messages": [], "metadata": ' + b"[" * 300 + b"]" * 300 + b"}", "nested too deeply"),
     ],
 )
 def test_bad_bodies_get_openai_shaped_400(
