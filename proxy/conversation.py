@@ -17,6 +17,7 @@ store:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -35,7 +36,7 @@ from compaction.checkpoints import (
 )
 from compaction.messages import Group, PairingProblem, group_and_validate, head_end
 from compaction.profile import compute_budget, requested_output_tokens
-from compaction.tokens import TokenCounter, count_messages_off_loop, message_keys
+from compaction.tokens import TokenCounter, count_messages_off_loop, message_keys, text_size
 from compaction.types import Message
 from config import ModelConfig
 from proxy.state import ProxyState
@@ -295,14 +296,7 @@ async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prep
         await emit("compaction.queued")
         await emit("compaction.started")
     try:
-        result = await compact(
-            {**body, "messages": view.messages},
-            profile,
-            job.summarizer,
-            reason=job.reason,
-            instructions=job.instructions,
-            counter=counter,
-        )
+        result = await _compact(job, view, profile)
     except Exception as exc:
         if emit:
             await emit("compaction.failed", error=f"{type(exc).__name__}: {exc}"[:1000])
@@ -334,6 +328,41 @@ async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prep
         tokens_before=tokens_before,
         checkpoint=made or view.used,
     )
+
+
+#: A conversation with more text than this (about 40k tokens) is compacted in
+#: a worker thread: pruning and condensing a few hundred thousand tokens is
+#: hundreds of milliseconds of CPU, during which the event loop would serve
+#: no one — with the thread, the GIL hands it back every few milliseconds.
+COMPACT_OFF_LOOP_CHARS = 160_000
+
+
+async def _compact(job: _Job, view: _View, profile: Profile) -> CompactionResult:
+    request = {**job.body, "messages": view.messages}
+    arguments = {
+        "reason": job.reason,
+        "instructions": job.instructions,
+        "counter": job.counter,
+    }
+    if text_size(view.messages) <= COMPACT_OFF_LOOP_CHARS:
+        return await compact(request, profile, job.summarizer, **arguments)
+    # The worker runs its own event loop; the summarizer's HTTP client belongs
+    # to this one, so its calls are sent back here to run.
+    summarizer = _OnLoop(job.summarizer, asyncio.get_running_loop()) if job.summarizer else None
+    work = compact(request, profile, summarizer, **arguments)
+    return await asyncio.to_thread(asyncio.run, work)
+
+
+class _OnLoop:
+    """A summarizer called from another thread's event loop, run on ``loop``."""
+
+    def __init__(self, summarizer: Summarizer, loop: asyncio.AbstractEventLoop) -> None:
+        self._summarizer = summarizer
+        self._loop = loop
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        done = asyncio.run_coroutine_threadsafe(self._summarizer(messages, max_tokens), self._loop)
+        return await asyncio.wrap_future(done)
 
 
 def _checkpoint(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import httpx
@@ -168,3 +169,65 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
         await state.client.aclose()
 
     asyncio.run(run())
+
+
+def _compact_watching_the_loop(
+    summarizer: Any, mode: str
+) -> tuple[Any, float, float, asyncio.AbstractEventLoop]:
+    """prepare() of a ~225k-token session over the trigger while a task ticks
+    every millisecond: the result, the compaction's seconds, the longest tick gap."""
+    messages = agent_session(seed=7, steps=400, output_chars=4_000)
+    body = {"model": "m", "messages": messages}
+
+    async def run() -> tuple[Any, float, float, asyncio.AbstractEventLoop]:
+        state, config = _state()
+        profile = dataclasses.replace(config.profile, summarizer=mode)
+        await asyncio.to_thread(identify, state, config, messages)  # tokenize ahead
+        gaps: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def tick() -> None:
+            last = loop.time()
+            while True:
+                await asyncio.sleep(0.001)
+                gaps.append(loop.time() - last)
+                last = loop.time()
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.005)  # ticking before the compaction starts
+        started = loop.time()
+        prepared = await prepare(state, body, messages, config, summarizer, profile=profile)
+        took = loop.time() - started
+        await asyncio.sleep(0.01)  # the ticker's next turn records the gap it ended in
+        ticker.cancel()
+        await state.client.aclose()
+        return prepared, took, max(gaps), loop
+
+    return asyncio.run(run())
+
+
+def test_a_large_compaction_leaves_the_event_loop_free() -> None:
+    """The extractive summary never awaits: on the loop, pruning and condensing
+    a few hundred thousand tokens would stall every other request."""
+    prepared, took, worst_gap, _ = _compact_watching_the_loop(None, "extractive")
+    assert prepared.stage == "condensed"
+    message = f"compaction {took * 1000:.0f} ms, loop gap {worst_gap * 1000:.0f} ms"
+    assert worst_gap < took / 2, message
+
+
+def test_a_large_compaction_still_summarizes_on_the_event_loop() -> None:
+    """Off the loop, the llm summarizer's calls come back to the loop its HTTP client lives on."""
+
+    class LoopRecording(RecordingSummarizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loops: set[asyncio.AbstractEventLoop] = set()
+
+        async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+            self.loops.add(asyncio.get_running_loop())
+            return await super().__call__(messages, max_tokens)
+
+    summarizer = LoopRecording()
+    prepared, _, _, loop = _compact_watching_the_loop(summarizer, "llm")
+    assert prepared.stage == "condensed" and prepared.result.summarizer_used == "llm"
+    assert summarizer.calls >= 1 and summarizer.loops == {loop}
