@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import socket
+import ssl
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import trustme
 import uvloop
 
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
@@ -83,17 +85,18 @@ Handler = Callable[[_Peer], Awaitable[None]]
 class _Upstream:
     """A raw HTTP/1.1 server on 127.0.0.1 whose every connection runs ``handler``."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.tls = tls
         self.connections = 0
         self.requests: list[_Received] = []
         self.url = ""
         self._peers: dict[asyncio.Task[Any], _Peer] = {}
 
     async def __aenter__(self) -> _Upstream:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -145,7 +148,7 @@ def _in_a_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], No
 
 
 @contextlib.asynccontextmanager
-async def _pool(**overrides: float) -> AsyncIterator[Transport]:
+async def _pool(**overrides: Any) -> AsyncIterator[Transport]:
     options: dict[str, Any] = {
         "connect_timeout": 1.0,
         "read_timeout": 1.0,
@@ -538,3 +541,24 @@ def test_works_under_uvloop() -> None:
             assert up.connections == 1
 
     uvloop.run(scenario())
+
+
+# --- TLS ------------------------------------------------------------------------
+
+
+@_in_a_loop
+async def test_https_upstreams_are_verified_and_kept_alive() -> None:
+    authority = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(server)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    async with _Upstream(_answering(_ok()), tls=server) as up:
+        assert up.url.startswith("https://")
+        async with _pool(ssl_context=trusting) as transport:
+            for _ in range(2):
+                assert await (await _get(transport, up.url)).read() == b"hello"
+        assert up.connections == 1
+        async with _pool() as transport:  # certifi's bundle does not know this authority
+            with pytest.raises(UpstreamUnreachable):
+                await _get(transport, up.url)
