@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import uuid
 from collections.abc import Mapping
@@ -88,8 +89,12 @@ class Conversation:
     head: int
     head_count: int  #: the profile's ``head_count`` that ``head`` was found with
     chain: list[str]
-    session: str
     counter: TokenCounter = field(repr=False, compare=False)  #: what counted them
+
+    @functools.cached_property
+    def session(self) -> str:
+        """What groups this conversation's events; needed only when it compacts."""
+        return session_key(self.messages)
 
 
 def identify(state: ProxyState, config: ModelConfig, messages: list[Message]) -> Conversation:
@@ -121,7 +126,6 @@ def _identify(
         head=head,
         head_count=head_count,
         chain=chain_hashes(messages, head, memo=counter, keys=keys),
-        session=session_key(messages),
         counter=counter,
     )
 
@@ -339,18 +343,23 @@ COMPACT_OFF_LOOP_CHARS = 160_000
 
 async def _compact(job: _Job, view: _View, profile: Profile) -> CompactionResult:
     request = {**job.body, "messages": view.messages}
-    arguments = {
-        "reason": job.reason,
-        "instructions": job.instructions,
-        "counter": job.counter,
-    }
-    if text_size(view.messages) <= COMPACT_OFF_LOOP_CHARS:
-        return await compact(request, profile, job.summarizer, **arguments)
-    # The worker runs its own event loop; the summarizer's HTTP client belongs
-    # to this one, so its calls are sent back here to run.
-    summarizer = _OnLoop(job.summarizer, asyncio.get_running_loop()) if job.summarizer else None
-    work = compact(request, profile, summarizer, **arguments)
-    return await asyncio.to_thread(asyncio.run, work)
+    summarizer = job.summarizer
+    off_loop = text_size(view.messages) > COMPACT_OFF_LOOP_CHARS
+    if off_loop and summarizer is not None:
+        # The worker runs its own event loop; the summarizer's HTTP client
+        # belongs to this one, so its calls are sent back here to run.
+        summarizer = _OnLoop(summarizer, asyncio.get_running_loop())
+    work = compact(
+        request,
+        profile,
+        summarizer,
+        reason=job.reason,
+        instructions=job.instructions,
+        counter=job.counter,
+    )
+    if off_loop:
+        return await asyncio.to_thread(asyncio.run, work)
+    return await work
 
 
 class _OnLoop:
