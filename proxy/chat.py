@@ -204,8 +204,12 @@ async def handle_chat(request: Request, state: ProxyState, *, uses_proxy_key: bo
             call, reason="overflow", profile=await _overflow_profile(call, prepared, overflow)
         )
         upstream = await _send(call, call.encode(prepared))
-    _finish(call, prepared, upstream.status, started)
-    return Relay(upstream, prepared.headers())
+    try:
+        _finish(call, prepared, upstream.status, started)
+        return Relay(upstream, prepared.headers())
+    except BaseException:
+        upstream.abort()  # its connection and pool slot are not left behind
+        raise
 
 
 async def _prepare(

@@ -118,19 +118,21 @@ class Relay(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upstream = self.upstream
+        headers = self.raw_headers
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                }
-            )
             if upstream.complete:
                 body = upstream.take_buffered()
                 upstream.release()
+                if not upstream.bodyless and self.status_code not in (204, 304):
+                    headers = [*headers, (b"content-length", b"%d" % len(body))]
+                await send(
+                    {"type": "http.response.start", "status": self.status_code, "headers": headers}
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": headers}
+            )
             await self._stream(receive, send)
         finally:
             upstream.abort()  # nothing when the body was read to its end

@@ -39,6 +39,9 @@ def test_small_request_is_forwarded_byte_for_byte(
     assert response.headers["x-compaction-stage"] == "none"
     assert upstream.chat_requests[-1].headers["authorization"] == "Bearer k"
     assert len(response.headers.get_list("date")) == 1  # the upstream's is not added to ours
+    # A body complete with its headers goes out with its length, not chunked.
+    assert response.headers["content-length"] == str(len(response.content))
+    assert "transfer-encoding" not in response.headers
 
 
 def test_sdk_round_trip_with_compaction_over_threshold(
