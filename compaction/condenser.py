@@ -41,7 +41,7 @@ from compaction.prompts import (
     turn_prefix_prompt,
 )
 from compaction.text import fit_tokens, one_line
-from compaction.tokens import TokenCounter
+from compaction.tokens import KeyMemo, TokenCounter
 from compaction.types import Message, Summarizer
 
 #: Room left in the summarizer's window besides the prompt and the reply: the
@@ -137,13 +137,15 @@ async def condense(
     summarizer: Summarizer | None,
     instructions: str | None = None,
     originals: Sequence[Message] | None = None,
+    keys: KeyMemo | None = None,
 ) -> CondenseResult:
     """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
 
     ``originals`` are the same messages before pruning, index for index. The
     file lists are read from their tool calls, whose long arguments the
     pruner cut (a ``sed -i '…' path`` loses its path at the end), and the
-    extractive summary reads their assistant messages whole.
+    extractive summary reads their assistant messages whole. ``keys`` are the
+    caller's memo of message keys, if it has one.
     """
     if originals is None:
         originals = messages
@@ -162,16 +164,23 @@ async def condense(
     if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
         raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
 
-    run = _Run(profile, counter, summarizer, instructions, list(messages[: plan.head_end]))
+    run = _Run(
+        profile,
+        counter,
+        KeyMemo() if keys is None else keys,
+        summarizer,
+        instructions,
+        list(messages[: plan.head_end]),
+    )
     main_summary = await run.summarize(main, request=None) if main.messages else None
     prefix_summary = None
     if plan.turn_start is not None and prefix.messages:
         request = message_text(messages[plan.turn_start])
         prefix_summary = await run.summarize(prefix, request=request)
 
-    replaced = sum(counter.count_messages([*main.messages, *prefix.messages]))
+    replaced = run.tokens(main.messages) + run.tokens(prefix.messages)
     written = [m for m in (main_summary, prefix_summary) if m is not None]
-    summary_tokens = sum(counter.count_messages(written))
+    summary_tokens = run.tokens(written)
     if summary_tokens >= replaced:
         raise SummarizationError(
             f"the summary ({summary_tokens:,} tokens) is not shorter than "
@@ -225,12 +234,16 @@ class _Run:
 
     profile: Profile
     counter: TokenCounter
+    keys: KeyMemo
     summarizer: Summarizer | None
     instructions: str | None
     head: list[Message]
     calls: int = 0
     fell_back: bool = False
     notes: list[str] = field(default_factory=list)
+
+    def tokens(self, messages: Sequence[Message]) -> int:
+        return sum(self.counter.count_messages(messages, self.keys.keys(messages)))
 
     async def summarize(self, whole: _Span, *, request: str | None) -> Message:
         """The summary message for ``whole``; ``request`` is set for a turn prefix."""
@@ -240,7 +253,7 @@ class _Run:
         previous = [summary_body(message_text(m)) for m in span if is_summary(m)]
         if not ordinary and len(span) == 1:
             return span[0]  # a lone earlier summary: nothing new to fold into it
-        span_tokens = sum(self.counter.count_messages(span))
+        span_tokens = self.tokens(span)
         budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
         files = collect_files(whole.originals, self.profile)
 

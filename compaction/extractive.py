@@ -26,7 +26,7 @@ Texts are read up to :data:`_SCAN_CHARS` and in linear time.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from compaction.files import FileLists
 from compaction.messages import is_summary, message_text
@@ -102,12 +102,14 @@ def extractive_summary(
     old = [_parse_previous(text) for text in previous]
 
     if not turn_prefix:
-        _goal(lines, head, ordinary, old)
-        _constraints(lines, ordinary, old, instructions)
+        requests = _user_texts(ordinary)
+        _goal(lines, head, requests, old)
+        _constraints(lines, requests, old, instructions)
     steps = tool_steps(ordinary)
     _progress(lines, steps, old)
-    _decisions(lines, ordinary, old)
-    _next_steps(lines, ordinary, old)
+    reasoning = _assistant_texts(ordinary)
+    _decisions(lines, reasoning, old)
+    _next_steps(lines, reasoning, old)
     _critical(lines, old, files)
     return lines.render(budget, counter, turn_prefix=turn_prefix)
 
@@ -123,14 +125,15 @@ def _recency(i: int, n: int) -> float:
 def _goal(
     lines: RankedLines,
     head: Sequence[Message],
-    ordinary: Sequence[Message],
+    requests: Sequence[str],
     old: Sequence[dict[str, list[str]]],
 ) -> None:
+    """``requests`` are the user texts of the middle."""
     for sections in old:
         for line in sections.get("Goal", []):
             lines.add("Goal", line, 95)
     task = _first_user_text(head)
-    requests = _user_texts(ordinary)
+    requests = list(requests)
     if task:
         lines.add("Goal", f"Task: {_task_quote(task)}", 100)
     elif requests and not old:
@@ -144,7 +147,7 @@ def _goal(
 
 def _constraints(
     lines: RankedLines,
-    ordinary: Sequence[Message],
+    requests: Sequence[str],
     old: Sequence[dict[str, list[str]]],
     instructions: str | None,
 ) -> None:
@@ -157,7 +160,7 @@ def _constraints(
             if not re.search(r"(?i)none (stated|recorded)", line):
                 lines.add(section, line, 75)
     rules: list[str] = []
-    for text, count in _tally(_user_texts(ordinary)):
+    for text, count in _tally(requests):
         sentences = _sentences(_strip_code(text)) or [text]
         if count > 1:  # quoted by its first sentence, once
             said, sentences = sentences[0], sentences[1:]
@@ -189,15 +192,16 @@ def _progress(
 
 
 def _decisions(
-    lines: RankedLines, ordinary: Sequence[Message], old: Sequence[dict[str, list[str]]]
+    lines: RankedLines, reasoning: Sequence[str], old: Sequence[dict[str, list[str]]]
 ) -> None:
+    """``reasoning`` are the assistant texts of the middle."""
     for sections in old:
         for line in sections.get("Key Decisions", []):
             lines.add("Key Decisions", line, 38)
-    texts = _assistant_texts(ordinary)[:-1]  # the last one becomes Next Steps
+    texts = reasoning[:-1]  # the last one becomes Next Steps
     for i, text in enumerate(texts):
         # The first sentence that says something: "Great!" or "Good." does not.
-        sentence = next((s for s in _sentences(text) if len(s.split()) >= _MIN_WORDS), "")
+        sentence = next((s for s in _iter_sentences(text) if len(s.split()) >= _MIN_WORDS), "")
         if sentence:
             # The newest few always stay; older reasoning ages like the steps do.
             recent = i >= len(texts) - _KEEP_RECENT
@@ -206,9 +210,8 @@ def _decisions(
 
 
 def _next_steps(
-    lines: RankedLines, ordinary: Sequence[Message], old: Sequence[dict[str, list[str]]]
+    lines: RankedLines, texts: Sequence[str], old: Sequence[dict[str, list[str]]]
 ) -> None:
-    texts = _assistant_texts(ordinary)
     if texts:
         sentences = _sentences(texts[-1], from_end=True)
         lines.add("Next Steps", f"Last plan: {one_line(' '.join(sentences[-3:]), _NEXT_CHARS)}", 90)
@@ -306,12 +309,15 @@ def _sentences(text: str, *, from_end: bool = False) -> list[str]:
     that searches for a sentence's end from every position is quadratic on
     long text without any.
     """
+    return list(_iter_sentences(text, from_end=from_end))
+
+
+def _iter_sentences(text: str, *, from_end: bool = False) -> Iterator[str]:
+    """:func:`_sentences`, one by one: most callers want only the first that says something."""
     text = text[-_SCAN_CHARS:] if from_end else text[:_SCAN_CHARS]
-    found: list[str] = []
     for paragraph in _PARAGRAPH.split(text):
         flat = " ".join(paragraph.split())
-        found.extend(s for s in _SENTENCE_END.split(flat) if s)
-    return found
+        yield from (s for s in _SENTENCE_END.split(flat) if s)
 
 
 # --- previous summaries ----------------------------------------------------

@@ -114,11 +114,18 @@ def collect_files(
 ) -> FileLists:
     """Files read and modified by the tool calls in ``messages``, merged in order with
     the lists of any earlier summary among them."""
-    lists = FileLists()
+    # Merging list after list in order comes to: every modified file once, and
+    # every read file once unless it was modified; so the paths are gathered
+    # first and merged once at the end.
+    read: list[str] = []
+    modified: list[str] = []
+    reader = _CallReader(profile)
     current: str | None = None
     for index, message in enumerate(messages):
         if is_summary(message):
-            lists = lists.merge(parse_file_lists(message_text(message)))
+            earlier = parse_file_lists(message_text(message))
+            read.extend(earlier.read)
+            modified.extend(earlier.modified)
             continue
         if message.get("role") != "assistant":
             continue
@@ -128,7 +135,7 @@ def collect_files(
         if isinstance(function_call, dict):
             calls.append(function_call)
         for call in calls:
-            action, paths, shell = _call_files(call, profile)
+            action, paths, shell = reader.files(call)
             if shell is not None:
                 found = shell
             elif paths:
@@ -138,10 +145,11 @@ def collect_files(
                 # Editors with an "open file" (SWE-agent's `edit`) name no path.
                 found = FileLists(modified=(current,))
             else:
-                found = FileLists()
-            result = results.get(call.get("id"), "")
-            lists = lists.merge(_drop_missing(found, result))
-    return lists.limited(max_files)
+                continue
+            found = _drop_missing(found, results.get(call.get("id"), ""))
+            read.extend(found.read)
+            modified.extend(found.modified)
+    return FileLists().merge(FileLists(tuple(read), tuple(modified))).limited(max_files)
 
 
 def results_after(messages: Sequence[Message], index: int) -> dict[Any, str]:
@@ -150,7 +158,8 @@ def results_after(messages: Sequence[Message], index: int) -> dict[Any, str]:
     Looked up within the group only: real sessions reuse call ids across turns.
     """
     results: dict[Any, str] = {}
-    for message in messages[index + 1 :]:
+    for i in range(index + 1, len(messages)):  # not a slice: called for every call
+        message = messages[i]
         if message.get("role") != "tool":
             break
         results.setdefault(message.get("tool_call_id"), message_text(message))
@@ -172,32 +181,61 @@ def _drop_missing(lists: FileLists, result: str) -> FileLists:
 
 def files_of_call(call: dict[str, Any], profile: Profile) -> FileLists:
     """What one tool call read and modified."""
-    action, paths, shell = _call_files(call, profile)
+    action, paths, shell = _CallReader(profile).files(call)
     if shell is not None:
         return shell
     return _as(action, paths) if action and paths else FileLists()
 
 
-def _call_files(
-    call: dict[str, Any], profile: Profile
-) -> tuple[str | None, list[str], FileLists | None]:
-    """``(action, paths named in the arguments, files of a shell command or None)``."""
-    name, arguments = call_name_and_arguments(call)
-    parsed = parse_arguments(arguments)
-    if not isinstance(parsed, dict):
-        parsed = {}
-    words = _name_words(name)
-    command = next((parsed[k] for k in _COMMAND_ARGUMENTS if isinstance(parsed.get(k), str)), None)
-    if command is not None and _SHELL_WORDS.intersection(words):
-        shell = shell_files(command)
-        return None, [], FileLists(shell.read, shell.modified)
-    paths = _argument_paths(parsed)
-    # Editor tools take their action as a sub-command: {"command": "view", "path": …}.
-    if command is not None and re.fullmatch(r"[A-Za-z_]+", command):
-        action = _classify(_name_words(command), profile)
-        if action is not None:
-            return action, paths, None
-    return _classify(words, profile), paths, None
+_CallFiles = tuple[str | None, tuple[str, ...], FileLists | None]
+
+
+class _CallReader:
+    """Reads tool calls with one profile, remembering what it read.
+
+    Agents repeat calls (``git diff``, ``pytest -q``, the same file read
+    again) and tool names: each distinct call is parsed once, each distinct
+    name classified once.
+    """
+
+    def __init__(self, profile: Profile) -> None:
+        self._modify = [w for w in map(_name_words, profile.modify_tools) if w]
+        self._read = [w for w in map(_name_words, profile.read_tools) if w]
+        self._calls: dict[tuple[str, str], _CallFiles] = {}
+        self._classes: dict[tuple[str, ...], str | None] = {}
+
+    def files(self, call: dict[str, Any]) -> _CallFiles:
+        """``(action, paths named in the arguments, files of a shell command or None)``."""
+        name, arguments = call_name_and_arguments(call)
+        found = self._calls.get((name, arguments))
+        if found is None:
+            found = self._calls[(name, arguments)] = self._read_call(name, arguments)
+        return found
+
+    def _read_call(self, name: str, arguments: str) -> _CallFiles:
+        parsed = parse_arguments(arguments)
+        if not isinstance(parsed, dict):
+            parsed = {}
+        words = _name_words(name)
+        command = next(
+            (parsed[k] for k in _COMMAND_ARGUMENTS if isinstance(parsed.get(k), str)), None
+        )
+        if command is not None and _SHELL_WORDS.intersection(words):
+            shell = shell_files(command)
+            return None, (), FileLists(shell.read, shell.modified)
+        paths = _argument_paths(parsed)
+        # Editor tools take their action as a sub-command: {"command": "view", "path": …}.
+        if command is not None and re.fullmatch(r"[A-Za-z_]+", command):
+            action = self._classify(_name_words(command))
+            if action is not None:
+                return action, paths, None
+        return self._classify(words), paths, None
+
+    def _classify(self, words: list[str]) -> str | None:
+        key = tuple(words)
+        if key not in self._classes:
+            self._classes[key] = _classify(words, self._modify, self._read)
+        return self._classes[key]
 
 
 def _as(action: str, paths: Sequence[str]) -> FileLists:
@@ -209,10 +247,8 @@ def _name_words(name: str) -> list[str]:
     return [w.lower() for w in _NAME_WORDS.findall(name)]
 
 
-def _matches(words: Sequence[str], entry: str) -> bool:
-    wanted = _name_words(entry)
-    if not wanted:
-        return False
+def _matches(words: list[str], wanted: list[str]) -> bool:
+    """Whether a tool named ``words`` matches a profile entry of ``wanted`` words."""
     if len(wanted) > 1:
         return any(words[i : i + len(wanted)] == wanted for i in range(len(words)))
     # Short words must match whole ("ls" is not in "tools"); longer ones may
@@ -223,18 +259,18 @@ def _matches(words: Sequence[str], entry: str) -> bool:
     return any(w.startswith(word) for w in words)
 
 
-def _classify(words: Sequence[str], profile: Profile) -> str | None:
-    if any(_matches(words, entry) for entry in profile.modify_tools):
+def _classify(words: list[str], modify: list[list[str]], read: list[list[str]]) -> str | None:
+    if any(_matches(words, entry) for entry in modify):
         return "modified"
-    if any(_matches(words, entry) for entry in profile.read_tools):
+    if any(_matches(words, entry) for entry in read):
         return "read"
     return None
 
 
-def _argument_paths(arguments: dict[str, Any]) -> list[str]:
+def _argument_paths(arguments: dict[str, Any]) -> tuple[str, ...]:
     paths = [arguments[k] for k in _PATH_ARGUMENTS if isinstance(arguments.get(k), str)]
     for key in _LIST_ARGUMENTS:
         value = arguments.get(key)
         if isinstance(value, list):
             paths.extend(v for v in value if isinstance(v, str))
-    return [p.strip() for p in paths if p.strip() and "\n" not in p]
+    return tuple(p.strip() for p in paths if p.strip() and "\n" not in p)

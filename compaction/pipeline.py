@@ -32,7 +32,7 @@ from compaction.messages import (
 )
 from compaction.profile import Budget, Profile, compute_budget, requested_output_tokens
 from compaction.pruner import prune
-from compaction.tokens import TokenCounter, count_messages_off_loop
+from compaction.tokens import KeyMemo, TokenCounter, count_messages_off_loop
 from compaction.truncate import truncate
 from compaction.types import Message, Reason, Stage, Summarizer
 
@@ -73,9 +73,10 @@ class _Run:
     overhead: int
     reason: Reason
     notes: list[str]
+    keys: KeyMemo
 
     def total(self, messages: Sequence[Message]) -> int:
-        return sum(self.counter.count_messages(messages)) + self.overhead
+        return sum(self.counter.count_messages(messages, self.keys.keys(messages))) + self.overhead
 
 
 async def compact(
@@ -86,6 +87,7 @@ async def compact(
     reason: Reason = "threshold",
     instructions: str | None = None,
     counter: TokenCounter | None = None,
+    keys: Sequence[bytes] | None = None,
 ) -> CompactionResult:
     """Bring a chat-completions request within its model's input limit.
 
@@ -97,6 +99,9 @@ async def compact(
     Raises :class:`~compaction.errors.InvalidMessagesError` for input that is
     not a list of messages and :class:`~compaction.errors.CannotFitError`
     when the head alone (or the newest group, even shrunk) exceeds the limit.
+
+    ``keys`` are the :func:`~compaction.tokens.message_key` of each of the
+    request's messages, when the caller has computed them already.
     """
     original = check_messages(request.get("messages"))
     counter = counter or TokenCounter(request.get("model"), image_tokens=profile.image_tokens)
@@ -108,15 +113,16 @@ async def compact(
         overhead=counter.request_overhead(request),
         reason=reason,
         notes=[],
+        keys=KeyMemo(original, keys),
     )
-    counts = await count_messages_off_loop(counter, original)
+    counts = await count_messages_off_loop(counter, original, run.keys.keys(original))
     tokens_before = sum(counts) + run.overhead
 
     repair = repair_tool_pairing(original)
     messages = repair.messages
     run.notes.extend(repair.notes)
     if repair.changed:
-        counts = counter.count_messages(messages)
+        counts = counter.count_messages(messages, run.keys.keys(messages))
 
     def finish(
         final: list[Message],
@@ -170,6 +176,7 @@ async def compact(
                 summarizer=summarizer,
                 instructions=instructions,
                 originals=unpruned,
+                keys=run.keys,
             )
         except SummarizationError as exc:
             run.notes.append(f"condense skipped: {exc}")

@@ -51,22 +51,32 @@ class RankedLines:
     def render(self, budget: int, counter: TokenCounter, *, turn_prefix: bool = False) -> str:
         """The summary text in at most ``budget`` tokens, the lowest-ranked lines left out."""
         items = self.lines
-        costs = {id(i): counter.count_text(i.text) + 1 for i in items}
-        frame = counter.count_text(_render([], 0, turn_prefix)) + _OMITTED_RESERVE
-        total = frame + sum(costs.values())
         by_rank = sorted(items, key=lambda i: (i.score, i.order))
-        dropped: set[int] = set()
-        omitted = 0
+        frame = counter.count_text(_render([], 0, turn_prefix)) + _OMITTED_RESERVE
+        # The lines kept are the highest-ranked that fit with the frame; only
+        # those (and the first that does not fit) are tokenized: a long
+        # session has thousands of lines, and a few hundred are kept.
+        costs: dict[int, int] = {}
+        kept_cost = 0
+        dropped = len(by_rank)
+        while dropped > 0:
+            candidate = by_rank[dropped - 1]
+            cost = costs[id(candidate)] = counter.count_text(candidate.text) + 1
+            if frame + kept_cost + cost > budget:
+                break
+            kept_cost += cost
+            dropped -= 1
+        total = frame + kept_cost
         while True:
-            while total > budget and len(dropped) < len(by_rank):
-                victim = by_rank[len(dropped)]
-                dropped.add(id(victim))
-                total -= costs[id(victim)]
-                omitted += victim.section == "Done"
-            kept = [i for i in items if id(i) not in dropped]
+            while total > budget and dropped < len(by_rank):
+                total -= costs[id(by_rank[dropped])]
+                dropped += 1
+            gone = {id(i) for i in by_rank[:dropped]}
+            kept = [i for i in items if id(i) not in gone]
+            omitted = sum(i.section == "Done" for i in by_rank[:dropped])
             text = _render(kept, omitted, turn_prefix)
             actual = counter.count_text(text)
-            if actual <= budget or len(dropped) >= len(by_rank):
+            if actual <= budget or dropped >= len(by_rank):
                 return fit_tokens(text, budget, counter)
             total = actual + 1  # joins tokenized differently: drop one more and retry
 

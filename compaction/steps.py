@@ -60,22 +60,36 @@ class Step:
 def tool_steps(messages: Sequence[Message]) -> list[Step]:
     """One :class:`Step` per tool call in ``messages``, in order."""
     steps = []
+    # Agents repeat calls (`git diff`, `pytest -q`): each is described once.
+    described: dict[tuple[str, str], str] = {}
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
         results = results_after(messages, i)
         for call in tool_calls(message):
-            steps.append(_step(call, results.get(call.get("id"))))
+            steps.append(_step(call, results.get(call.get("id")), described))
         function_call = message.get("function_call")
         if isinstance(function_call, dict):
             following = messages[i + 1] if i + 1 < len(messages) else {}
             result = message_text(following) if following.get("role") == "function" else None
-            steps.append(_step(function_call, result))
+            steps.append(_step(function_call, result, described))
     return steps
 
 
-def _step(call: dict[str, Any], result: str | None) -> Step:
-    name, _ = call_name_and_arguments(call)
+def _step(call: dict[str, Any], result: str | None, described: dict[tuple[str, str], str]) -> Step:
+    name, arguments = call_name_and_arguments(call)
+    what = described.get((name, arguments))
+    if what is None:
+        what = described[(name, arguments)] = _describe(call, name)
+    if result is None:
+        return Step(what, None, None)
+    brief = _pruned_brief(name, result)
+    outcome, error = brief if brief else _outcome(result)
+    return Step(what, outcome, error)
+
+
+def _describe(call: dict[str, Any], name: str) -> str:
+    """The tool and its key argument: ``bash: `pytest -q```."""
     key, value = key_argument(call)
     if not value:
         what = name or "tool"
@@ -85,11 +99,7 @@ def _step(call: dict[str, Any], result: str | None) -> Step:
         what = f"{name} `{_first_line(value)}`"
     else:
         what = f"{name}({key}={_first_line(value)})"
-    if result is None:
-        return Step(what, None, None)
-    brief = _pruned_brief(name, result)
-    outcome, error = brief if brief else _outcome(result)
-    return Step(what, outcome, error)
+    return what
 
 
 def _outcome(result: str) -> tuple[str, str | None]:

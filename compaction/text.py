@@ -11,6 +11,8 @@ cut again by the same call: the pruner relies on that to be idempotent.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from json.encoder import encode_basestring
 from typing import Any
 
 from compaction.tokens import TokenCounter
@@ -152,12 +154,12 @@ def shrink_arguments(arguments: str, limit: int) -> str:
 
 
 def _shrink_json(parsed: Any, limit: int) -> Any:
-    def fits(cap: int) -> bool:
-        return len(_dumps(_cap_strings(parsed, cap))) <= limit
-
+    fits = _sizer(parsed, limit)
     low, high = _MIN_VALUE_CHARS, max(_longest_string(parsed), _MIN_VALUE_CHARS)
     if fits(low):
-        # Largest cap that fits: cutting as little as possible.
+        # Largest cap that fits: cutting as little as possible. (The size is
+        # not quite monotonic in the cap, as markers lose digits: the search
+        # is kept as it is, so that the same arguments always cut the same.)
         while low < high:
             middle = (low + high + 1) // 2
             if fits(middle):
@@ -165,3 +167,54 @@ def _shrink_json(parsed: Any, limit: int) -> Any:
             else:
                 high = middle - 1
     return _cap_strings(parsed, low)
+
+
+def _sizer(parsed: Any, limit: int) -> Callable[[int], bool]:
+    """Whether ``_dumps(_cap_strings(parsed, cap)) <= limit``, as a function of ``cap``.
+
+    The binary search asks about ten times per argument; rather than write the
+    JSON each time, the size is the whole document's less what capping cuts
+    from each long string. That holds when the document is written with its
+    characters unescaped; with lone surrogates (escaped, and only while not
+    cut away) each size is measured.
+    """
+    whole = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if not whole.isascii() and not _encodable(whole):
+
+        def measured(cap: int) -> bool:
+            return len(_dumps(_cap_strings(parsed, cap))) <= limit
+
+        return measured
+
+    strings = [(s, len(s), len(encode_basestring(s))) for s in _value_strings(parsed)]
+    size = len(whole)
+
+    def computed(cap: int) -> bool:
+        cut = 0
+        for text, length, written in strings:
+            if length > cap + _VALUE_MARKER_ROOM:
+                kept = len(encode_basestring(text[:cap])) + len(_value_marker(length - cap))
+                cut += written - kept
+        return size - cut <= limit
+
+    return computed
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _value_strings(value: Any) -> Iterator[str]:
+    """Every string :func:`_cap_strings` may cut: values, not keys."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _value_strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _value_strings(item)

@@ -81,6 +81,42 @@ def message_keys(messages: Sequence[Message]) -> list[bytes]:
     return [message_key(m) for m in messages]
 
 
+class KeyMemo:
+    """:func:`message_key` of messages already keyed, by object identity, for the
+    length of one compaction.
+
+    A compaction counts the same messages many times over (the whole request,
+    then each stage's output, whose unchanged messages are the input's own
+    objects), and keying is a serialization and a hash of each message. The
+    memo holds a reference to every message it keyed, so no ``id`` is reused
+    while it lives; messages must not be mutated meanwhile (stages never do).
+    """
+
+    __slots__ = ("_known",)
+
+    def __init__(
+        self, messages: Sequence[Message] = (), keys: Sequence[bytes] | None = None
+    ) -> None:
+        """Start with ``keys`` as the known keys of ``messages``, if given."""
+        self._known: dict[int, tuple[Message, bytes]] = {}
+        if keys is not None:
+            if len(keys) != len(messages):
+                raise ValueError(f"{len(keys)} keys for {len(messages)} messages")
+            for message, key in zip(messages, keys, strict=True):
+                self._known[id(message)] = (message, key)
+
+    def keys(self, messages: Sequence[Message]) -> list[bytes]:
+        """:func:`message_keys` of ``messages``, each computed once."""
+        known = self._known
+        out: list[bytes] = []
+        for message in messages:
+            entry = known.get(id(message))
+            if entry is None:
+                entry = known[id(message)] = (message, message_key(message))
+            out.append(entry[1])
+        return out
+
+
 class _Entry:
     """What the cache knows about one message."""
 

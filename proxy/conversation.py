@@ -349,6 +349,7 @@ async def _compact(job: _Job, view: _View, profile: Profile) -> CompactionResult
         # The worker runs its own event loop; the summarizer's HTTP client
         # belongs to this one, so its calls are sent back here to run.
         summarizer = _OnLoop(summarizer, asyncio.get_running_loop())
+    conversation = job.conversation
     work = compact(
         request,
         profile,
@@ -356,6 +357,8 @@ async def _compact(job: _Job, view: _View, profile: Profile) -> CompactionResult
         reason=job.reason,
         instructions=job.instructions,
         counter=job.counter,
+        # Keyed already, unless a checkpoint rewrote the messages.
+        keys=conversation.keys if view.messages is conversation.messages else None,
     )
     if off_loop:
         return await asyncio.to_thread(asyncio.run, work)

@@ -3,7 +3,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from compaction import text as text_module
 from compaction.text import clip, cut_middle, fit_tokens, one_line, shrink_arguments
 from compaction.tokens import TokenCounter
 
@@ -62,3 +65,19 @@ def test_arguments_with_many_short_values_stay_valid_json_above_the_limit() -> N
     assert json.loads(shrunk) == json.loads(arguments)  # nothing to cut but spaces
     assert len(shrunk) < len(arguments)
     assert shrink_arguments(shrunk, 200) == shrunk
+
+
+_JSON_TEXT = st.text(st.sampled_from(list('ab "\\\n\t\x01\x7fé…𝄞\ud800')), max_size=300)
+_JSON_VALUES = st.recursive(
+    st.one_of(_JSON_TEXT, st.integers(), st.booleans(), st.none()),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_JSON_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES, st.integers(min_value=0, max_value=600), st.integers(0, 320))
+def test_shrink_sizer_agrees_with_writing_the_json(value: object, limit: int, cap: int) -> None:
+    # The binary search sizes candidates without writing them; it must say what writing says.
+    written = len(text_module._dumps(text_module._cap_strings(value, cap)))
+    assert text_module._sizer(value, limit)(cap) == (written <= limit)

@@ -11,6 +11,7 @@ from compaction import encodings
 from compaction.tokens import (
     LINKS_PER_MESSAGE,
     REPLY_PRIMING,
+    KeyMemo,
     TokenCounter,
     encoding_for_model,
     message_key,
@@ -278,3 +279,17 @@ def test_only_much_new_text_is_tokenized_off_the_event_loop() -> None:
     counts = asyncio.run(count_messages_off_loop(counter, [call, parts, small]))
     assert tokenized_on == [loop]  # only the new small message, on the loop
     assert counts == counter.count_messages([call, parts, small])
+
+
+def test_key_memo_keys_each_message_once_and_as_message_keys_does() -> None:
+    first, second = user("a"), user("b")
+    memo = KeyMemo([first], [b"given"])
+    assert memo.keys([first, second, second]) == [
+        b"given",
+        message_key(second),
+        message_key(second),
+    ]
+    # A copy is another object: keyed on its own, not mistaken for the original.
+    assert memo.keys([dict(first)]) == [message_key(first)]
+    with pytest.raises(ValueError):
+        KeyMemo([first], [])

@@ -174,9 +174,9 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
 def _compact_watching_the_loop(
     summarizer: Any, mode: str
 ) -> tuple[Any, float, float, asyncio.AbstractEventLoop]:
-    """prepare() of a ~225k-token session over the trigger while a task ticks
+    """prepare() of a ~340k-token session over the trigger while a task ticks
     every millisecond: the result, the compaction's seconds, the longest tick gap."""
-    messages = agent_session(seed=7, steps=400, output_chars=4_000)
+    messages = agent_session(seed=7, steps=600, output_chars=4_000)
     body = {"model": "m", "messages": messages}
 
     async def run() -> tuple[Any, float, float, asyncio.AbstractEventLoop]:
@@ -212,7 +212,10 @@ def test_a_large_compaction_leaves_the_event_loop_free() -> None:
     prepared, took, worst_gap, _ = _compact_watching_the_loop(None, "extractive")
     assert prepared.stage == "condensed"
     message = f"compaction {took * 1000:.0f} ms, loop gap {worst_gap * 1000:.0f} ms"
-    assert worst_gap < took / 2, message
+    # On the loop the longest gap is the whole compaction; off it, a few ms. The
+    # issue's bound for a stall is 100 ms: a compaction quicker than that on
+    # a fast machine may hold the loop without failing the user.
+    assert worst_gap < max(took / 2, 0.100), message
 
 
 def test_a_large_compaction_still_summarizes_on_the_event_loop() -> None:
