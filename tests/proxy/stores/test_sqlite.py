@@ -110,8 +110,11 @@ async def test_two_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> 
     path = tmp_path / "state.db"
     first, second = SQLiteStore(path), SQLiteStore(path)
     made = checkpoint()
+    for store in (first, second):  # each now knows the file's end hashes
+        assert await store.lookup(["h1"]) == {}
     await first.put(made, ORIGINALS)
-    assert await second.lookup(["h1"]) == {"h1": made}
+    assert await second.lookup(["h1"]) == {"h1": made}  # … and sees that they changed
+    assert await first.lookup(["h0", "h1"]) == {"h1": made}  # its own write, too
     assert await second.originals(made.id) == ORIGINALS
     await second.add_event(event("c1", "compaction.started", instance="second"))
     await second.set_learned_window("m", 4096)
