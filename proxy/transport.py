@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import ssl
 from collections.abc import AsyncIterator, Iterable
@@ -139,6 +140,9 @@ class _Connection(asyncio.Protocol):
             return
         names = {name for name, _ in response.raw_headers}
         response.until_close = b"content-length" not in names and b"transfer-encoding" not in names
+        if b"content-length" in names and b"transfer-encoding" not in names:
+            with contextlib.suppress(ValueError):  # the parser has refused a bad one already
+                response.length = int(response.header("content-length") or "")
         response.headers_done()
         if response.bodyless:
             # A HEAD answer states a length it does not send, which the parser
@@ -197,6 +201,7 @@ class UpstreamResponse:
         self.complete = False
         self.keep_alive = False
         self.until_close = False
+        self.length: int | None = None  #: the body's declared content-length
         self.received = False  #: any byte arrived
         self._connection = connection
         self._pool = pool
@@ -263,6 +268,20 @@ class UpstreamResponse:
         self._chunks.clear()
         self._consumed(len(data))
         return data
+
+    async def wait_complete(self) -> None:
+        """Wait until the whole body is in (or broke), without taking any of it.
+
+        For bodies below :data:`HIGH_WATER` only: a larger one would pause
+        reading and never complete.
+        """
+        while not self.complete and self._error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._within_read_timeout(self._waiter, "the upstream stopped sending")
+            except UpstreamTimeout:
+                self._connection.abort()
+                self.fail("the upstream stopped sending")
 
     async def next_chunk(self) -> bytes | None:
         """The next body chunk as received, None at the end; :class:`BodyLost` if it broke.

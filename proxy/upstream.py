@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.errors import BadRequest, ProxyError
-from proxy.transport import BodyLost, Transport, UpstreamResponse
+from proxy.transport import HIGH_WATER, BodyLost, Transport, UpstreamResponse
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +101,16 @@ def _stream_error_event(message: str) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
+#: An answer of a declared length below this is relayed whole, with its
+#: length (no more than the transport buffers before it stops reading).
+WHOLE_BELOW = HIGH_WATER
+
+
 class Relay(Response):
     """The upstream's answer relayed as it arrives: no buffering, no re-chunking.
 
-    A body that is complete when the headers arrive (most JSON answers) goes
-    out in one message. Otherwise the client's disconnect is watched, and
+    A body of a known, small length (a JSON answer) goes out in one message
+    with its length. Otherwise the client's disconnect is watched, and
     aborts the upstream request at once — a generation nobody reads is not
     left running (and billed) to its end.
     """
@@ -120,6 +125,10 @@ class Relay(Response):
         upstream = self.upstream
         headers = self.raw_headers
         try:
+            if not upstream.complete and (upstream.length or WHOLE_BELOW) < WHOLE_BELOW:
+                # A small answer of known length (a JSON completion) is
+                # relayed whole: its last bytes are a moment away.
+                await upstream.wait_complete()
             if upstream.complete:
                 body = upstream.take_buffered()
                 upstream.release()

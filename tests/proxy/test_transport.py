@@ -371,6 +371,39 @@ async def test_stall_after_headers_loses_the_body_after_read_timeout() -> None:
 
 
 @_in_a_loop
+async def test_waiting_for_a_whole_body_that_arrives_late_takes_none_of_it() -> None:
+    async def handler(peer: _Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
+        await asyncio.sleep(0.05)  # the rest comes in a later segment
+        await peer.send(b"world")
+        await peer.wait_eof()
+
+    async with _Upstream(handler) as up, _pool() as transport:
+        response = await _get(transport, up.url)
+        assert response.length == 10 and not response.complete
+        await response.wait_complete()
+        assert response.complete and response.take_buffered() == b"helloworld"
+
+
+@_in_a_loop
+async def test_waiting_for_a_whole_body_that_stalls_ends_in_a_lost_body() -> None:
+    async def handler(peer: _Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nsome")
+        await peer.wait_eof()
+
+    async with _Upstream(handler) as up, _pool(read_timeout=0.2) as transport:
+        response = await _get(transport, up.url)
+        started = time.perf_counter()
+        await response.wait_complete()
+        assert 0.15 < time.perf_counter() - started < 1.0 and not response.complete
+        assert await response.next_chunk() == b"some"  # what did arrive is still there
+        with pytest.raises(BodyLost):
+            await response.next_chunk()
+
+
+@_in_a_loop
 async def test_drop_mid_body_loses_the_body_and_the_connection() -> None:
     async def handler(peer: _Peer) -> None:
         await peer.request()
