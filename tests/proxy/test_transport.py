@@ -1,4 +1,4 @@
-"""proxy.transport against a scripted raw HTTP server on loopback.
+"""proxy.transport (connection and pool) against a scripted raw HTTP server on loopback.
 
 Each test gives ``_Upstream`` a handler coroutine that reads requests and
 writes exact bytes, so every behaviour (a stall, a drop mid-body, an idle

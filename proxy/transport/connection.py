@@ -1,29 +1,11 @@
-"""The upstream connection pool: a lean HTTP/1.1 client for relaying.
+"""One upstream connection and the response it carries.
 
-Why not httpx here: every relayed request pays its client's cost on the hot
-path, and on the bench machine ``httpx.AsyncClient.send`` of a small chat
-request took 1.27 ms of CPU (httpcore alone 0.76 ms) against 0.05 ms for a
-plain asyncio protocol with the ``httptools`` parser (the C parser uvicorn
-serves with; ``/tmp`` script in the issue 5 note). The proxy relays; it
-needs keep-alive, TLS, timeouts, streaming and nothing else — no cookies,
-redirects, auth flows, decoding or proxies-from-environment. httpx stays for
-the proxy's own calls (the summarizer), where convenience beats microseconds.
-
-Semantics, chosen to match what the httpx client did before:
-
-* ``connect_timeout`` bounds opening a connection and waiting for a free one
-  in the pool; ``read_timeout`` bounds each wait for upstream bytes (headers,
-  then every body chunk) — a timeout raises :class:`UpstreamTimeout`.
-* Failures to connect or a connection lost before the response headers raise
-  :class:`UpstreamUnreachable`; lost mid-body, iteration raises
-  :class:`BodyLost`. A request sent on a *reused* connection that the server
-  closes without answering a single byte is sent once more on a new one: it
-  is how an idle keep-alive connection closed by the server at that instant
-  looks, and the server cannot have acted on it.
-* The upstream is asked for ``accept-encoding: identity``: the relayed bytes
-  are the bytes received, and error bodies can be read for overflow wordings.
-* Connections go back to the pool only after a complete response with
-  keep-alive; an abandoned response closes its connection.
+:class:`Connection` is an asyncio protocol that feeds the ``httptools``
+response parser; :class:`UpstreamResponse` is what the relay reads: status
+and headers once they are in, the body chunk by chunk as it arrives, with
+a read timeout on every wait and reading paused while a slow client lets
+more than :data:`HIGH_WATER` bytes pile up. The pool (``pool.py``) decides
+what happens to the connection afterwards.
 """
 
 from __future__ import annotations
@@ -31,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
-import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
-from urllib.parse import urlsplit
 
 import httptools
 
@@ -52,7 +31,7 @@ class BodyLost(Exception):
 
 
 @dataclass(frozen=True)
-class _Origin:
+class Origin:
     scheme: str
     host: str
     port: int
@@ -64,22 +43,10 @@ class _Origin:
         return host if self.port == default else f"{host}:{self.port}"
 
 
-@functools.lru_cache(maxsize=256)  # a handful of upstream URLs, parsed on every request
-def _split(url: str) -> tuple[_Origin, str]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    target = parts.path or "/"
-    if parts.query:
-        target = f"{target}?{parts.query}"
-    return _Origin(parts.scheme, parts.hostname, port), target
-
-
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One keep-alive connection; at most one response in flight."""
 
-    def __init__(self, origin: _Origin) -> None:
+    def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -193,7 +160,12 @@ class UpstreamResponse:
     """An upstream answer: status and headers now, the body as it arrives."""
 
     def __init__(
-        self, connection: _Connection, pool: Transport, read_timeout: float, *, bodyless: bool
+        self,
+        connection: Connection,
+        release: Callable[[Connection, bool], None],
+        read_timeout: float,
+        *,
+        bodyless: bool,
     ) -> None:
         self.status = 0
         self.bodyless = bodyless  #: the answer to a HEAD request
@@ -204,7 +176,7 @@ class UpstreamResponse:
         self.length: int | None = None  #: the body's declared content-length
         self.received = False  #: any byte arrived
         self._connection = connection
-        self._pool = pool
+        self._release = release
         self._read_timeout = read_timeout
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -346,7 +318,7 @@ class UpstreamResponse:
             # connection would never hear its next answer.
             self._paused = False
             transport.resume_reading()
-        self._pool.release(self._connection, reusable=reusable)
+        self._release(self._connection, reusable)
 
     def _consumed(self, size: int) -> None:
         self._buffered -= size
@@ -356,195 +328,6 @@ class UpstreamResponse:
             transport.resume_reading()
 
 
-class Transport:
-    """Keep-alive connections to the upstream(s), opened on demand."""
-
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        max_connections: int,
-        max_keepalive: int,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
-        self._max_keepalive = max_keepalive
-        self._slots = asyncio.Semaphore(max_connections)
-        self._idle: dict[_Origin, list[_Connection]] = {}
-        self._ssl = ssl_context
-        self._closed = False
-
-    async def request(
-        self,
-        method: str,
-        url: str,
-        headers: Iterable[tuple[str, str]],
-        body: bytes | AsyncIterator[bytes] | None,
-    ) -> UpstreamResponse:
-        """Send a request and return once the response headers are in.
-
-        ``body`` is bytes (sent with a length) or an async iterator (sent
-        chunked, as it is read; such a request is never sent twice).
-        """
-        origin, target = _split(url)
-        length = len(body) if isinstance(body, bytes) else (0 if body is None else None)
-        head = _request_head(method, target, origin, headers, length)
-        await self._take_slot()
-        retry = length is not None
-        while True:
-            connection = self._idle_connection(origin)
-            reused = connection is not None
-            if connection is None:
-                try:
-                    connection = await self._connect(origin)
-                except BaseException:
-                    self._slots.release()
-                    raise
-            response = UpstreamResponse(
-                connection, self, self._read_timeout, bodyless=method == "HEAD"
-            )
-            connection.start(response)
-            try:
-                await _write_request(connection, head, body, self._read_timeout)
-                await response.wait_headers()
-            except UpstreamUnreachable:
-                response.release()
-                if retry and reused and not response.received:
-                    retry = False
-                    await self._take_slot()  # the second try takes a slot again
-                    continue
-                raise
-            except BaseException:
-                response.abort()  # a timeout or cancellation leaves the connection unusable
-                raise
-            return response
-
-    async def _take_slot(self) -> None:
-        if not self._slots.locked():
-            await self._slots.acquire()  # free: no suspension, no timer
-            return
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self._connect_timeout)
-        except TimeoutError as exc:
-            raise UpstreamTimeout("No upstream connection became free in time.") from exc
-
-    def release(self, connection: _Connection, *, reusable: bool) -> None:
-        connection.response = None
-        idle = self._idle.setdefault(connection.origin, [])
-        if (
-            reusable
-            and not connection.closed
-            and not self._closed
-            and len(idle) < self._max_keepalive
-        ):
-            idle.append(connection)
-        else:
-            connection.close()
-        self._slots.release()
-
-    async def aclose(self) -> None:
-        self._closed = True
-        for connections in self._idle.values():
-            for connection in connections:
-                connection.close()
-        self._idle.clear()
-
-    # --- connections ---------------------------------------------------------
-
-    def _idle_connection(self, origin: _Origin) -> _Connection | None:
-        idle = self._idle.get(origin)
-        while idle:
-            connection = idle.pop()
-            if not connection.closed:
-                return connection
-        return None
-
-    async def _connect(self, origin: _Origin) -> _Connection:
-        loop = asyncio.get_running_loop()
-        context = None
-        if origin.scheme == "https":
-            if self._ssl is None:
-                self._ssl = _default_ssl_context()
-            context = self._ssl
-        try:
-            _, connection = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _Connection(origin),
-                    origin.host,
-                    origin.port,
-                    ssl=context,
-                    server_hostname=origin.host if context else None,
-                ),
-                self._connect_timeout,
-            )
-        except TimeoutError as exc:
-            raise UpstreamTimeout("Connecting to the upstream timed out.") from exc
-        except OSError as exc:
-            raise UpstreamUnreachable("The upstream could not be reached.") from exc
-        return connection
-
-
-#: Bodies at least this large are written apart from the head, not copied onto it.
-_JOIN_BELOW = 64 * 1024
-
-
-async def _write_request(
-    connection: _Connection,
-    head: bytes,
-    body: bytes | AsyncIterator[bytes] | None,
-    timeout: float,
-) -> None:
-    if body is None:
-        await connection.write(head, timeout)
-    elif isinstance(body, bytes):
-        if len(body) < _JOIN_BELOW:
-            await connection.write(head + body, timeout)
-        else:
-            await connection.write(head, timeout)
-            await connection.write(body, timeout)
-    else:
-        await connection.write(head, timeout)
-        async for chunk in body:
-            if chunk:
-                await connection.write(b"%x\r\n%b\r\n" % (len(chunk), chunk), timeout)
-        await connection.write(b"0\r\n\r\n", timeout)
-
-
 def _expire(future: asyncio.Future[None], message: str) -> None:
     if not future.done():
         future.set_exception(UpstreamTimeout(message))
-
-
-def _request_head(
-    method: str,
-    target: str,
-    origin: _Origin,
-    headers: Iterable[tuple[str, str]],
-    length: int | None,
-) -> bytes:
-    """Request line and headers; ``length`` None means a chunked body."""
-    lines = [f"{method} {target} HTTP/1.1", f"host: {origin.authority}"]
-    for name, value in headers:
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-            raise ValueError(f"header {name!r} contains a line break")
-        lines.append(f"{name}: {value}")
-    lines.append("accept-encoding: identity")
-    if length is None:
-        lines.append("transfer-encoding: chunked")
-    elif length or method not in ("GET", "HEAD", "OPTIONS", "DELETE"):
-        lines.append(f"content-length: {length}")
-    try:
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    except UnicodeEncodeError as exc:
-        raise ValueError("a header value is not latin-1") from exc
-
-
-def _default_ssl_context() -> ssl.SSLContext:
-    """The system's trust store, or certifi's bundle (as httpx uses) when installed."""
-    try:
-        import certifi
-    except ImportError:
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=certifi.where())
