@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import ModelResolver, Settings
 from proxy.chat import handle_chat, handle_preview
+from proxy.disconnect import ClientWatch
 from proxy.errors import ProxyError
 from proxy.guards import KEY_IN_AUTHORIZATION, HostGuard, ProxyKeyGuard, is_loopback
 from proxy.logs import REQUESTS
@@ -247,12 +248,22 @@ class ChatRoute:
             await self.app(scope, receive, send)
             return
         response: Response
+        watch = ClientWatch(receive)
         try:
             response = await handle_chat(
                 Request(scope, receive),
                 self.app.state.proxy,
                 uses_proxy_key=bool(scope.get(KEY_IN_AUTHORIZATION, False)),
+                watch=watch,
             )
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            # The client left while the upstream was still working on the
+            # answer; the upstream connection is closed, nobody to answer.
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            requests_log.info("chat", extra={"fields": {"client": "gone"}})
+            return
         except ProxyError as exc:
             response = error_response(exc)
         except Exception:

@@ -23,6 +23,7 @@ from compaction.types import Message
 from config import ModelConfig
 from proxy import manual
 from proxy.conversation import Conversation, Prepared, identify, prepare
+from proxy.disconnect import ClientWatch
 from proxy.errors import (
     BadRequest,
     ContextLengthExceeded,
@@ -127,6 +128,8 @@ class _Call:
     headers: dict[str, str]
     #: The messages keyed, counted and chained ahead (large bodies, off the loop).
     identified: Conversation | None = None
+    #: Cancels the request if its client leaves while the upstream is thinking.
+    watch: ClientWatch | None = None
 
     @property
     def url(self) -> str:
@@ -184,9 +187,16 @@ async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) 
     )
 
 
-async def handle_chat(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
+async def handle_chat(
+    request: Request,
+    state: ProxyState,
+    *,
+    uses_proxy_key: bool,
+    watch: ClientWatch | None = None,
+) -> Response:
     started = time.perf_counter()
     call = await _read_call(request, state, uses_proxy_key)
+    call.watch = watch
     instructions = manual.command_instructions(call.messages)
     if instructions is not None:
         return await _manual(call, instructions)
@@ -320,7 +330,11 @@ async def _send(call: _Call, body: bytes) -> UpstreamResponse:
     metrics = call.state.metrics
     started = time.perf_counter()
     try:
-        response = await send(call.state.transport, "POST", call.url, call.headers, body)
+        if call.watch is None:
+            response = await send(call.state.transport, "POST", call.url, call.headers, body)
+        else:
+            with call.watch.waiting():
+                response = await send(call.state.transport, "POST", call.url, call.headers, body)
     except UpstreamTimeout:
         metrics.record_upstream("chat", 0.0, None, "timeout")
         raise

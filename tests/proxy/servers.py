@@ -132,6 +132,8 @@ class FakeUpstream:
     count_tokens: bool = True
     received: list[Received] = field(default_factory=list)
     stream_closed: list[float] = field(default_factory=list)
+    #: When the proxy closed each "hang" request's connection (monotonic clock).
+    hang_closed: list[float] = field(default_factory=list)
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("gpt-4o"))
 
     # --- what was asked ------------------------------------------------
@@ -224,8 +226,11 @@ class FakeUpstream:
                 429,
                 headers={"retry-after": "7"},
             )
-        if behaviour == "hang":
-            await asyncio.sleep(3600)
+        if behaviour == "hang":  # until the proxy gives up on this request
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.02)
+            self.hang_closed.append(time.monotonic())
+            return Response(status_code=499)
         prompt = (
             int(self.counter.count_request(body) * self.count_factor) if self.count_tokens else 0
         )

@@ -126,6 +126,22 @@ def test_client_disconnect_cancels_the_upstream_within_a_second(
     assert upstream.stream_closed[0] - left < 1.0
 
 
+def test_client_leaving_a_slow_answer_closes_the_upstream_request(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    upstream.behaviours.append("hang")  # answers only when the proxy gives up
+    url = start_proxy()
+    with pytest.raises(httpx.ReadTimeout):  # the client's own timeout, past ARM_AFTER
+        httpx.post(f"{url}/chat/completions", json=HI, timeout=1.5)
+    left = time.monotonic()
+    while not upstream.hang_closed and time.monotonic() - left < 3:
+        time.sleep(0.02)
+    assert upstream.hang_closed, "the upstream request was left running"
+    assert upstream.hang_closed[0] - left < 1.0
+    assert httpx.post(f"{url}/chat/completions", json=HI).status_code == 200
+
+
 def test_fifty_concurrent_streams_all_complete(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
 ) -> None:
