@@ -221,10 +221,12 @@ READ_WHOLE_BELOW = 1 << 20
 
 
 async def _body(request: Request) -> bytes | AsyncIterator[bytes] | None:
-    if request.method in ("GET", "HEAD", "OPTIONS"):
-        return None
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) <= READ_WHOLE_BELOW:
+    declared = request.headers.get("content-length")
+    if request.method in ("GET", "HEAD", "OPTIONS") or (
+        declared is None and "transfer-encoding" not in request.headers
+    ):
+        return None  # no body, and none is sent on (e.g. a DELETE)
+    if declared is not None and declared.isdigit() and int(declared) <= READ_WHOLE_BELOW:
         return await request.body()
     return request.stream()
 

@@ -163,6 +163,7 @@ class FakeUpstream:
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
                 Route("/v1/files", self._files, methods=["POST"]),
+                Route("/v1/files/{file_id}", self._delete_file, methods=["DELETE"]),
             ]
         )
 
@@ -187,6 +188,11 @@ class FakeUpstream:
         received = await self._record(request)
         digest = hashlib.sha256(received.body).hexdigest()
         return JSONResponse({"object": "file", "bytes": len(received.body), "sha256": digest})
+
+    async def _delete_file(self, request: Request) -> Response:
+        await self._record(request)
+        file_id = request.path_params["file_id"]
+        return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
     async def _embeddings(self, request: Request) -> Response:
         received = await self._record(request)

@@ -204,6 +204,10 @@ def test_a_large_upload_is_streamed_through_intact(
             "sha256": hashlib.sha256(payload).hexdigest(),
         }
     assert upstream.received[-1].path == "/v1/files"
+    deleted = httpx.delete(f"{url}/files/file-1")  # no body: none is invented on the way
+    assert deleted.json() == {"id": "file-1", "object": "file", "deleted": True}
+    forwarded = upstream.received[-1]
+    assert forwarded.body == b"" and "transfer-encoding" not in forwarded.headers
 
 
 def test_preview_shows_what_would_be_sent_without_calling_the_model(
