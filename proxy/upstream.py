@@ -107,10 +107,11 @@ WHOLE_BELOW = HIGH_WATER
 
 
 class Relay(Response):
-    """The upstream's answer relayed as it arrives: no buffering, no re-chunking.
+    """The upstream's answer relayed: a small one whole, any other as it arrives.
 
     A body of a known, small length (a JSON answer) goes out in one message
-    with its length. Otherwise the client's disconnect is watched, and
+    with its length. Any other (a stream) is relayed chunk by chunk, never
+    re-chunked or held back; meanwhile the client's disconnect is watched, and
     aborts the upstream request at once — a generation nobody reads is not
     left running (and billed) to its end.
     """
@@ -125,7 +126,8 @@ class Relay(Response):
         upstream = self.upstream
         headers = self.raw_headers
         try:
-            if not upstream.complete and (upstream.length or WHOLE_BELOW) < WHOLE_BELOW:
+            small = upstream.length is not None and upstream.length < WHOLE_BELOW
+            if small and not upstream.complete:
                 # A small answer of known length (a JSON completion) is
                 # relayed whole: its last bytes are a moment away.
                 await upstream.wait_complete()
