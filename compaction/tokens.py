@@ -179,6 +179,14 @@ class TokenCounter:
         """The count of every message; ``keys`` are their :func:`message_key` if known."""
         if keys is None:
             keys = message_keys(messages)
+        counts, missing = self.cached_counts(keys)
+        for i in missing:
+            counts[i] = self._count_missing(messages[i], keys[i])
+        return counts
+
+    def cached_counts(self, keys: Sequence[bytes]) -> tuple[list[int], list[int]]:
+        """The cached count of each key (0 where there is none) and the positions
+        of the keys the cache does not hold, in one pass under the lock."""
         counts: list[int] = []
         missing: list[int] = []
         with self._lock:
@@ -192,9 +200,7 @@ class TokenCounter:
                     cache.move_to_end(key)
                     counts.append(entry.count)
             self.hits += len(keys) - len(missing)
-        for i in missing:
-            counts[i] = self._count_missing(messages[i], keys[i])
-        return counts
+        return counts, missing
 
     def _count_missing(self, message: Message, key: bytes) -> int:
         cached = self._cached(key)  # a repeat of an earlier message, or another thread's
@@ -221,11 +227,6 @@ class TokenCounter:
                 self._cache[key] = _Entry(count)
                 if len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
-
-    def uncached(self, keys: Sequence[bytes]) -> list[int]:
-        """The positions of ``keys`` the cache does not hold."""
-        with self._lock:
-            return [i for i, key in enumerate(keys) if key not in self._cache]
 
     def is_cached(self, message: Message) -> bool:
         with self._lock:
@@ -372,9 +373,14 @@ async def count_messages_off_loop(
     can be expensive.
     """
     keys = message_keys(messages) if keys is None else keys
-    new = counter.uncached(keys)
-    if new:
-        fresh = [messages[i] for i in new]
+    counts, missing = counter.cached_counts(keys)
+    if missing:
+        fresh = [messages[i] for i in missing]
+        fresh_keys = [keys[i] for i in missing]
         if text_size(fresh) > OFF_LOOP_CHARS:
-            await asyncio.to_thread(counter.count_messages, fresh, [keys[i] for i in new])
-    return counter.count_messages(messages, keys)
+            found = await asyncio.to_thread(counter.count_messages, fresh, fresh_keys)
+        else:
+            found = counter.count_messages(fresh, fresh_keys)
+        for i, count in zip(missing, found, strict=True):
+            counts[i] = count
+    return counts

@@ -7,6 +7,7 @@ Each step is a named function; the handler reads as the pipeline it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -330,11 +331,8 @@ async def _send(call: _Call, body: bytes) -> UpstreamResponse:
     metrics = call.state.metrics
     started = time.perf_counter()
     try:
-        if call.watch is None:
+        with call.watch.waiting() if call.watch else contextlib.nullcontext():
             response = await send(call.state.transport, "POST", call.url, call.headers, body)
-        else:
-            with call.watch.waiting():
-                response = await send(call.state.transport, "POST", call.url, call.headers, body)
     except UpstreamTimeout:
         metrics.record_upstream("chat", 0.0, None, "timeout")
         raise

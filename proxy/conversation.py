@@ -112,9 +112,10 @@ def _identify(
     messages: list[Message],
     head_count: int,
     keys: list[bytes] | None = None,
+    counts: list[int] | None = None,
 ) -> Conversation:
     keys = message_keys(messages) if keys is None else keys
-    counts = counter.count_messages(messages, keys)
+    counts = counter.count_messages(messages, keys) if counts is None else counts
     grouping = group_and_validate(messages)
     head = head_end(messages, grouping.groups, head_count)
     return Conversation(
@@ -249,14 +250,13 @@ async def prepare(
         or conversation.counter is not counter
     ):
         keys = message_keys(messages)
-        await count_messages_off_loop(counter, messages, keys)  # new megabytes: in a thread
-        conversation = _identify(counter, messages, profile.head_count, keys)
+        counts = await count_messages_off_loop(counter, messages, keys)  # much new text: a thread
+        conversation = _identify(counter, messages, profile.head_count, keys, counts)
     job = _Job(
         state=state,
         body=body,
         conversation=conversation,
         config=config,
-        counter=counter,
         summarizer=summarizer,
         reason=reason,
         instructions=instructions,
@@ -285,10 +285,14 @@ class _Job:
     body: Mapping[str, Any]
     conversation: Conversation
     config: ModelConfig
-    counter: TokenCounter
     summarizer: Summarizer | None
     reason: Reason
     instructions: str | None
+
+    @property
+    def counter(self) -> TokenCounter:
+        """The counter the conversation was counted with (one cache per encoding)."""
+        return self.conversation.counter
 
 
 async def _run(job: _Job, view: _View, profile: Profile, *, store: bool) -> Prepared:

@@ -131,20 +131,19 @@ class Relay(Response):
                 # A small answer of known length (a JSON completion) is
                 # relayed whole: its last bytes are a moment away.
                 await upstream.wait_complete()
+            body = None
             if upstream.complete:
                 body = upstream.take_buffered()
                 upstream.release()
                 if not upstream.bodyless and self.status_code not in (204, 304):
                     headers = [*headers, (b"content-length", b"%d" % len(body))]
-                await send(
-                    {"type": "http.response.start", "status": self.status_code, "headers": headers}
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": headers}
             )
-            await self._stream(receive, send)
+            if body is not None:
+                await send({"type": "http.response.body", "body": body})
+            else:
+                await self._stream(receive, send)
         finally:
             upstream.abort()  # nothing when the body was read to its end
 
@@ -198,8 +197,8 @@ def relay_bytes(
     """An already-read upstream response (an error), relayed as it was."""
     response = Response(body, status_code=upstream.status)
     response.raw_headers = [
-        *(h for h in _relayed_headers(upstream, extra_headers)),
-        (b"content-length", str(len(body)).encode()),
+        *_relayed_headers(upstream, extra_headers),
+        (b"content-length", b"%d" % len(body)),
     ]
     return response
 
