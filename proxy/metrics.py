@@ -200,6 +200,13 @@ class MeteredStore:
     async def set_learned_window(self, model: str, window: int) -> None:
         await self._timed("set_learned_window", self._store.set_learned_window(model, window))
 
+    async def calibrations(self) -> dict[str, float]:
+        found: dict[str, float] = await self._timed("calibrations", self._store.calibrations())
+        return found
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        await self._timed("set_calibration", self._store.set_calibration(key, ratio))
+
     async def purge(self, now: float | None = None) -> int:
         count: int = await self._timed("purge", self._store.purge(now))
         return count

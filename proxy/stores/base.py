@@ -1,11 +1,13 @@
 """The store contract: what every backend keeps, and the events it records.
 
-A store holds four things for the proxy (DESIGN.md §7):
+A store holds five things for the proxy (DESIGN.md §7):
 
 * **checkpoints**, found by the chain hash at the end of the span they cover;
 * the **originals** a checkpoint replaced, for its retention;
 * the **event log** of compactions (queued → started → compacted | failed);
-* **learned windows** (context sizes stated by upstream overflow errors).
+* **learned windows** (context sizes stated by upstream overflow errors);
+* **calibration ratios** (the upstream's token count ÷ the proxy's estimate),
+  under keys the proxy builds, e.g. ``"<upstream url>\x1f<model>"``.
 
 It also offers single-flight **locks**. Every method is async; a backend
 whose I/O is blocking (SQLite) runs it on its own worker thread.
@@ -13,6 +15,7 @@ whose I/O is blocking (SQLite) runs it on its own worker thread.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -41,6 +44,18 @@ DEFAULT_GLOBAL_EVENTS: Final = 10_000
 
 class StoreError(ValueError):
     """A store cannot be used: an unknown URL scheme, a database from a newer version."""
+
+
+def checked_ratio(ratio: float) -> float:
+    """``ratio`` as a float, refused unless finite and positive.
+
+    Every budget is scaled by it, and a stored one outlives the process, so a
+    NaN or a zero must never reach the store.
+    """
+    value = float(ratio)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"a calibration ratio must be finite and positive, not {ratio!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -85,7 +100,8 @@ def interrupted(event: Event, instance: str, message: str = INTERRUPTED) -> Even
 
 
 class Store(Protocol):
-    """Checkpoints, originals, events, learned windows and locks (DESIGN.md §7)."""
+    """Checkpoints, originals, events, learned windows, calibration ratios and locks
+    (DESIGN.md §7)."""
 
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         """The checkpoints stored under any of ``hashes``, in one round trip."""
@@ -125,6 +141,18 @@ class Store(Protocol):
     async def learned_windows(self) -> dict[str, int]: ...
 
     async def set_learned_window(self, model: str, window: int) -> None: ...
+
+    async def calibrations(self) -> dict[str, float]:
+        """Every calibration ratio stored, by its key."""
+        ...
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        """Store ``ratio`` under the opaque ``key``, replacing any earlier one.
+
+        Raises :class:`ValueError` unless ``ratio`` is finite and positive
+        (:func:`checked_ratio`); bounding it is the caller's business.
+        """
+        ...
 
     async def purge(self, now: float | None = None) -> int:
         """Drop what is older than the retention; how many originals were dropped."""

@@ -21,6 +21,7 @@ from proxy.stores.base import (
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     Event,
+    checked_ratio,
     interrupted,
 )
 from proxy.stores.locks import LeaseLocks
@@ -43,6 +44,7 @@ class MemoryStore:
         self._events: deque[Event] = deque(maxlen=max_events)
         self._open: dict[str, Event] = {}  #: latest event of unfinished compactions
         self._windows: dict[str, int] = {}
+        self._calibrations: dict[str, float] = {}
         self._locks = LeaseLocks()
         self._capacity = capacity
         self._retention = retention_seconds
@@ -115,6 +117,12 @@ class MemoryStore:
 
     async def set_learned_window(self, model: str, window: int) -> None:
         self._windows[model] = window
+
+    async def calibrations(self) -> dict[str, float]:
+        return dict(self._calibrations)
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        self._calibrations[key] = checked_ratio(ratio)
 
     async def purge(self, now: float | None = None) -> int:
         cutoff = (time.time() if now is None else now) - self._retention

@@ -11,6 +11,7 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
     alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
     lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
     windows              hash model → learned context window
+    calibrations         hash key → calibration ratio (a float's repr)
 
 An instance is alive while its heartbeat key exists; a lock whose holder died
 lapses after its ttl, and a waiter (polling with backoff) takes it.
@@ -37,6 +38,7 @@ from proxy.stores.base import (
     DEFAULT_SESSION_EVENTS,
     INTERRUPTED,
     Event,
+    checked_ratio,
     interrupted,
 )
 
@@ -221,6 +223,17 @@ class RedisStore:
 
     async def set_learned_window(self, model: str, window: int) -> None:
         await _reply(self._client.hset(self._key("windows"), model, window))
+
+    # -- calibration ratios ------------------------------------------------
+
+    async def calibrations(self) -> dict[str, float]:
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("calibrations")))
+        return {key.decode(): float(ratio) for key, ratio in entries.items()}
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        # repr() is the shortest text that reads back as the same float.
+        value = repr(checked_ratio(ratio))
+        await _reply(self._client.hset(self._key("calibrations"), key, value))
 
     # -- lifecycle ---------------------------------------------------------
 

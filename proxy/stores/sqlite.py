@@ -33,6 +33,7 @@ from proxy.stores.base import (
     INTERRUPTED,
     Event,
     StoreError,
+    checked_ratio,
     interrupted,
 )
 from proxy.stores.locks import LeaseLocks
@@ -73,6 +74,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX events_compaction ON events (compaction_id)",
         'CREATE TABLE learned_windows (model TEXT PRIMARY KEY, "window" INTEGER NOT NULL)',
     ),
+    ("CREATE TABLE calibrations (key TEXT PRIMARY KEY, ratio REAL NOT NULL)",),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
@@ -357,6 +359,25 @@ class SQLiteStore:
             connection.execute(
                 'INSERT OR REPLACE INTO learned_windows (model, "window") VALUES (?, ?)',
                 (model, window),
+            )
+
+        await self._run(work)
+
+    # -- calibration ratios ------------------------------------------------
+
+    async def calibrations(self) -> dict[str, float]:
+        def work(connection: sqlite3.Connection) -> dict[str, float]:
+            rows = connection.execute("SELECT key, ratio FROM calibrations")
+            return {key: ratio for key, ratio in rows}
+
+        return await self._run(work)
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        value = checked_ratio(ratio)
+
+        def work(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT OR REPLACE INTO calibrations (key, ratio) VALUES (?, ?)", (key, value)
             )
 
         await self._run(work)

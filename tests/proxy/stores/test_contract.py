@@ -243,6 +243,61 @@ async def test_learned_windows(store: Store) -> None:
     assert await store.learned_windows() == {"gpt-4o": 64_000, "local/llama": 8_192}
 
 
+# -- calibration ratios ----------------------------------------------------
+
+UPSTREAM_KEY = "http://127.0.0.1:8080/v1\x1fqwen3-coder"
+
+
+async def test_calibrations_start_empty_and_overwrite(store: Store) -> None:
+    assert await store.calibrations() == {}
+    await store.set_calibration(UPSTREAM_KEY, 1.12)
+    await store.set_calibration("other\x1fgpt-4o", 0.94)
+    await store.set_calibration(UPSTREAM_KEY, 1.0375)
+    found = await store.calibrations()
+    assert found == {UPSTREAM_KEY: 1.0375, "other\x1fgpt-4o": 0.94}
+    assert all(type(ratio) is float for ratio in found.values())
+
+
+async def test_a_calibration_round_trips_exactly(store: Store) -> None:
+    ratio = 1 / 3 + 1e-12  # every digit of the double, not a rounded text
+    await store.set_calibration(UPSTREAM_KEY, ratio)
+    assert (await store.calibrations())[UPSTREAM_KEY] == ratio
+    await store.set_calibration(UPSTREAM_KEY, 2)  # an int is kept as a float
+    assert (await store.calibrations())[UPSTREAM_KEY] == 2.0
+    assert type((await store.calibrations())[UPSTREAM_KEY]) is float
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "https://api.example.com/v1?x=1&y=%20\x1fmodel:with/odd chars",
+        "ünïcødé \N{SNOWMAN}\x1f模型",
+        "line\nbreak\ttab\x00nul\x1f'quote\" -- ; DROP TABLE calibrations",
+        "*?[glob]\x1f{hash}:tag",
+    ],
+)
+async def test_calibration_keys_with_odd_characters_round_trip(store: Store, key: str) -> None:
+    await store.set_calibration(key, 1.2)
+    assert await store.calibrations() == {key: 1.2}
+
+
+@pytest.mark.parametrize("ratio", [0.0, -1.1, float("nan"), float("inf"), float("-inf")])
+async def test_a_calibration_that_is_not_finite_and_positive_is_refused(
+    store: Store, ratio: float
+) -> None:
+    with pytest.raises(ValueError, match="finite and positive"):
+        await store.set_calibration(UPSTREAM_KEY, ratio)
+    assert await store.calibrations() == {}
+
+
+async def test_calibrations_and_learned_windows_are_kept_apart(store: Store) -> None:
+    await store.set_learned_window("m", 8_192)
+    await store.set_calibration("m", 1.5)
+    assert await store.learned_windows() == {"m": 8_192}
+    assert await store.calibrations() == {"m": 1.5}
+
+
 # -- locks -----------------------------------------------------------------
 
 
@@ -342,6 +397,7 @@ async def test_data_survives_reopening(backend: Backend) -> None:
     await first.put(made, ORIGINALS)
     await first.add_event(event("c1"))
     await first.set_learned_window("m", 1000)
+    await first.set_calibration(UPSTREAM_KEY, 1.17)
     await first.close()
 
     second = backend.open()
@@ -349,3 +405,4 @@ async def test_data_survives_reopening(backend: Backend) -> None:
     assert await second.originals(made.id) == ORIGINALS
     assert [item.compaction_id for item in await second.events()] == ["c1"]
     assert await second.learned_windows() == {"m": 1000}
+    assert await second.calibrations() == {UPSTREAM_KEY: 1.17}

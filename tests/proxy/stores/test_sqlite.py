@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.stores import SQLiteStore, StoreError, open_store
+from proxy.stores import SQLiteStore, StoreError, codec, open_store
 from proxy.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from tests.proxy.stores.test_contract import ORIGINALS, checkpoint, event
 
@@ -36,7 +36,8 @@ async def test_file_and_parent_directories_are_created_on_first_use(tmp_path: Pa
     assert path.is_file()
     assert _pragma(path, "journal_mode") == "wal"
     assert _pragma(path, "user_version") == SCHEMA_VERSION
-    assert {"checkpoints", "originals", "events", "learned_windows"} <= _tables(path)
+    expected = {"checkpoints", "originals", "events", "learned_windows", "calibrations"}
+    assert expected <= _tables(path)
     await store.close()
 
 
@@ -66,6 +67,61 @@ async def test_an_empty_existing_database_is_migrated(tmp_path: Path) -> None:
     assert _pragma(path, "user_version") == SCHEMA_VERSION
     assert "unrelated" in _tables(path)
     await store.close()
+
+
+async def test_a_database_of_the_previous_version_opens_and_keeps_its_data(
+    tmp_path: Path,
+) -> None:
+    # Version 1 (before calibration ratios), written as that version wrote it.
+    path = tmp_path / "state.db"
+    made = checkpoint()
+    started = event("c1", "compaction.started", instance="dead")
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate(connection, MIGRATIONS[:1]) == 1
+        connection.execute(
+            "INSERT INTO checkpoints (id, end_hash, session, created_at, json) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (made.id, made.end_hash, made.session, made.created_at, codec.dump_checkpoint(made)),
+        )
+        connection.execute(
+            "INSERT INTO originals (checkpoint_id, created_at, json) VALUES (?, ?, ?)",
+            (made.id, made.created_at, codec.dump_messages(ORIGINALS)),
+        )
+        connection.execute(
+            "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                started.id,
+                started.compaction_id,
+                started.session,
+                started.type,
+                started.created_at,
+                started.instance,
+                codec.dump_event(started),
+            ),
+        )
+        connection.execute(
+            'INSERT INTO learned_windows (model, "window") VALUES (?, ?)', ("m", 8192)
+        )
+    finally:
+        connection.close()
+    assert "calibrations" not in _tables(path)
+
+    store = SQLiteStore(path)
+    assert await store.lookup(["h1"]) == {"h1": made}
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert await store.originals(made.id) == ORIGINALS
+    assert await store.events() == [started]
+    assert await store.learned_windows() == {"m": 8192}
+    assert await store.calibrations() == {}
+    await store.set_calibration("upstream\x1fm", 1.1)
+    await store.close()
+
+    reopened = SQLiteStore(path)
+    assert await reopened.calibrations() == {"upstream\x1fm": 1.1}
+    assert await reopened.learned_windows() == {"m": 8192}
+    await reopened.close()
 
 
 def test_migrations_apply_in_order_from_an_older_version(tmp_path: Path) -> None:
