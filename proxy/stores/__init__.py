@@ -1,4 +1,5 @@
-"""proxy.stores: where checkpoints, originals, events and learned windows live.
+"""proxy.stores: where checkpoints, originals, events, learned windows and calibration
+ratios live.
 
     store = open_store(settings.store.url, retention_seconds=…, store_originals=…)
     found = await store.lookup(chain)            # one round trip

