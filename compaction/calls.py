@@ -4,6 +4,7 @@ which call a result answers. Pure functions over plain message dicts."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,12 @@ KEY_ARGUMENTS: tuple[str, ...] = (
     "id",
 )
 _SHORT_ARGUMENT = 200
+#: Commands that show files rather than run anything: what they print is
+#: content (a docstring's ``ValueError: …``), not an error that happened.
+_SHOWS_FILES = re.compile(
+    r"^(?:cd\s+\S+\s*&&\s*)?(?:cat|head|tail|nl|less|more|grep|egrep|rg|ag|find|ls|"
+    r"sed\s+-n|awk|git\s+(?:diff|show|log|grep))\b"
+)
 
 
 def parse_arguments(arguments: str) -> Any:
@@ -81,3 +88,17 @@ def call_for_result(messages: Sequence[Message], index: int) -> dict[str, Any] |
             return function_call
         return None
     return None
+
+
+def shows_files(call: dict[str, Any] | None) -> bool:
+    """Whether ``call`` shows files (``cat``, ``sed -n``, a path tool) rather than runs something.
+
+    Error-looking lines in what such a call returns are file content, unless
+    the call itself failed.
+    """
+    if call is None:
+        return False
+    key, value = key_argument(call)
+    if key in COMMAND_ARGUMENTS:
+        return bool(_SHOWS_FILES.match(value.strip())) or value.strip() == "view"
+    return key in PATH_ARGUMENTS

@@ -10,9 +10,12 @@ messages directly:
   that state a rule ("must", "don't", "always", …), and user messages sent
   again and again (an agent harness's format complaints), once with a count;
 * Progress — one line per tool call (:mod:`compaction.steps`) with its key
-  argument and outcome; the latest call is In Progress; the last error lines
-  seen are Blocked;
-* Key Decisions — the first sentence of each assistant text;
+  argument and outcome; the latest call is In Progress; the last
+  :data:`_MAX_ERRORS` distinct error lines seen are Blocked, quoted whole up
+  to 300 characters and ranked above everything but the task and the plan;
+* Key Decisions — assistant sentences that state a decision ("I'll use…",
+  "decided to…", "instead of…", "switch to…", "the fix is…", "we should…"),
+  not whatever sentence comes first;
 * Next Steps — the end of the last assistant text;
 * Critical Context — files modified and what an earlier summary held.
 
@@ -20,7 +23,8 @@ Every line gets a score, and the lowest-scored are dropped until the text
 fits the token budget (:mod:`compaction.ranked`): old steps go before new
 ones, reasoning before requests. An earlier summary's Goal and Done lines are
 carried over, so rolling compactions do not forget the start of the session.
-Texts are read up to :data:`_SCAN_CHARS` and in linear time.
+Texts are read up to :data:`_SCAN_CHARS` and in linear time. No line is cut
+inside a word (:func:`compaction.text.one_line`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ _TASK_CHARS = 240
 _REQUEST_CHARS = 300
 _LINE_CHARS = 200
 _NEXT_CHARS = 400
-_MAX_ERRORS = 3
+#: Distinct error lines quoted under Blocked, the newest. Five, because the
+#: last errors of a session are what the next turn is about; measured over
+#: ../shared/fixtures (tests/compaction/test_summary_quality.py).
+_MAX_ERRORS = 5
+#: The tool call an error line came from, as quoted beside it.
+_ERROR_SOURCE_CHARS = 80
+#: Decisions quoted per assistant text, the first ones.
+_DECISIONS_PER_TEXT = 2
 _MAX_MODIFIED = 8
 _MIN_WORDS = 4
 #: The newest steps and reasoning lines kept ahead of everything but the task.
@@ -61,6 +72,22 @@ _SCAN_CHARS = 2_000
 _RULE = re.compile(
     r"(?i)\b(must|must not|mustn't|don't|do not|never|always|should|shouldn't|"
     r"make sure|prefer|please use|only)\b"
+)
+#: A sentence that states a decision: a choice, a plan of change, a fix.
+#: Looking or checking ("Let me look at…", "I'll run the tests") is not one.
+_DECISION = re.compile(
+    r"(?i)\b(?:"
+    r"decided?|decision|chose|choose|choosing|opt(?:ed)? (?:for|to)|go(?:ing)? with|"
+    r"instead(?: of)?|rather than|switch(?:ed|ing)? (?:to|from|over)|"
+    r"(?:the|my|our) (?:fix|solution|approach|plan|best (?:option|approach|way)|right way)"
+    r" (?:is|will be|here is)|"
+    r"(?:we|I) (?:should|need to|must|have to)|(?:it's|it is) better to|"
+    r"(?:I|we)(?:'ll| will| am going to|'m going to| are going to|'re going to) "
+    r"(?:use|add|change|replace|implement|modify|rewrite|remove|avoid|keep|move|"
+    r"refactor|wrap|patch|fix|update|create|introduce|handle|override|drop|revert|"
+    r"restore|rename|skip|guard|convert|make)\b|"
+    r"let's (?:use|go with|switch|replace|change|implement|keep|fix|add|remove|modify)"
+    r")"
 )
 _HEADING = re.compile(r"^\s*(?:#{1,6}\s*)?(?:\*\*)?\s*([A-Za-z &]+?)\s*(?:\*\*)?\s*:?\s*$")
 _PREVIOUS_SECTIONS = {
@@ -182,9 +209,10 @@ def _progress(
             recent = i >= len(done) - _KEEP_RECENT
             lines.add("Done", step.line, 82 if recent else 60 + 10 * _recency(i, len(done)))
         lines.add("In Progress", f"Most recent step: {last.line.removeprefix('- ')}", 90)
-    errors = [s for s in steps if s.error]
-    for i, step in enumerate(errors[-_MAX_ERRORS:]):
-        lines.add("Blocked", f"Last error seen: `{step.error}` (from {step.call})", 85 + i / 10)
+    errors = _last_errors(steps)
+    for i, (error, call) in enumerate(errors):
+        source = one_line(call, _ERROR_SOURCE_CHARS)
+        lines.add("Blocked", f"Error seen: `{error}` (from {source})", 91 + i / 10)
     for sections in old:
         for line in sections.get("Blocked", []):
             if not re.search(r"(?i)^- none", line):
@@ -200,9 +228,10 @@ def _decisions(
             lines.add("Key Decisions", line, 38)
     texts = reasoning[:-1]  # the last one becomes Next Steps
     for i, text in enumerate(texts):
-        # The first sentence that says something: "Great!" or "Good." does not.
-        sentence = next((s for s in _iter_sentences(text) if len(s.split()) >= _MIN_WORDS), "")
-        if sentence:
+        decisions = [
+            s for s in _iter_sentences(text) if len(s.split()) >= _MIN_WORDS and _DECISION.search(s)
+        ]
+        for sentence in decisions[:_DECISIONS_PER_TEXT]:
             # The newest few always stay; older reasoning ages like the steps do.
             recent = i >= len(texts) - _KEEP_RECENT
             score = 80 if recent else 60 + 10 * _recency(i, len(texts))
@@ -237,6 +266,18 @@ def _critical(
 
 
 # --- reading messages ------------------------------------------------------
+
+
+def _last_errors(steps: Sequence[Step]) -> list[tuple[str, str]]:
+    """``(error line, call)`` of the last :data:`_MAX_ERRORS` distinct error lines, oldest first."""
+    found: dict[str, str] = {}
+    for step in reversed(steps):
+        for error in reversed(step.errors):
+            if error not in found:
+                found[error] = step.call
+                if len(found) == _MAX_ERRORS:
+                    return list(reversed(found.items()))
+    return list(reversed(found.items()))
 
 
 def _task_quote(text: str) -> str:

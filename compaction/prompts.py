@@ -3,7 +3,9 @@
 Pure text building. The conversation is serialized as labelled lines
 (``[User]:``, ``[Assistant]:``, ``[Assistant tool calls]:``, ``[Tool result]:``)
 rather than passed as chat messages: the summarizer must read the transcript,
-not continue it, and tool results are cut so the prompt itself stays small.
+not continue it, and tool results are cut so the prompt itself stays small —
+keeping their error lines, exit status, command and file paths
+(:func:`~compaction.text.clip_keeping`), which the summary must quote.
 Earlier summaries travel as ``<previous-summary>`` blocks to be updated, never
 re-summarized as ordinary text (DESIGN.md §5.2).
 """
@@ -20,7 +22,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
-from compaction.text import clip
+from compaction.text import clip, clip_keeping, one_line
 from compaction.types import Message
 
 #: The headings of every summary, in order; Progress has three sub-headings.
@@ -113,7 +115,11 @@ Never invent anything. Do not write lists of files read or modified.
 
 
 def serialize_message(message: Message, tool_result_chars: int) -> str:
-    """One message as labelled lines; tool results and arguments cut to ``tool_result_chars``."""
+    """One message as labelled lines; tool results and arguments cut to ``tool_result_chars``.
+
+    A tool result keeps, whatever its length, its error lines, exit status,
+    command and file paths, then as much of its start and end as fits.
+    """
     role = str(message.get("role", ""))
     label = _LABELS.get(role, f"[{role.capitalize() or 'Message'}]")
     text = message_text(message)
@@ -121,7 +127,7 @@ def serialize_message(message: Message, tool_result_chars: int) -> str:
         text = (text + "\n[image]").strip()
     lines: list[str] = []
     if role in ("tool", "function"):
-        lines.append(f"{label}: {clip(text, tool_result_chars)}")
+        lines.append(f"{label}: {clip_keeping(text, tool_result_chars)}")
         return "\n".join(lines)
     if text.strip():
         lines.append(f"{label}: {text.strip()}")
@@ -253,3 +259,129 @@ def summary_message(body: str, *, condensed: int, files: FileLists, turn_prefix:
     if rendered:
         parts.extend(["", rendered])
     return {"role": "user", "content": "\n".join(parts)}
+
+
+# --- checking a reply ------------------------------------------------------
+
+#: Sections a summary must have, whatever else a small model drops.
+REQUIRED_SECTIONS: tuple[str, ...] = ("Goal", "Progress", "Next Steps")
+#: Of the six, at least this many must be there (the three above among them).
+MIN_SECTIONS = 4
+#: The two headings of a turn-prefix note (TURN_PREFIX_SYSTEM_PROMPT).
+TURN_PREFIX_SECTIONS: tuple[str, ...] = ("Done So Far", "Context Needed Next")
+
+_SECTION_NAMES = {
+    "goal": "Goal",
+    "goals": "Goal",
+    "constraints & preferences": "Constraints & Preferences",
+    "constraints and preferences": "Constraints & Preferences",
+    "constraints": "Constraints & Preferences",
+    "progress": "Progress",
+    # Progress's sub-headings stand for it when a model leaves out the parent.
+    "done": "Progress",
+    "in progress": "Progress",
+    "blocked": "Progress",
+    "key decisions": "Key Decisions",
+    "decisions": "Key Decisions",
+    "next steps": "Next Steps",
+    "next step": "Next Steps",
+    "critical context": "Critical Context",
+    "done so far": "Done So Far",
+    "context needed next": "Context Needed Next",
+}
+#: A heading line: ``## Goal``, ``**Goal:**``, ``Goal:`` (text may follow the
+#: colon), ``1. Next steps``, any case. The name is matched afterwards.
+_HEADING_LINE = re.compile(
+    r"^[ \t]*(?:[-*+][ \t]+|\d+[.)][ \t]+)?(?P<hashes>#{1,6}[ \t]*)?(?:\*\*|__)?[ \t]*"
+    r"(?P<name>[A-Za-z][A-Za-z &]*)[ \t]*(?:\*\*|__)?[ \t]*(?P<colon>:)?"
+    r"[ \t]*(?:\*\*|__)?(?P<rest>.*)$"
+)
+#: How a reply that talks to the user instead of summarizing starts.
+_CHAT_OPENING = re.compile(
+    r"(?i)^\W*(?:sure|certainly|of course|absolutely|okay|ok|great|hello|hi|hey|thanks|"
+    r"thank you|understood|got it|no problem|i'm ready|i am ready|i'm here|i can help|"
+    r"i'd be (?:happy|glad)|i would be (?:happy|glad)|happy to help|glad to help|"
+    r"how (?:can|may) i|what (?:would|can|should) (?:you|i|we)|i apologi[sz]e|"
+    r"i'm sorry|i am sorry)\b"
+)
+_QUOTE_CHARS = 60
+
+
+def summary_problem(text: str, *, turn_prefix: bool = False) -> str | None:
+    """Why a summarizer's reply is not a usable summary, or ``None`` when it is.
+
+    A usable summary has section headings — Markdown of any level, bold,
+    or a ``Name:`` line, any case — and does not talk to the user. The
+    headings required: Goal, Progress and Next Steps, and at least
+    :data:`MIN_SECTIONS` of the six in all. Small local models drop one
+    section now and then (Constraints or Critical Context, usually) and the
+    rest of such a summary is still good; a reply with three of six or
+    without the goal, the progress or what comes next did not follow the
+    format and cannot stand in for the messages it replaces. A turn-prefix
+    note needs one of its two headings (Done So Far, Context Needed Next).
+
+    A reply without those headings that greets, offers help or ends asking
+    the user a question is reported as continuing the conversation ("I'm
+    ready to help. What's the next step?", an agent's next answer to a
+    customer); so is one whose text before its first heading asks a question.
+    """
+    body = _THINKING.sub("", text).strip()
+    if not body:
+        return "the reply is empty"
+    found, first_heading = _headings(body)
+    if turn_prefix:
+        missing = [] if found & set(TURN_PREFIX_SECTIONS) else list(TURN_PREFIX_SECTIONS)
+    else:
+        missing = [s for s in SUMMARY_SECTIONS if s not in found]
+        enough = len(SUMMARY_SECTIONS) - len(missing) >= MIN_SECTIONS
+        if enough and not any(s in missing for s in REQUIRED_SECTIONS):
+            missing = []
+    if not missing:
+        preamble = body[:first_heading] if first_heading else ""
+        question = next((ln for ln in preamble.splitlines() if ln.strip().endswith("?")), None)
+        if question is not None:
+            return f"continues the conversation instead of summarizing it (asks {question!r})"
+        return None
+    chat = _conversation_sign(body)
+    if chat:
+        return f"continues the conversation instead of summarizing it ({chat})"
+    if turn_prefix:
+        return "missing section headings: needs Done So Far or Context Needed Next"
+    return (
+        f"missing section headings: {', '.join(missing)} (Goal, Progress and Next Steps, "
+        f"and {MIN_SECTIONS} of the six in all, are required)"
+    )
+
+
+def _headings(text: str) -> tuple[set[str], int | None]:
+    """The section names found as headings in ``text``, and where the first starts."""
+    found: set[str] = set()
+    first: int | None = None
+    position = 0
+    for line in text.splitlines(keepends=True):
+        match = _HEADING_LINE.match(line.rstrip("\r\n"))
+        if match:
+            name = _SECTION_NAMES.get(" ".join(match.group("name").lower().split()))
+            rest = match.group("rest").strip(" \t*_")
+            # Text after the name makes a heading only after a colon ("Goal: fix
+            # it") or in parentheses after a Markdown heading ("## Goal (user)").
+            plain = not rest or match.group("colon") or (match.group("hashes") and rest[0] == "(")
+            if name and plain:
+                found.add(name)
+                first = position if first is None else first
+        position += len(line)
+    return found, first
+
+
+def _conversation_sign(text: str) -> str | None:
+    """What in ``text`` shows a reply to the user rather than a summary, if anything."""
+    text = text.strip()
+    if not text:
+        return None
+    opening = _CHAT_OPENING.match(text)
+    if opening:
+        return f"starts {one_line(text, _QUOTE_CHARS)!r}"
+    last = text.splitlines()[-1].strip()
+    if last.rstrip("*_ )").endswith("?"):
+        return f"ends asking {one_line(last, _QUOTE_CHARS)!r}"
+    return None

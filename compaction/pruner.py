@@ -3,8 +3,11 @@
 Shrinks the bulky parts of the middle without calling a model:
 
 * a tool result longer than ``tool_result_chars`` becomes a one-line brief built
-  from the call that asked for it: ``[read_file] src/app.py (45,210 chars)``,
-  ``[bash] "pytest -q" → 32 lines output (exit code 1, AssertionError: …)``;
+  from the call that asked for it — the tool, the gist of its arguments, the
+  size, the exit status and the first error line (and the last, when the
+  threshold leaves room): ``[read_file] src/app.py (45,210 chars)``,
+  ``[bash] "pytest -q" → 32 lines output (exit code 1, AssertionError: x; last:
+  FAILED (failures=1))``; the brief never exceeds ``tool_result_chars``;
 * tool-call arguments longer than ``tool_args_chars`` are cut inside their JSON
   (long string values lose their ends), so valid JSON stays valid;
 * assistant text longer than ``assistant_text_chars`` keeps its start and end
@@ -24,20 +27,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction.calls import COMMAND_ARGUMENTS, KEY_ARGUMENTS, call_for_result, key_argument
+from compaction.calls import (
+    COMMAND_ARGUMENTS,
+    KEY_ARGUMENTS,
+    call_for_result,
+    key_argument,
+    parse_arguments,
+    shows_files,
+)
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
-from compaction.text import cut_middle, one_line, shrink_arguments
+from compaction.text import KEPT_LINE_CHARS, cut_middle, error_lines, one_line, shrink_arguments
 from compaction.types import Message
 
 _BRIEF_NAME_CHARS = 64
 _BRIEF_ARG_CHARS = 80
-_BRIEF_STATUS_CHARS = 80
+#: Other short arguments shown after the key one (``command=view``), in all.
+_BRIEF_GIST_CHARS = 60
+_GIST_VALUE_CHARS = 30
+#: The error line is kept whole up to KEPT_LINE_CHARS, as long as the brief
+#: stays within the pruning threshold; it is never cut shorter than this.
+_BRIEF_MIN_ERROR_CHARS = 60
+#: Between the first and the last error line of a brief (read back by compaction.steps).
+LAST_ERROR_SEPARATOR = "; last: "
 #: Lines at each end of a result searched for an exit status: shells and agent
 #: frameworks report it first or last, and looking everywhere would pick up
 #: ``returncode == 0`` from source code being read.
 _STATUS_EDGE_LINES = 5
-_ERROR_TAIL_LINES = 20
 
 _COMMAND_KEYS = frozenset(COMMAND_ARGUMENTS)
 _QUOTED_KEYS = _COMMAND_KEYS | {"query", "pattern"}
@@ -50,8 +66,8 @@ _EXIT_PHRASE = re.compile(
 )
 _OUTPUT_TAG = re.compile(r"<output>\n?(.*)</output>", re.DOTALL)
 _TRACEBACK = "Traceback (most recent call last)"
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
-_ERROR_LINE = re.compile(r"^\s*(?:error|fatal|panic)\b\s*[:\[]|^npm ERR!", re.IGNORECASE)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::|$)")
+_FAILED_START = re.compile(r"(?i)^\s*(?:error|fatal|failed|exception)\b")
 
 
 @dataclass(frozen=True)
@@ -90,42 +106,43 @@ def _prune_result(messages: Sequence[Message], index: int, profile: Profile) -> 
     if len(message_text(message)) <= limit:
         return message
     # Calls are looked up in the input, whose arguments are not cut yet.
-    brief = tool_brief(call_for_result(messages, index), message)
+    brief = tool_brief(call_for_result(messages, index), message, limit=limit)
     if len(brief) > limit:  # only with a tiny configured limit
-        brief = brief[: max(limit - 1, 0)] + "…"
+        brief = one_line(brief, max(limit, 1))
     return {**message, "content": brief}
 
 
-def tool_brief(call: dict[str, Any] | None, result: Message) -> str:
-    """One line saying what a tool call did and how big its result was.
+def tool_brief(call: dict[str, Any] | None, result: Message, *, limit: int | None = None) -> str:
+    """One line saying what a tool call did, how big its result was and how it ended.
 
     ``[read_file] src/app.py (45,210 chars)``, ``[bash] "npm test" → 32 lines
-    output (exit code 1)``, ``[search] "token limit" (12,400 chars)``,
-    ``[get_order] order_id="A1" (900 chars)`` for an argument with no telling
-    name. The exit status and the last error line are added where the result
-    shows them. At most about 350 characters, whatever the input.
+    output (exit code 1, FAILED tests/a.py::t - AssertionError: x)``,
+    ``[search] "token limit" (12,400 chars)``, ``[get_order] order_id="A1"
+    (900 chars)`` for an argument with no telling name, and
+    ``[editor] src/a.py command=view (4,000 chars)``: the key argument, then
+    the gist of the other short ones. Where the result shows them, the exit
+    status and the first error line (a traceback's exception line first) are
+    added; the error line is kept whole up to
+    :data:`~compaction.text.KEPT_LINE_CHARS`, cut between words within
+    ``limit`` characters for the whole brief when given.
     """
     name = ""
     key, value = "", ""
+    arguments: Any = None
     if call is not None:
-        name, _ = call_name_and_arguments(call)
+        name, raw = call_name_and_arguments(call)
         key, value = key_argument(call)
+        arguments = parse_arguments(raw)
     if not name:
         result_name = result.get("name")
         name = result_name if isinstance(result_name, str) and result_name else "tool"
     text = message_text(result)
 
-    extras = _status(text)
+    lines = text.splitlines()
+    code = _exit_code(lines)
+    extras = [f"exit code {code}"] if code is not None else []
     images = _image_count(result.get("content"))
-    if images:
-        extras.append(f"{images} image" + ("s" if images != 1 else ""))
-
-    if key in _COMMAND_KEYS:
-        lines = _line_count(_command_output(text))
-        size = f"→ {lines:,} line{'s' if lines != 1 else ''} output"
-        size += f" ({', '.join(extras)})" if extras else ""
-    else:
-        size = f"({', '.join([f'{len(text):,} chars', *extras])})"
+    image_note = [f"{images} image" + ("s" if images != 1 else "")] if images else []
 
     parts = [f"[{one_line(name, _BRIEF_NAME_CHARS)}]"]
     if value:
@@ -136,38 +153,90 @@ def tool_brief(call: dict[str, Any] | None, result: Message) -> str:
             parts.append(f'"{shown}"')
         else:  # an argument with no telling name: say which one it is
             parts.append(f'{one_line(key, _BRIEF_NAME_CHARS)}="{shown}"')
-    parts.append(size)
-    return " ".join(parts)
+    gist = _gist(arguments, key)
+    if gist:
+        parts.append(gist)
+
+    def render(error: str) -> str:
+        notes = [*extras, *([error] if error else []), *image_note]
+        if key in _COMMAND_KEYS:
+            count = _line_count(_command_output(text))
+            size = f"→ {count:,} line{'s' if count != 1 else ''} output"
+            size += f" ({', '.join(notes)})" if notes else ""
+        else:
+            size = f"({', '.join([f'{len(text):,} chars', *notes])})"
+        return " ".join([*parts, size])
+
+    first, last = _error_lines(text, lines, code, shows_files(call))
+    if not first:
+        return render("")
+    room = KEPT_LINE_CHARS
+    if limit is not None:
+        room = min(room, limit - len(render("")) - 2)
+    error = one_line(first, max(room, _BRIEF_MIN_ERROR_CHARS))
+    if last:
+        # The last error line too, where the threshold leaves room for it: a
+        # test run's summary ("FAILED (failures=2)") after its first failure.
+        left = room - len(error) - len(LAST_ERROR_SEPARATOR)
+        if left >= _BRIEF_MIN_ERROR_CHARS // 2:
+            error += LAST_ERROR_SEPARATOR + one_line(last, left)
+    return render(error)
 
 
-def _status(text: str) -> list[str]:
-    """What the result shows about success: an exit code, then the last error line."""
-    found: list[str] = []
-    lines = text.splitlines()
-    edges = lines[:_STATUS_EDGE_LINES] + lines[-_STATUS_EDGE_LINES:]
-    for line in edges:
+def _gist(arguments: Any, key: str) -> str:
+    """The other short scalar arguments as ``name=value``, within :data:`_BRIEF_GIST_CHARS`."""
+    if not isinstance(arguments, dict):
+        return ""
+    shown: list[str] = []
+    used = 0
+    for name, value in arguments.items():
+        if name == key or isinstance(value, (dict, list)) or value is None:
+            continue
+        if isinstance(value, str) and (not value.strip() or len(value) > _GIST_VALUE_CHARS):
+            continue
+        item = f"{one_line(str(name), _BRIEF_NAME_CHARS)}={one_line(str(value), _GIST_VALUE_CHARS)}"
+        if used + len(item) > _BRIEF_GIST_CHARS:
+            break
+        shown.append(item)
+        used += len(item) + 1
+    return " ".join(shown)
+
+
+def _exit_code(lines: list[str]) -> str | None:
+    """The exit status a result reports in its first or last lines."""
+    for line in lines[:_STATUS_EDGE_LINES] + lines[-_STATUS_EDGE_LINES:]:
         match = _RETURNCODE_TAG.search(line) or _EXIT_PHRASE.search(line)
         if match:
-            found.append(f"exit code {match.group(1)}")
-            break
-    error = _error_line(text, lines)
-    if error:
-        found.append(one_line(error, _BRIEF_STATUS_CHARS))
-    return found
+            return match.group(1)
+    return None
 
 
-def _error_line(text: str, lines: list[str]) -> str:
+def _error_lines(
+    text: str, lines: list[str], code: str | None, shows_files: bool
+) -> tuple[str, str]:
+    """The first error line of a result (a traceback's exception line if there is one,
+    else the first error line) and its last error line when that is another one.
+
+    What a call that shows files returns is content: its error-looking lines
+    count only when the call failed (a non-zero exit, or text that starts
+    with an error).
+    """
+    failed = (code is not None and code != "0") or bool(_FAILED_START.match(text))
+    if shows_files and not failed:
+        return "", ""
+    found = error_lines(text)
+    first = found[0] if found else ""
     if _TRACEBACK in text:
         last_traceback = max(i for i, line in enumerate(lines) if _TRACEBACK in line)
         exceptions = [
             line for line in lines[last_traceback + 1 :] if _EXCEPTION_LINE.match(line.strip())
         ]
         if exceptions:
-            return exceptions[-1].strip()
-    for line in reversed(lines[-_ERROR_TAIL_LINES:]):
-        if _ERROR_LINE.match(line):
-            return line.strip()
-    return ""
+            first = exceptions[-1].strip()
+    if not first and _FAILED_START.match(text):
+        first = text.strip().splitlines()[0]
+    last = found[-1] if found and found[-1] != first else ""
+    return first, last
 
 
 def _command_output(text: str) -> str:

@@ -4,10 +4,11 @@ The extractive summarizer decides what could be said and how much each line
 matters; this module decides what fits. Lines are added under a section with
 a score, in order; rendering writes every heading of
 :data:`~compaction.prompts.SUMMARY_SECTIONS` (an empty section says
-``- None recorded``) and drops the lowest-scored lines, oldest first among
-equals, until the text holds at most ``budget`` tokens. Dropped Done lines
-are counted in a ``(N earlier steps not listed)`` line, so the reader knows
-the list is not the whole story.
+``- None recorded``) and keeps the highest-scored lines, newest first among
+equals, that fit in ``budget`` tokens. A line too long for the room left is
+passed over, not the end of the list: a short error line ranked below a long
+command line still fits. Dropped Done lines are counted in a ``(N earlier
+steps not listed)`` line, so the reader knows the list is not the whole story.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from compaction.tokens import TokenCounter
 
 #: Tokens kept free for the "(N earlier steps not listed)" line.
 _OMITTED_RESERVE = 16
+#: Below this much room no line fits: stop looking.
+_MIN_LINE_TOKENS = 4
+#: Lines passed over in a row before the rest are taken not to fit either:
+#: bounds the tokenizing on a session of thousands of lines.
+_MAX_MISSES = 50
 #: Sections a turn-prefix summary leaves out: the request is kept verbatim above it.
 _TURN_PREFIX_OMITS = ("Goal", "Constraints & Preferences")
 
@@ -50,35 +56,31 @@ class RankedLines:
 
     def render(self, budget: int, counter: TokenCounter, *, turn_prefix: bool = False) -> str:
         """The summary text in at most ``budget`` tokens, the lowest-ranked lines left out."""
-        items = self.lines
-        by_rank = sorted(items, key=lambda i: (i.score, i.order))
+        best_first = sorted(self.lines, key=lambda i: (i.score, i.order), reverse=True)
         frame = counter.count_text(_render([], 0, turn_prefix)) + _OMITTED_RESERVE
-        # The lines kept are the highest-ranked that fit with the frame; only
-        # those (and the first that does not fit) are tokenized: a long
-        # session has thousands of lines, and a few hundred are kept.
-        costs: dict[int, int] = {}
-        kept_cost = 0
-        dropped = len(by_rank)
-        while dropped > 0:
-            candidate = by_rank[dropped - 1]
-            cost = costs[id(candidate)] = counter.count_text(candidate.text) + 1
-            if frame + kept_cost + cost > budget:
+        # Only the lines looked at are tokenized: a long session has thousands
+        # of lines, and a few hundred are kept.
+        kept: list[RankedLine] = []
+        room = budget - frame
+        misses = 0
+        for item in best_first:
+            if room < _MIN_LINE_TOKENS or misses >= _MAX_MISSES:
                 break
-            kept_cost += cost
-            dropped -= 1
-        total = frame + kept_cost
+            cost = counter.count_text(item.text) + 1
+            if cost <= room:
+                kept.append(item)
+                room -= cost
+                misses = 0
+            else:
+                misses += 1
         while True:
-            while total > budget and dropped < len(by_rank):
-                total -= costs[id(by_rank[dropped])]
-                dropped += 1
-            gone = {id(i) for i in by_rank[:dropped]}
-            kept = [i for i in items if id(i) not in gone]
-            omitted = sum(i.section == "Done" for i in by_rank[:dropped])
-            text = _render(kept, omitted, turn_prefix)
-            actual = counter.count_text(text)
-            if actual <= budget or dropped >= len(by_rank):
+            chosen = {id(i) for i in kept}
+            omitted = sum(i.section == "Done" and id(i) not in chosen for i in self.lines)
+            in_order = [i for i in self.lines if id(i) in chosen]
+            text = _render(in_order, omitted, turn_prefix)
+            if not kept or counter.count_text(text) <= budget:
                 return fit_tokens(text, budget, counter)
-            total = actual + 1  # joins tokenized differently: drop one more and retry
+            kept.pop()  # joins tokenized differently: drop the lowest kept and retry
 
 
 def _render(items: Sequence[RankedLine], omitted_steps: int, turn_prefix: bool) -> str:

@@ -3,7 +3,10 @@
 Read off the messages without an LLM, for the extractive summary: a call
 becomes ``bash: `pytest -q` → exit 1, error: `AssertionError: …``` — its
 tool and key argument, then the exit status, the error line or the size of
-its output. A result the pruner already replaced by a one-line brief
+its output. Each step also keeps every distinct error line its result printed
+(:func:`compaction.text.error_lines`), whole up to
+:data:`~compaction.text.KEPT_LINE_CHARS`: the summary quotes the last ones
+seen. A result the pruner already replaced by a one-line brief
 (:func:`compaction.pruner.tool_brief`) is read from that brief. Every regex
 here runs in linear time: results can be megabytes long.
 """
@@ -15,23 +18,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, key_argument
+from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, key_argument, shows_files
 from compaction.files import results_after
 from compaction.messages import call_name_and_arguments, message_text, tool_calls
-from compaction.text import one_line
+from compaction.text import KEPT_LINE_CHARS, error_lines, one_line
 from compaction.types import Message
 
 _ARGUMENT_CHARS = 120
-_ERROR_CHARS = 200
+#: The error quoted in a Done line; the Blocked section quotes it whole.
+_OUTCOME_ERROR_CHARS = 160
+#: At most this many distinct error lines are kept per result, the newest.
+_ERRORS_PER_RESULT = 8
 
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
 _EXIT_CODE = re.compile(r"(?i)\bexit(?:\s+code|\s+status)?\s*[:=]?\s*(-?\d+)\b")
 _OUTPUT = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)
-_EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit)\b.*")
-_ERROR_WORDS = re.compile(
-    r"(?i)\b(error|fatal|failed|failure|no such file|not found|permission denied|"
-    r"cannot|can't|could not|unable to)\b"
-)
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s|$)")
 # The pruner's briefs (pruner.tool_brief): ``→ 32 lines output (extras)`` for a
 # command, ``(45,210 chars, extras)`` otherwise. The extras are ``exit code N``
 # first, ``N images`` last and the error line between: that line may hold
@@ -40,16 +42,23 @@ _BRIEF_COMMAND = re.compile(r" → (?P<size>[\d,]+ lines?) output(?: \((?P<extra
 _BRIEF_SIZED = re.compile(r" \((?P<size>[\d,]+ chars)(?:, (?P<extras>.*))?\)$")
 _BRIEF_CODE = re.compile(r"^exit code (-?\d+)(?:, |$)")
 _BRIEF_IMAGES = re.compile(r"(?:^|, )([\d,]+ images?)$")
+#: How a brief joins its first and last error lines (pruner.LAST_ERROR_SEPARATOR).
+_LAST_ERROR_SEPARATOR = "; last: "
 _FAILED_START = re.compile(r"(?i)^\s*(error|traceback|fatal|failed|exception)\b")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One tool call: what it acted on, how it went (``None`` without a result), its error."""
+    """One tool call: what it acted on, how it went (``None`` without a result), its error.
+
+    ``errors`` are the distinct error lines its result printed, oldest first
+    (from a pruned brief, the one it kept).
+    """
 
     call: str
     outcome: str | None
     error: str | None
+    errors: tuple[str, ...] = ()
 
     @property
     def line(self) -> str:
@@ -84,8 +93,13 @@ def _step(call: dict[str, Any], result: str | None, described: dict[tuple[str, s
     if result is None:
         return Step(what, None, None)
     brief = _pruned_brief(name, result)
-    outcome, error = brief if brief else _outcome(result)
-    return Step(what, outcome, error)
+    if brief:
+        outcome, error = brief
+        errors = tuple(error.split(_LAST_ERROR_SEPARATOR)) if error else ()
+        return Step(what, outcome, error, errors)
+    key, _ = key_argument(call)
+    runs = key in COMMAND_ARGUMENTS and not shows_files(call)
+    return Step(what, *_outcome(result, runs=runs))
 
 
 def _describe(call: dict[str, Any], name: str) -> str:
@@ -102,17 +116,23 @@ def _describe(call: dict[str, Any], name: str) -> str:
     return what
 
 
-def _outcome(result: str) -> tuple[str, str | None]:
-    """A few words on how a tool call went, and its error line if it failed."""
+def _outcome(result: str, *, runs: bool) -> tuple[str, str | None, tuple[str, ...]]:
+    """How a tool call went: a few words, its error line if it failed, the error lines seen.
+
+    ``runs`` says the call ran a command (rather than showed a file): its
+    error lines count even when it exited 0, as scripts that catch an
+    exception and print it do.
+    """
     code_match = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
     code = int(code_match.group(1)) if code_match else None
     output_match = _OUTPUT.search(result)
     body = output_match.group(1) if output_match else result
-    if code is not None:
-        failed = code != 0
-    else:
-        failed = bool(_FAILED_START.match(body) or _exception_line(body))
-    error = _error_line(body) if failed else None
+    found = _distinct(error_lines(body))
+    # Without an exit code, a result failed when it starts with an error, or
+    # when a command (not a file shown) printed error lines.
+    failed = code != 0 if code is not None else bool(_FAILED_START.match(body) or (runs and found))
+    error = _main_error(body, found) if failed else None
+    errors = tuple(found) if failed or runs else ()
     lines = [line for line in body.splitlines() if line.strip()]
     if not lines:
         size = "no output"
@@ -123,8 +143,8 @@ def _outcome(result: str) -> tuple[str, str | None]:
     else:
         size = f"{len(lines):,} lines"
     parts = [f"exit {code}"] if code is not None else []
-    parts.append(f"error: `{error}`" if error else size)
-    return ", ".join(parts), error
+    parts.append(f"error: `{one_line(error, _OUTCOME_ERROR_CHARS)}`" if error else size)
+    return ", ".join(parts), error, errors
 
 
 def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
@@ -156,21 +176,28 @@ def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
     return ", ".join(words), error
 
 
-def _exception_line(text: str) -> str | None:
-    for line in reversed(text.splitlines()):
+def _distinct(lines: Sequence[str]) -> list[str]:
+    """The newest :data:`_ERRORS_PER_RESULT` distinct lines, oldest first, each quoted whole
+    up to :data:`~compaction.text.KEPT_LINE_CHARS` (cut between words)."""
+    seen: dict[str, None] = {}
+    for line in reversed(lines):
+        quoted = one_line(line, KEPT_LINE_CHARS)
+        if quoted not in seen:
+            seen[quoted] = None
+            if len(seen) == _ERRORS_PER_RESULT:
+                break
+    return list(reversed(seen))
+
+
+def _main_error(body: str, found: Sequence[str]) -> str | None:
+    """The line that best says what went wrong: a traceback's exception line first."""
+    for line in reversed(body.splitlines()):
         if _EXCEPTION_LINE.match(line):
-            return line.strip()
-    return None
-
-
-def _error_line(text: str) -> str | None:
-    """The line that best says what went wrong: a traceback's last line first."""
-    line = _exception_line(text)
-    if line is None:
-        line = next(
-            (s.strip() for s in reversed(text.splitlines()) if _ERROR_WORDS.search(s)), None
-        )
-    return one_line(line, _ERROR_CHARS) if line else None
+            return one_line(line, KEPT_LINE_CHARS)
+    if found:
+        return found[-1]
+    first = next((s.strip() for s in body.splitlines() if s.strip()), "")
+    return one_line(first, KEPT_LINE_CHARS) if _FAILED_START.match(first) else None
 
 
 def _first_line(text: str) -> str:

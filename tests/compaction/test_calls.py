@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from compaction.calls import call_for_result, key_argument
+import json
+
+from compaction.calls import call_for_result, key_argument, shows_files
 from tests.conftest import assistant, tool_group, user
 
 
@@ -20,3 +22,18 @@ def test_call_for_result_finds_the_call_a_result_answers() -> None:
     assert call_for_result(msgs, 2) is group[0]["tool_calls"][0]
     orphan = [user("go"), {"role": "tool", "tool_call_id": "x", "content": "?"}]
     assert call_for_result(orphan, 1) is None
+
+
+def _call(name: str, **arguments: object) -> dict[str, object]:
+    return {"id": "c", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def test_shows_files_tells_reading_from_running() -> None:
+    assert shows_files(_call("bash", command="cat src/a.py"))
+    assert shows_files(_call("bash", command="cd /testbed && sed -n '1,20p' a.py"))
+    assert shows_files(_call("bash", command="grep -rn foo src/"))
+    assert shows_files(_call("read_file", path="a.py"))
+    assert not shows_files(_call("bash", command="python repro.py"))
+    assert not shows_files(_call("bash", command="sed -i 's/a/b/' a.py"))
+    assert not shows_files(_call("search", query="flights"))
+    assert not shows_files(None)

@@ -84,8 +84,11 @@ def test_digest_of_a_session() -> None:
     # Blocked: the exact last error line.
     blocked = text.split("### Blocked")[1].split("## Key Decisions")[0]
     assert "ZeroDivisionError: division by zero" in blocked
-    # Key decisions: first sentences of reasoning, without the THOUGHT label.
-    assert "- I will look at the file first." in text
+    # Key decisions: sentences that decide something, not whatever comes first.
+    decisions = text.split("## Key Decisions")[1].split("## Next Steps")[0]
+    assert "- I will add a check that raises ValueError instead." in decisions
+    assert "look at the file first" not in decisions
+    assert "does not guard against zero" not in decisions
     assert "THOUGHT" not in text
     # Next steps: the last assistant plan.
     next_steps = text.split("## Next Steps")[1]
@@ -211,7 +214,7 @@ def test_pruned_briefs_are_read_not_repeated() -> None:
     text = summarize(middle)
     assert "bash: `pytest -q` → exit 1, error: `AssertionError: assert 2 == 3`" in text
     assert "read_file `src/app.py` → 45,210 chars" in text
-    assert "Last error seen: `AssertionError: assert 2 == 3`" in text
+    assert "Error seen: `AssertionError: assert 2 == 3` (from bash: `pytest -q`)" in text
 
 
 def test_results_pair_within_their_group_when_ids_repeat() -> None:
@@ -287,3 +290,114 @@ def test_long_text_without_sentence_ends_is_read_in_linear_time() -> None:
     text = summarize(middle, head=[system(), user(huge)], previous=[huge])
     assert time.perf_counter() - start < 5
     assert "lorem ipsum" in text
+
+
+# --- errors and decisions ------------------------------------------------------
+
+
+def _failing_run(command: str, *errors: str) -> list[dict[str, Any]]:
+    output = "\n".join(["collected 3 items", *errors, "1 failed"])
+    return tool_group(
+        "bash", {"command": command}, f"<returncode>1</returncode>\n<output>\n{output}\n</output>"
+    )
+
+
+def test_the_last_five_distinct_error_lines_are_kept_whole() -> None:
+    long_error = "ValueError: " + " ".join(f"detail{i}" for i in range(30))  # ~250 chars
+    middle = [
+        *_failing_run("python a.py", "KeyError: 'oldest'"),
+        *_failing_run("python b.py", "TypeError: two", "TypeError: two"),
+        *_failing_run("python c.py", "error: three", long_error),
+        *_failing_run("pytest -q", "FAILED tests/t.py::test_x - AssertionError: four"),
+        *_failing_run("python d.py", "fatal: five is the newest"),
+    ]
+    text = summarize(middle, budget=1_500)
+    blocked = text.split("### Blocked")[1].split("## Key Decisions")[0]
+    for error in (
+        "TypeError: two",
+        "error: three",
+        long_error,
+        "FAILED tests/t.py::test_x - AssertionError: four",
+        "fatal: five is the newest",
+    ):
+        assert f"`{error}`" in blocked, error
+    assert blocked.count("TypeError: two") == 1
+    assert "KeyError: 'oldest'" not in blocked  # the sixth newest
+
+
+def test_an_error_line_over_300_characters_is_cut_between_words() -> None:
+    error = "RuntimeError: " + " ".join(f"word{i:03d}" for i in range(80))
+    text = summarize(_failing_run("python run.py", error), budget=1_500)
+    quoted = next(line for line in text.splitlines() if "Error seen" in line)
+    kept = quoted.split("`")[1]
+    assert kept.endswith("…") and len(kept) <= 300
+    assert kept[:-1].split()[-1] in error.split()  # a whole word before the ellipsis
+
+
+def test_errors_outrank_older_steps_in_a_small_budget() -> None:
+    steps = [m for i in range(60) for m in tool_group("bash", {"command": f"echo {i}"}, "ok")]
+    middle = [*_failing_run("pytest", "AssertionError: the one that matters"), *steps]
+    text = summarize(middle, budget=300)
+    assert "AssertionError: the one that matters" in text
+
+
+def test_errors_printed_by_a_script_that_exits_0_count_but_file_contents_do_not() -> None:
+    middle = [
+        *tool_group(
+            "bash",
+            {"command": "python repro.py"},
+            "<returncode>0</returncode>\n<output>\nValueError: caught and printed\n</output>",
+        ),
+        *tool_group(
+            "bash",
+            {"command": "sed -n '1,20p' src/lib.py"},
+            "<returncode>0</returncode>\n<output>\nRaises:\nValueError: in a docstring\n</output>",
+        ),
+    ]
+    blocked = summarize(middle).split("### Blocked")[1].split("## Key")[0]
+    assert "ValueError: caught and printed" in blocked
+    assert "in a docstring" not in blocked
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "I'll use a regex instead of the parser.",
+        "We decided to keep the old API for now.",
+        "Let's switch to the sqlite backend.",
+        "The fix is to guard the division with a check.",
+        "We should not touch the migrations at all.",
+        "I will replace the loop with a comprehension.",
+    ],
+)
+def test_decision_sentences_are_key_decisions(sentence: str) -> None:
+    middle = [assistant(f"Looked at the code. {sentence} More later."), assistant("Done now.")]
+    decisions = summarize(middle).split("## Key Decisions")[1].split("## Next Steps")[0]
+    assert f"- {sentence}" in decisions
+    assert "Looked at the code" not in decisions
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Let me look at the file to see what it does.",
+        "I'll run the tests to make sure nothing broke.",
+        "The output shows three failures in the loader.",
+    ],
+)
+def test_other_sentences_are_not_decisions(text: str) -> None:
+    decisions = summarize([assistant(text), assistant("Next.")]).split("## Key Decisions")[1]
+    assert "- None recorded" in decisions.split("## Next Steps")[0]
+
+
+def test_no_line_is_cut_inside_a_word() -> None:
+    request = " ".join(f"requirement{i}" for i in range(100))
+    middle = [
+        user(request),
+        assistant("I'll use " + " ".join(f"choice{i}" for i in range(80)) + "."),
+    ]
+    text = summarize(middle, head=[system(), user("Fix it.")], budget=2_000)
+    words = set(request.split()) | {f"choice{i}" for i in range(80)}
+    for line in text.splitlines():
+        if line.endswith("…"):
+            assert line[:-1].split()[-1].strip("`") in words | {"use"}, line

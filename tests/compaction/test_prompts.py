@@ -12,6 +12,7 @@ from compaction.prompts import (
     serialize_messages,
     summary_body,
     summary_message,
+    summary_problem,
     summary_prompt,
     turn_prefix_prompt,
 )
@@ -145,3 +146,125 @@ def test_summary_body_cleans_replies() -> None:
     reply = "<think>let me think</think>\n## Goal\n- g\n<read-files>\nx.py\n</read-files>"
     assert summary_body(reply) == "## Goal\n- g"
     assert summary_body("   \n") == ""
+
+
+# --- what the summarizer sees of a tool result ---------------------------------
+
+
+def test_a_clipped_tool_result_keeps_its_error_lines_exit_code_and_paths() -> None:
+    noise = "".join(f"test_case_{i} PASSED\n" for i in range(500))
+    output = (
+        "<returncode>1</returncode>\n<output>\n"
+        + noise
+        + 'Traceback (most recent call last):\n  File "/repo/src/loader.py", line 88, in load\n'
+        + "KeyError: 'migrations'\n"
+        + noise
+        + "FAILED (failures=1)\n</output>"
+    )
+    group = tool_group("bash", {"command": "python -m pytest tests/"}, output)
+    text = serialize_messages(group, 2_000)
+    result = text.split("[Tool result]: ")[1]
+    assert len(result) <= 2_000
+    assert "<returncode>1</returncode>" in result
+    assert "KeyError: 'migrations'" in result and "FAILED (failures=1)" in result
+    assert '/repo/src/loader.py", line 88' in result
+    assert "characters cut …]" in result
+    assert '[Assistant tool calls]: bash({"command": "python -m pytest tests/"})' in text
+
+
+# --- checking a reply -----------------------------------------------------------
+
+GOOD_SUMMARY = """## Goal
+- Fix the division bug in `src/calc.py`.
+
+## Constraints & Preferences
+- Do not change the function signature.
+
+## Progress
+### Done
+- Reproduced `ZeroDivisionError: division by zero` with `python -c 'calc.division(1, 0)'`.
+### In Progress
+- Adding a guard in `division`.
+### Blocked
+- None
+
+## Key Decisions
+- Raise `ValueError` instead of returning `None`.
+
+## Next Steps
+- Run `pytest -q`.
+
+## Critical Context
+- Tests live in `tests/test_calc.py`.
+"""
+
+
+def test_a_summary_with_every_heading_is_usable() -> None:
+    assert summary_problem(GOOD_SUMMARY) is None
+    assert summary_problem("Here is the summary.\n\n" + GOOD_SUMMARY) is None
+    assert summary_problem("<think>ok, let me see</think>\n" + GOOD_SUMMARY) is None
+
+
+def test_headings_are_matched_leniently() -> None:
+    bold = (
+        "**Goal:** fix the bug\n**Constraints and Preferences:** none\n"
+        "**Progress**\n- reproduced it\n**NEXT STEPS**: run the tests\n"
+    )
+    assert summary_problem(bold) is None
+    plain = "Goal: fix it\nProgress: reproduced\nKey decisions: guard it\nNext steps: test"
+    assert summary_problem(plain) is None
+    levels = "# GOAL\nx\n### Progress (so far)\nx\n#### key decisions\nx\n## Next Steps:\nx"
+    assert summary_problem(levels) is None
+
+
+def test_one_dropped_section_is_tolerated_but_not_a_required_one() -> None:
+    without_context = GOOD_SUMMARY.split("## Critical Context")[0]
+    assert summary_problem(without_context) is None
+    without_two = without_context.split("## Key Decisions")[0] + "## Next Steps\n- test\n"
+    without_two = without_two.replace("## Constraints & Preferences", "Notes")
+    assert summary_problem(without_two) is not None  # Goal, Progress, Next Steps: 3 of 6
+    without_next = GOOD_SUMMARY.replace("## Next Steps", "Then")
+    problem = summary_problem(without_next)
+    assert problem is not None and "Next Steps" in problem
+    without_goal = GOOD_SUMMARY.replace("## Goal", "## Aim")
+    assert "Goal" in (summary_problem(without_goal) or "")
+
+
+def test_a_heading_word_inside_a_sentence_is_not_a_heading() -> None:
+    prose = (
+        "Goal was unclear at first.\nProgress is slow.\nNext steps are obvious to the user.\n"
+        "Key decisions were made.\n"
+    )
+    assert summary_problem(prose) is not None
+
+
+def test_replies_that_continue_the_conversation_are_rejected() -> None:
+    for reply in (
+        "I'm ready to help. What's the next step?",
+        "Sure, I can help you change your flight. Could you please provide your "
+        "reservation ID and the new date you would like to travel?",
+        "The tests pass now and the division is guarded. Would you like me to also "
+        "update the documentation?",
+        "Thank you for the details! I have cancelled reservation ZFA04Y.",
+    ):
+        problem = summary_problem(reply)
+        assert problem is not None and "continues the conversation" in problem, reply
+
+
+def test_a_question_before_the_headings_is_a_reply() -> None:
+    problem = summary_problem("Do you want me to summarize this?\n\n" + GOOD_SUMMARY)
+    assert problem is not None and "continues the conversation" in problem
+
+
+def test_prose_without_headings_is_missing_them_and_empty_is_empty() -> None:
+    problem = summary_problem("The user asked to fix a bug. The assistant ran the tests.")
+    assert problem is not None and problem.startswith("missing section headings")
+    assert summary_problem("  \n") == "the reply is empty"
+
+
+def test_a_turn_prefix_note_needs_its_own_headings() -> None:
+    note = "## Done So Far\n- Ran `pytest`.\n\n## Context Needed Next\n- `src/a.py` fails."
+    assert summary_problem(note, turn_prefix=True) is None
+    assert summary_problem("## Context Needed Next\n- x", turn_prefix=True) is None
+    assert summary_problem(note) is not None  # not a full summary
+    assert summary_problem(GOOD_SUMMARY, turn_prefix=True) is not None

@@ -95,8 +95,62 @@ def test_brief_shortens_a_long_command_to_one_line() -> None:
 
 
 def test_brief_names_an_argument_without_a_telling_name() -> None:
-    assert _brief("get_order", {"order_id": "A1", "n": 3}, "o" * 900) == (
+    assert _brief("get_order", {"order_id": "A1"}, "o" * 900) == (
         '[get_order] order_id="A1" (900 chars)'
+    )
+
+
+def test_brief_gives_the_gist_of_the_other_short_arguments() -> None:
+    arguments = {"command": "view", "path": "src/a.py", "view_range": [1, 40], "n": 3}
+    assert _brief("str_replace_editor", arguments, "o" * 900) == (
+        "[str_replace_editor] src/a.py command=view n=3 (900 chars)"
+    )
+    many = {"user_id": "mia_li_3668", **{f"field{i}": f"value{i}" for i in range(20)}}
+    brief = _brief("book_reservation", many, "o" * 900)
+    assert brief.startswith('[book_reservation] user_id="mia_li_3668" field0=value0 field1=value1')
+    assert "field19" not in brief  # the gist stays short
+    long_text = {"path": "a.py", "new_str": "x" * 200}
+    assert _brief("edit", long_text, "o" * 900) == "[edit] a.py (900 chars)"
+
+
+def test_brief_keeps_the_first_error_line_whole_and_the_last_one_too() -> None:
+    first = "AssertionError: " + " ".join(f"item{i}" for i in range(25))  # ~190 chars
+    output = "\n".join(
+        [
+            "<returncode>1</returncode>",
+            "<output>",
+            "Traceback (most recent call last):",
+            '  File "t.py", line 3, in test',
+            first,
+            "",
+            "FAILED (failures=1)",
+            "</output>",
+        ]
+    )
+    brief = _brief("bash", {"command": "python -m unittest t"}, output + "\n" * 300)
+    assert "\n" not in brief
+    assert brief.endswith(f"(exit code 1, {first}; last: FAILED (failures=1))")
+    # Within a threshold the first line is cut between words and the last left out.
+    short = tool_brief(
+        {
+            "id": "c",
+            "function": {"name": "bash", "arguments": '{"command": "python -m unittest t"}'},
+        },
+        {"role": "tool", "content": output},
+        limit=160,
+    )
+    assert len(short) <= 160 + 60 and "last:" not in short
+    kept = short.split("exit code 1, ")[1].removesuffix(")")
+    assert kept.endswith("…") and kept[:-1].split()[-1] in first.split()
+
+
+def test_brief_takes_the_first_error_line_without_a_traceback() -> None:
+    output = "building\nsrc/a.c:3:5: error: unknown type name 'foo'\n"
+    brief = _brief("bash", {"command": "make"}, output * 30)
+    assert brief.endswith("(src/a.c:3:5: error: unknown type name 'foo')")  # the same: no "last"
+    output = "fatal: not a git repository\nerror: pathspec 'x' did not match\n" + "." * 600
+    assert "(fatal: not a git repository; last: error: pathspec 'x' did not match)" in _brief(
+        "bash", {"command": "git checkout x"}, output
     )
 
 
@@ -163,6 +217,17 @@ def test_legacy_function_result_is_briefed_from_its_function_call() -> None:
         "content": "[fetch] https://x.org (1,200 chars)",
     }
     assert validate_tool_pairing(prune(messages, 0, 3, PROFILE).messages) == []
+
+
+def test_a_brief_with_an_error_is_within_the_threshold_and_idempotent() -> None:
+    error = "ValueError: " + "long words here " * 40
+    output = f"<returncode>1</returncode>\n<output>\n{error}\n" + "x\n" * 400 + "</output>"
+    messages = [system(), user("task"), *tool_group("bash", {"command": "python run.py"}, output)]
+    once = prune(messages, 2, len(messages), PROFILE).messages
+    brief = once[-1]["content"]
+    assert len(brief) <= PROFILE.tool_result_chars
+    assert "ValueError: long words here" in brief and "\n" not in brief
+    assert prune(once, 2, len(once), PROFILE).messages == once
 
 
 def test_tiny_result_limit_still_gives_an_idempotent_brief() -> None:

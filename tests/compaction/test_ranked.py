@@ -41,3 +41,13 @@ def test_the_lowest_scores_go_first_and_dropped_steps_are_counted() -> None:
 def test_a_turn_prefix_leaves_out_goal_and_constraints() -> None:
     text = RankedLines().render(500, COUNTER, turn_prefix=True)
     assert "## Goal" not in text and "## Constraints" not in text and "## Progress" in text
+
+
+def test_a_line_too_long_for_the_room_left_is_passed_over() -> None:
+    lines = RankedLines()
+    lines.add("Goal", "the task", 100)
+    lines.add("In Progress", "a long step " + "word " * 200, 90)
+    lines.add("Blocked", "KeyError: 'x'", 85)
+    text = lines.render(150, COUNTER)
+    assert COUNTER.count_text(text) <= 150
+    assert "the task" in text and "KeyError: 'x'" in text and "a long step" not in text

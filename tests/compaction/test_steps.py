@@ -86,3 +86,40 @@ def test_huge_results_are_read_in_linear_time() -> None:
     for result in results:
         only_step("bash", {"command": "run"}, result)
     assert time.perf_counter() - start < 5
+
+
+def test_a_result_keeps_every_distinct_error_line_whole() -> None:
+    long_error = "ValueError: " + " ".join(f"part{i}" for i in range(40))  # ~250 chars
+    output = "\n".join(
+        [
+            "<returncode>1</returncode>",
+            "<output>",
+            "TypeError: first",
+            "KeyError: k",
+            "TypeError: first",
+            long_error,
+            "FAILED (failures=2)",
+            "</output>",
+        ]
+    )
+    step = only_step("bash", {"command": "pytest"}, output)
+    # Distinct, each where it was last seen.
+    assert step.errors == ("KeyError: k", "TypeError: first", long_error, "FAILED (failures=2)")
+    assert step.error == long_error  # the last exception line
+    assert step.outcome is not None and step.outcome.startswith("exit 1, error: `ValueError: part0")
+    assert len(step.outcome) < 200  # the Done line quotes it short, between words
+    assert step.outcome.removesuffix("…`").split()[-1] in long_error.split()
+
+
+def test_a_file_shown_is_not_an_error_but_a_script_printing_one_is() -> None:
+    docstring = "<returncode>0</returncode>\n<output>\nRaises:\nValueError: if x\n</output>"
+    assert only_step("bash", {"command": "sed -n '1,9p' a.py"}, docstring).errors == ()
+    printed = "<returncode>0</returncode>\n<output>\nValueError: caught\n</output>"
+    step = only_step("bash", {"command": "python repro.py"}, printed)
+    assert step.errors == ("ValueError: caught",) and step.error is None
+
+
+def test_a_brief_with_a_first_and_a_last_error_gives_both() -> None:
+    brief = '[bash] "pytest" → 9 lines output (exit code 1, KeyError: a; last: FAILED (failures=1))'
+    step = only_step("bash", {"command": "pytest"}, brief)
+    assert step.errors == ("KeyError: a", "FAILED (failures=1)")
