@@ -5,12 +5,24 @@ a free port. ``FakeUpstream`` is an OpenAI-compatible server that behaves like
 the real ones: JSON and SSE responses in the exact wire format (with
 ``usage``), an enforced context window answered with a chosen provider's
 error body, latency and failure injection, and a record of every request.
+
+By default it counts a prompt as the proxy does (tiktoken, times
+``count_factor``). With ``counting="chat-template"`` it counts the way an
+upstream with another tokenizer and a chat template does (a Qwen or Llama
+served by vLLM or llama.cpp): every message wrapped in template tokens, the
+tool schemas rendered into the prompt as spaced JSON, and about 12 % more
+tokens than o200k for the same text — so the proxy's own estimate is short by
+10–20 %, as measured against real servers. ``error_style="llama-cpp-python"``
+adds that server's worst habit: a streamed request over the window gets
+HTTP 200, ``text/event-stream`` and no event at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import math
 import socket
 import subprocess
 import threading
@@ -82,6 +94,21 @@ OVERFLOW_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
             },
         },
     ),
+    # llama-cpp-python's server: a non-streamed overflow gets this body; a
+    # streamed one gets HTTP 200 and an empty event stream (see FakeUpstream).
+    "llama-cpp-python": (
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is {w} tokens. However, you "
+                "requested {n} tokens ({n} in the messages, 0 in the completion). Please reduce "
+                "the length of the messages or completion.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    ),
     "no-number": (
         400,
         {
@@ -97,12 +124,88 @@ OVERFLOW_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
 }
 
 
+#: A realistic summary, with the six sections the proxy asks for (DESIGN.md §5.2).
+#: ``parse_window_header`` appears nowhere else: a test finds this text by it.
+SUMMARY_TEXT = """\
+## Goal
+- Make the failing test `tests/test_app.py::test_window_header` pass without changing its \
+assertions.
+
+## Constraints & Preferences
+- Keep the public API of `src/app.py` unchanged.
+- Run the whole suite with `pytest -q` before finishing.
+
+## Progress
+### Done
+- Read `src/app.py` and `tests/test_app.py`: `parse_window_header` returns the header as a \
+string.
+- Ran `pytest -q`: 1 failed, 41 passed.
+### In Progress
+- Changing `parse_window_header` in `src/app.py` to return an `int`.
+### Blocked
+- None
+
+## Key Decisions
+- Convert the value where the header is parsed, not at every caller, so the other callers keep \
+working.
+
+## Next Steps
+1. Finish the change in `parse_window_header`.
+2. Run `pytest -q` and check that `test_window_header` passes.
+
+## Critical Context
+- The failing assertion: `AssertionError: expected 8192 got '8192'`.
+- The header is `x-window`; its value is always a decimal number."""
+
+#: What a model asked for a turn-prefix note (the condensed first steps of the
+#: current turn) answers: that prompt's two headings.
+TURN_PREFIX_TEXT = """\
+## Done So Far
+- Ran `pytest -q`: `test_window_header` fails with `AssertionError: expected 8192 got '8192'`.
+
+## Context Needed Next
+- `parse_window_header` in `src/app.py` returns the header as a string."""
+
+#: Summarizer replies that are not summaries, as small models give them.
+NOT_SUMMARIES: dict[str, str] = {
+    # Answers the summarizer's instructions as if they were a chat.
+    "ready": "I'm ready to help. What's the next step?",
+    # Continues a customer-service dialogue as the agent instead of summarizing it.
+    "agent": "Thank you for waiting. I have found your reservation ZFA04Y: the flight from JFK to "
+    "SEA on May 20 can be changed to the 14:30 departure for a fare difference of $120. Would "
+    "you like me to go ahead with the change?",
+}
+
+#: Chat-template counting: the text factor of a tokenizer that is not o200k,
+#: the tokens a template wraps each message in (``<|im_start|>role\n`` …
+#: ``<|im_end|>\n``), and those priming the reply (``<|im_start|>assistant\n``).
+TEMPLATE_TEXT_FACTOR = 1.12
+TEMPLATE_TOKENS_PER_MESSAGE = 5
+TEMPLATE_REPLY_PRIMING = 3
+#: How a Qwen-style template introduces the tool schemas in the system turn.
+TOOLS_PREAMBLE = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
 @dataclass
 class Received:
     method: str
     path: str
     headers: dict[str, str]
     body: bytes
+    #: The status the fake answered with (200 for an empty overflow stream).
+    status: int = 0
+    #: The prompt size the fake counted for a chat or summary request.
+    prompt_tokens: int | None = None
+    #: The fake refused it as over its window (a 400, or an empty 200 stream).
+    overflowed: bool = False
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -114,17 +217,28 @@ class FakeUpstream:
     error_style: str = "openai"
     #: Multiplies our token count: a tokenizer that counts more than tiktoken.
     count_factor: float = 1.0
+    #: How prompts are counted: "o200k" (tiktoken × ``count_factor``; the window
+    #: holds the prompt alone) or "chat-template" (:meth:`template_tokens`; the
+    #: window holds the prompt plus the ``max_tokens`` asked for, as vLLM and
+    #: llama.cpp enforce it).
+    counting: str = "o200k"
     #: Chunks in a streamed answer, and the pause before each.
     chunks: int = 8
     chunk_delay: float = 0.0
     #: One-shot behaviours consumed by the next chat requests, in order:
-    #: "500", "429", "hang", "drop".
+    #: "500", "429", "hang", "drop", "empty-stream" (HTTP 200, an event stream
+    #: with no event in it, whatever the request's size).
     behaviours: list[str] = field(default_factory=list)
     #: Seconds the summarizer's answer takes (a "summarizing" process to kill).
     summary_delay: float = 0.0
-    summary_text: str = "## Goal\nFix the bug.\n## Progress\n### Done\n- ran the tests"
-    #: How the summarizer answers: "text" (``summary_text``), or a broken reply:
-    #: "garbage" (not JSON), "no-choices", "empty" (empty content),
+    #: What the summarizer answers; ``{call}`` becomes the number of the
+    #: summary request (1, 2, …), so each summary can be told apart.
+    summary_text: str = SUMMARY_TEXT
+    #: What it answers when asked for a turn-prefix note (``{call}`` as above).
+    turn_prefix_text: str = TURN_PREFIX_TEXT
+    #: How the summarizer answers: "text" (``summary_text``), a reply that is
+    #: not a summary ("ready", "agent": see ``NOT_SUMMARIES``), or a broken
+    #: reply: "garbage" (not JSON), "no-choices", "empty" (empty content),
     #: "tool-calls" (a tool call instead of text), "error" (a 500).
     summary_reply: str = "text"
     #: False skips tokenizing chat requests (``usage`` then says 0), so the fake
@@ -135,6 +249,7 @@ class FakeUpstream:
     #: When the proxy closed each "hang" request's connection (monotonic clock).
     hang_closed: list[float] = field(default_factory=list)
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("gpt-4o"))
+    _text_tokens: dict[str, int] = field(default_factory=dict, repr=False)
 
     # --- what was asked ------------------------------------------------
 
@@ -153,6 +268,66 @@ class FakeUpstream:
             for r in self.received
             if r.path.endswith("/chat/completions") and _is_summary_request(r.json())
         ]
+
+    @property
+    def summary_prompts(self) -> list[str]:
+        """The text of every summary request, exactly as the summarizer read it."""
+        return [
+            "\n".join(_content_text(m.get("content")) for m in r.json()["messages"])
+            for r in self.summary_requests
+        ]
+
+    @property
+    def overflows(self) -> list[Received]:
+        """Chat requests refused as over the window (a 400, or an empty 200 stream)."""
+        return [r for r in self.chat_requests if r.overflowed]
+
+    # --- counting ----------------------------------------------------------
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        """What this upstream counts for a chat request's prompt."""
+        if self.counting == "chat-template":
+            return self.template_tokens(body)
+        return int(self.counter.count_request(body) * self.count_factor)
+
+    def template_tokens(self, body: dict[str, Any]) -> int:
+        """The prompt as a chat-template upstream counts it.
+
+        The messages are rendered the way a Qwen-style template does (tool
+        calls as ``<tool_call>`` JSON, results in ``<tool_response>``, the tool
+        schemas appended to the system turn one per line as ``json.dumps``
+        writes them, with spaces after ``,`` and ``:``); the text is counted
+        with o200k times :data:`TEMPLATE_TEXT_FACTOR`, and each message costs
+        :data:`TEMPLATE_TOKENS_PER_MESSAGE` template tokens more.
+        """
+        messages = body.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        text = 0
+        schemas = body.get("tools") or body.get("functions")
+        if isinstance(schemas, list) and schemas:
+            rendered = "\n".join(json.dumps(schema) for schema in schemas)
+            text += self._count(TOOLS_PREAMBLE + "\n" + rendered + TOOLS_POSTAMBLE)
+        for message in messages:
+            if isinstance(message, dict):
+                text += self._count(_template_text(message))
+        return (
+            math.ceil(text * TEMPLATE_TEXT_FACTOR)
+            + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+            + TEMPLATE_REPLY_PRIMING
+        )
+
+    def _count(self, text: str) -> int:
+        count = self._text_tokens.get(text)
+        if count is None:
+            count = self._text_tokens[text] = self.counter.count_text(text)
+        return count
+
+    def _over_window(self, body: dict[str, Any], prompt: int) -> bool:
+        if self.window is None:
+            return False
+        if self.counting == "chat-template":
+            return prompt + _requested_output(body) > self.window
+        return prompt > self.window
 
     # --- the app ---------------------------------------------------------
 
@@ -214,9 +389,18 @@ class FakeUpstream:
         received = await self._record(request)
         body = received.json()
         if _is_summary_request(body):
+            if self.count_tokens:
+                received.prompt_tokens = self.prompt_tokens(body)
             if self.summary_delay:
                 await asyncio.sleep(self.summary_delay)
-            return self._summary(body)
+            response = self._summary(body, received.prompt_tokens or 10)
+            received.status = response.status_code
+            return response
+        response = await self._answer(request, received, body)
+        received.status = response.status_code
+        return response
+
+    async def _answer(self, request: Request, received: Received, body: dict[str, Any]) -> Response:
         behaviour = self.behaviours.pop(0) if self.behaviours else ""
         if behaviour == "500":
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
@@ -237,10 +421,16 @@ class FakeUpstream:
                 await asyncio.sleep(0.02)
             self.hang_closed.append(time.monotonic())
             return Response(status_code=499)
-        prompt = (
-            int(self.counter.count_request(body) * self.count_factor) if self.count_tokens else 0
-        )
-        if self.window is not None and prompt > self.window:
+        if behaviour == "empty-stream":
+            return StreamingResponse(_no_events(), media_type="text/event-stream")
+        prompt = self.prompt_tokens(body) if self.count_tokens else 0
+        received.prompt_tokens = prompt if self.count_tokens else None
+        if self._over_window(body, prompt):
+            received.overflowed = True
+            if self.error_style == "llama-cpp-python" and body.get("stream") is True:
+                # The error is raised inside the event generator, after the
+                # headers went out: the stream just ends.
+                return StreamingResponse(_no_events(), media_type="text/event-stream")
             status, template = OVERFLOW_ERRORS[self.error_style]
             text = orjson.dumps(template).decode()
             for placeholder, value in (("{n}", prompt), ("{w}", self.window)):
@@ -255,7 +445,7 @@ class FakeUpstream:
             )
         return JSONResponse(_completion(body, answer, prompt))
 
-    def _summary(self, body: dict[str, Any]) -> Response:
+    def _summary(self, body: dict[str, Any], prompt: int) -> Response:
         reply = self.summary_reply
         if reply == "garbage":
             return Response(
@@ -263,7 +453,11 @@ class FakeUpstream:
             )
         if reply == "error":
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, 500)
-        completion = _completion(body, self.summary_text, 10)
+        template = self.turn_prefix_text if _is_turn_prefix(body) else self.summary_text
+        text = NOT_SUMMARIES.get(reply) or template.replace(
+            "{call}", str(len(self.summary_requests))
+        )
+        completion = _completion(body, text, prompt)
         if reply == "no-choices":
             del completion["choices"]
         elif reply == "empty":
@@ -355,6 +549,49 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+async def _no_events() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that ends before its first event
+
+
+def _content_text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _template_text(message: dict[str, Any]) -> str:
+    """What a Qwen-style chat template writes for one message, without its special tokens."""
+    role = str(message.get("role", ""))
+    text = _content_text(message.get("content"))
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments")
+        with suppress(TypeError, ValueError):
+            arguments = json.loads(arguments)
+        rendered = json.dumps({"name": function.get("name"), "arguments": arguments})
+        text += f"\n<tool_call>\n{rendered}\n</tool_call>"
+    if role in ("tool", "function"):
+        text = f"<tool_response>\n{text}\n</tool_response>"
+    return f"{role}\n{text}"
+
+
+def _requested_output(body: dict[str, Any]) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
 def _completion(body: dict[str, Any], text: str, prompt: int) -> dict[str, Any]:
     return {
         "id": "chatcmpl-fake",
@@ -375,10 +612,30 @@ def _completion(body: dict[str, Any], text: str, prompt: int) -> dict[str, Any]:
 
 
 def _is_summary_request(body: Any) -> bool:
+    """Whether a chat request is the proxy asking for a summary: its system
+    prompt is one of the condenser's (or starts like one, or asks for the
+    summary's sections)."""
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
         return False
-    return messages[0].get("content") in (SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT)
+    first = messages[0]
+    content = first.get("content")
+    if first.get("role") not in ("system", "developer") or not isinstance(content, str):
+        return False
+    prompts = (SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT)
+    if any(content.startswith(prompt.split("\n", 1)[0]) for prompt in prompts):
+        return True
+    return ("## Goal" in content and "## Critical Context" in content) or (
+        "## Done So Far" in content
+    )
+
+
+def _is_turn_prefix(body: dict[str, Any]) -> bool:
+    content = body["messages"][0].get("content")
+    first_line = TURN_PREFIX_SYSTEM_PROMPT.split("\n", 1)[0]
+    return isinstance(content, str) and (
+        content.startswith(first_line) or "## Done So Far" in content
+    )
 
 
 @contextmanager

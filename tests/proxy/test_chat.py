@@ -197,7 +197,7 @@ def test_llm_summarizer_uses_client_credentials_and_is_not_repeated(
     assert body["temperature"] == 0 and body["stream"] is False and "tools" not in body
     first = upstream.chat_requests[-1].json()
     summary = [m for m in first["messages"] if str(m.get("content", "")).startswith(SUMMARY_MARKER)]
-    assert summary and "Fix the bug." in summary[0]["content"]
+    assert summary and "parse_window_header" in summary[0]["content"]  # the fake's SUMMARY_TEXT
 
     # The next turn of the same conversation reuses the stored summary.
     follow_up = [*messages, {"role": "user", "content": "Thanks. Anything else?"}]
