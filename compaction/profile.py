@@ -4,6 +4,12 @@ Pure data and pure functions: ``config/`` builds a :class:`Profile` from TOML,
 environment and the built-in model table; the proxy and the CLI hand it to
 :func:`compaction.compact`.
 
+Each :class:`Profile` field is declared once, here: its type, its default, and
+in its metadata a one-line ``"description"`` and the ``"bounds"`` its value
+must lie in (``None`` when any value of the type will do; ``None`` itself is
+always allowed for an optional field). ``config/`` derives the [compaction]
+and [models."…"] settings and the README's table from these declarations.
+
 The budget (DESIGN.md §3)::
 
     R_eff   = max(min(R, W // 4), requested_output)
@@ -15,7 +21,7 @@ The budget (DESIGN.md §3)::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from compaction.types import SummarizerMode
@@ -25,6 +31,9 @@ DEFAULT_RESERVE_TOKENS = 16_384
 DEFAULT_KEEP_RECENT_TOKENS = 20_000
 DEFAULT_HEAD_COUNT = 2
 DEFAULT_IMAGE_TOKENS = 1_600
+#: Share of the input limit left free because the token estimate can be off
+#: even after calibration to the upstream's own count.
+DEFAULT_SAFETY_MARGIN = 0.02
 
 # Pruner thresholds (characters).
 DEFAULT_TOOL_RESULT_CHARS = 500
@@ -80,64 +89,169 @@ DEFAULT_MODIFY_TOOLS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """The range a numeric :class:`Profile` field must lie in; ``None`` leaves a side open.
+
+    The names are pydantic's (``Field(gt=…)``), so ``config/`` passes them on as they are.
+    """
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def holds(self, value: float) -> bool:
+        return not (
+            (self.gt is not None and value <= self.gt)
+            or (self.ge is not None and value < self.ge)
+            or (self.lt is not None and value >= self.lt)
+            or (self.le is not None and value > self.le)
+        )
+
+    def requirement(self) -> str:
+        """What an error says the value must do: "be positive", "be in (0, 1]"."""
+        if self.lt is None and self.le is None and (self.gt, self.ge) in ((0, None), (None, 0)):
+            return "be positive" if self.gt == 0 else "not be negative"
+        low, high = "(-inf", "inf)"
+        if self.gt is not None or self.ge is not None:
+            low = f"({self.gt}" if self.gt is not None else f"[{self.ge}"
+        if self.lt is not None or self.le is not None:
+            high = f"{self.lt})" if self.lt is not None else f"{self.le}]"
+        return f"be in {low}, {high}"
+
+
+POSITIVE = Bounds(gt=0)
+NON_NEGATIVE = Bounds(ge=0)
+RATIO = Bounds(gt=0, le=1)  #: a share: above 0, at most all of it
+
+
+def _about(description: str, bounds: Bounds | None = None) -> dict[str, Any]:
+    """The metadata of a Profile field: a one-line description and its bounds."""
+    return {"description": description, "bounds": bounds}
+
+
+@dataclass(frozen=True)
 class Profile:
     """Every tunable of the pipeline for one model. Defaults are the design's."""
 
-    context_window: int = DEFAULT_CONTEXT_WINDOW
-    reserve_tokens: int = DEFAULT_RESERVE_TOKENS
-    keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS
-    threshold: int | None = None
-    head_count: int = DEFAULT_HEAD_COUNT
-    summarizer: SummarizerMode = "llm"
-    image_tokens: int = DEFAULT_IMAGE_TOKENS
+    context_window: int = field(
+        default=DEFAULT_CONTEXT_WINDOW,
+        metadata=_about(
+            "Context window in tokens, for models the built-in table does not know.", POSITIVE
+        ),
+    )
+    reserve_tokens: int = field(
+        default=DEFAULT_RESERVE_TOKENS,
+        metadata=_about(
+            "Tokens kept free for the reply (at most a quarter of the window).", NON_NEGATIVE
+        ),
+    )
+    keep_recent_tokens: int = field(
+        default=DEFAULT_KEEP_RECENT_TOKENS,
+        metadata=_about(
+            "Newest tokens kept verbatim (at most half the input limit).", NON_NEGATIVE
+        ),
+    )
+    threshold: int | None = field(
+        default=None,
+        metadata=_about(
+            "Absolute trigger in tokens; compaction starts above min(threshold, limit).", POSITIVE
+        ),
+    )
+    head_count: int = field(
+        default=DEFAULT_HEAD_COUNT,
+        metadata=_about(
+            "Leading messages never compacted (extended over leading system messages).",
+            NON_NEGATIVE,
+        ),
+    )
+    summarizer: SummarizerMode = field(
+        default="llm", metadata=_about("How the middle is summarized: llm, extractive or off.")
+    )
+    image_tokens: int = field(
+        default=DEFAULT_IMAGE_TOKENS,
+        metadata=_about("Tokens counted for each image.", NON_NEGATIVE),
+    )
+    safety_margin: float = field(
+        default=DEFAULT_SAFETY_MARGIN,
+        metadata=_about(
+            "Share of the input limit kept free for the error of the token estimate "
+            "(on top of calibration to the upstream's own count).",
+            Bounds(ge=0, lt=0.5),
+        ),
+    )
 
-    tool_result_chars: int = DEFAULT_TOOL_RESULT_CHARS
-    tool_args_chars: int = DEFAULT_TOOL_ARGS_CHARS
-    assistant_text_chars: int = DEFAULT_ASSISTANT_TEXT_CHARS
-    assistant_keep_start: int = DEFAULT_ASSISTANT_KEEP_START
-    assistant_keep_end: int = DEFAULT_ASSISTANT_KEEP_END
-    prune_target: float = DEFAULT_PRUNE_TARGET
+    tool_result_chars: int = field(
+        default=DEFAULT_TOOL_RESULT_CHARS,
+        metadata=_about("Pruner: tool results longer than this become a one-line brief.", POSITIVE),
+    )
+    tool_args_chars: int = field(
+        default=DEFAULT_TOOL_ARGS_CHARS,
+        metadata=_about("Pruner: tool-call arguments longer than this are shortened.", POSITIVE),
+    )
+    assistant_text_chars: int = field(
+        default=DEFAULT_ASSISTANT_TEXT_CHARS,
+        metadata=_about("Pruner: assistant text longer than this is cut in the middle.", POSITIVE),
+    )
+    assistant_keep_start: int = field(
+        default=DEFAULT_ASSISTANT_KEEP_START,
+        metadata=_about(
+            "Pruner: characters kept from the start of cut assistant text.", NON_NEGATIVE
+        ),
+    )
+    assistant_keep_end: int = field(
+        default=DEFAULT_ASSISTANT_KEEP_END,
+        metadata=_about(
+            "Pruner: characters kept from the end of cut assistant text.", NON_NEGATIVE
+        ),
+    )
+    prune_target: float = field(
+        default=DEFAULT_PRUNE_TARGET,
+        metadata=_about(
+            "Pruning alone ends a compaction only if it brings the request to this share of "
+            "the trigger; otherwise the middle is condensed, to leave room for later turns.",
+            RATIO,
+        ),
+    )
 
-    summary_ratio: float = DEFAULT_SUMMARY_RATIO
-    summary_min_tokens: int = DEFAULT_SUMMARY_MIN_TOKENS
-    summary_max_tokens: int = DEFAULT_SUMMARY_MAX_TOKENS
-    summary_tool_result_chars: int = DEFAULT_SUMMARY_TOOL_RESULT_CHARS
-    #: Window of the model that writes summaries; ``None`` means the chat
-    #: model's own. A middle whose prompt would not fit is summarized in chunks.
-    summarizer_context_window: int | None = None
+    summary_ratio: float = field(
+        default=DEFAULT_SUMMARY_RATIO,
+        metadata=_about("Summary budget as a share of the middle's tokens.", RATIO),
+    )
+    summary_min_tokens: int = field(
+        default=DEFAULT_SUMMARY_MIN_TOKENS,
+        metadata=_about("Lower bound of the summary budget.", POSITIVE),
+    )
+    summary_max_tokens: int = field(
+        default=DEFAULT_SUMMARY_MAX_TOKENS,
+        metadata=_about("Upper bound of the summary budget.", POSITIVE),
+    )
+    summary_tool_result_chars: int = field(
+        default=DEFAULT_SUMMARY_TOOL_RESULT_CHARS,
+        metadata=_about("Tool results are cut to this length for the summarizer.", POSITIVE),
+    )
+    #: ``None`` means the chat model's own. A middle whose prompt would not fit
+    #: is summarized in chunks.
+    summarizer_context_window: int | None = field(
+        default=None,
+        metadata=_about("Window of the summary model, if smaller than the chat model's.", POSITIVE),
+    )
 
-    read_tools: tuple[str, ...] = DEFAULT_READ_TOOLS
-    modify_tools: tuple[str, ...] = DEFAULT_MODIFY_TOOLS
+    read_tools: tuple[str, ...] = field(
+        default=DEFAULT_READ_TOOLS,
+        metadata=_about("Tool-name words that mean a file was read (for the file lists)."),
+    )
+    modify_tools: tuple[str, ...] = field(
+        default=DEFAULT_MODIFY_TOOLS,
+        metadata=_about("Tool-name words that mean a file was modified (for the file lists)."),
+    )
 
     def __post_init__(self) -> None:
-        positive = {
-            "context_window": self.context_window,
-            "tool_result_chars": self.tool_result_chars,
-            "tool_args_chars": self.tool_args_chars,
-            "assistant_text_chars": self.assistant_text_chars,
-            "summary_min_tokens": self.summary_min_tokens,
-            "summary_tool_result_chars": self.summary_tool_result_chars,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        non_negative = {
-            "reserve_tokens": self.reserve_tokens,
-            "keep_recent_tokens": self.keep_recent_tokens,
-            "head_count": self.head_count,
-            "image_tokens": self.image_tokens,
-            "assistant_keep_start": self.assistant_keep_start,
-            "assistant_keep_end": self.assistant_keep_end,
-        }
-        for name, value in non_negative.items():
-            if value < 0:
-                raise ValueError(f"{name} must not be negative, got {value}")
-        if self.threshold is not None and self.threshold <= 0:
-            raise ValueError(f"threshold must be positive, got {self.threshold}")
-        if not 0 < self.prune_target <= 1:
-            raise ValueError(f"prune_target must be in (0, 1], got {self.prune_target}")
-        if not 0 < self.summary_ratio <= 1:
-            raise ValueError(f"summary_ratio must be in (0, 1], got {self.summary_ratio}")
+        for declared in fields(self):
+            bounds: Bounds | None = declared.metadata["bounds"]
+            value = getattr(self, declared.name)
+            if bounds is not None and value is not None and not bounds.holds(value):
+                raise ValueError(f"{declared.name} must {bounds.requirement()}, got {value}")
         if self.summary_max_tokens < self.summary_min_tokens:
             raise ValueError("summary_max_tokens must be at least summary_min_tokens")
         if self.assistant_keep_start + self.assistant_keep_end >= self.assistant_text_chars:

@@ -8,10 +8,12 @@ Layout (DESIGN.md §8)::
     [store]             StoreSettings       checkpoints, originals, events (proxy.stores)
     [models."<glob>"]   ModelOverride       per-model changes to [compaction]
 
-Every model forbids unknown keys and is frozen. The pipeline's defaults are not
-repeated here: ``CompactionSettings`` takes them from ``compaction.profile``, and
-its validation ends by building a :class:`~compaction.profile.Profile`, so the
-library's own rules (e.g. ``summary_max_tokens >= summary_min_tokens``) decide.
+Every model forbids unknown keys and is frozen. The pipeline's fields are not
+repeated here: ``CompactionSettings`` and ``ModelOverride`` are derived from the
+:class:`~compaction.profile.Profile` declarations (type, default, bounds,
+description), so a new Profile field is a new key in both. Validation of
+[compaction] ends by building a Profile, so the library's own cross-field rules
+(e.g. ``summary_max_tokens >= summary_min_tokens``) decide.
 
 ``Settings()`` reads keyword arguments and ``COMPACTION_PROXY_*`` variables
 only; :func:`config.load_settings` adds the TOML file and readable errors.
@@ -20,7 +22,7 @@ only; :func:`config.load_settings` adds the TOML file and readable errors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_type_hints
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -30,6 +32,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -41,27 +44,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from compaction.profile import (
-    DEFAULT_ASSISTANT_KEEP_END,
-    DEFAULT_ASSISTANT_KEEP_START,
-    DEFAULT_ASSISTANT_TEXT_CHARS,
-    DEFAULT_CONTEXT_WINDOW,
-    DEFAULT_HEAD_COUNT,
-    DEFAULT_IMAGE_TOKENS,
-    DEFAULT_KEEP_RECENT_TOKENS,
-    DEFAULT_MODIFY_TOOLS,
-    DEFAULT_PRUNE_TARGET,
-    DEFAULT_READ_TOOLS,
-    DEFAULT_RESERVE_TOKENS,
-    DEFAULT_SUMMARY_MAX_TOKENS,
-    DEFAULT_SUMMARY_MIN_TOKENS,
-    DEFAULT_SUMMARY_RATIO,
-    DEFAULT_SUMMARY_TOOL_RESULT_CHARS,
-    DEFAULT_TOOL_ARGS_CHARS,
-    DEFAULT_TOOL_RESULT_CHARS,
-    Profile,
-)
-from compaction.types import SummarizerMode
+from compaction import Bounds, Profile
 
 ENV_PREFIX: Final = "COMPACTION_PROXY_"
 ENV_NESTED_DELIMITER: Final = "__"
@@ -111,37 +94,10 @@ def _store_url(value: str) -> str:
 _PositiveInt = Annotated[int, Field(gt=0)]
 _NonNegativeInt = Annotated[int, Field(ge=0)]
 _PositiveFloat = Annotated[float, Field(gt=0)]
-_Ratio = Annotated[float, Field(gt=0, le=1)]
 _HttpUrl = Annotated[str, AfterValidator(_http_url)]
 _Name = Annotated[str, Field(min_length=1)]
 
 _SECTION = ConfigDict(extra="forbid", frozen=True)
-
-# One description per Profile field, shared by [compaction] and [models."…"].
-_DOC: Final = {
-    "context_window": "Context window in tokens, for models the built-in table does not know.",
-    "reserve_tokens": "Tokens kept free for the reply (at most a quarter of the window).",
-    "keep_recent_tokens": "Newest tokens kept verbatim (at most half the input limit).",
-    "threshold": "Absolute trigger in tokens; compaction starts above min(threshold, limit).",
-    "head_count": "Leading messages never compacted (extended over leading system messages).",
-    "summarizer": "How the middle is summarized: llm, extractive or off.",
-    "image_tokens": "Tokens counted for each image.",
-    "tool_result_chars": "Pruner: tool results longer than this become a one-line brief.",
-    "tool_args_chars": "Pruner: tool-call arguments longer than this are shortened.",
-    "assistant_text_chars": "Pruner: assistant text longer than this is cut in the middle.",
-    "assistant_keep_start": "Pruner: characters kept from the start of cut assistant text.",
-    "assistant_keep_end": "Pruner: characters kept from the end of cut assistant text.",
-    "prune_target": "Pruning alone ends a compaction only if it brings the request to this "
-    "share of the trigger; otherwise the middle is condensed, to leave room for later turns.",
-    "summary_ratio": "Summary budget as a share of the middle's tokens.",
-    "summary_min_tokens": "Lower bound of the summary budget.",
-    "summary_max_tokens": "Upper bound of the summary budget.",
-    "summary_tool_result_chars": "Tool results are cut to this length for the summarizer.",
-    "summarizer_context_window": "Window of the summary model, if smaller than the chat model's.",
-    "read_tools": "Tool-name words that mean a file was read (for the file lists).",
-    "modify_tools": "Tool-name words that mean a file was modified (for the file lists).",
-    "summary_model": "Model that writes summaries; unset means the request's own model.",
-}
 
 
 class ServerSettings(BaseModel):
@@ -234,60 +190,55 @@ class StoreSettings(BaseModel):
         return self.retention_days * 86400.0
 
 
-class CompactionSettings(BaseModel):
-    """``[compaction]``: the pipeline profile used unless a model table says otherwise."""
+def _profile_fields(*, inherit: bool) -> dict[str, Any]:
+    """The Profile fields as pydantic field definitions, from their declarations.
+
+    With ``inherit`` every field is optional and defaults to ``None``: "take
+    the value from [compaction]".
+    """
+    types = get_type_hints(Profile)
+    definitions: dict[str, Any] = {}
+    for declared in dataclasses.fields(Profile):
+        bounds: Bounds | None = declared.metadata["bounds"]
+        limits = {} if bounds is None else dataclasses.asdict(bounds)
+        info = Field(
+            default=None if inherit else declared.default,
+            description=declared.metadata["description"],
+            **{name: limit for name, limit in limits.items() if limit is not None},
+        )
+        kind = types[declared.name]
+        definitions[declared.name] = (kind | None if inherit else kind, info)
+    return definitions
+
+
+# mypy cannot see the fields of a model built at run time, so to it these bases
+# are plain models (a hand-typed stub would repeat every field, the thing this
+# module exists to avoid). Typed code builds the settings with model_validate()
+# and reads the Profile fields through to_profile() or profile_changes().
+if TYPE_CHECKING:
+    _ProfileSettings = BaseModel
+    _ProfileOverride = BaseModel
+else:
+    _ProfileSettings = create_model(
+        "_ProfileSettings", __config__=_SECTION, **_profile_fields(inherit=False)
+    )
+    _ProfileOverride = create_model(
+        "_ProfileOverride", __config__=_SECTION, **_profile_fields(inherit=True)
+    )
+
+_SUMMARY_MODEL_DOC: Final = "Model that writes summaries; unset means the request's own model."
+
+
+class CompactionSettings(_ProfileSettings):
+    """``[compaction]``: the pipeline profile used unless a model table says otherwise.
+
+    Every :class:`~compaction.profile.Profile` field, with the default, bounds
+    and description declared there, then ``summary_model``.
+    """
 
     model_config = _SECTION
 
-    context_window: _PositiveInt = Field(
-        default=DEFAULT_CONTEXT_WINDOW, description=_DOC["context_window"]
-    )
-    reserve_tokens: _NonNegativeInt = Field(
-        default=DEFAULT_RESERVE_TOKENS, description=_DOC["reserve_tokens"]
-    )
-    keep_recent_tokens: _NonNegativeInt = Field(
-        default=DEFAULT_KEEP_RECENT_TOKENS, description=_DOC["keep_recent_tokens"]
-    )
-    threshold: _PositiveInt | None = Field(default=None, description=_DOC["threshold"])
-    head_count: _NonNegativeInt = Field(default=DEFAULT_HEAD_COUNT, description=_DOC["head_count"])
-    summarizer: SummarizerMode = Field(default="llm", description=_DOC["summarizer"])
-    image_tokens: _NonNegativeInt = Field(
-        default=DEFAULT_IMAGE_TOKENS, description=_DOC["image_tokens"]
-    )
-    tool_result_chars: _PositiveInt = Field(
-        default=DEFAULT_TOOL_RESULT_CHARS, description=_DOC["tool_result_chars"]
-    )
-    tool_args_chars: _PositiveInt = Field(
-        default=DEFAULT_TOOL_ARGS_CHARS, description=_DOC["tool_args_chars"]
-    )
-    assistant_text_chars: _PositiveInt = Field(
-        default=DEFAULT_ASSISTANT_TEXT_CHARS, description=_DOC["assistant_text_chars"]
-    )
-    assistant_keep_start: _NonNegativeInt = Field(
-        default=DEFAULT_ASSISTANT_KEEP_START, description=_DOC["assistant_keep_start"]
-    )
-    assistant_keep_end: _NonNegativeInt = Field(
-        default=DEFAULT_ASSISTANT_KEEP_END, description=_DOC["assistant_keep_end"]
-    )
-    prune_target: _Ratio = Field(default=DEFAULT_PRUNE_TARGET, description=_DOC["prune_target"])
-    summary_ratio: _Ratio = Field(default=DEFAULT_SUMMARY_RATIO, description=_DOC["summary_ratio"])
-    summary_min_tokens: _PositiveInt = Field(
-        default=DEFAULT_SUMMARY_MIN_TOKENS, description=_DOC["summary_min_tokens"]
-    )
-    summary_max_tokens: _PositiveInt = Field(
-        default=DEFAULT_SUMMARY_MAX_TOKENS, description=_DOC["summary_max_tokens"]
-    )
-    summary_tool_result_chars: _PositiveInt = Field(
-        default=DEFAULT_SUMMARY_TOOL_RESULT_CHARS, description=_DOC["summary_tool_result_chars"]
-    )
-    summarizer_context_window: _PositiveInt | None = Field(
-        default=None, description=_DOC["summarizer_context_window"]
-    )
-    read_tools: tuple[str, ...] = Field(default=DEFAULT_READ_TOOLS, description=_DOC["read_tools"])
-    modify_tools: tuple[str, ...] = Field(
-        default=DEFAULT_MODIFY_TOOLS, description=_DOC["modify_tools"]
-    )
-    summary_model: _Name | None = Field(default=None, description=_DOC["summary_model"])
+    summary_model: _Name | None = Field(default=None, description=_SUMMARY_MODEL_DOC)
 
     @model_validator(mode="after")
     def _valid_profile(self) -> CompactionSettings:
@@ -301,54 +252,17 @@ class CompactionSettings(BaseModel):
         return Profile(**values)
 
 
-class ModelOverride(BaseModel):
+class ModelOverride(_ProfileOverride):
     """``[models."<name or glob>"]``: changes to [compaction] for matching models.
 
+    Every Profile field, then ``summary_model``, ``upstream`` and ``api_key_env``.
     Every field defaults to ``None``, meaning "inherit"; so an override cannot
     unset an optional setting (``threshold``) that [compaction] sets.
     """
 
     model_config = _SECTION
 
-    context_window: _PositiveInt | None = Field(default=None, description=_DOC["context_window"])
-    reserve_tokens: _NonNegativeInt | None = Field(default=None, description=_DOC["reserve_tokens"])
-    keep_recent_tokens: _NonNegativeInt | None = Field(
-        default=None, description=_DOC["keep_recent_tokens"]
-    )
-    threshold: _PositiveInt | None = Field(default=None, description=_DOC["threshold"])
-    head_count: _NonNegativeInt | None = Field(default=None, description=_DOC["head_count"])
-    summarizer: SummarizerMode | None = Field(default=None, description=_DOC["summarizer"])
-    image_tokens: _NonNegativeInt | None = Field(default=None, description=_DOC["image_tokens"])
-    tool_result_chars: _PositiveInt | None = Field(
-        default=None, description=_DOC["tool_result_chars"]
-    )
-    tool_args_chars: _PositiveInt | None = Field(default=None, description=_DOC["tool_args_chars"])
-    assistant_text_chars: _PositiveInt | None = Field(
-        default=None, description=_DOC["assistant_text_chars"]
-    )
-    assistant_keep_start: _NonNegativeInt | None = Field(
-        default=None, description=_DOC["assistant_keep_start"]
-    )
-    assistant_keep_end: _NonNegativeInt | None = Field(
-        default=None, description=_DOC["assistant_keep_end"]
-    )
-    prune_target: _Ratio | None = Field(default=None, description=_DOC["prune_target"])
-    summary_ratio: _Ratio | None = Field(default=None, description=_DOC["summary_ratio"])
-    summary_min_tokens: _PositiveInt | None = Field(
-        default=None, description=_DOC["summary_min_tokens"]
-    )
-    summary_max_tokens: _PositiveInt | None = Field(
-        default=None, description=_DOC["summary_max_tokens"]
-    )
-    summary_tool_result_chars: _PositiveInt | None = Field(
-        default=None, description=_DOC["summary_tool_result_chars"]
-    )
-    summarizer_context_window: _PositiveInt | None = Field(
-        default=None, description=_DOC["summarizer_context_window"]
-    )
-    read_tools: tuple[str, ...] | None = Field(default=None, description=_DOC["read_tools"])
-    modify_tools: tuple[str, ...] | None = Field(default=None, description=_DOC["modify_tools"])
-    summary_model: _Name | None = Field(default=None, description=_DOC["summary_model"])
+    summary_model: _Name | None = Field(default=None, description=_SUMMARY_MODEL_DOC)
     upstream: _HttpUrl | None = Field(
         default=None, description="Base URL for these models instead of [upstream].base_url."
     )

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from compaction.profile import Profile, compute_budget, requested_output_tokens
+from compaction.profile import (
+    DEFAULT_SAFETY_MARGIN,
+    Bounds,
+    Profile,
+    compute_budget,
+    requested_output_tokens,
+)
 
 
 def test_budget_for_small_local_model_keeps_a_quarter_for_output() -> None:
@@ -56,3 +64,33 @@ def test_requested_output_reads_max_completion_tokens_first() -> None:
 def test_invalid_profiles_are_rejected_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         Profile(**{field: value})  # type: ignore[arg-type]
+
+
+def test_every_field_declares_a_description_and_its_bounds() -> None:
+    for field in dataclasses.fields(Profile):
+        assert field.metadata["description"], field.name
+        bounds = field.metadata["bounds"]
+        assert bounds is None or isinstance(bounds, Bounds), field.name
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("safety_margin", -0.01, r"safety_margin must be in \[0, 0.5\), got -0.01"),
+        ("safety_margin", 0.5, r"safety_margin must be in \[0, 0.5\), got 0.5"),
+        ("prune_target", 0, r"prune_target must be in \(0, 1\], got 0"),
+        ("image_tokens", -1, "image_tokens must not be negative, got -1"),
+        ("summarizer_context_window", 0, "summarizer_context_window must be positive, got 0"),
+    ],
+)
+def test_bounds_are_checked_with_a_message_naming_the_range(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Profile(**{field: value})  # type: ignore[arg-type]
+
+
+def test_safety_margin_defaults_to_two_percent_and_may_be_zero() -> None:
+    assert Profile().safety_margin == DEFAULT_SAFETY_MARGIN == 0.02
+    assert Profile(safety_margin=0).safety_margin == 0
+    assert Profile(threshold=None, summarizer_context_window=None).threshold is None

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import dataclasses
+
+from compaction.profile import Profile
 from config import SettingDoc, settings_reference
 from config.settings import PROFILE_FIELDS
 
@@ -32,3 +35,21 @@ def test_reference_lists_the_store_section() -> None:
     assert "COMPACTION_PROXY_STORE " in rows["store.url"].description
     assert rows["store.retention_days"].default == "30.0"
     assert rows["store.progress_min_ratio"].default == "0.1"
+
+
+def test_reference_compaction_rows_are_the_profile_declarations() -> None:
+    rows = {row.key: row for row in settings_reference()}
+    compaction = {key.removeprefix("compaction.") for key in rows if key.startswith("compaction.")}
+    assert compaction == {field.name for field in dataclasses.fields(Profile)} | {"summary_model"}
+    for field in dataclasses.fields(Profile):
+        row = rows[f"compaction.{field.name}"]
+        assert row.description == field.metadata["description"]
+        assert row.env == f"COMPACTION_PROXY_COMPACTION__{field.name.upper()}"
+    assert rows["compaction.safety_margin"].default == "0.02"
+    # The override keys listed one by one are only those that are not Profile fields.
+    models = {key for key in rows if key.startswith('models."<name>".')}
+    assert models == {
+        'models."<name>".*',
+        'models."<name>".upstream',
+        'models."<name>".api_key_env',
+    }

@@ -9,7 +9,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from compaction import profile as defaults
-from compaction.profile import Profile
+from compaction.profile import Bounds, Profile
 from config.settings import (
     PROFILE_FIELDS,
     CompactionSettings,
@@ -201,3 +201,45 @@ def test_store_variable_may_still_be_a_json_object(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("COMPACTION_PROXY_STORE", '{"url": "memory://", "store_originals": false}')
     store = Settings().store
     assert (store.url, store.store_originals) == ("memory://", False)
+
+
+def _outside(bounds: Bounds) -> list[float]:
+    """Values just outside ``bounds``, one per side it closes."""
+    values: list[float] = []
+    if bounds.gt is not None:
+        values.append(bounds.gt)
+    if bounds.ge is not None:
+        values.append(bounds.ge - 1)
+    if bounds.lt is not None:
+        values.append(bounds.lt)
+    if bounds.le is not None:
+        values.append(bounds.le + 1)
+    return values
+
+
+def test_every_profile_declaration_reaches_compaction_and_overrides() -> None:
+    # Nothing per field is written in config/: each Profile field arrives in both
+    # models with the default, description and bounds declared in compaction/.
+    for declared in dataclasses.fields(Profile):
+        setting = CompactionSettings.model_fields[declared.name]
+        override = ModelOverride.model_fields[declared.name]
+        assert setting.default == declared.default
+        assert override.default is None
+        assert setting.description == override.description == declared.metadata["description"]
+        bounds: Bounds | None = declared.metadata["bounds"]
+        for value in _outside(bounds) if bounds is not None else []:
+            for model in (CompactionSettings, ModelOverride):
+                with pytest.raises(ValidationError) as caught:
+                    model.model_validate({declared.name: value})
+                assert caught.value.errors()[0]["loc"] == (declared.name,), (model, value)
+
+
+def test_safety_margin_is_a_setting_and_an_override() -> None:
+    assert CompactionSettings().safety_margin == defaults.DEFAULT_SAFETY_MARGIN == 0.02
+    assert CompactionSettings(safety_margin=0).to_profile().safety_margin == 0
+    assert ModelOverride(safety_margin=0.1).profile_changes() == {"safety_margin": 0.1}
+    for bad in (-0.01, 0.5):
+        with pytest.raises(ValidationError):
+            CompactionSettings(safety_margin=bad)
+        with pytest.raises(ValidationError):
+            ModelOverride(safety_margin=bad)
