@@ -1,49 +1,109 @@
 """compaction: keep a chat conversation inside a model's context window.
 
-A pure library: no HTTP server, no settings files. The summarizer is injected
-as an async callable, so everything here runs and tests without a network::
+A pure library: no HTTP server, no settings files, no clocks, no ids. The
+summarizer is injected as an async callable, so everything here runs and
+tests without a network::
 
     result = await compaction.compact(request_body, compaction.Profile(context_window=8192))
     body = {**request_body, "messages": result.messages}
+
+A caller that keeps state between requests (the proxy) uses the three steps
+``compact`` is made of — read once, decide, execute — and stores checkpoints
+in between::
+
+    conversation = read_conversation(body, messages, counter, profile.head_count)
+    decision = decide(conversation, profile, budget, stored=checkpoints_on_its_chain)
+    result = await execute(conversation, decision, summarizer)
+
+Everything a caller may use is named in ``__all__``.
 """
 
+from compaction.calls import key_argument
+from compaction.checkpoints import Checkpoint
+from compaction.conversation import Conversation, read_conversation, read_conversation_async
+from compaction.decide import (
+    Decision,
+    OverflowReport,
+    RetryBudget,
+    calibrated_budget,
+    decide,
+    ratio_sample,
+    retry_budget,
+    update_ratio,
+)
+from compaction.encodings import load_encoding
 from compaction.errors import (
     CannotFitError,
     CompactionError,
     InvalidMessagesError,
     SummarizationError,
 )
+from compaction.execute import CompactionResult, Span, execute, forwarded, new_checkpoint
 from compaction.messages import (
     SUMMARY_MARKER,
     PairingProblem,
+    call_name_and_arguments,
+    check_messages,
+    group_messages,
+    head_end,
+    message_text,
     repair_tool_pairing,
+    tail_start,
+    tool_calls,
     validate_tool_pairing,
 )
-from compaction.pipeline import CompactionResult, compact
-from compaction.profile import Budget, Profile, compute_budget, requested_output_tokens
-from compaction.tokens import TokenCounter, encoding_for_model
+from compaction.pipeline import compact
+from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
+from compaction.tokens import TokenCounter, encoding_for_model, text_size
 from compaction.types import Message, Reason, Stage, Summarizer, SummarizerMode
 
 __all__ = [
     "SUMMARY_MARKER",
+    "Bounds",
     "Budget",
     "CannotFitError",
+    "Checkpoint",
     "CompactionError",
     "CompactionResult",
+    "Conversation",
+    "Decision",
     "InvalidMessagesError",
     "Message",
+    "OverflowReport",
     "PairingProblem",
     "Profile",
     "Reason",
+    "RetryBudget",
+    "Span",
     "Stage",
     "SummarizationError",
     "Summarizer",
     "SummarizerMode",
     "TokenCounter",
+    "calibrated_budget",
+    "call_name_and_arguments",
+    "check_messages",
     "compact",
     "compute_budget",
+    "decide",
     "encoding_for_model",
+    "execute",
+    "forwarded",
+    "group_messages",
+    "head_end",
+    "key_argument",
+    "load_encoding",
+    "message_text",
+    "new_checkpoint",
+    "ratio_sample",
+    "read_conversation",
+    "read_conversation_async",
     "repair_tool_pairing",
     "requested_output_tokens",
+    "retry_budget",
+    "tail_start",
+    "text_size",
+    "tool_calls",
+    "update_ratio",
     "validate_tool_pairing",
 ]

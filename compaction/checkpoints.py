@@ -17,8 +17,6 @@ whatever the system prompt says today. The newest checkpoint whose
 from __future__ import annotations
 
 import hashlib
-import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +26,6 @@ import orjson
 from compaction.messages import (
     HEAD_ROLES,
     call_name_and_arguments,
-    group_messages,
     group_starts,
     message_text,
     tool_calls,
@@ -54,8 +51,10 @@ class Checkpoint:
     #: progress guard asks: the span is then not summarized again until new
     #: messages give the summarizer something to work on.
     progress_ok: bool = True
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created_at: float = field(default_factory=time.time)
+    #: Drawn by the caller (the store's owner): the library draws no ids
+    #: and reads no clock.
+    id: str = field(kw_only=True)
+    created_at: float = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -167,58 +166,3 @@ def apply_checkpoint(
         return None
     applied = [*messages[:head_end], *checkpoint.replacement, *messages[cut:]]
     return AppliedCheckpoint(checkpoint, applied)
-
-
-def kept_suffix(original: Sequence[Message], result: Sequence[Message], head_end: int) -> int:
-    """How many trailing messages of ``result`` are the very objects ending ``original``."""
-    kept = 0
-    limit = min(len(original), len(result)) - head_end
-    while kept < limit and result[-1 - kept] is original[-1 - kept]:
-        kept += 1
-    return kept
-
-
-def make_checkpoint(
-    original: Sequence[Message],
-    head_end: int,
-    result: Sequence[Message],
-    *,
-    chain: Sequence[str],
-    session: str,
-    stage: str,
-    reason: str,
-    tokens_before: int,
-    tokens_after: int,
-    model: str = "",
-    progress_ok: bool = True,
-) -> Checkpoint | None:
-    """The checkpoint describing how ``result`` rewrote ``original``, if it is reusable.
-
-    ``result`` must keep the head and end with a verbatim suffix of
-    ``original``; what lies between replaces the rest. ``None`` when nothing
-    was replaced or no verbatim suffix remains (e.g. the newest group was cut).
-    """
-    if any(a is not b for a, b in zip(result[:head_end], original[:head_end], strict=False)):
-        return None
-    kept = kept_suffix(original, result, head_end)
-    # A verbatim tool result whose call was rewritten (its arguments pruned)
-    # is not part of a reusable suffix: the cut must fall between groups.
-    starts = group_starts(group_messages(original))
-    while kept and len(original) - kept not in starts:
-        kept -= 1
-    covered = len(original) - head_end - kept
-    if covered <= 0 or kept == 0:
-        return None
-    replacement = tuple(result[head_end : len(result) - kept])
-    return Checkpoint(
-        session=session,
-        end_hash=chain[covered - 1],
-        covered=covered,
-        replacement=replacement,
-        stage=stage,
-        reason=reason,
-        tokens_before=tokens_before,
-        tokens_after=tokens_after,
-        model=model,
-        progress_ok=progress_ok,
-    )

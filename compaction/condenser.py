@@ -37,6 +37,7 @@ from compaction.prompts import (
     serialize_messages,
     summary_body,
     summary_message,
+    summary_problem,
     summary_prompt,
     turn_prefix_prompt,
 )
@@ -138,14 +139,18 @@ async def condense(
     instructions: str | None = None,
     originals: Sequence[Message] | None = None,
     keys: KeyMemo | None = None,
+    cap: int | None = None,
 ) -> CondenseResult:
     """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
 
-    ``originals`` are the same messages before pruning, index for index. The
-    file lists are read from their tool calls, whose long arguments the
-    pruner cut (a ``sed -i '…' path`` loses its path at the end), and the
-    extractive summary reads their assistant messages whole. ``keys`` are the
-    caller's memo of message keys, if it has one.
+    ``originals`` are the same messages before pruning, index for index: the
+    summarizer (model or extractive) reads them, not the pruner's briefs, so
+    error messages, commands and paths reach the summary; the file lists are
+    read from their tool calls, whose long arguments the pruner cut (a
+    ``sed -i '…' path`` loses its path at the end). ``keys`` are the caller's
+    memo of message keys, if it has one. ``cap`` bounds the tokens of all
+    that replaces the middle (summaries and the kept turn opener): a summary
+    that comes out larger is cut to fit, not thrown away.
     """
     if originals is None:
         originals = messages
@@ -172,11 +177,20 @@ async def condense(
         instructions,
         list(messages[: plan.head_end]),
     )
-    main_summary = await run.summarize(main, request=None) if main.messages else None
+    main_cap = prefix_cap = None
+    if cap is not None:
+        opener = run.tokens([messages[plan.turn_start]]) if plan.turn_start is not None else 0
+        left = max(cap - opener, 0)
+        if prefix.messages:
+            wanted = summary_budget(run.tokens(prefix.messages), profile, turn_prefix=True)
+            prefix_cap = min(wanted, left // 3)
+            left -= prefix_cap
+        main_cap = left
+    main_summary = await run.summarize(main, request=None, cap=main_cap) if main.messages else None
     prefix_summary = None
     if plan.turn_start is not None and prefix.messages:
         request = message_text(messages[plan.turn_start])
-        prefix_summary = await run.summarize(prefix, request=request)
+        prefix_summary = await run.summarize(prefix, request=request, cap=prefix_cap)
 
     replaced = run.tokens(main.messages) + run.tokens(prefix.messages)
     written = [m for m in (main_summary, prefix_summary) if m is not None]
@@ -219,13 +233,6 @@ class _Span:
     ) -> _Span:
         return cls(list(messages[start:end]), list(originals[start:end]))
 
-    def for_digest(self) -> list[Message]:
-        """Results as pruned (the extractive digest reads their briefs), assistant
-        messages whole (their calls, and text without a cut marker)."""
-        return [
-            original if message.get("role") == "assistant" else message
-            for message, original in zip(self.messages, self.originals, strict=True)
-        ]
 
 
 @dataclass
@@ -245,11 +252,14 @@ class _Run:
     def tokens(self, messages: Sequence[Message]) -> int:
         return sum(self.counter.count_messages(messages, self.keys.keys(messages)))
 
-    async def summarize(self, whole: _Span, *, request: str | None) -> Message:
-        """The summary message for ``whole``; ``request`` is set for a turn prefix."""
+    async def summarize(
+        self, whole: _Span, *, request: str | None, cap: int | None = None
+    ) -> Message:
+        """The summary message for ``whole``; ``request`` is set for a turn prefix.
+        ``cap`` bounds its tokens: a longer summary is cut to fit."""
         turn_prefix = request is not None
         span = whole.messages
-        ordinary = [m for m in span if not is_summary(m)]
+        ordinary = [m for m in whole.originals if not is_summary(m)]
         previous = [summary_body(message_text(m)) for m in span if is_summary(m)]
         if not ordinary and len(span) == 1:
             return span[0]  # a lone earlier summary: nothing new to fold into it
@@ -260,11 +270,24 @@ class _Run:
         def wrap(body: str) -> Message:
             return summary_message(body, condensed=len(span), files=files, turn_prefix=turn_prefix)
 
+        frame = self.counter.count_message(wrap(""))
+        if cap is not None:
+            budget = max(min(budget, cap - frame), 1)
+
+        def fitted(body: str) -> Message:
+            message = wrap(body)
+            if cap is None or self.counter.count_message(message) <= cap:
+                return message
+            return wrap(fit_tokens(body, max(cap - frame, 0), self.counter))
+
         label = "turn prefix: " if turn_prefix else ""
         if self.profile.summarizer == "llm" and self.summarizer is not None:
             try:
                 body = await self._llm(ordinary, previous, budget, request)
-                message = wrap(body)
+                problem = summary_problem(body, turn_prefix=turn_prefix)
+                if problem is not None:
+                    raise SummarizationError(f"not a summary: {problem}")
+                message = fitted(body)
                 tokens = self.counter.count_message(message)
                 if tokens >= span_tokens:
                     raise SummarizationError(
@@ -280,7 +303,7 @@ class _Run:
             self.notes.append("no llm summarizer available; used extractive")
         self.fell_back = True
         body = extractive_summary(
-            [m for m in whole.for_digest() if not is_summary(m)],
+            ordinary,
             head=self.head,
             previous=previous,
             budget=budget,
@@ -289,7 +312,7 @@ class _Run:
             files=files,
             turn_prefix=turn_prefix,
         )
-        return wrap(body)
+        return fitted(body)
 
     async def _llm(
         self,

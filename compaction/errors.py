@@ -17,17 +17,32 @@ class CannotFitError(CompactionError):
     """Even the parts that are never dropped exceed the input limit.
 
     ``part`` names what is too large (``"head"``: the system prompt and the
-    first messages; ``"newest group"``: the latest message group even after
-    cutting it), so that the proxy can tell the user which part to shorten.
+    first messages, with the rest of the request; ``"newest group"``: the
+    latest message group even after cutting it) and ``tokens`` is that part's
+    own size; ``room`` is what the limit leaves for it. The message says so
+    in words the proxy can show the user as they are.
     """
 
-    def __init__(self, part: str, tokens: int, limit: int) -> None:
+    def __init__(
+        self, part: str, tokens: int, limit: int, *, room: int | None = None, detail: str = ""
+    ) -> None:
         self.part = part
         self.tokens = tokens
         self.limit = limit
-        super().__init__(
-            f"the {part} alone is {tokens:,} tokens, above the input limit of {limit:,} tokens"
+        self.room = limit if room is None else room
+        where = (
+            f"above the input limit of {limit:,} tokens"
+            if self.room == limit
+            else f"above the {self.room:,} tokens the input limit of {limit:,} leaves for it"
         )
+        super().__init__(f"the {part}{detail} is {tokens:,} tokens, {where}")
+
+    @classmethod
+    def head(cls, messages: int, rest: int, limit: int) -> CannotFitError:
+        """The head's messages (``messages`` tokens) with the rest of the request
+        (tool schemas, ``response_format``, reply priming: ``rest``) exceed ``limit``."""
+        detail = f" (its messages {messages:,} tokens, tool schemas and other fields {rest:,})"
+        return cls("head", messages + rest, limit, detail=detail)
 
 
 class SummarizationError(CompactionError):

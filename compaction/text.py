@@ -287,12 +287,11 @@ def fit_tokens(text: str, max_tokens: int, counter: TokenCounter) -> str:
     if max_tokens <= 0:
         return ""
     while (count := counter.count_text(text)) > max_tokens:
-        keep = max(int(len(text) * max_tokens / count * 0.95), 0)
-        if keep >= len(text):
-            keep = len(text) - 1
-        text = text[:keep].rstrip() + " …"
+        # Strictly shorter each round, marker included, so the loop ends.
+        keep = min(int(len(text) * max_tokens / count * 0.95), len(text) - 3)
         if keep <= 0:
             return ""
+        text = text[:keep].rstrip() + " …"
     return text
 
 

@@ -25,6 +25,7 @@ does; CannotFitError ``"newest group"`` when even that is not enough.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from compaction.messages import (
     group_messages,
     is_summary,
     is_truncation_note,
+    message_text,
     truncation_note,
     truncation_note_count,
 )
@@ -48,6 +50,9 @@ _MIN_FIELD_CHARS = 200
 _MARKER_CHARS = 48
 #: Each cut of a field removes at least this much, so shrinking always progresses.
 _MIN_STEP_CHARS = 64
+#: Room below which the group that no longer fits is dropped, not excerpted.
+EXCERPT_MIN_TOKENS = 200
+_SUMMARY_COUNT = re.compile(r"Summary of (?:the first )?(\d+) ")
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,9 @@ class TruncateResult:
     dropped: int  #: messages removed
     shrunk: int  #: messages whose content was cut to fit
     notes: tuple[str, ...]
+    #: How many trailing messages stand for as many trailing input messages:
+    #: the very objects, or the newest group cut the same way on every call.
+    suffix: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,10 @@ class _Plan:
     summary: int | None  #: index of the newest summary kept before the note
     opener: int | None  #: index of the turn's user message kept after the note
     suffix_start: int  #: the newest groups from here on are kept
+    #: The next older group, cut to the room left, when at least
+    #: :data:`EXCERPT_MIN_TOKENS` were left: a large message is excerpted,
+    #: not dropped unseen.
+    excerpt: tuple[int, list[Message]] | None = None
 
 
 def truncate(
@@ -83,7 +95,7 @@ def truncate(
     """
     counts = counter.count_messages(messages)
     if sum(counts) + overhead <= limit:
-        return TruncateResult(list(messages), 0, 0, ())
+        return TruncateResult(list(messages), 0, 0, (), suffix=len(messages))
 
     groups = group_messages(messages)
     head_end = _group_boundary(groups, head_end)
@@ -94,14 +106,17 @@ def truncate(
 
     reserve = counter.count_message(truncation_note(len(messages)))
     while True:
-        plan = _select(messages, counts, body, head_end, limit - head_tokens - reserve)
+        plan = _select(messages, counts, body, head_end, limit - head_tokens - reserve, counter)
         if plan is None:
-            return _shrink_newest(messages, body, head_end, head_tokens, limit, counter)
+            return _shrink_newest(messages, counts, body, head_end, head_tokens, limit, counter)
         out, dropped = _assemble(messages, head_end, plan)
         total = sum(counter.count_messages(out)) + overhead
         if total <= limit:
-            note = f"removed {dropped} earlier messages to fit {limit:,} tokens"
-            return TruncateResult(out, dropped, 0, (note,))
+            notes = [f"removed {dropped} earlier messages to fit {limit:,} tokens"]
+            if plan.excerpt is not None:
+                notes.append(f"excerpted {len(plan.excerpt[1])} older messages to fit")
+            suffix = len(messages) - plan.suffix_start
+            return TruncateResult(out, dropped, 0, tuple(notes), suffix=suffix)
         # The note's token count was underestimated; leave it more room.
         reserve += total - limit
 
@@ -121,6 +136,7 @@ def _select(
     body: Sequence[Group],
     head_end: int,
     budget: int,
+    counter: TokenCounter,
 ) -> _Plan | None:
     """What to keep after the head within ``budget``; ``None`` if the newest group does not fit."""
 
@@ -147,13 +163,31 @@ def _select(
         opener = None
 
     suffix_start = newest.start
+    excerpt = None
     for group in reversed(body[:-1]):
         if group.start not in (summary, opener):
             if used + tokens(group) > budget:
+                excerpt = _excerpt(messages, group, budget - used, counter)
                 break
             used += tokens(group)
         suffix_start = group.start
-    return _Plan(summary, opener, suffix_start)
+    return _Plan(summary, opener, suffix_start, excerpt)
+
+
+def _excerpt(
+    messages: Sequence[Message], group: Group, room: int, counter: TokenCounter
+) -> tuple[int, list[Message]] | None:
+    """``group`` cut to ``room`` tokens, or ``None`` when too little is left or
+    it is a note or summary (nothing to learn from a piece of those)."""
+    first = messages[group.start]
+    if room < EXCERPT_MIN_TOKENS or is_summary(first) or is_truncation_note(first):
+        return None
+    whole = list(messages[group.start : group.end])
+    cut = _shrink_group(whole, room, counter)
+    if sum(counter.count_messages(cut)) > room:
+        return None
+    # Fresh objects throughout: only the verbatim suffix shares the caller's.
+    return group.start, [dict(m) if m is o else m for m, o in zip(cut, whole, strict=True)]
 
 
 def _turn_opener(messages: Sequence[Message], floor: int, start: int) -> int | None:
@@ -174,23 +208,38 @@ def _assemble(messages: Sequence[Message], head_end: int, plan: _Plan) -> tuple[
     out = list(messages[:head_end])
     if plan.summary is not None and plan.summary < plan.suffix_start:
         out.append(messages[plan.summary])
-    kept_before = {plan.summary, plan.opener}
+    # Kept before the suffix, in their order: the turn's opener, the excerpt.
+    kept: dict[int, list[Message]] = {}
+    if plan.opener is not None and plan.opener < plan.suffix_start:
+        kept[plan.opener] = [messages[plan.opener]]
+    if plan.excerpt is not None:
+        kept[plan.excerpt[0]] = plan.excerpt[1]
+    spared = {plan.summary, *kept}
+    if plan.excerpt is not None:
+        start, cut = plan.excerpt
+        spared.update(range(start, start + len(cut)))
     dropped = [
-        m
-        for i, m in enumerate(messages[head_end : plan.suffix_start], head_end)
-        if i not in kept_before
+        m for i, m in enumerate(messages[head_end : plan.suffix_start], head_end) if i not in spared
     ]
     if dropped:
-        out.append(truncation_note(_removed_count(dropped)))
-    if plan.opener is not None and plan.opener < plan.suffix_start:
-        out.append(messages[plan.opener])
+        out.append(truncation_note(removed_count(dropped)))
+    for index in sorted(kept):
+        out.extend(kept[index])
     out.extend(messages[plan.suffix_start :])
     return out, len(dropped)
 
 
-def _removed_count(dropped: Sequence[Message]) -> int:
-    # A note left by an earlier truncation stands for the messages it replaced.
-    return sum(truncation_note_count(m) or 1 for m in dropped)
+def removed_count(dropped: Sequence[Message]) -> int:
+    """How many of the client's messages ``dropped`` stand for: an earlier
+    truncation note or summary stands for the messages it replaced."""
+    total = 0
+    for message in dropped:
+        count = truncation_note_count(message)
+        if count is None and is_summary(message):
+            found = _SUMMARY_COUNT.search(message_text(message)[:200])
+            count = int(found.group(1)) if found else None
+        total += count or 1
+    return total
 
 
 # --- shrinking the newest group ----------------------------------------------
@@ -198,38 +247,49 @@ def _removed_count(dropped: Sequence[Message]) -> int:
 
 def _shrink_newest(
     messages: Sequence[Message],
+    counts: Sequence[int],
     body: Sequence[Group],
     head_end: int,
     head_tokens: int,
     limit: int,
     counter: TokenCounter,
 ) -> TruncateResult:
+    """Keep the head, the newest summary if the newest group can be cut to
+    leave room for it (a summary is worth more than the excess of one group),
+    and the newest group cut to what is left."""
     newest = body[-1]
-    dropped = messages[head_end : newest.start]
-    note = truncation_note(_removed_count(dropped)) if dropped else None
-    note_tokens = counter.count_message(note) if note else 0
+    summary = next(
+        (i for i in range(newest.start - 1, head_end - 1, -1) if is_summary(messages[i])), None
+    )
     group = list(messages[newest.start : newest.end])
-    before = sum(counter.count_messages(group))
-    room = limit - head_tokens - note_tokens
-
-    cut = _shrink_group(group, room, counter)
-    after = sum(counter.count_messages(cut))
-    if after > room:
-        raise CannotFitError("newest group", head_tokens + note_tokens + after, limit)
-
-    shrunk = sum(1 for new, old in zip(cut, group, strict=True) if new is not old)
-    notes = []
-    if shrunk:
-        notes.append(
-            f"cut {shrunk} messages of the newest group to fit {limit:,} tokens "
-            f"({before:,} → {after:,} tokens)"
-        )
-    out = list(messages[:head_end])
-    if note:
-        out.append(note)
-        notes.insert(0, f"removed {len(dropped)} earlier messages to fit {limit:,} tokens")
-    out.extend(cut)
-    return TruncateResult(out, len(dropped), shrunk, tuple(notes))
+    before = sum(counts[newest.start : newest.end])
+    failure: CannotFitError | None = None
+    for keep in ((summary,) if summary is not None else ()) + (None,):
+        kept = [messages[keep]] if keep is not None else []
+        dropped = [
+            m for i, m in enumerate(messages[head_end : newest.start], head_end) if i != keep
+        ]
+        note = [truncation_note(removed_count(dropped))] if dropped else []
+        extra = sum(counter.count_messages([*kept, *note]))
+        room = limit - head_tokens - extra
+        cut = _shrink_group(group, room, counter)
+        after = sum(counter.count_messages(cut))
+        if after > room:
+            failure = CannotFitError("newest group", after, limit, room=room)
+            continue
+        shrunk = sum(1 for new, old in zip(cut, group, strict=True) if new is not old)
+        notes = []
+        if dropped:
+            notes.append(f"removed {len(dropped)} earlier messages to fit {limit:,} tokens")
+        if shrunk:
+            notes.append(
+                f"cut {shrunk} messages of the newest group to fit {limit:,} tokens "
+                f"({before:,} → {after:,} tokens)"
+            )
+        out = [*messages[:head_end], *kept, *note, *cut]
+        return TruncateResult(out, len(dropped), shrunk, tuple(notes), suffix=len(cut))
+    assert failure is not None
+    raise failure
 
 
 @dataclass

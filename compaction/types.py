@@ -7,12 +7,12 @@ from typing import Any, Literal, Protocol
 #: One element of ``messages``, kept as a plain dict so unknown keys survive.
 Message = dict[str, Any]
 
-Stage = Literal["none", "pruned", "condensed", "truncated"]
+Stage = Literal["none", "reused", "pruned", "condensed", "truncated"]
 Reason = Literal["threshold", "overflow", "manual"]
 SummarizerMode = Literal["llm", "extractive", "off"]
 
 #: Stages ordered from weakest to strongest; the result reports the strongest that ran.
-STAGE_ORDER: tuple[Stage, ...] = ("none", "pruned", "condensed", "truncated")
+STAGE_ORDER: tuple[Stage, ...] = ("none", "reused", "pruned", "condensed", "truncated")
 
 
 class Summarizer(Protocol):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
 
-from compaction.profile import Profile
+from compaction import Profile
 from config.model_table import builtin_context_window
 from config.settings import ModelOverride, Settings
 

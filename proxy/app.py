@@ -92,6 +92,7 @@ def create_app(
         if closed:
             logger.warning("closed %d compaction(s) interrupted by a restart", closed)
         state.learned_windows.update(await state.store.learned_windows())
+        state.ratios.update(await state.store.calibrations())
         await state.store.purge()
         await asyncio.to_thread(state.warm)
         app.state.proxy = state

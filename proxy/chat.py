@@ -17,10 +17,17 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from compaction import CannotFitError, InvalidMessagesError, Profile
+from compaction import (
+    Budget,
+    CannotFitError,
+    InvalidMessagesError,
+    Message,
+    OverflowReport,
+    check_messages,
+    message_text,
+    retry_budget,
+)
 from compaction import requested_output_tokens as requested_output
-from compaction.messages import check_messages, message_text
-from compaction.types import Message
 from config import ModelConfig
 from proxy import manual
 from proxy.conversation import Conversation, Prepared, identify, prepare
@@ -29,22 +36,21 @@ from proxy.errors import (
     BadRequest,
     ContextLengthExceeded,
     PayloadTooLarge,
+    ProxyError,
     UnsupportedMediaType,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from proxy.logs import REQUESTS
-from proxy.overflow import Overflow, detect_overflow
+from proxy.overflow import detect_overflow
 from proxy.state import ProxyState
 from proxy.summarizer import UpstreamSummarizer
 from proxy.transport import UpstreamResponse
 from proxy.upstream import Relay, relay_bytes, send, upstream_headers
+from proxy.usage import UsageTap
 
 logger = logging.getLogger(REQUESTS)
 
-#: Without a stated window, an overflow retry aims at this share of what
-#: failed: one retry must count, and the true window is unknown.
-OVERFLOW_SHRINK = 0.5
 #: Bodies larger than this are parsed, keyed and counted in a worker thread,
 #: so one huge request never stalls the event loop (and every other request
 #: on it). Smaller ones are parsed on the loop — a few milliseconds at most;
@@ -136,10 +142,18 @@ class _Call:
     def url(self) -> str:
         return f"{self.config.upstream}/chat/completions"
 
+    @property
+    def streamed(self) -> bool:
+        return self.body.get("stream") is True
+
     def summarizer(self) -> UpstreamSummarizer:
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
         return UpstreamSummarizer(
-            self.state.client, self.config.upstream, self.config.summary_model, headers
+            self.state.client,
+            self.config.upstream,
+            self.config.summary_model,
+            headers,
+            on_call=self.state.metrics.summarizer_calls.inc,
         )
 
     def encode(self, prepared: Prepared) -> bytes:
@@ -157,7 +171,7 @@ def _read_conversation(
     config = state.resolve(body.get("model"))
     messages = manual.strip_commands(body["messages"])
     try:
-        identified = identify(state, config, messages) if ahead else None
+        identified = identify(state, config, body, messages) if ahead else None
     except orjson.JSONEncodeError as exc:
         raise _too_deep(exc) from exc
     return body, config, messages, identified
@@ -196,38 +210,129 @@ async def handle_chat(
     watch: ClientWatch | None = None,
 ) -> Response:
     started = time.perf_counter()
-    call = await _read_call(request, state, uses_proxy_key)
-    call.watch = watch
-    instructions = manual.command_instructions(call.messages)
-    if instructions is not None:
-        return await _manual(call, instructions)
+    call: _Call | None = None
+    try:
+        call = await _read_call(request, state, uses_proxy_key)
+        call.watch = watch
+        instructions = manual.command_instructions(call.messages)
+        if instructions is not None:
+            return await _manual(call, instructions, started)
+        return await _forward(call, started)
+    except ProxyError as exc:
+        _log_refusal(state, call, exc.status, started)
+        raise
 
+
+async def _forward(call: _Call, started: float) -> Response:
+    """Forward, and retry once, smaller, after an upstream overflow."""
     prepared = await _prepare(call, reason="threshold")
-    upstream = await _send(call, call.encode(prepared))
+    sent = call.encode(prepared)
+    upstream = await _send(call, sent)
+    report = await _overflow(call, prepared, upstream, started)
+    if isinstance(report, Response):
+        return report
+    if report is not None:
+        state = call.state
+        state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
+        budget = await _retry_budget(call, prepared, report)
+        prepared = await _prepare(call, reason="overflow", budget=budget)
+        retry = call.encode(prepared)
+        if retry == sent:  # cannot happen by the retry rule; never resend what failed
+            raise ContextLengthExceeded(
+                "This request cannot be made smaller than what the upstream refused.",
+                param="messages",
+            )
+        upstream = await _send(call, retry)
+        if upstream.status == 200 and call.streamed and not await upstream.wait_body():
+            upstream.release()
+            _finish(call, prepared, upstream.status, started)
+            return _empty_stream_error(prepared)
+    try:
+        _finish(call, prepared, upstream.status, started)
+        return Relay(upstream, prepared.headers(), _usage_tap(call, prepared))
+    except BaseException:
+        upstream.abort()  # its connection and pool slot are not left behind
+        raise
+
+
+#: An upstream stream that ends before its first event, for a request using at
+#: least this share of the input limit, is taken for an overflow: some servers
+#: (llama-cpp-python) answer an over-long streamed prompt that way.
+EMPTY_STREAM_NEAR_LIMIT = 0.5
+
+
+async def _overflow(
+    call: _Call, prepared: Prepared, upstream: UpstreamResponse, started: float
+) -> OverflowReport | Response | None:
+    """What the upstream's answer says of an overflow: a report to retry on,
+    ``None`` for an answer to relay, or the response to give the client now."""
     if upstream.status >= 400:
         error = await upstream.read()
         overflow = detect_overflow(upstream.status, error)
         if overflow is None:
             _finish(call, prepared, upstream.status, started)
             return relay_bytes(upstream, error, prepared.headers())
-        state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
-        prepared = await _prepare(
-            call, reason="overflow", profile=await _overflow_profile(call, prepared, overflow)
-        )
-        upstream = await _send(call, call.encode(prepared))
-    try:
-        _finish(call, prepared, upstream.status, started)
-        return Relay(upstream, prepared.headers())
-    except BaseException:
-        upstream.abort()  # its connection and pool slot are not left behind
-        raise
+        return OverflowReport(window=overflow.limit, count=overflow.count)
+    if upstream.status != 200 or not call.streamed or await upstream.wait_body():
+        return None
+    upstream.release()
+    result = prepared.result
+    if result.tokens_after >= EMPTY_STREAM_NEAR_LIMIT * result.input_limit:
+        return OverflowReport()
+    _finish(call, prepared, upstream.status, started)
+    return _empty_stream_error(prepared)
+
+
+def _empty_stream_error(prepared: Prepared) -> Response:
+    """A stream that carries one error event: never a clean empty answer."""
+    event = {
+        "error": {
+            "message": "The upstream ended the stream before sending anything.",
+            "type": "upstream_error",
+            "code": "upstream_empty",
+        }
+    }
+    return Response(
+        b"data: " + orjson.dumps(event) + b"\n\n",
+        media_type="text/event-stream",
+        headers=prepared.headers(),
+    )
+
+
+async def _retry_budget(call: _Call, prepared: Prepared, report: OverflowReport) -> Budget:
+    """The retry's budget by the library's rule; what the error taught is kept."""
+    state, model = call.state, call.config.model
+    if report.window:
+        await state.learn_window(model, report.window)
+        call.config = state.resolve(model)
+    config = call.config
+    retry = retry_budget(
+        config.profile,
+        requested_output(call.body),
+        state.ratio(config),
+        prepared.result.tokens_after,
+        report,
+    )
+    if report.count:
+        state.learn_ratio(config, retry.ratio)
+    return retry.budget
+
+
+def _usage_tap(call: _Call, prepared: Prepared) -> UsageTap:
+    """Learns the upstream's ratio from the ``usage`` of the answer."""
+    state, config, estimate = call.state, call.config, prepared.result.tokens_after
+
+    def observed(upstream_tokens: int) -> None:
+        state.observe(config, estimate, upstream_tokens)
+
+    return UsageTap(observed)
 
 
 async def _prepare(
     call: _Call,
     *,
     reason: Any,
-    profile: Profile | None = None,
+    budget: Budget | None = None,
     instructions: str | None = None,
     store: bool = True,
 ) -> Prepared:
@@ -241,7 +346,7 @@ async def _prepare(
             summarizer,
             reason=reason,
             instructions=instructions,
-            profile=profile,
+            budget=budget,
             store=store,
             identified=call.identified,
         )
@@ -257,24 +362,7 @@ async def _prepare(
         raise _too_deep(exc) from exc
 
 
-async def _overflow_profile(call: _Call, prepared: Prepared, overflow: Overflow) -> Profile:
-    """The budget for the retry: the window the error states, or a smaller one."""
-    model = call.config.model
-    if overflow.limit:
-        await call.state.learn_window(model, overflow.limit)
-        call.config = call.state.resolve(model)
-        return call.config.profile
-    # With no reserve of its own, the budget's input limit is exactly the
-    # target: R_eff falls back to the output the request asked for.
-    target = max(int(prepared.result.tokens_after * OVERFLOW_SHRINK), 1)
-    return dataclasses.replace(
-        call.config.profile,
-        context_window=target + requested_output(call.body),
-        reserve_tokens=0,
-    )
-
-
-async def _manual(call: _Call, instructions: str) -> Response:
+async def _manual(call: _Call, instructions: str, started: float) -> Response:
     history = call.messages[:-1]
     call.messages = history
     prepared = await _prepare(call, reason="manual", instructions=instructions or None)
@@ -282,6 +370,7 @@ async def _manual(call: _Call, instructions: str) -> Response:
     text = manual.reply_text(
         prepared.tokens_before, prepared.result.tokens_after, replaced, prepared.result.changed
     )
+    _finish(call, prepared, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"
     headers = prepared.headers()
     if call.body.get("stream") is True:
@@ -343,20 +432,38 @@ async def _send(call: _Call, body: bytes) -> UpstreamResponse:
     return response
 
 
-def _finish(call: _Call, prepared: Prepared, status: int, started: float) -> None:
-    """Metrics and the one log line of a chat request (no content, no secrets)."""
+def _finish(
+    call: _Call, prepared: Prepared, status: int, started: float, *, upstream: bool = True
+) -> None:
+    """Metrics and the one log line of a chat request (no content, no secrets).
+
+    ``status`` is the upstream's, or — with ``upstream=False`` (``/compact``,
+    answered by the proxy) — the proxy's own.
+    """
     metrics = call.state.metrics
     metrics.record_request(call.config.model, prepared.result, prepared.tokens_before)
     metrics.record_compaction(prepared.result, call.config.profile.summarizer == "llm")
+    stage = prepared.stage
     fields: dict[str, object] = {
         "model": call.config.model or "-",
-        "stage": prepared.stage,
-        "reason": prepared.result.reason if prepared.stage != "none" else "none",
+        "stage": stage,
+        "reason": prepared.result.reason if stage not in ("none", "reused") else "none",
         "tokens_before": prepared.tokens_before,
         "tokens_after": prepared.result.tokens_after,
-        "upstream_status": status,
+        "upstream_status" if upstream else "status": status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
+
+
+def _log_refusal(state: ProxyState, call: _Call | None, status: int, started: float) -> None:
+    """The log line of a chat request the proxy answered with its own error
+    (a bad body, a request that cannot fit, an unreachable or silent upstream)."""
+    fields: dict[str, object] = {
+        "model": (call.config.model or "-") if call is not None else "-",
+        "status": status,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    logger.info("chat refused", extra={"fields": fields})

@@ -21,8 +21,7 @@ from typing import Any
 
 import orjson
 
-from compaction import CannotFitError, CompactionError, Profile, compact
-from compaction.types import Summarizer
+from compaction import CannotFitError, CompactionError, Profile, Summarizer, compact
 from config import ConfigError, ModelConfig, load_settings, resolve_model
 from proxy.inspect import render_inspection
 from proxy.request_file import RequestFile, read_request

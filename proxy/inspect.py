@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from compaction import TokenCounter, validate_tool_pairing
-from compaction.calls import key_argument
-from compaction.messages import (
+from compaction import (
+    TokenCounter,
     call_name_and_arguments,
+    compute_budget,
     group_messages,
     head_end,
+    key_argument,
+    requested_output_tokens,
     tail_start,
     tool_calls,
+    validate_tool_pairing,
 )
-from compaction.profile import compute_budget, requested_output_tokens
 from config import ModelConfig
 
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import orjson
 
-from compaction.messages import message_text
-from compaction.types import Message
+from compaction import Message, message_text
 
 COMMAND = "/compact"
 #: Every synthetic reply starts with one of these; how later requests find it.

@@ -14,9 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from compaction import CompactionResult
-from compaction.checkpoints import Checkpoint
-from compaction.types import Message
+from compaction import Checkpoint, CompactionResult, Message
 from proxy.stores import Event, Store
 
 MAX_MODELS = 100
@@ -54,7 +52,9 @@ class Metrics:
             registry=r,
         )
         self.summarizer_calls = Counter(
-            "compaction_proxy_summarizer_calls", "LLM summarizer calls.", registry=r
+            "compaction_proxy_summarizer_calls",
+            "Requests sent to the LLM summarizer.",
+            registry=r,
         )
         self.summarizer_failures = Counter(
             "compaction_proxy_summarizer_failures",
@@ -119,10 +119,11 @@ class Metrics:
         after.inc(result.tokens_after)
 
     def record_compaction(self, result: CompactionResult, llm_mode: bool) -> None:
-        if result.stage == "none":
+        """A compaction made for this request (not one reused from the store).
+        Summarizer calls are counted as they are sent, by the summarizer."""
+        if result.stage in ("none", "reused"):
             return
         self.compactions.labels(result.reason, result.stage).inc()
-        self.summarizer_calls.inc(result.summarizer_calls)
         if llm_mode and result.summarizer_used == "extractive":
             self.summarizer_failures.inc()
 

@@ -28,10 +28,12 @@ class OverflowPattern:
 
 @dataclass(frozen=True)
 class Overflow:
-    """A recognized context-length error; ``limit`` is the window it states, if any."""
+    """A recognized context-length error; ``limit`` is the window it states, if
+    any, and ``count`` the upstream's own count of the prompt, if it states one."""
 
     provider: str
     limit: int | None
+    count: int | None = None
 
 
 def _p(provider: str, pattern: str) -> OverflowPattern:
@@ -70,26 +72,64 @@ PATTERNS: tuple[OverflowPattern, ...] = (
     _p("generic", r"maximum context length"),
 )
 
+#: Where an error states the upstream's own count of the prompt that failed.
+#: vLLM's "you requested N tokens (M in the messages, K in the completion)"
+#: counts the reply too: its messages figure is taken.
+COUNT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"\((?P<count>\d[\d,]*) in the messages",
+        r"your messages resulted in (?P<count>\d[\d,]*) tokens",
+        r"prompt is too long: (?P<count>\d[\d,]*) tokens",
+        r"(?:input|prompt) (?:length|of) (?P<count>\d[\d,]*) tokens",
+        r"requested (?P<count>\d[\d,]*) tokens",
+    )
+)
+
 #: Error codes / types that mean an overflow whatever the message says.
 OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
 _STATUSES = frozenset({400, 413, 422, 500})
 
 
-def _fields(body: Any) -> tuple[str, set[str], int | None]:
-    """(message text, codes/types, n_ctx) from an error body of any common shape."""
+@dataclass(frozen=True)
+class _Fields:
+    message: str = ""
+    codes: frozenset[str] = frozenset()
+    n_ctx: int | None = None  #: llama.cpp states its window as a field
+    n_prompt: int | None = None  #: … and its count of the prompt
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _fields(body: Any) -> _Fields:
+    """The message text, codes/types and stated figures of an error body of any common shape."""
     if not isinstance(body, dict):
-        return "", set(), None
+        return _Fields()
     error = body.get("error", body)
     if isinstance(error, str):
-        return error, set(), None
+        return _Fields(error)
     if not isinstance(error, dict):
-        return "", set(), None
+        return _Fields()
     parts = [str(error.get(key)) for key in ("message", "detail") if error.get(key)]
     if isinstance(body.get("detail"), str):
         parts.append(body["detail"])
-    codes = {str(error[key]) for key in ("code", "type") if isinstance(error.get(key), str)}
-    n_ctx = error.get("n_ctx")
-    return " ".join(parts), codes, n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+    codes = frozenset(str(error[k]) for k in ("code", "type") if isinstance(error.get(k), str))
+    return _Fields(
+        " ".join(parts),
+        codes,
+        _positive(error.get("n_ctx")),
+        _positive(error.get("n_prompt_tokens")),
+    )
+
+
+def _stated_count(message: str) -> int | None:
+    for pattern in COUNT_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            return int(match.group("count").replace(",", ""))
+    return None
 
 
 def detect_overflow(status: int, body: bytes) -> Overflow | None:
@@ -100,15 +140,15 @@ def detect_overflow(status: int, body: bytes) -> Overflow | None:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = None
-    message, codes, n_ctx = _fields(parsed)
-    if not message:
-        message = body[:4000].decode("utf-8", "replace")
+    fields = _fields(parsed)
+    message = fields.message or body[:4000].decode("utf-8", "replace")
+    count = fields.n_prompt or _stated_count(message)
     for pattern in PATTERNS:
         match = pattern.regex.search(message)
         if match:
             limit = match.groupdict().get("limit")
-            stated = int(limit.replace(",", "")) if limit else n_ctx
-            return Overflow(pattern.provider, stated)
-    if codes & OVERFLOW_CODES:
-        return Overflow("openai-compatible", n_ctx)
+            stated = int(limit.replace(",", "")) if limit else fields.n_ctx
+            return Overflow(pattern.provider, stated, count)
+    if fields.codes & OVERFLOW_CODES:
+        return Overflow("openai-compatible", fields.n_ctx, count)
     return None

@@ -9,8 +9,7 @@ from typing import Any
 
 import orjson
 
-from compaction import InvalidMessagesError
-from compaction.messages import check_messages
+from compaction import InvalidMessagesError, check_messages
 
 
 @dataclass(frozen=True)

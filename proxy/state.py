@@ -6,6 +6,8 @@ module globals.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -13,12 +15,17 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
-from compaction import TokenCounter, encoding_for_model
-from compaction.encodings import load_encoding
+from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
 from config import ModelConfig, ModelResolver, Settings
 from proxy.metrics import Metrics
 from proxy.stores import Store
 from proxy.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+#: A learned ratio is written to the store again only when it moved by more
+#: than this share: every answer refines it, and a write per request would cost.
+RATIO_WRITE_STEP = 0.005
 
 
 @dataclass
@@ -35,6 +42,10 @@ class ProxyState:
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     #: Context windows stated by upstream overflow errors, by model name.
     learned_windows: dict[str, int] = field(default_factory=dict)
+    #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
+    ratios: dict[str, float] = field(default_factory=dict)
+    #: Store writes of learned ratios still under way (kept so none is lost).
+    _writes: set[asyncio.Task[None]] = field(default_factory=set)
     _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)
 
     def resolve(self, model: str | None) -> ModelConfig:
@@ -64,9 +75,45 @@ class ProxyState:
         self.learned_windows[model] = window
         await self.store.set_learned_window(model, window)
 
+    def ratio(self, config: ModelConfig) -> float:
+        """The calibration ratio for this model's upstream (1.0 until one is learned)."""
+        return self.ratios.get(calibration_key(config), 1.0)
+
+    def learn_ratio(self, config: ModelConfig, ratio: float) -> None:
+        """Remember a new ratio; the store is written in the background, and only
+        when the ratio moved by more than :data:`RATIO_WRITE_STEP`."""
+        key = calibration_key(config)
+        old = self.ratios.get(key)
+        self.ratios[key] = ratio
+        if old is not None and abs(ratio - old) <= RATIO_WRITE_STEP * old:
+            return
+        task = asyncio.ensure_future(self._write_ratio(key, ratio))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def observe(self, config: ModelConfig, estimate: int, upstream_tokens: int) -> None:
+        """An answer's ``usage`` says the upstream counted ``upstream_tokens`` for a
+        request we estimated at ``estimate``: learn from it."""
+        sample = ratio_sample(upstream_tokens, estimate)
+        if sample is not None:
+            old = self.ratios.get(calibration_key(config))
+            self.learn_ratio(config, update_ratio(old, sample))
+
+    async def _write_ratio(self, key: str, ratio: float) -> None:
+        try:
+            await self.store.set_calibration(key, ratio)
+        except Exception:  # the store being down must not fail a request
+            logger.warning("could not store the calibration ratio", exc_info=True)
+
     def fallback_key(self, config: ModelConfig) -> str | None:
         """The configured upstream key, used only when a client sends none."""
         return os.environ.get(config.api_key_env) or None
+
+
+def calibration_key(config: ModelConfig) -> str:
+    """Ratios are learned per upstream and model: one model name may be served
+    by different upstreams (and tokenizers) through per-model settings."""
+    return f"{config.upstream}\x1f{config.model}"
 
 
 def build_transport(settings: Settings) -> Transport:

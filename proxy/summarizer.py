@@ -9,13 +9,12 @@ pipeline falls back to the extractive summary.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 
-from compaction.errors import SummarizationError
-from compaction.types import Message
+from compaction import Message, SummarizationError
 
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 
@@ -29,11 +28,15 @@ class UpstreamSummarizer:
         base_url: str,
         model: str,
         headers: Mapping[str, str] | None = None,
+        *,
+        on_call: Callable[[], object] | None = None,
     ) -> None:
         self._client = client
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._model = model
         self._headers = dict(headers or {})
+        #: Told of every request sent, before it is sent (the proxy's metric).
+        self._on_call = on_call
         self.calls = 0
 
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
@@ -59,6 +62,8 @@ class UpstreamSummarizer:
 
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         self.calls += 1
+        if self._on_call is not None:
+            self._on_call()
         try:
             return await self._client.post(self._url, json=body, headers=self._headers)
         except httpx.HTTPError as exc:

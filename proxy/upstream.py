@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.errors import BadRequest, ProxyError
 from proxy.transport import HIGH_WATER, BodyLost, Transport, UpstreamResponse
+from proxy.usage import UsageTap
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +117,18 @@ class Relay(Response):
     left running (and billed) to its end.
     """
 
-    def __init__(self, upstream: UpstreamResponse, extra_headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamResponse,
+        extra_headers: Mapping[str, str],
+        tap: UsageTap | None = None,
+    ) -> None:
         self.upstream = upstream
         self.status_code = upstream.status
         self.raw_headers = _relayed_headers(upstream, extra_headers)
         self.background = None
+        #: Sees every chunk of a successful answer, to read its ``usage``.
+        self.tap = tap if upstream.status == 200 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upstream = self.upstream
@@ -142,6 +150,9 @@ class Relay(Response):
             )
             if body is not None:
                 await send({"type": "http.response.body", "body": body})
+                if self.tap is not None:
+                    self.tap.feed(body)
+                    self.tap.close()
             else:
                 await self._stream(receive, send)
         finally:
@@ -173,8 +184,12 @@ class Relay(Response):
                         )
                     break
                 if chunk is None:
+                    if self.tap is not None:
+                        self.tap.close()
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if self.tap is not None:
+                    self.tap.feed(chunk)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()

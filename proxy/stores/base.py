@@ -23,8 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
-from compaction.checkpoints import Checkpoint
-from compaction.types import Message
+from compaction import Checkpoint, Message
 
 EventType = Literal[
     "compaction.queued", "compaction.started", "context.compacted", "compaction.failed"
@@ -74,6 +73,8 @@ class Event:
     replaced_hashes: tuple[str, ...] = ()
     error: str | None = None
     checkpoint_id: str | None = None
+    #: What the compaction reported on the way (a summary rejected, a fallback).
+    notes: tuple[str, ...] = ()
     created_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 

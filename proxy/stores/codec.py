@@ -14,8 +14,7 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
-from compaction.checkpoints import Checkpoint
-from compaction.types import Message
+from compaction import Checkpoint, Message
 from proxy.stores.base import Event
 
 _T = TypeVar("_T", Checkpoint, Event)

@@ -12,8 +12,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 
-from compaction.checkpoints import Checkpoint
-from compaction.types import Message
+from compaction import Checkpoint, Message
 from proxy.stores.base import (
     DEFAULT_CAPACITY,
     DEFAULT_EVENTS_LIMIT,

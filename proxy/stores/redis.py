@@ -28,8 +28,7 @@ from typing import Any, Final
 
 import redis.asyncio as aioredis
 
-from compaction.checkpoints import Checkpoint
-from compaction.types import Message
+from compaction import Checkpoint, Message
 from proxy.stores import codec
 from proxy.stores.base import (
     DEFAULT_EVENTS_LIMIT,

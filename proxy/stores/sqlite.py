@@ -24,8 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Final, TypeVar
 
-from compaction.checkpoints import Checkpoint
-from compaction.types import Message
+from compaction import Checkpoint, Message
 from proxy.stores import codec
 from proxy.stores.base import (
     DEFAULT_EVENTS_LIMIT,

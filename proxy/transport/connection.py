@@ -255,6 +255,18 @@ class UpstreamResponse:
                 self._connection.abort()
                 self.fail("the upstream stopped sending")
 
+    async def wait_body(self) -> bool:
+        """Wait for the first body bytes without taking them: whether any came
+        before the body ended (``False`` for an empty or broken body)."""
+        while not self._chunks and not self.complete and self._error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._within_read_timeout(self._waiter, "the upstream stopped sending")
+            except UpstreamTimeout:
+                self.abort()
+                return False
+        return bool(self._chunks)
+
     async def next_chunk(self) -> bytes | None:
         """The next body chunk as received, None at the end; :class:`BodyLost` if it broke.
 

@@ -8,8 +8,6 @@ from compaction.checkpoints import (
     apply_checkpoint,
     chain_hashes,
     find_checkpoint,
-    kept_suffix,
-    make_checkpoint,
     session_key,
 )
 from compaction.messages import SUMMARY_MARKER, group_messages
@@ -50,69 +48,6 @@ def test_session_key_is_the_first_non_system_message() -> None:
     assert session_key(msgs) != session_key([system("sys"), user("another task")])
 
 
-def test_make_then_find_then_apply_round_trip() -> None:
-    msgs = conversation()
-    head = 2
-    result = [*msgs[:head], summary(), *msgs[-2:]]  # the middle replaced, tail kept
-    chain = chain_hashes(msgs, head)
-    made = make_checkpoint(
-        msgs,
-        head,
-        result,
-        chain=chain,
-        session="s",
-        stage="condensed",
-        reason="threshold",
-        tokens_before=100,
-        tokens_after=20,
-    )
-    assert made is not None
-    assert made.covered == len(msgs) - head - 2
-    assert made.replacement == (result[2],)
-
-    later = [*msgs, assistant("more"), user("again")]
-    later_chain = chain_hashes(later, head)
-    found = find_checkpoint(later_chain, {made.end_hash: made})
-    assert found is made
-    applied = apply_checkpoint(later, head, made, group_messages(later))
-    assert applied is not None
-    assert applied.messages == [*later[:head], result[2], *later[head + made.covered :]]
-
-
-def test_no_checkpoint_without_a_verbatim_suffix_or_replacement() -> None:
-    msgs = conversation()
-    chain = chain_hashes(msgs, 2)
-    shrunk_tail = [*msgs[:2], summary(), {**msgs[-1], "content": "cut"}]
-    assert (
-        make_checkpoint(
-            msgs,
-            2,
-            shrunk_tail,
-            chain=chain,
-            session="s",
-            stage="truncated",
-            reason="threshold",
-            tokens_before=1,
-            tokens_after=1,
-        )
-        is None
-    )
-    assert (
-        make_checkpoint(
-            msgs,
-            2,
-            list(msgs),
-            chain=chain,
-            session="s",
-            stage="none",
-            reason="threshold",
-            tokens_before=1,
-            tokens_after=1,
-        )
-        is None
-    )
-
-
 def test_a_checkpoint_that_would_split_a_group_is_rejected() -> None:
     msgs = conversation()
     # covered=2 ends inside the read_file group (assistant call at 2, result at 3).
@@ -125,6 +60,8 @@ def test_a_checkpoint_that_would_split_a_group_is_rejected() -> None:
         reason="threshold",
         tokens_before=1,
         tokens_after=1,
+        id="c1",
+        created_at=0.0,
     )
     assert apply_checkpoint(msgs, 2, bad, group_messages(msgs)) is None
 
@@ -141,49 +78,10 @@ def test_find_requires_the_hash_at_the_recorded_position() -> None:
         reason="threshold",
         tokens_before=1,
         tokens_after=1,
+        id="c1",
+        created_at=0.0,
     )
     assert find_checkpoint(chain, {chain[3]: misplaced}) is None
-
-
-def test_kept_suffix_counts_identical_objects_only() -> None:
-    msgs = conversation()
-    assert kept_suffix(msgs, [*msgs[:2], summary(), *msgs[-3:]], 2) == 3
-    assert kept_suffix(msgs, [*msgs[:2], dict(msgs[-1])], 2) == 0
-
-
-def test_a_suffix_starting_inside_a_group_is_cut_back_to_the_group() -> None:
-    msgs = [
-        system("sys"),
-        user("task"),
-        assistant("thinking"),
-        *tool_group("write_file", {"path": "a.py", "text": "x" * 40_000}, "ok"),
-        user("go on"),
-    ]
-    pruned_call = {
-        **msgs[3],
-        "tool_calls": [
-            {
-                **msgs[3]["tool_calls"][0],
-                "function": {"name": "write_file", "arguments": '{"path": "a.py", "text": "x…"}'},
-            }
-        ],
-    }
-    result = [*msgs[:3], pruned_call, msgs[4], msgs[5]]  # the result and the user kept as-is
-    made = make_checkpoint(
-        msgs,
-        2,
-        result,
-        chain=chain_hashes(msgs, 2),
-        session="s",
-        stage="pruned",
-        reason="threshold",
-        tokens_before=1,
-        tokens_after=1,
-    )
-    assert made is not None
-    assert made.covered == 3  # the whole group, not just its call
-    applied = apply_checkpoint(msgs, 2, made, group_messages(msgs))
-    assert applied is not None and applied.messages == result
 
 
 def _chain_of(messages: list[dict], start: int, counter: TokenCounter) -> list[str]:

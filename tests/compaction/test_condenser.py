@@ -31,7 +31,11 @@ from tests.conftest import assistant, system, tool_group, user
 
 Message = dict[str, Any]
 COUNTER = TokenCounter("gpt-4o")
-REPLY = "## Goal\n- Fix the parser\n\n## Next Steps\n- Run the tests"
+REPLY = (
+    "## Goal\n- Fix the parser\n\n## Progress\n### Done\n- Read the modules\n\n"
+    "## Key Decisions\n- Keep the grammar\n\n## Next Steps\n- Run the tests"
+)
+PREFIX_REPLY = "## Done So Far\n- Read the modules\n\n## Context Needed Next\n- The docs"
 
 
 class RecordingSummarizer:
@@ -50,6 +54,8 @@ class RecordingSummarizer:
         self.history.append((copy.deepcopy(messages), max_tokens))
         if self.error is not None:
             raise self.error
+        if self.reply == REPLY and messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT:
+            return PREFIX_REPLY
         return self.reply(len(self.history)) if callable(self.reply) else self.reply
 
     def prompt_text(self, call: int = -1) -> str:
@@ -271,7 +277,7 @@ def test_instructions_reach_the_prompt() -> None:
         (RecordingSummarizer(error=RuntimeError("429 rate limited")), "RuntimeError: 429"),
         (RecordingSummarizer(reply="   \n"), "empty reply"),
         (RecordingSummarizer(reply="<think>hmm</think>"), "empty reply"),
-        (RecordingSummarizer(reply="word " * 40_000), "not shorter"),
+        (RecordingSummarizer(reply=REPLY + " word" * 40_000), "not shorter"),
     ],
 )
 def test_llm_failure_falls_back_to_extractive(fake: RecordingSummarizer, note: str) -> None:
@@ -353,7 +359,7 @@ def test_large_middle_is_summarized_in_chunks_that_fit() -> None:
     window = 4_000
     messages = conversation(steps=30)
     tail = last_user(messages)
-    fake = RecordingSummarizer(reply=lambda n: f"## Goal\n- running summary {n}")
+    fake = RecordingSummarizer(reply=lambda n: f"## Goal\n- running summary {n}\n{REPLY[8:]}")
     result = run(
         messages, plan_condense(messages, 2, tail), fake=fake, summarizer_context_window=window
     )
@@ -366,7 +372,7 @@ def test_large_middle_is_summarized_in_chunks_that_fit() -> None:
         text = prompt[1]["content"]
         if i:
             assert (
-                f"<previous-summary>\n## Goal\n- running summary {i}\n</previous-summary>" in text
+                f"<previous-summary>\n## Goal\n- running summary {i}\n" in text
             )
     # Every step reached the summarizer exactly once, in order.
     seen = [

@@ -15,25 +15,52 @@ def test_public_surface_is_pinned_and_sorted() -> None:
     assert compaction.__all__ == sorted(compaction.__all__, key=lambda n: (not n.isupper(), n))
     assert set(compaction.__all__) == {
         "SUMMARY_MARKER",
+        "Bounds",
         "Budget",
         "CannotFitError",
+        "Checkpoint",
         "CompactionError",
         "CompactionResult",
+        "Conversation",
+        "Decision",
         "InvalidMessagesError",
         "Message",
+        "OverflowReport",
         "PairingProblem",
         "Profile",
         "Reason",
+        "RetryBudget",
+        "Span",
         "Stage",
         "SummarizationError",
         "Summarizer",
         "SummarizerMode",
         "TokenCounter",
+        "calibrated_budget",
+        "call_name_and_arguments",
+        "check_messages",
         "compact",
         "compute_budget",
+        "decide",
         "encoding_for_model",
+        "execute",
+        "forwarded",
+        "group_messages",
+        "head_end",
+        "key_argument",
+        "load_encoding",
+        "message_text",
+        "new_checkpoint",
+        "ratio_sample",
+        "read_conversation",
+        "read_conversation_async",
         "repair_tool_pairing",
         "requested_output_tokens",
+        "retry_budget",
+        "tail_start",
+        "text_size",
+        "tool_calls",
+        "update_ratio",
         "validate_tool_pairing",
     }
     for name in compaction.__all__:
@@ -51,3 +78,40 @@ def test_compaction_imports_no_server_side_module() -> None:
             else:
                 continue
             assert not roots & FORBIDDEN, f"{source.name} imports {roots & FORBIDDEN}"
+
+
+ROOT = PACKAGE.parent
+
+
+def test_the_proxy_and_config_use_only_the_public_surface() -> None:
+    """``proxy/`` and ``config/`` import from ``compaction`` itself, and only names
+    in ``__all__``: the library's modules stay free to change shape."""
+    public = set(compaction.__all__)
+    for source in [*ROOT.glob("proxy/**/*.py"), *ROOT.glob("config/*.py")]:
+        tree = ast.parse(source.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.split(".")[0] != "compaction":
+                    continue
+                where = f"{source.relative_to(ROOT)} line {node.lineno}"
+                assert node.module == "compaction", f"{where}: from {node.module}"
+                names = {alias.name for alias in node.names}
+                assert names <= public, f"{where}: {names - public} not public"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("compaction."), source
+
+
+def test_the_library_draws_no_ids_reads_no_clock_and_touches_no_environment() -> None:
+    for source in PACKAGE.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                roots = {node.module.split(".")[0]}
+            else:
+                continue
+            assert not roots & {"uuid", "time", "datetime", "random"}, source.name
+        text = source.read_text()
+        assert "os.environ" not in text and "tempfile" not in text, source.name

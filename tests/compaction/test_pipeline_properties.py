@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
+from compaction.decide import calibrated_budget
+from compaction.execute import NOTE_ROOM
 from compaction.messages import group_messages, head_end, tail_start
-from compaction.profile import compute_budget
 from compaction.pruner import prune
 from tests.synthetic import conversations
 
@@ -49,7 +50,7 @@ def test_compaction_invariants(
     overhead = COUNTER.request_overhead(request)
     groups = group_messages(messages)
     head = head_end(messages, groups, profile.head_count)
-    budget = compute_budget(profile, max_tokens or 0)
+    budget = calibrated_budget(profile, max_tokens or 0)
 
     try:
         result = _run(request, profile, reason)
@@ -75,6 +76,11 @@ def test_compaction_invariants(
         if reason == "manual":  # /compact condenses at least half of what follows the head
             tail_budget = min(tail_budget, sum(counts[head:]) // 2)
         tail = tail_start(groups, counts, tail_budget, head)
+        # The verbatim tail gives way to the minimum summary only when both
+        # cannot fit beside the head; the newest group is kept in any case.
+        room = budget.input_limit - sum(counts[:head]) - overhead - NOTE_ROOM
+        if room - sum(counts[tail:]) < profile.summary_min_tokens and groups:
+            tail = max(tail, groups[-1].start)
         kept = len(messages) - tail
         if kept:
             assert all(a is b for a, b in zip(out[-kept:], messages[tail:], strict=True))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import copy
 import json
 from typing import Any
@@ -51,7 +53,7 @@ def _check(messages: list[dict[str, Any]], result: TruncateResult, limit: int, h
 def test_a_conversation_that_fits_comes_back_unchanged() -> None:
     messages = _session(2)
     result = _truncate(messages, _tokens(messages))
-    assert result == TruncateResult(messages, 0, 0, ())
+    assert result == TruncateResult(messages, 0, 0, (), suffix=len(messages))
     assert all(a is b for a, b in zip(result.messages, messages, strict=True))
 
 
@@ -128,10 +130,51 @@ def test_the_request_being_worked_on_is_kept_when_its_turn_is_cut() -> None:
     out = result.messages
     assert out[2] == _note(result.dropped)
     assert out[3] is request
-    suffix = len(out) - 4
-    assert out[4]["role"] == "assistant"
-    assert all(a is b for a, b in zip(out[4:], messages[-suffix:], strict=True))
+    suffix = result.suffix
+    assert out[-suffix]["role"] == "assistant"
+    assert all(a is b for a, b in zip(out[-suffix:], messages[-suffix:], strict=True))
     assert messages[-suffix - 1] is not request  # the opener was not reached by the suffix
+    # Between the opener and the verbatim suffix: the next older step, excerpted
+    # to the room left instead of dropped unseen.
+    excerpt = out[4:-suffix]
+    assert [m["role"] for m in excerpt] == ["assistant", "tool"]
+    assert "characters cut" in excerpt[1]["content"]
+    assert not any(m is o for m in excerpt for o in messages)
+
+
+def test_a_group_too_large_for_the_room_left_is_excerpted_not_dropped() -> None:
+    diff = "\n".join(f"+line {i} of a very long diff output" for i in range(4_000))
+    messages = [
+        system(),
+        user("Review the change."),
+        *tool_group("bash", {"command": "git diff"}, diff),
+        user("Now summarize the risks."),
+    ]
+    limit = _tokens([*messages[:2], messages[-1]]) + 600
+    result = _truncate(messages, limit)
+    out = result.messages
+    assert _tokens(out) <= limit and validate_tool_pairing(out) == []
+    assert result.dropped == 0 and out[-1] is messages[-1]
+    kept = out[3]["content"]
+    # Its start and its end, with a marker saying how much was cut.
+    assert kept.startswith("+line 0 ") and kept.endswith("+line 3999 of a very long diff output")
+    assert re.search(r"\[… [\d,]+ characters cut …\]", kept)
+
+
+def test_a_removal_note_counts_what_summaries_and_notes_stood_for() -> None:
+    old_summary = user(f"{SUMMARY_MARKER}\nSummary of 23 earlier messages, condensed.\n## Goal\nx")
+    older_note = _note(7)
+    messages = [*_session(0), older_note, old_summary, *_session(12)[2:]]
+    newer_summary = user(f"{SUMMARY_MARKER}\nSummary of 3 earlier messages, condensed.")
+    messages.insert(len(messages) - 4, newer_summary)
+    limit = _tokens([*messages[:2], *messages[-4:]]) + 120
+    result = _truncate(messages, limit)
+    note = next(
+        m for m in result.messages if m["content"].startswith("[") and "removed" in m["content"]
+    )
+    dropped = [m for m in messages[2:] if not any(m is o for o in result.messages)]
+    expected = sum(7 if m is older_note else 23 if m is old_summary else 1 for m in dropped)
+    assert note == _note(expected)
 
 
 def test_a_note_from_an_earlier_truncation_is_counted_into_the_new_one() -> None:

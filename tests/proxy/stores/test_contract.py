@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -32,6 +33,8 @@ def checkpoint(end_hash: str = "h1", session: str = "s1", **changes: Any) -> Che
         "tokens_before": 12_345,
         "tokens_after": 2_345,
         "model": "gpt-4o",
+        "id": uuid.uuid4().hex,
+        "created_at": time.time(),
     }
     values.update(changes)
     return Checkpoint(**values)

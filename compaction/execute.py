@@ -1,0 +1,420 @@
+"""Carry out a compaction that :func:`compaction.decide.decide` asked for:
+prune → condense → truncate, on the whole middle (DESIGN.md §5).
+
+::
+
+    ┌──────── head ────────┬──────────── middle ────────────┬──── tail ────┐
+    │ system, task          │ pruned → condensed → dropped   │ newest groups │
+    │ (verbatim)            │                                │ (verbatim)    │
+    └───────────────────────┴────────────────────────────────┴──────────────┘
+
+Room is planned **before** the summarizer is called, never found missing
+after it answered::
+
+    room    = L − head                  what the summary and the tail share
+    tail    = newest groups within min(keep_recent_tokens, L // 2)
+    summary ≤ 60 % of (room − tail), within [summary_min_tokens, summary_max_tokens]
+
+When the minimum summary does not fit beside that tail, the tail gives way
+first (its older groups join the summarized span). When it does not fit even
+beside the newest group alone, no model is asked: the extractive digest is
+used if the newest group can be cut to leave room for it, and hard
+truncation cuts the newest group. A summary, once written, is kept — fitted
+to its room (its text cut), never thrown away for a truncation.
+
+The only ``await`` is around the summarizer. Stages never mutate their
+input; unchanged messages come out as the caller's own objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compaction.checkpoints import Checkpoint
+from compaction.condenser import condense, plan_condense, summary_budget
+from compaction.conversation import Conversation
+from compaction.decide import Decision
+from compaction.errors import CannotFitError, SummarizationError
+from compaction.messages import (
+    Group,
+    group_messages,
+    group_starts,
+    head_end,
+    repair_tool_pairing,
+    tail_start,
+    validate_tool_pairing,
+)
+from compaction.profile import Budget, Profile
+from compaction.pruner import prune
+from compaction.tokens import KeyMemo, TokenCounter
+from compaction.truncate import truncate
+from compaction.types import Message, Reason, Stage, Summarizer
+
+#: Share of the room left beside the head and the tail that a summary may
+#: take; the rest absorbs estimation error and the next turns.
+SUMMARY_ROOM_SHARE = 0.6
+#: Tokens kept aside for a truncation note and rounding.
+NOTE_ROOM = 32
+#: The newest group is never planned smaller than this to make room for a digest.
+NEWEST_FLOOR = 256
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a checkpoint of a result covers, in the compacted messages:
+    ``[head, end)`` were replaced by ``replacement``; every message from
+    ``end`` on is kept (verbatim, or cut again the same way on every request)."""
+
+    head: int
+    end: int
+    replacement: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction did to one request."""
+
+    messages: list[Message]
+    stage: Stage
+    reason: Reason
+    tokens_before: int
+    tokens_after: int
+    input_limit: int
+    trigger: int
+    messages_before: int
+    notes: tuple[str, ...] = ()
+    summary: Message | None = None
+    summarizer_used: str | None = None
+    summarizer_calls: int = 0
+    #: False when ``messages`` is exactly the input (the caller may then
+    #: forward the original bytes).
+    changed: bool = False
+    #: What a checkpoint of this result would replace; ``None`` when nothing
+    #: reusable was replaced.
+    span: Span | None = None
+
+    @property
+    def messages_after(self) -> int:
+        return len(self.messages)
+
+
+def forwarded(conversation: Conversation, decision: Decision) -> CompactionResult:
+    """The result of a decision to forward: nothing compacted now."""
+    return CompactionResult(
+        messages=decision.messages,
+        stage="reused" if decision.checkpoint is not None else "none",
+        reason=decision.reason,
+        tokens_before=decision.tokens_before,
+        tokens_after=decision.tokens,
+        input_limit=decision.budget.input_limit,
+        trigger=decision.budget.trigger,
+        messages_before=len(conversation.messages),
+        notes=decision.notes,
+        changed=decision.checkpoint is not None,
+    )
+
+
+@dataclass
+class _Run:
+    """Bookkeeping of one :func:`execute` call; never escapes it."""
+
+    counter: TokenCounter
+    keys: KeyMemo
+    overhead: int
+    budget: Budget
+    profile: Profile
+    reason: Reason
+    notes: list[str]
+
+    def counts(self, messages: Sequence[Message]) -> list[int]:
+        return self.counter.count_messages(messages, self.keys.keys(messages))
+
+    def total(self, messages: Sequence[Message]) -> int:
+        return sum(self.counts(messages)) + self.overhead
+
+
+async def execute(
+    conversation: Conversation,
+    decision: Decision,
+    summarizer: Summarizer | None = None,
+    *,
+    instructions: str | None = None,
+) -> CompactionResult:
+    """Compact ``decision.messages`` to ``decision.budget``.
+
+    Raises :class:`~compaction.errors.CannotFitError` when the head, or the
+    newest group even cut, cannot fit.
+    """
+    if decision.action == "forward":
+        return forwarded(conversation, decision)
+    counter = conversation.counter
+    run = _Run(
+        counter=counter,
+        keys=KeyMemo(conversation.messages, conversation.keys),
+        overhead=conversation.overhead,
+        budget=decision.budget,
+        profile=decision.profile,
+        reason=decision.reason,
+        notes=list(decision.notes),
+    )
+    messages, counts = decision.messages, decision.counts
+    repair = repair_tool_pairing(messages)
+    if repair.changed:
+        messages = repair.messages
+        counts = run.counts(messages)
+        run.notes.extend(repair.notes)
+    if messages is conversation.messages:
+        groups, head = conversation.groups, conversation.head
+    else:
+        groups = group_messages(messages)
+        head = head_end(messages, groups, run.profile.head_count)
+    outcome = await _compact(run, messages, counts, groups, head, summarizer, instructions)
+
+    span = None
+    if not repair.changed and outcome.stage != "none":
+        span = _span(outcome.messages, messages, groups, head, outcome.aligned)
+    return CompactionResult(
+        messages=outcome.messages,
+        stage=outcome.stage,
+        reason=decision.reason,
+        tokens_before=decision.tokens_before,
+        tokens_after=run.total(outcome.messages),
+        input_limit=run.budget.input_limit,
+        trigger=run.budget.trigger,
+        messages_before=len(conversation.messages),
+        notes=tuple(run.notes),
+        summary=outcome.summary,
+        summarizer_used=outcome.summarizer_used,
+        summarizer_calls=outcome.summarizer_calls,
+        changed=outcome.messages is not conversation.messages
+        and outcome.messages != conversation.messages,
+        span=span,
+    )
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    messages: list[Message]
+    stage: Stage
+    #: How many trailing messages of ``messages`` stand for as many trailing
+    #: messages of the input (the same objects, or cut the same way each time).
+    aligned: int
+    summary: Message | None = None
+    summarizer_used: str | None = None
+    summarizer_calls: int = 0
+
+
+async def _compact(
+    run: _Run,
+    messages: list[Message],
+    counts: list[int],
+    groups: Sequence[Group],
+    head: int,
+    summarizer: Summarizer | None,
+    instructions: str | None,
+) -> _Outcome:
+    budget, profile = run.budget, run.profile
+    head_tokens = sum(counts[:head]) + run.overhead
+    if head_tokens > budget.input_limit:
+        raise CannotFitError.head(sum(counts[:head]), run.overhead, budget.input_limit)
+
+    # Stage 1: prune the whole middle.
+    tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
+    current, stage = messages, "none"
+    pruned = prune(messages, head, tail, profile)
+    if pruned.pruned and _valid(pruned.messages, "prune", run.notes):
+        current, stage = pruned.messages, "pruned"
+    # Pruning is index for index: everything after the head stays aligned.
+    aligned = len(messages) - head
+    done = _Outcome(current, stage, aligned)
+    if run.reason == "threshold" and run.total(current) <= budget.trigger * profile.prune_target:
+        return done
+
+    # Stage 2: condense the middle into one summary. Manual and overflow
+    # compactions always condense: the user asked for it, or the upstream
+    # proved the estimate optimistic.
+    room = _plan_room(run, run.counts(current), groups, head, head_tokens)
+    if room is not None:
+        if not room.llm and profile.summarizer == "llm":
+            run.notes.append(
+                "summarizer not called: the head and the newest turn leave no room "
+                "for the minimum summary; used extractive"
+            )
+        try:
+            condensed = await condense(
+                current,
+                plan_condense(current, head, room.tail),
+                profile=room.profile,
+                counter=run.counter,
+                summarizer=summarizer if room.llm else None,
+                instructions=instructions,
+                originals=messages,
+                keys=run.keys,
+                cap=room.cap,
+            )
+        except SummarizationError as exc:
+            run.notes.append(f"condense skipped: {exc}")
+        else:
+            run.notes.extend(condensed.notes)
+            if _valid(condensed.messages, "condense", run.notes):
+                done = _Outcome(
+                    condensed.messages,
+                    "condensed",
+                    len(messages) - room.tail,
+                    condensed.summary,
+                    condensed.summarizer_used,
+                    condensed.summarizer_calls,
+                )
+    if run.total(done.messages) <= budget.input_limit:
+        return done
+
+    # Stage 3: hard truncation, the guarantee (or CannotFitError).
+    cut = truncate(
+        done.messages,
+        head_end=head,
+        limit=budget.input_limit,
+        counter=run.counter,
+        overhead=run.overhead,
+    )
+    run.notes.extend(cut.notes)
+    if not _valid(cut.messages, "truncate", run.notes):
+        raise AssertionError("hard truncation produced split tool groups")  # pragma: no cover
+    return _Outcome(
+        cut.messages,
+        "truncated",
+        min(cut.suffix, done.aligned),
+        done.summary,
+        done.summarizer_used,
+        done.summarizer_calls,
+    )
+
+
+@dataclass(frozen=True)
+class _Room:
+    tail: int  #: where the verbatim tail starts
+    cap: int  #: tokens the written messages (summaries, turn opener) may take
+    profile: Profile  #: with the summary's budget as its ceiling
+    llm: bool  #: whether the model may be asked
+
+
+def _plan_room(
+    run: _Run, counts: Sequence[int], groups: Sequence[Group], head: int, head_tokens: int
+) -> _Room | None:
+    """Where the tail starts and how large the summary may be, or ``None``
+    when there is nothing to condense (see the module docstring)."""
+    profile = run.profile
+    if profile.summarizer == "off":
+        return None
+    room = run.budget.input_limit - head_tokens - NOTE_ROOM
+    minimum = profile.summary_min_tokens
+    tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
+    leftover = room - sum(counts[tail:])
+    if leftover < minimum:
+        # The tail gives way before the summary does.
+        tail = tail_start(groups, counts, max(room - minimum, 0), head)
+        leftover = room - sum(counts[tail:])
+    if tail <= head:
+        return None
+    if leftover >= minimum:
+        wanted = summary_budget(sum(counts[head:tail]), profile)
+        ceiling = max(minimum, min(wanted, int(leftover * SUMMARY_ROOM_SHARE)))
+        return _Room(tail, leftover, _with_ceiling(profile, ceiling), llm=True)
+    if room - minimum >= NEWEST_FLOOR:
+        # Cut the newest group to leave room for the digest; no model call.
+        extractive = _with_ceiling(profile, minimum, summarizer="extractive")
+        return _Room(tail, minimum, extractive, llm=False)
+    return None
+
+
+def _with_ceiling(profile: Profile, ceiling: int, **changes: Any) -> Profile:
+    if ceiling == profile.summary_max_tokens and not changes:
+        return profile
+    return dataclasses.replace(
+        profile,
+        summary_max_tokens=max(ceiling, profile.summary_min_tokens),
+        **changes,
+    )
+
+
+def _tail_budget(run: _Run, counts: Sequence[int], head: int) -> int:
+    """The budget of the verbatim tail.
+
+    A user who types ``/compact`` expects something to be condensed even when
+    the whole conversation would fit in the usual tail, so a manual
+    compaction keeps at most half of what follows the head.
+    """
+    if run.reason == "manual":
+        return min(run.budget.tail_budget, sum(counts[head:]) // 2)
+    return run.budget.tail_budget
+
+
+def _span(
+    result: list[Message],
+    messages: list[Message],
+    groups: Sequence[Group],
+    head: int,
+    aligned: int,
+) -> Span | None:
+    """The reusable part of a result: what replaced ``[head, end)`` of ``messages``."""
+    starts = group_starts(groups)
+    kept = min(aligned, len(result) - head, len(messages) - head)
+    while kept > 0 and len(messages) - kept not in starts:
+        kept -= 1
+    end = len(messages) - kept
+    if kept == 0 or end <= head:
+        return None
+    return Span(head, end, tuple(result[head : len(result) - kept]))
+
+
+def _valid(messages: Sequence[Message], stage: str, notes: list[str]) -> bool:
+    problems = validate_tool_pairing(messages)
+    if problems:
+        notes.append(f"{stage} output discarded (bug): {problems[0]}")
+        return False
+    return True
+
+
+def new_checkpoint(
+    conversation: Conversation,
+    decision: Decision,
+    result: CompactionResult,
+    *,
+    id: str,
+    created_at: float,
+    progress_ok: bool,
+    model: str = "",
+) -> Checkpoint | None:
+    """The checkpoint to store for ``result``, in the client's own terms, or
+    ``None`` when the result replaced nothing that a later request can reuse.
+
+    ``result.span`` is counted in the compacted messages, which start with
+    ``decision.checkpoint``'s replacement when one was applied; the new span
+    must reach past that replacement into the client's own messages.
+    """
+    span = result.span
+    if span is None:
+        return None
+    head, used = conversation.head, decision.checkpoint
+    replaced = len(used.replacement) if used is not None else 0
+    if span.end < head + replaced:
+        return None  # the span ends inside an earlier replacement
+    covered = span.end - replaced + (used.covered if used is not None else 0) - head
+    if covered <= 0:
+        return None
+    return Checkpoint(
+        session=conversation.session,
+        end_hash=conversation.chain[covered - 1],
+        covered=covered,
+        replacement=span.replacement,
+        stage=result.stage,
+        reason=result.reason,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        model=model,
+        progress_ok=progress_ok,
+        id=id,
+        created_at=created_at,
+    )

@@ -1,0 +1,46 @@
+"""The upstream's own count of a prompt, read off its answer as it passes.
+
+OpenAI-style answers carry ``usage.prompt_tokens`` (Anthropic and Responses
+``input_tokens``): in a JSON answer, and in the last event of a stream whose
+client asked for ``stream_options.include_usage``. The proxy compares that
+count with its estimate to calibrate its budgets
+(:func:`compaction.update_ratio`).
+
+The bytes are only looked at, never changed or held: a tap sees each chunk
+once, searching it (with the end of the previous one, for a key split across
+chunks) for the key. A model's text cannot fake it: inside a JSON string the
+quotes around the key would be escaped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d{1,9})\b')
+#: Bytes of one chunk kept to find a key that the next chunk completes.
+_CARRY = 48
+
+
+class UsageTap:
+    """Watches an answer's chunks; :meth:`close` reports the last count found."""
+
+    __slots__ = ("_carry", "_found", "_report")
+
+    def __init__(self, report: Callable[[int], None]) -> None:
+        self._report = report
+        self._carry = b""
+        self._found: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._carry + chunk
+        if b"_tokens" in data:
+            for match in _PROMPT_TOKENS.finditer(data):
+                self._found = int(match.group(1))
+        self._carry = data[-_CARRY:]
+
+    def close(self) -> None:
+        """The answer ended whole: report what was found, once."""
+        found, self._found = self._found, None
+        if found is not None:
+            self._report(found)
