@@ -234,7 +234,6 @@ class _Span:
         return cls(list(messages[start:end]), list(originals[start:end]))
 
 
-
 @dataclass
 class _Run:
     """One condense call: its settings, and what happened so far."""
@@ -285,6 +284,8 @@ class _Run:
             try:
                 body = await self._llm(ordinary, previous, budget, request)
                 problem = summary_problem(body, turn_prefix=turn_prefix)
+                if problem is not None and turn_prefix and summary_problem(body) is None:
+                    problem = None  # a whole summary's sections serve a turn prefix too
                 if problem is not None:
                     raise SummarizationError(f"not a summary: {problem}")
                 message = fitted(body)

@@ -223,20 +223,24 @@ async def _compact(
 
     # Stage 1: prune the whole middle.
     tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
-    current, stage = messages, "none"
+    current: list[Message] = messages
+    stage: Stage = "none"
     pruned = prune(messages, head, tail, profile)
     if pruned.pruned and _valid(pruned.messages, "prune", run.notes):
         current, stage = pruned.messages, "pruned"
-    # Pruning is index for index: everything after the head stays aligned.
-    aligned = len(messages) - head
-    done = _Outcome(current, stage, aligned)
+    # What a checkpoint of a prune keeps as it is: the verbatim tail. The
+    # pruned briefs go into the checkpoint, so that later requests carry the
+    # same bytes even when the tail has moved on.
+    done = _Outcome(current, stage, len(messages) - tail)
     if run.reason == "threshold" and run.total(current) <= budget.trigger * profile.prune_target:
         return done
 
     # Stage 2: condense the middle into one summary. Manual and overflow
     # compactions always condense: the user asked for it, or the upstream
     # proved the estimate optimistic.
-    room = _plan_room(run, run.counts(current), groups, head, head_tokens)
+    # Planned on the counts before pruning: the tail must not reach into the
+    # pruned middle (pruned messages are smaller, and not verbatim).
+    room = _plan_room(run, counts, groups, head, head_tokens)
     if room is not None:
         if not room.llm and profile.summarizer == "llm":
             run.notes.append(

@@ -371,9 +371,7 @@ def test_large_middle_is_summarized_in_chunks_that_fit() -> None:
         assert sum(COUNTER.count_messages(prompt)) + max_tokens <= window
         text = prompt[1]["content"]
         if i:
-            assert (
-                f"<previous-summary>\n## Goal\n- running summary {i}\n" in text
-            )
+            assert f"<previous-summary>\n## Goal\n- running summary {i}\n" in text
     # Every step reached the summarizer exactly once, in order.
     seen = [
         n

@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
-from compaction.decide import calibrated_budget
-from compaction.execute import NOTE_ROOM
+from compaction.conversation import read_conversation
+from compaction.decide import calibrated_budget, decide
+from compaction.execute import NOTE_ROOM, execute, new_checkpoint
 from compaction.messages import group_messages, head_end, tail_start
 from compaction.pruner import prune
 from tests.synthetic import conversations
@@ -100,3 +101,34 @@ def test_pruning_is_idempotent_and_never_grows(messages: list[dict[str, Any]], d
     assert validate_tool_pairing(once.messages) == []
     for before, after in zip(messages, once.messages, strict=True):
         assert len(str(after)) <= len(str(before))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=conversations(), profile=profiles)
+def test_a_checkpoint_of_a_result_gives_the_next_request_the_same_bytes(
+    messages: list[dict[str, Any]], profile: Profile
+) -> None:
+    """Cache stability: the checkpoint stored for a compaction, applied to the
+    next request (the same history and one new message), forwards exactly what
+    the compaction forwarded, followed by the new message."""
+    request: dict[str, Any] = {"model": "gpt-4o", "messages": messages}
+    conversation = read_conversation(request, messages, COUNTER, profile.head_count)
+    decision = decide(conversation, profile, calibrated_budget(profile))
+    try:
+        result = asyncio.run(execute(conversation, decision))
+    except CannotFitError:
+        return
+    made = new_checkpoint(conversation, decision, result, id="c", created_at=0.0, progress_ok=True)
+    if made is None:
+        return
+    later = [*messages, {"role": "user", "content": "and then?"}]
+    again = read_conversation({**request, "messages": later}, later, COUNTER, profile.head_count)
+    applied = decide(again, profile, calibrated_budget(profile), stored={made.end_hash: made})
+    assert applied.checkpoint is made
+    if any("cut" in note for note in result.notes):
+        # The newest group was cut to fit: that cut is redone on each request;
+        # everything before it comes from the checkpoint as it was sent.
+        kept = len(result.messages) - (len(messages) - (made.covered + conversation.head))
+        assert applied.messages[:kept] == result.messages[:kept]
+    else:
+        assert applied.messages == [*result.messages, later[-1]]

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-import re
-
 import copy
 import json
+import re
 from typing import Any
 
 import pytest

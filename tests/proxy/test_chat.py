@@ -94,13 +94,30 @@ def test_second_overflow_is_relayed_as_the_upstream_sent_it(
 ) -> None:
     upstream, _ = fake
     upstream.window = 6000
-    upstream.count_factor = 3.0  # its tokenizer counts far more than ours
+    upstream.count_factor = 3.0  # its tokenizer counts far more than ours…
+    upstream.error_style = "no-number"  # …and its error says by how much nowhere
     url = start_proxy(compaction={"summarizer": "extractive"})
     with pytest.raises(openai.BadRequestError) as info:
         client(url).chat.completions.create(model="gpt-4o", messages=agent_session(steps=60))
     assert len(upstream.chat_requests) == 2
     assert info.value.code == "context_length_exceeded"
-    assert "maximum context length is 6000 tokens" in str(info.value)
+    assert "exceeds the context window" in str(info.value)
+    first, retry = (r.body for r in upstream.chat_requests)
+    assert len(retry) < len(first)
+
+
+def test_an_overflow_that_states_its_count_is_retried_to_fit_that_count(
+    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+) -> None:
+    """The retry aims below failed × limit ÷ the count the error states: a
+    tokenizer that counts three times ours still gets a request that fits."""
+    upstream, _ = fake
+    upstream.window = 6000
+    upstream.count_factor = 3.0
+    url = start_proxy(compaction={"summarizer": "extractive"})
+    reply = client(url).chat.completions.create(model="gpt-4o", messages=agent_session(steps=60))
+    assert reply.choices[0].message.content.startswith("I saw")
+    assert [r.status for r in upstream.chat_requests] == [400, 200]
 
 
 def test_a_head_that_cannot_fit_gets_a_clear_400_from_the_proxy(

@@ -9,9 +9,10 @@ from typing import Any
 
 import httpx
 
-from compaction import SUMMARY_MARKER, TokenCounter, encoding_for_model
-from compaction.checkpoints import chain_hashes, make_checkpoint, session_key
+from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_model
+from compaction.checkpoints import chain_hashes, session_key
 from compaction.messages import group_messages
+from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
 from config import load_settings
 from proxy.conversation import identify, prepare
 from proxy.state import ProxyState
@@ -26,7 +27,12 @@ class RecordingSummarizer:
     async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
         self.calls += 1
         await asyncio.sleep(0.05)  # long enough for concurrent requests to pile up
-        return "## Goal\nKeep going.\n## Progress\n### Done\n- many steps"
+        if messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT:
+            return "## Done So Far\n- many steps\n## Context Needed Next\n- the last file"
+        return (
+            "## Goal\nKeep going.\n## Progress\n### Done\n- many steps\n"
+            "## Key Decisions\n- none\n## Next Steps\n- more steps"
+        )
 
 
 def _state() -> tuple[ProxyState, Any]:
@@ -68,25 +74,25 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
 
 def _poor_checkpoint(messages: list[dict[str, Any]], covered: int) -> Any:
     summary = {"role": "user", "content": f"{SUMMARY_MARKER}\n## Goal\nstill big"}
-    result = [*messages[:2], summary, *messages[2 + covered :]]
-    return make_checkpoint(
-        messages,
-        2,
-        result,
-        chain=chain_hashes(messages, 2),
+    return Checkpoint(
         session="s",
+        end_hash=chain_hashes(messages, 2)[covered - 1],
+        covered=covered,
+        replacement=(summary,),
         stage="condensed",
         reason="threshold",
         tokens_before=100,
         tokens_after=95,
         progress_ok=False,
+        id="poor",
+        created_at=0.0,
     )
 
 
 def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
     async def run(extra_steps: int, output_chars: int) -> tuple[int, str, int, int]:
         state, config = _state()
-        big_task = "Follow these rules carefully. " * 1120  # a head of ~5,600 tokens
+        big_task = "Follow these rules carefully. " * 800  # a head of ~4,000 tokens
         messages = agent_session(seed=52, steps=30, task=big_task, output_chars=600)
         starts = [g.start for g in group_messages(messages) if g.start <= len(messages) - 8]
         checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2)
@@ -125,7 +131,7 @@ def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
         state, config = _state()
         messages = agent_session(seed=54, steps=4, output_chars=400)
         body = {"model": "m", "messages": messages}
-        identified = identify(state, config, messages)
+        identified = identify(state, config, body, messages)
         assert identified.counts == _fresh_counter(config).count_messages(messages)
         assert identified.head == 2
         assert identified.chain == chain_hashes(messages, 2)
@@ -140,7 +146,8 @@ def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
         assert reused.stage == "none" and reused.untouched
         assert reused.headers() == worked_out.headers()
         # What identifies other messages is not used for these.
-        other = identify(state, config, agent_session(seed=55, steps=2, output_chars=400))
+        other_messages = agent_session(seed=55, steps=2, output_chars=400)
+        other = identify(state, config, {"model": "m"}, other_messages)
         mismatched = await prepare(state, body, messages, config, None, identified=other)
         assert mismatched.headers() == worked_out.headers()
         await state.client.aclose()
@@ -160,7 +167,7 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
         body = {"model": "m", "messages": later}
         for _ in range(2):  # cold, then warm
             prepared = await prepare(state, body, later, config, None)
-            assert prepared.stage == "none" and not prepared.untouched
+            assert prepared.stage == "reused" and not prepared.untouched
             assert prepared.checkpoint is not None and prepared.checkpoint.id == checkpoint.id
             assert prepared.messages == [*later[:2], *checkpoint.replacement, *later[starts[-1] :]]
             counter = _fresh_counter(config)
@@ -183,7 +190,7 @@ def _compact_watching_the_loop(
     async def run() -> tuple[Any, float, float, asyncio.AbstractEventLoop]:
         state, config = _state()
         profile = dataclasses.replace(config.profile, summarizer=mode)
-        await asyncio.to_thread(identify, state, config, messages)  # tokenize ahead
+        await asyncio.to_thread(identify, state, config, body, messages)  # tokenize ahead
         gaps: list[float] = []
         loop = asyncio.get_running_loop()
 
@@ -202,7 +209,8 @@ def _compact_watching_the_loop(
         await asyncio.sleep(0.005)  # ticking before the compaction starts
         try:
             started = loop.time()
-            prepared = await prepare(state, body, messages, config, summarizer, profile=profile)
+            configured = dataclasses.replace(config, profile=profile)
+            prepared = await prepare(state, body, messages, configured, summarizer)
             took = loop.time() - started
         finally:
             gc.enable()
