@@ -2,7 +2,10 @@
 
 A lease that is never released (a bug, a task that hangs) stops blocking its
 waiters after ``ttl`` seconds, so the memory and SQLite backends honour the
-same contract as Redis, where the holder may be a dead replica.
+same contract as Redis, where the holder may be a dead replica. A holder that
+is alive keeps its lease: it is renewed every ``ttl / 3`` while held, up to
+:data:`MAX_HOLD` × ``ttl`` in all, so a summarization slower than ``ttl`` is
+still done once, and a holder that hangs frees its waiters in the end.
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+#: A held lease is renewed this many times per ``ttl``…
+RENEW_EVERY = 3
+#: …until it has been held this many ``ttl`` in all.
+MAX_HOLD = 10
 
 
 @dataclass
@@ -39,13 +47,24 @@ class LeaseLocks:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(lease.deadline - now):
                     await lease.released.wait()
+        keeper = asyncio.ensure_future(self._renew(key, token, ttl))
         try:
             yield
         finally:
+            keeper.cancel()
             lease = self._leases.get(key)
             if lease is not None and lease.token is token:
                 del self._leases[key]
                 lease.released.set()
+
+    async def _renew(self, key: str, token: object, ttl: float) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(RENEW_EVERY * (MAX_HOLD - 1)):
+            await asyncio.sleep(ttl / RENEW_EVERY)
+            lease = self._leases.get(key)
+            if lease is None or lease.token is not token:
+                return
+            lease.deadline = loop.time() + ttl
 
     def __len__(self) -> int:
         return len(self._leases)

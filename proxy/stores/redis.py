@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -40,8 +41,10 @@ from proxy.stores.base import (
     checked_ratio,
     interrupted,
 )
+from proxy.stores.locks import MAX_HOLD, RENEW_EVERY
 
 DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
+logger = logging.getLogger(__name__)
 _POLL_FIRST: Final = 0.01
 _POLL_MAX: Final = 0.25
 
@@ -49,6 +52,14 @@ _POLL_MAX: Final = 0.25
 _RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Extend the lock only while we still own it (a lease kept alive by its holder).
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
@@ -95,6 +106,7 @@ class RedisStore:
         self._session_events = session_events
         self._global_events = global_events
         self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(_RENEW)
         self._close_open = client.register_script(_CLOSE_OPEN)
 
     @classmethod
@@ -209,10 +221,24 @@ class RedisStore:
         while not await _reply(self._client.set(name, token, nx=True, px=ttl_ms)):
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: waiters spread out
             delay = min(delay * 2, _POLL_MAX)
+        keeper = asyncio.ensure_future(self._keep(name, token, ttl_ms))
         try:
             yield
         finally:
+            keeper.cancel()
             await self._release(keys=[name], args=[token])
+
+    async def _keep(self, name: str, token: str, ttl_ms: int) -> None:
+        """Renew a held lock every third of its expiry: a live holder (a slow
+        summarization) keeps it, up to ``MAX_HOLD`` × ``ttl``; a dead one loses it
+        after ``ttl``."""
+        for _ in range(RENEW_EVERY * (MAX_HOLD - 1)):
+            await asyncio.sleep(ttl_ms / 1000 / RENEW_EVERY)
+            try:
+                if not await _reply(self._renew(keys=[name], args=[token, ttl_ms])):
+                    return
+            except Exception:  # a blip: the next round tries again
+                logger.warning("could not renew the lock %s", name, exc_info=True)
 
     # -- learned windows ---------------------------------------------------
 
