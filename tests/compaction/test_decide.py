@@ -1,0 +1,140 @@
+"""compaction.decide: the calibrated budget, the ratio's smoothing, the retry rule, the choice."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from compaction import Profile, TokenCounter
+from compaction.checkpoints import Checkpoint, chain_hashes
+from compaction.conversation import read_conversation
+from compaction.decide import (
+    MAX_RATIO,
+    MIN_RATIO,
+    OverflowReport,
+    calibrated_budget,
+    decide,
+    ratio_sample,
+    retry_budget,
+    update_ratio,
+)
+from compaction.profile import compute_budget
+from tests.conftest import assistant, system, tool_group, user
+
+COUNTER = TokenCounter("gpt-4o")
+
+
+def test_the_budget_is_scaled_by_the_ratio_and_the_margin() -> None:
+    profile = Profile(context_window=16_384, safety_margin=0.02)
+    raw = compute_budget(profile)
+    budget = calibrated_budget(profile, 0, 1.15)
+    assert budget.input_limit == math.floor(raw.input_limit * 0.98 / 1.15)
+    assert budget.trigger == budget.input_limit
+    assert budget.tail_budget == min(profile.keep_recent_tokens, budget.input_limit // 2)
+    # An absolute threshold is scaled the same way, and never above the limit.
+    low = calibrated_budget(Profile(context_window=16_384, threshold=4_000), 0, 1.25)
+    assert low.trigger == math.floor(4_000 * 0.98 / 1.25)
+
+
+def test_a_ratio_is_kept_within_its_bounds() -> None:
+    profile = Profile(context_window=16_384, safety_margin=0.0)
+    raw = compute_budget(profile).input_limit
+    assert calibrated_budget(profile, 0, 50.0).input_limit == math.floor(raw / MAX_RATIO)
+    assert calibrated_budget(profile, 0, 0.01).input_limit == math.floor(raw / MIN_RATIO)
+
+
+def test_the_ratio_rises_fast_and_falls_slowly() -> None:
+    assert update_ratio(None, 1.12) == pytest.approx(1.12)
+    up = update_ratio(1.0, 1.2)
+    down = update_ratio(1.2, 1.0)
+    assert up - 1.0 > 1.2 - down > 0  # a bigger step up than down
+    assert update_ratio(1.0, 99.0) <= MAX_RATIO
+
+
+def test_small_requests_teach_no_ratio() -> None:
+    assert ratio_sample(30, 12) is None  # a template's few tokens would dominate
+    assert ratio_sample(11_200, 10_000) == pytest.approx(1.12)
+    assert ratio_sample(0, 10_000) is None
+
+
+@given(
+    failed=st.integers(1_000, 400_000),
+    window=st.one_of(st.none(), st.integers(2_000, 300_000)),
+    factor=st.one_of(st.none(), st.floats(0.5, 4.0)),
+    ratio=st.floats(0.8, 2.0),
+    requested=st.integers(0, 1_000),
+)
+def test_a_retry_always_aims_below_what_failed(
+    failed: int, window: int | None, factor: float | None, ratio: float, requested: int
+) -> None:
+    count = int(failed * factor) if factor else None
+    report = OverflowReport(window=window, count=count)
+    retry = retry_budget(Profile(), requested, ratio, failed, report)
+    assert retry.budget.input_limit <= failed * 0.9
+    assert retry.budget.trigger == retry.budget.input_limit
+    if window and count:
+        # Below what the upstream would count as fitting its stated window.
+        limit = compute_budget(Profile(context_window=window), requested).input_limit
+        assert retry.budget.input_limit * count / failed <= limit
+    assert retry.ratio >= min(ratio, MAX_RATIO)
+
+
+def test_a_retry_without_figures_aims_at_half() -> None:
+    retry = retry_budget(Profile(), 0, 1.0, 10_000, OverflowReport())
+    assert retry.budget.input_limit == 5_000 and retry.ratio == 1.0
+
+
+def _conversation(messages: list[dict]) -> object:
+    return read_conversation({"model": "gpt-4o", "messages": messages}, messages, COUNTER, 2)
+
+
+def _session(steps: int) -> list[dict]:
+    messages = [system(), user("Fix the bug.")]
+    for i in range(steps):
+        messages += [assistant(f"step {i}"), *tool_group("bash", {"command": "ls"}, "x " * 400)]
+    return messages
+
+
+def test_under_the_trigger_the_request_is_forwarded_as_it_is() -> None:
+    messages = _session(2)
+    profile = Profile(context_window=32_000)
+    decision = decide(_conversation(messages), profile, calibrated_budget(profile))
+    assert decision.action == "forward" and decision.untouched
+    assert decision.messages is messages
+
+
+def test_a_stored_checkpoint_is_applied_and_reused_without_compacting() -> None:
+    messages = _session(6)
+    chain = chain_hashes(messages, 2)
+    summary = user("[CONTEXT CONDENSED — REFERENCE ONLY]\n## Goal\nFix the bug.")
+    stored = Checkpoint(
+        session="s",
+        end_hash=chain[5],
+        covered=6,
+        replacement=(summary,),
+        stage="condensed",
+        reason="threshold",
+        tokens_before=1,
+        tokens_after=1,
+        id="c",
+        created_at=0.0,
+    )
+    profile = Profile(context_window=32_000)
+    decision = decide(
+        _conversation(messages), profile, calibrated_budget(profile), stored={chain[5]: stored}
+    )
+    assert decision.action == "forward" and decision.checkpoint is stored
+    assert decision.messages == [*messages[:2], summary, *messages[8:]]
+    assert decision.tokens < decision.tokens_before
+
+
+def test_over_the_trigger_or_by_command_the_request_is_compacted() -> None:
+    messages = _session(30)
+    small = Profile(context_window=4_096)
+    assert decide(_conversation(messages), small, calibrated_budget(small)).action == "compact"
+    roomy = Profile(context_window=128_000)
+    manual = decide(_conversation(messages), roomy, calibrated_budget(roomy), reason="manual")
+    assert manual.action == "compact"
