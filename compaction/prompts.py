@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from compaction.clipping import clip_keeping
 from compaction.files import FileLists, render_file_lists, strip_file_lists
 from compaction.messages import (
     SUMMARY_MARKER,
@@ -22,7 +23,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
-from compaction.text import clip, clip_keeping, one_line
+from compaction.text import clip, one_line
 from compaction.types import Message
 
 #: The headings of every summary, in order; Progress has three sub-headings.

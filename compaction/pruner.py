@@ -35,9 +35,10 @@ from compaction.calls import (
     parse_arguments,
     shows_files,
 )
+from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
-from compaction.text import KEPT_LINE_CHARS, cut_middle, error_lines, one_line, shrink_arguments
+from compaction.text import cut_middle, one_line, shrink_arguments
 from compaction.types import Message
 
 _BRIEF_NAME_CHARS = 64

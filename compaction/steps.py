@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, key_argument, shows_files
+from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.files import results_after
 from compaction.messages import call_name_and_arguments, message_text, tool_calls
-from compaction.text import KEPT_LINE_CHARS, error_lines, one_line
+from compaction.text import one_line
 from compaction.types import Message
 
 _ARGUMENT_CHARS = 120

@@ -2,9 +2,8 @@
 
 Pure functions on strings. Texts keep their start and end around a marker
 saying how much was cut (:func:`cut_middle`, :func:`clip`), since errors and
-results sit at the end; a tool result clipped for a summarizer keeps its error
-lines, exit status, command and file paths wherever they are
-(:func:`clip_keeping`, with :func:`error_lines`); tool-call arguments are cut
+results sit at the end (:mod:`compaction.clipping` keeps a tool result's
+error lines, status, command and paths as well); tool-call arguments are cut
 inside their JSON, so valid JSON stays valid (:func:`shrink_arguments`);
 one-line quotes are flattened, cut between words and end with an ellipsis
 (:func:`one_line`). A cut string is never cut again by the same call: the
@@ -14,16 +13,15 @@ pruner relies on that to be idempotent.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterator
 from json.encoder import encode_basestring
 from typing import Any
 
 from compaction.tokens import TokenCounter
 
-# Wider than any marker _text_marker / _value_marker can produce for a string
+# Wider than any marker text_marker / _value_marker can produce for a string
 # that fits in memory, so a cut string is never long enough to be cut again.
-_TEXT_MARKER_ROOM = 48
+TEXT_MARKER_ROOM = 48
 _VALUE_MARKER_ROOM = 32
 #: A JSON string value is never cut shorter than this: shorter keeps nothing useful.
 _MIN_VALUE_CHARS = 40
@@ -58,13 +56,13 @@ def word_cut(text: str, limit: int) -> str:
 # --- texts -------------------------------------------------------------------
 
 
-def _text_marker(cut: int) -> str:
+def text_marker(cut: int) -> str:
     return f"\n[… {cut:,} characters cut …]\n"
 
 
 def _cut(text: str, keep_start: int, keep_end: int) -> str:
     cut = len(text) - keep_start - keep_end
-    return text[:keep_start] + _text_marker(cut) + text[len(text) - keep_end :]
+    return text[:keep_start] + text_marker(cut) + text[len(text) - keep_end :]
 
 
 def cut_middle(text: str, keep_start: int, keep_end: int) -> str:
@@ -74,7 +72,7 @@ def cut_middle(text: str, keep_start: int, keep_end: int) -> str:
     shorter, so a cut text is never cut again with the same figures.
     """
     keep_start, keep_end = max(keep_start, 0), max(keep_end, 0)
-    if len(text) <= keep_start + keep_end + _TEXT_MARKER_ROOM:
+    if len(text) <= keep_start + keep_end + TEXT_MARKER_ROOM:
         return text
     return _cut(text, keep_start, keep_end)
 
@@ -89,197 +87,6 @@ def clip(text: str, limit: int) -> str:
         return text
     keep_end = limit // 3
     return _cut(text, limit - keep_end, keep_end)
-
-
-# --- lines worth keeping ---------------------------------------------------------
-
-#: An error line: a Python exception (``pkg.SomeError: …``, or its bare name as
-#: a traceback ends with it), ``re.error: …``, a test runner's ``FAILED`` /
-#: ``ERROR`` line, ``error:`` / ``fatal:`` / ``panic:`` (compilers, git, Rust,
-#: Go), ``file.c:3:5: error …``, ``npm ERR!``, and a shell tool's
-#: ``No such file or directory`` / ``command not found`` / ``Permission denied``.
-#: Matched against lines stripped of surrounding blanks and of pytest's ``E``
-#: prefix; anchored, so a word "error" inside ordinary text is no match.
-_ERROR_LINE = re.compile(
-    r"^(?:"
-    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?"
-    r"|(?:[a-z_]\w*\.)+error:\s.*"
-    r"|(?:FAILED|ERROR)(?::|\s+[\w(./]).*"
-    r"|(?i:error|fatal|panic)(?:\[\w+\])?:.*"
-    r"|\S+:\d+(?::\d+)?:\s*(?:fatal\s+)?error\b.*"
-    r"|npm ERR!.*"
-    r"|\S+:.*(?:No such file or directory|command not found|Permission denied)"
-    r")$"
-)
-_PYTEST_E = re.compile(r"^E\s+")
-#: A line that says how a command ended.
-_STATUS_LINE = re.compile(
-    r"(?i)<returncode>\s*-?\d+|\bexit(?:ed with)?[ _-]?(?:code|status)\b[\s:=]*-?\d+"
-    r"|\breturn[ _-]?code\b[\s:=]*-?\d+"
-)
-#: A line that echoes the command that was run (shell prompts, agent wrappers).
-_COMMAND_LINE = re.compile(r"^(?:\$ |(?i:command|running|cmd):\s)")
-_PATH_TOKEN = re.compile(r"(?:[\w.-]*/)+[\w-][\w.-]*\.[A-Za-z]\w{0,5}\b|\bFile \"[^\"]+\"")
-#: Lines longer than this are kept cut (between words) by :func:`clip_keeping`.
-KEPT_LINE_CHARS = 300
-#: Below this limit :func:`clip_keeping` keeps only the start and end: too
-#: small to hold anything picked from the middle beside them.
-_MIN_KEEPING_CHARS = 400
-
-
-def error_lines(text: str) -> list[str]:
-    """The lines of ``text`` that report an error, stripped, in order (repeats kept)."""
-    found = []
-    for raw in text.splitlines():
-        line = _PYTEST_E.sub("", raw.strip())
-        if line and _ERROR_LINE.match(line):
-            found.append(line)
-    return found
-
-
-def is_error_line(line: str) -> bool:
-    """Whether one line reports an error, as :func:`error_lines` reads it."""
-    return bool(_ERROR_LINE.match(_PYTEST_E.sub("", line.strip())))
-
-
-def clip_keeping(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters, keeping what matters in it.
-
-    For a tool result read by a summarizer: up to half of ``limit`` goes to
-    lines picked from anywhere in the text — how the command ended (exit
-    code), the command echoed, error lines (newest first), the innermost
-    traceback frame and lines naming a file path not seen yet — each cut to
-    :data:`KEPT_LINE_CHARS`; the rest to the start and the end. Every gap
-    becomes a marker saying how many characters were cut, and cuts fall
-    between lines or words. Returns ``text`` when it fits, so a clipped text
-    is never clipped again.
-    """
-    if len(text) <= limit:
-        return text
-    if limit < _MIN_KEEPING_CHARS:
-        return clip(text, limit)
-    spans = _line_spans(text)
-    picked: list[tuple[int, int]] = []
-    used = 0
-    for begin, end in _worth_keeping(text, spans):
-        length = len(word_cut(text[begin:end], KEPT_LINE_CHARS))
-        cost = length + _TEXT_MARKER_ROOM
-        if used + cost <= limit // 2:
-            picked.append((begin, begin + length))
-            used += cost
-    # The markers are counted at their widest when picking; what they leave
-    # over goes to the start and the end, which grow until the text is full.
-    rest = limit - used - _TEXT_MARKER_ROOM
-    best = text[:0]
-    for _ in range(3):
-        start = _start_boundary(text, rest * 3 // 5)
-        end = _end_boundary(text, rest - rest * 3 // 5)
-        clipped = _render_kept(text, [(0, start), *picked, (end, len(text))])
-        if len(clipped) > limit:
-            break
-        best = clipped
-        if limit - len(clipped) < _TEXT_MARKER_ROOM:
-            break
-        rest += limit - len(clipped)
-    return best or clip(text, limit)
-
-
-def _line_spans(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of each line of ``text``, without its line break."""
-    spans = []
-    position = 0
-    for line in text.splitlines(keepends=True):
-        stripped = line.rstrip("\r\n")
-        spans.append((position, position + len(stripped)))
-        position += len(line)
-    return spans
-
-
-def _worth_keeping(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The spans of the lines :func:`clip_keeping` keeps first, most important first."""
-    status: list[int] = []
-    commands: list[int] = []
-    errors: list[int] = []
-    frames: list[int] = []
-    paths: list[int] = []
-    seen_paths: set[str] = set()
-    for i, (begin, end) in enumerate(spans):
-        line = text[begin:end]
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if _STATUS_LINE.search(line):
-            status.append(i)
-        elif _COMMAND_LINE.match(stripped):
-            commands.append(i)
-        elif is_error_line(stripped):
-            errors.append(i)
-        else:
-            new = [p for p in _PATH_TOKEN.findall(line) if p not in seen_paths]
-            if new:
-                seen_paths.update(new)
-                (frames if stripped.startswith('File "') else paths).append(i)
-    order = [*status[-1:], *commands[:1]]
-    seen_lines: set[str] = set()
-    for i in reversed(errors):  # newest first; a repeated line once
-        line = text[spans[i][0] : spans[i][1]].strip()
-        if line not in seen_lines:
-            seen_lines.add(line)
-            order.append(i)
-    order.extend(reversed(frames))  # the innermost frame of the last traceback first
-    order.extend(paths)
-    return [spans[i] for i in order]
-
-
-def _start_boundary(text: str, chars: int) -> int:
-    """Where a start of about ``chars`` characters ends: after a line, or between words."""
-    if chars <= 0:
-        return 0
-    newline = text.rfind("\n", 0, chars)
-    if newline >= chars // 2:
-        return newline + 1
-    return len(word_cut(text[:chars], chars))
-
-
-def _end_boundary(text: str, chars: int) -> int:
-    """Where an end of about ``chars`` characters starts: at a line, or between words."""
-    if chars <= 0:
-        return len(text)
-    first = len(text) - chars
-    newline = text.find("\n", first, first + chars // 2)
-    if newline >= 0:
-        return newline + 1
-    blank = text.find(" ", first, first + chars // 2)
-    return blank + 1 if blank >= 0 else first
-
-
-def _render_kept(text: str, kept: list[tuple[int, int]]) -> str:
-    """The kept spans of ``text`` in order, each gap replaced by a cut marker."""
-    merged: list[list[int]] = []
-    for begin, end in sorted(kept):
-        if end <= begin:
-            continue
-        # A gap no longer than its marker is kept instead.
-        if merged and begin - merged[-1][1] <= len(_text_marker(begin - merged[-1][1])):
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([begin, end])
-    out: list[str] = []
-    position = 0
-    for begin, end in merged:
-        if begin > position:
-            out.append(_gap_marker(text[position:begin], bool(out) and out[-1].endswith("\n")))
-        out.append(text[begin:end])
-        position = end
-    if position < len(text):
-        out.append(_gap_marker(text[position:], bool(out) and out[-1].endswith("\n")))
-    return "".join(out)
-
-
-def _gap_marker(gap: str, after_line: bool) -> str:
-    """The marker for a cut ``gap``, on a line of its own."""
-    marker = _text_marker(len(gap))
-    return marker[1:] if after_line else marker
 
 
 def fit_tokens(text: str, max_tokens: int, counter: TokenCounter) -> str:

@@ -67,17 +67,21 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         assert hasattr(compaction, name), name
 
 
+def _imported_roots(source: Path) -> set[str]:
+    """The top-level packages ``source`` imports (absolute imports only)."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
 def test_compaction_imports_no_server_side_module() -> None:
     for source in PACKAGE.glob("*.py"):
-        tree = ast.parse(source.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                roots = {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                roots = {node.module.split(".")[0]}
-            else:
-                continue
-            assert not roots & FORBIDDEN, f"{source.name} imports {roots & FORBIDDEN}"
+        roots = _imported_roots(source)
+        assert not roots & FORBIDDEN, f"{source.name} imports {roots & FORBIDDEN}"
 
 
 ROOT = PACKAGE.parent
@@ -104,14 +108,6 @@ def test_the_proxy_and_config_use_only_the_public_surface() -> None:
 
 def test_the_library_draws_no_ids_reads_no_clock_and_touches_no_environment() -> None:
     for source in PACKAGE.glob("*.py"):
-        tree = ast.parse(source.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                roots = {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                roots = {node.module.split(".")[0]}
-            else:
-                continue
-            assert not roots & {"uuid", "time", "datetime", "random"}, source.name
+        assert not _imported_roots(source) & {"uuid", "time", "datetime", "random"}, source.name
         text = source.read_text()
         assert "os.environ" not in text and "tempfile" not in text, source.name
