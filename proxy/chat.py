@@ -23,21 +23,19 @@ from compaction import (
     InvalidMessagesError,
     Message,
     OverflowReport,
-    check_messages,
     message_text,
     retry_budget,
 )
 from compaction import requested_output_tokens as requested_output
 from config import ModelConfig
 from proxy import manual
+from proxy.body import parse_chat_body, read_body, too_deep
 from proxy.conversation import Conversation, Prepared, identify, prepare
 from proxy.disconnect import ClientWatch
 from proxy.errors import (
     BadRequest,
     ContextLengthExceeded,
-    PayloadTooLarge,
     ProxyError,
-    UnsupportedMediaType,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
@@ -58,65 +56,6 @@ logger = logging.getLogger(REQUESTS)
 #: cost — and only their new text, if there is much, is tokenized in a
 #: thread (see conversation.prepare).
 OFF_LOOP_BYTES = 1 << 20
-
-
-# --- reading ---------------------------------------------------------------
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 above ``limit`` before it is parsed."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
-    encoding = request.headers.get("content-encoding", "identity").lower()
-    if encoding not in ("identity", ""):
-        raise UnsupportedMediaType(
-            f"Compressed request bodies ({encoding}) are not supported; send identity."
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """The body as a dict with a valid ``messages`` list, or a 400."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"The request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object.")
-    # orjson reads 1024 levels of nesting but writes only 254, and counting,
-    # hashing and forwarding a rewritten body all write it again. The
-    # messages are written anyway when they are keyed (see _too_deep); the
-    # other fields are checked here.
-    _writable({key: value for key, value in body.items() if key != "messages"})
-    if "messages" not in body:
-        raise BadRequest("'messages' is a required property.", param="messages")
-    try:
-        check_messages(body["messages"])
-    except InvalidMessagesError as exc:
-        raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("'model' must be a string.", param="model")
-    return body
-
-
-def _writable(value: Any) -> None:
-    try:
-        orjson.dumps(value)
-    except orjson.JSONEncodeError as exc:
-        raise _too_deep(exc) from exc
-
-
-def _too_deep(exc: orjson.JSONEncodeError) -> BadRequest:
-    return BadRequest(f"The request body is nested too deeply: {exc}.")
 
 
 # --- the handler -----------------------------------------------------------
@@ -173,7 +112,7 @@ def _read_conversation(
     try:
         identified = identify(state, config, body, messages) if ahead else None
     except orjson.JSONEncodeError as exc:
-        raise _too_deep(exc) from exc
+        raise too_deep(exc) from exc
     return body, config, messages, identified
 
 
@@ -359,7 +298,7 @@ async def _prepare(
     except InvalidMessagesError as exc:
         raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
     except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
-        raise _too_deep(exc) from exc
+        raise too_deep(exc) from exc
 
 
 async def _manual(call: _Call, instructions: str, started: float) -> Response:

@@ -65,7 +65,10 @@ def corpus() -> list[Fixture]:
     """Every request body under ../shared/fixtures; empty where the folder is absent."""
     if not FIXTURES.is_dir():
         return []
+    bodies = [(path, orjson.loads(path.read_bytes())) for path in sorted(FIXTURES.glob("*/*.json"))]
+    # clients/ also holds a bare list of tool schemas: not a request.
     return [
-        Fixture(f"{path.parent.name}/{path.stem}", orjson.loads(path.read_bytes()))
-        for path in sorted(FIXTURES.glob("*/*.json"))
+        Fixture(f"{path.parent.name}/{path.stem}", body)
+        for path, body in bodies
+        if isinstance(body, dict)
     ]

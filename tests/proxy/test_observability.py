@@ -82,3 +82,39 @@ def test_log_content_is_off_unless_asked(
     with caplog.at_level(logging.INFO, logger=REQUESTS):
         httpx.post(f"{loud}/chat/completions", json=body)
     assert any(secret in str(getattr(r, "fields", "")) for r in caplog.records)
+
+
+def test_every_chat_request_gets_its_log_line_whoever_answered_it(
+    start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The proxy's own 400s and 502/504s and a /compact, not only relayed answers."""
+    url = start_proxy(compaction={"summarizer": "extractive"})
+    unreachable = start_proxy(upstream={"base_url": "http://127.0.0.1:9/v1"})
+    history = agent_session(seed=3, steps=20)
+    sends = [
+        (url, b"not json"),
+        (url, json.dumps({"model": "gpt-4o", "messages": history}).encode()),
+        (url, json.dumps({"model": "gpt-4o", "messages": [*history, _command()]}).encode()),
+        (unreachable, json.dumps({"model": "gpt-4o", "messages": history[:3]}).encode()),
+    ]
+    statuses = []
+    with caplog.at_level(logging.INFO, logger=REQUESTS):
+        for base, body in sends:
+            response = httpx.post(
+                f"{base}/chat/completions",
+                content=body,
+                headers={"content-type": "application/json"},
+                timeout=30,
+            )
+            statuses.append(response.status_code)
+    assert statuses == [400, 200, 200, 502]
+    fields = [getattr(r, "fields", {}) for r in caplog.records if r.name == REQUESTS]
+    assert len(fields) == len(sends)
+    assert fields[0]["status"] == 400 and fields[3]["status"] == 502
+    assert fields[1]["upstream_status"] == 200
+    assert fields[2]["status"] == 200 and fields[2]["reason"] == "manual"
+    assert all("ms" in f for f in fields)
+
+
+def _command() -> dict[str, str]:
+    return {"role": "user", "content": "/compact keep the file names"}

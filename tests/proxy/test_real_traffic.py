@@ -389,6 +389,53 @@ def test_llm_c_growth_run_discards_no_summary_and_summarizes_each_span_once(
     assert calls_counted == len(summaries), "summarizer calls are not all counted"
 
 
+#: A chat with a system prompt (``llm -s``) and smaller pastes (~2.3k tokens):
+#: here summaries are needed, and must be made once per span and kept.
+SMALL_PART_WORDS = 2_000
+
+
+def _small_part(turn: int) -> str:
+    rng = random.Random(1000 + turn)
+    paragraphs = [_prose(rng, 100) + "." for _ in range(SMALL_PART_WORDS // 100)]
+    return f"[part {turn:02d}]\n" + "\n\n".join(paragraphs) + "\n\nAnd this part?"
+
+
+def test_a_growing_chat_keeps_every_summary_and_summarizes_each_part_once(
+    realistic: FakeUpstream, start_proxy: ProxyFactory
+) -> None:
+    """Observation 2 where summaries are due: a 20-turn chat at a 16k window."""
+    upstream = realistic
+    _tag_summaries(upstream)
+    url = start_proxy(models=MODELS, compaction={"summarizer": "llm"})
+    sdk = _sdk(url)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You review long documents, part by part."},
+    ]
+    turns = 20
+    for turn in range(1, turns + 1):
+        history.append({"role": "user", "content": _small_part(turn)})
+        stream = sdk.chat.completions.create(
+            model=MODEL, messages=history, stream=True, stream_options={"include_usage": True}
+        )
+        history.append({"role": "assistant", "content": _stream_text(stream)})
+
+    summaries = upstream.summary_requests
+    summary_tokens = sum(r.prompt_tokens or 0 for r in summaries)
+    chat_tokens = sum(r.prompt_tokens or 0 for r in upstream.chat_requests)
+    prompts = upstream.summary_prompts
+    twice = [t for t in range(1, turns + 1) if sum(f"[part {t:02d}]" in p for p in prompts) > 1]
+    print(
+        f"\ngrowing chat, {turns} turns: {len(summaries)} summarizer calls, "
+        f"{len(_discarded(upstream))} thrown away; summary ÷ chat prompt tokens "
+        f"{summary_tokens / max(chat_tokens, 1):.2f}; parts summarized twice: {twice}"
+    )
+    assert len(summaries) >= 2, "the chat outgrew the window: summaries were due"
+    assert not _discarded(upstream), "a summary was made and thrown away"
+    assert not twice, f"parts {twice} were summarized more than once"
+    assert summary_tokens <= 0.5 * chat_tokens
+    assert all(r.status == 200 for r in upstream.chat_requests)
+
+
 # --- 3. identical resends summarize again -----------------------------------
 
 DIFF_START = "DIFF-START-7f3a"
