@@ -12,7 +12,7 @@ Room is planned **before** the summarizer is called, never found missing
 after it answered::
 
     room    = L − head                  what the summary and the tail share
-    tail    = newest groups within min(keep_recent_tokens, L // 2)
+    tail    = newest groups within min(keep_recent_tokens, L // 2, room // 2)
     summary ≤ 60 % of (room − tail), within [summary_min_tokens, summary_max_tokens]
 
 When the minimum summary does not fit beside that tail, the tail gives way
@@ -314,7 +314,11 @@ def _plan_room(
         return None
     room = run.budget.input_limit - head_tokens - NOTE_ROOM
     minimum = profile.summary_min_tokens
-    tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
+    # The tail takes at most half of the room beside the head: with a large
+    # head (a long system prompt, many tool schemas) L // 2 alone would leave
+    # no room to grow, and the next turn would compact again.
+    tail_budget = min(_tail_budget(run, counts, head), max(room, 0) // 2)
+    tail = tail_start(groups, counts, tail_budget, head)
     leftover = room - sum(counts[tail:])
     if leftover < minimum:
         # The tail gives way before the summary does.

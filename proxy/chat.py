@@ -290,9 +290,14 @@ async def _prepare(
             identified=call.identified,
         )
     except CannotFitError as exc:
+        advice = (
+            "Shorten the system prompt, the first messages or the tool schemas, or lower "
+            "max_tokens."
+            if exc.part == "head"
+            else "Shorten the latest message, or lower max_tokens."
+        )
         raise ContextLengthExceeded(
-            f"This request cannot be made to fit the model's context window: {exc}. "
-            "Shorten the system prompt or the first messages, or lower max_tokens.",
+            f"This request cannot be made to fit the model's context window: {exc}. {advice}",
             param="messages",
         ) from exc
     except InvalidMessagesError as exc:

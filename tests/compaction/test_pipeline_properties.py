@@ -76,10 +76,12 @@ def test_compaction_invariants(
         tail_budget = budget.tail_budget
         if reason == "manual":  # /compact condenses at least half of what follows the head
             tail_budget = min(tail_budget, sum(counts[head:]) // 2)
-        tail = tail_start(groups, counts, tail_budget, head)
         # The verbatim tail gives way to the minimum summary only when both
         # cannot fit beside the head; the newest group is kept in any case.
         room = budget.input_limit - sum(counts[:head]) - overhead - NOTE_ROOM
+        if result.stage == "condensed":  # a condensing plan keeps half the room for growth
+            tail_budget = min(tail_budget, max(room, 0) // 2)
+        tail = tail_start(groups, counts, tail_budget, head)
         if room - sum(counts[tail:]) < profile.summary_min_tokens and groups:
             tail = max(tail, groups[-1].start)
         kept = len(messages) - tail

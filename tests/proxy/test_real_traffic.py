@@ -300,6 +300,8 @@ def test_qwen_code_session_never_sees_an_overflow_and_retries_always_shrink(
 
     chat = upstream.chat_requests
     discarded = _discarded(upstream)
+    summary_tokens = sum(r.prompt_tokens or 0 for r in upstream.summary_requests)
+    chat_tokens = sum(r.prompt_tokens or 0 for r in chat)
     resent = [
         i
         for i, (failed, retry) in enumerate(itertools.pairwise(chat))
@@ -309,7 +311,8 @@ def test_qwen_code_session_never_sees_an_overflow_and_retries_always_shrink(
         f"\nqwen-code session, {QWEN_TURNS} turns: {len(errors)} errors reached the client "
         f"(turns {[t for t, _ in errors]}), {len(upstream.overflows)} upstream overflows, "
         f"{len(resent)} retries with byte-identical bodies, {len(upstream.summary_requests)} "
-        f"summarizer calls ({len(discarded)} thrown away)"
+        f"summarizer calls ({len(discarded)} thrown away), summary ÷ chat prompt tokens "
+        f"{summary_tokens / max(chat_tokens, 1):.2f}"
     )
     for failed, retry in itertools.pairwise(chat):
         if failed.overflowed:
