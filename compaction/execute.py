@@ -171,7 +171,11 @@ async def execute(
     else:
         groups = group_messages(messages)
         head = head_end(messages, groups, run.profile.head_count)
-    outcome = await _compact(run, messages, counts, groups, head, summarizer, instructions)
+    if decision.reason == "threshold" and sum(counts) + run.overhead <= run.budget.trigger:
+        # Here only to be repaired: nothing to compact.
+        outcome = _Outcome(messages, "none", len(messages))
+    else:
+        outcome = await _compact(run, messages, counts, groups, head, summarizer, instructions)
 
     span = None
     if not repair.changed and outcome.stage != "none":

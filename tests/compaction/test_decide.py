@@ -138,3 +138,20 @@ def test_over_the_trigger_or_by_command_the_request_is_compacted() -> None:
     roomy = Profile(context_window=128_000)
     manual = decide(_conversation(messages), roomy, calibrated_budget(roomy), reason="manual")
     assert manual.action == "compact"
+
+
+def test_a_broken_conversation_under_the_trigger_is_repaired_not_compacted() -> None:
+    import asyncio
+
+    from compaction import execute
+
+    messages = _session(3)
+    orphan = {"role": "tool", "tool_call_id": "nobody", "content": "stray"}
+    broken = [*messages[:5], orphan, *messages[5:]]  # after a whole tool group
+    profile = Profile(context_window=32_000)
+    decision = decide(_conversation(broken), profile, calibrated_budget(profile))
+    assert decision.action == "compact"  # the pairing must be repaired before it leaves
+    result = asyncio.run(execute(_conversation(broken), decision))
+    assert result.stage == "none" and result.changed
+    assert result.messages == messages  # the orphan dropped, nothing else touched
+    assert any(note.startswith("repaired input:") for note in result.notes)
