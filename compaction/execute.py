@@ -173,12 +173,13 @@ async def execute(
         head = head_end(messages, groups, run.profile.head_count)
     if decision.reason == "threshold" and sum(counts) + run.overhead <= run.budget.trigger:
         # Here only to be repaired: nothing to compact.
-        outcome = _Outcome(messages, "none", len(messages))
+        stage: Stage = "reused" if decision.checkpoint is not None else "none"
+        outcome = _Outcome(messages, stage, len(messages))
     else:
         outcome = await _compact(run, messages, counts, groups, head, summarizer, instructions)
 
     span = None
-    if not repair.changed and outcome.stage != "none":
+    if not repair.changed and outcome.stage not in ("none", "reused"):
         span = _span(outcome.messages, messages, groups, head, outcome.aligned)
     return CompactionResult(
         messages=outcome.messages,

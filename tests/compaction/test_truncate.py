@@ -285,9 +285,12 @@ def test_truncation_always_fits_or_says_why(
     try:
         result = _truncate(messages, limit, head_end=head)
     except CannotFitError as exc:
-        assert exc.tokens > exc.limit == limit
+        # The part's own size, against the room the limit leaves for it.
+        assert exc.tokens > exc.room and exc.limit == limit
         if exc.part == "head":
             assert _tokens(messages[:head]) > limit
+        else:  # what the head (and a note) leave of the limit
+            assert exc.room <= limit - _tokens(messages[:head])
         return
     finally:
         assert messages == snapshot
