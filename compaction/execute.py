@@ -71,6 +71,9 @@ class Span:
     head: int
     end: int
     replacement: tuple[Message, ...]
+    #: The message at ``end``: how the span is found in the client's own
+    #: messages when a checkpoint or a pairing repair shifted the indices.
+    first_kept: Message
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ async def execute(
         outcome = await _compact(run, messages, counts, groups, head, summarizer, instructions)
 
     span = None
-    if not repair.changed and outcome.stage not in ("none", "reused"):
+    if outcome.stage not in ("none", "reused"):
         span = _span(outcome.messages, messages, groups, head, outcome.aligned)
     return CompactionResult(
         messages=outcome.messages,
@@ -379,7 +382,7 @@ def _span(
     end = len(messages) - kept
     if kept == 0 or end <= head:
         return None
-    return Span(head, end, tuple(result[head : len(result) - kept]))
+    return Span(head, end, tuple(result[head : len(result) - kept]), messages[end])
 
 
 def _valid(messages: Sequence[Message], stage: str, notes: list[str]) -> bool:
@@ -392,7 +395,6 @@ def _valid(messages: Sequence[Message], stage: str, notes: list[str]) -> bool:
 
 def new_checkpoint(
     conversation: Conversation,
-    decision: Decision,
     result: CompactionResult,
     *,
     id: str,
@@ -403,20 +405,19 @@ def new_checkpoint(
     """The checkpoint to store for ``result``, in the client's own terms, or
     ``None`` when the result replaced nothing that a later request can reuse.
 
-    ``result.span`` is counted in the compacted messages, which start with
-    ``decision.checkpoint``'s replacement when one was applied; the new span
-    must reach past that replacement into the client's own messages.
+    ``result.span`` is counted in the compacted messages, which may start
+    with an applied checkpoint's replacement or hold results a repair
+    added; it is found in the client's messages by the first message it
+    keeps, which must be the client's own (not an earlier replacement's).
     """
     span = result.span
     if span is None:
         return None
-    head, used = conversation.head, decision.checkpoint
-    replaced = len(used.replacement) if used is not None else 0
-    if span.end < head + replaced:
-        return None  # the span ends inside an earlier replacement
-    covered = span.end - replaced + (used.covered if used is not None else 0) - head
-    if covered <= 0:
-        return None
+    client, head = conversation.messages, conversation.head
+    end = next((i for i in range(len(client) - 1, head, -1) if client[i] is span.first_kept), None)
+    if end is None:
+        return None  # the span ends inside an earlier replacement or a repair
+    covered = end - head
     return Checkpoint(
         session=conversation.session,
         end_hash=conversation.chain[covered - 1],

@@ -194,7 +194,6 @@ async def _run(job: _Job, decision: Decision) -> Prepared:
         shrink = 1 - result.tokens_after / max(result.tokens_before, 1)
         made = new_checkpoint(
             conversation,
-            decision,
             result,
             id=uuid.uuid4().hex,
             created_at=time.time(),

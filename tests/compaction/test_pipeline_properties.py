@@ -120,7 +120,7 @@ def test_a_checkpoint_of_a_result_gives_the_next_request_the_same_bytes(
         result = asyncio.run(execute(conversation, decision))
     except CannotFitError:
         return
-    made = new_checkpoint(conversation, decision, result, id="c", created_at=0.0, progress_ok=True)
+    made = new_checkpoint(conversation, result, id="c", created_at=0.0, progress_ok=True)
     if made is None:
         return
     later = [*messages, {"role": "user", "content": "and then?"}]

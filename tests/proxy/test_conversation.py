@@ -250,3 +250,39 @@ def test_a_large_compaction_still_summarizes_on_the_event_loop() -> None:
     prepared, _, _, loop = _compact_watching_the_loop(summarizer, "llm")
     assert prepared.stage == "condensed" and prepared.result.summarizer_used == "llm"
     assert summarizer.calls >= 1 and summarizer.loops == {loop}
+
+
+def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None:
+    """A client that sends a tool call without its result (an interrupted
+    command) is repaired on every request; its compaction is still stored and
+    reused, so the summarizer is not asked again for the same span."""
+
+    async def run() -> tuple[list[int], list[str]]:
+        state, config = _state()
+        messages = agent_session(seed=57, steps=60)
+        unanswered = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_interrupted",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command": "sleep 999"}'},
+                }
+            ],
+        }
+        broken = [*messages[:6], unanswered, *messages[6:]]
+        summarizer = RecordingSummarizer()
+        stages, calls = [], []
+        for turn in range(3):
+            broken = [*broken, {"role": "user", "content": f"and now {turn}?"}]
+            body = {"model": "m", "messages": broken}
+            prepared = await prepare(state, body, broken, config, summarizer)
+            stages.append(prepared.stage)
+            calls.append(summarizer.calls)
+        await state.client.aclose()
+        return calls, stages
+
+    calls, stages = asyncio.run(run())
+    assert stages[0] == "condensed" and stages[1:] == ["reused", "reused"], stages
+    assert calls[0] >= 1 and calls[1:] == [calls[0], calls[0]]  # none after the first
