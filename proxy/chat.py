@@ -182,7 +182,7 @@ async def _forward(call: _Call, started: float) -> Response:
                 param="messages",
             )
         upstream = await _send(call, retry)
-        if upstream.status == 200 and call.streamed and not await upstream.wait_body():
+        if upstream.status == 200 and call.streamed and not await _first_bytes(call, upstream):
             upstream.release()
             _finish(call, prepared, upstream.status, started)
             return _empty_stream_error(prepared)
@@ -212,7 +212,7 @@ async def _overflow(
             _finish(call, prepared, upstream.status, started)
             return relay_bytes(upstream, error, prepared.headers())
         return OverflowReport(window=overflow.limit, count=overflow.count)
-    if upstream.status != 200 or not call.streamed or await upstream.wait_body():
+    if upstream.status != 200 or not call.streamed or await _first_bytes(call, upstream):
         return None
     upstream.release()
     result = prepared.result
@@ -220,6 +220,17 @@ async def _overflow(
         return OverflowReport()
     _finish(call, prepared, upstream.status, started)
     return _empty_stream_error(prepared)
+
+
+async def _first_bytes(call: _Call, upstream: UpstreamResponse) -> bool:
+    """Whether a streamed answer sends anything before it ends. The client's
+    leaving is watched meanwhile: a long prefill is cancelled with it."""
+    try:
+        with call.watch.waiting() if call.watch else contextlib.nullcontext():
+            return await upstream.wait_body()
+    except BaseException:
+        upstream.abort()
+        raise
 
 
 def _empty_stream_error(prepared: Prepared) -> Response:

@@ -226,7 +226,8 @@ class FakeUpstream:
     chunks: int = 8
     chunk_delay: float = 0.0
     #: One-shot behaviours consumed by the next chat requests, in order:
-    #: "500", "429", "hang", "drop", "empty-stream" (HTTP 200, an event stream
+    #: "500", "429", "hang", "hang-stream" (an event stream's headers, then
+    #: nothing), "drop", "empty-stream" (HTTP 200, an event stream
     #: with no event in it, whatever the request's size).
     behaviours: list[str] = field(default_factory=list)
     #: Seconds the summarizer's answer takes (a "summarizing" process to kill).
@@ -421,6 +422,8 @@ class FakeUpstream:
                 await asyncio.sleep(0.02)
             self.hang_closed.append(time.monotonic())
             return Response(status_code=499)
+        if behaviour == "hang-stream":  # the headers at once, then nothing (a long prefill)
+            return StreamingResponse(self._silent(), media_type="text/event-stream")
         if behaviour == "empty-stream":
             return StreamingResponse(_no_events(), media_type="text/event-stream")
         prompt = self.prompt_tokens(body) if self.count_tokens else 0
@@ -444,6 +447,13 @@ class FakeUpstream:
                 media_type="text/event-stream",
             )
         return JSONResponse(_completion(body, answer, prompt))
+
+    async def _silent(self) -> AsyncIterator[bytes]:
+        try:
+            await asyncio.sleep(3600)
+            yield b""
+        finally:
+            self.hang_closed.append(time.monotonic())
 
     def _summary(self, body: dict[str, Any], prompt: int) -> Response:
         reply = self.summary_reply

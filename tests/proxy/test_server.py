@@ -142,6 +142,23 @@ def test_client_leaving_a_slow_answer_closes_the_upstream_request(
     assert httpx.post(f"{url}/chat/completions", json=HI).status_code == 200
 
 
+def test_client_leaving_before_a_streams_first_event_closes_the_upstream_request(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    """The proxy holds a stream's headers until its first event (an empty stream
+    may be an overflow); a client leaving meanwhile still cancels the upstream."""
+    upstream, _ = fake
+    upstream.behaviours.append("hang-stream")
+    url = start_proxy()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/chat/completions", json={**HI, "stream": True}, timeout=1.5)
+    left = time.monotonic()
+    while not upstream.hang_closed and time.monotonic() - left < 3:
+        time.sleep(0.02)
+    assert upstream.hang_closed, "the upstream stream was left running"
+    assert upstream.hang_closed[0] - left < 1.0
+
+
 def test_fifty_concurrent_streams_all_complete(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
 ) -> None:
