@@ -7,8 +7,8 @@ from typing import Any
 
 from compaction import (
     TokenCounter,
+    calibrated_budget,
     call_name_and_arguments,
-    compute_budget,
     group_messages,
     head_end,
     key_argument,
@@ -40,7 +40,8 @@ def render_inspection(body: dict[str, Any], config: ModelConfig, *, top: int = 1
     messages: list[dict[str, Any]] = body["messages"]
     profile = config.profile
     counter = TokenCounter(config.model, image_tokens=profile.image_tokens)
-    budget = compute_budget(profile, requested_output_tokens(body))
+    # The figures compaction uses: W − R less the safety margin (ratio 1: no upstream here).
+    budget = calibrated_budget(profile, requested_output_tokens(body))
     counts = counter.count_messages(messages)
     overhead = counter.request_overhead(body)
     total = sum(counts) + overhead
