@@ -17,10 +17,12 @@ after it answered::
 
 When the minimum summary does not fit beside that tail, the tail gives way
 first (its older groups join the summarized span). When it does not fit even
-beside the newest group alone, no model is asked: the extractive digest is
-used if the newest group can be cut to leave room for it, and hard
-truncation cuts the newest group. A summary, once written, is kept — fitted
-to its room (its text cut), never thrown away for a truncation.
+beside the newest group alone, no model is asked: a smaller extractive digest
+takes what the newest group leaves (the newest group is not cut for it), or,
+when the newest group must be cut anyway, the digest of the minimum size and
+hard truncation cuts the newest group to leave room for it. A summary, once
+written, is kept — fitted to its room (its text cut), never thrown away for a
+truncation.
 
 The only ``await`` is around the summarizer. Stages never mutate their
 input; unchanged messages come out as the caller's own objects.
@@ -60,6 +62,8 @@ SUMMARY_ROOM_SHARE = 0.6
 NOTE_ROOM = 32
 #: The newest group is never planned smaller than this to make room for a digest.
 NEWEST_FLOOR = 256
+#: A digest smaller than this says too little to be worth its place.
+DIGEST_FLOOR = 200
 
 
 @dataclass(frozen=True)
@@ -338,11 +342,24 @@ def _plan_room(
         wanted = summary_budget(sum(counts[head:tail]), profile)
         ceiling = max(minimum, min(wanted, int(leftover * SUMMARY_ROOM_SHARE)))
         return _Room(tail, leftover, _with_ceiling(profile, ceiling), llm=True)
-    if room - minimum >= NEWEST_FLOOR:
-        # Cut the newest group to leave room for the digest; no model call.
-        extractive = _with_ceiling(profile, minimum, summarizer="extractive")
-        return _Room(tail, minimum, extractive, llm=False)
+    # The tail is the newest group alone now, and no model is asked.
+    if leftover >= DIGEST_FLOOR:
+        # It fits: a smaller digest beside it, the newest group whole.
+        return _Room(tail, leftover, _digest(profile, leftover), llm=False)
+    if leftover < 0 and room - minimum >= NEWEST_FLOOR:
+        # It must be cut anyway: cut it a little more, for the digest.
+        return _Room(tail, minimum, _digest(profile, minimum), llm=False)
     return None
+
+
+def _digest(profile: Profile, cap: int) -> Profile:
+    """The profile of an extractive digest of at most ``cap`` tokens."""
+    return dataclasses.replace(
+        profile,
+        summarizer="extractive",
+        summary_min_tokens=min(profile.summary_min_tokens, cap),
+        summary_max_tokens=min(profile.summary_max_tokens, cap),
+    )
 
 
 def _with_ceiling(profile: Profile, ceiling: int, **changes: Any) -> Profile:

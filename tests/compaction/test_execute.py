@@ -1,0 +1,94 @@
+"""compaction.execute: room planned before the summarizer, summaries kept, spans for checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from compaction import Profile, TokenCounter
+from compaction.conversation import read_conversation
+from compaction.decide import calibrated_budget, decide
+from compaction.execute import NOTE_ROOM, execute, new_checkpoint
+from compaction.messages import SUMMARY_MARKER, is_summary, message_text, validate_tool_pairing
+from tests.conftest import assistant, system, tool_group, user
+
+COUNTER = TokenCounter("gpt-4o")
+GOOD = (
+    "## Goal\nShip it.\n## Progress\n### Done\n- {filler}\n## Key Decisions\n- keep it\n"
+    "## Next Steps\n- test"
+)
+
+
+class Recording:
+    def __init__(self, reply: str) -> None:
+        self.reply = reply
+        self.budgets: list[int] = []
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        self.budgets.append(max_tokens)
+        return self.reply
+
+
+def _run(
+    messages: list[dict[str, Any]], profile: Profile, summarizer: Any = None, reason: Any = None
+) -> Any:
+    request = {"model": "gpt-4o", "messages": messages}
+    conversation = read_conversation(request, messages, COUNTER, profile.head_count)
+    decision = decide(
+        conversation, profile, calibrated_budget(profile), reason=reason or "threshold"
+    )
+    result = asyncio.run(execute(conversation, decision, summarizer))
+    return conversation, result
+
+
+def _steps(count: int, chars: int = 3_000) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(count):
+        out += [assistant(f"step {i}"), *tool_group("bash", {"command": f"ls {i}"}, "y " * chars)]
+    return out
+
+
+def _tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(COUNTER.count_messages(messages))
+
+
+def test_a_newest_turn_that_fits_alone_is_not_cut_for_a_digest() -> None:
+    profile = Profile(context_window=8_192, summarizer="llm")
+    head = [system(), user("task")]
+    room = calibrated_budget(profile).input_limit - _tokens(head) - NOTE_ROOM
+    words = room - 300  # the newest turn fits, and leaves 300: less than the 500 minimum
+    newest = user("z " * words)
+    while _tokens([newest]) > room - 300:
+        words -= 10
+        newest = user("z " * words)
+    messages = [*head, *_steps(10), newest]
+    summarizer = Recording(GOOD.format(filler="x"))
+    _, result = _run(messages, profile, summarizer)
+    assert summarizer.budgets == []  # no room for the minimum summary: no model asked
+    assert result.messages[-1] is newest  # whole, not cut
+    assert result.tokens_after <= result.input_limit
+    assert validate_tool_pairing(result.messages) == []
+
+
+def test_a_summary_larger_than_its_room_is_cut_to_fit_not_thrown_away() -> None:
+    profile = Profile(context_window=16_384, summarizer="llm")
+    chat = [m for i in range(30) for m in (user(f"part {i}: " + "w " * 900), assistant("noted"))]
+    messages = [system(), user("task"), *chat, user("go on")]
+    summarizer = Recording(GOOD.format(filler="detail " * 6_000))  # far over its budget
+    _, result = _run(messages, profile, summarizer)
+    assert result.stage == "condensed" and result.summarizer_used == "llm"
+    summary = next(m for m in result.messages if is_summary(m))
+    assert "Ship it." in message_text(summary) and message_text(summary).startswith(SUMMARY_MARKER)
+    assert result.tokens_after <= result.input_limit
+    assert result.messages[-1] is messages[-1]
+
+
+def test_a_result_whose_newest_group_was_cut_still_yields_a_checkpoint() -> None:
+    profile = Profile(context_window=8_192, summarizer="extractive")
+    huge = user("diff:\n" + "+ a line of the diff\n" * 6_000)
+    messages = [system(), user("task"), *_steps(6), huge]
+    conversation, result = _run(messages, profile)
+    assert result.stage == "truncated" and result.tokens_after <= result.input_limit
+    assert any(is_summary(m) for m in result.messages)  # the digest was kept beside it
+    made = new_checkpoint(conversation, result, id="c", created_at=0.0, progress_ok=True)
+    assert made is not None and made.covered == len(messages) - 1 - conversation.head
