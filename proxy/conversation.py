@@ -132,17 +132,23 @@ async def prepare(
     decision = await job.decide()
     if not store:  # the preview: run everything, remember nothing
         result = await _execute(job, decision)
-        return Prepared(result.messages, _untouched(conversation, result), result, None)
+        return Prepared(
+            result.messages, _untouched(conversation, result), result, decision.checkpoint
+        )
     if decision.action == "forward":
-        result = forwarded(conversation, decision)
-        return Prepared(result.messages, decision.untouched, result, decision.checkpoint)
+        return _forward(conversation, decision)
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with state.store.lock(key, state.settings.store.lock_ttl_seconds):
         decision = await job.decide()  # another request may have just compacted it
         if decision.action == "forward":
-            result = forwarded(conversation, decision)
-            return Prepared(result.messages, decision.untouched, result, decision.checkpoint)
+            return _forward(conversation, decision)
         return await _run(job, decision)
+
+
+def _forward(conversation: Conversation, decision: Decision) -> Prepared:
+    """A request forwarded as it is, or over its stored compaction: no lock, no write."""
+    result = forwarded(conversation, decision)
+    return Prepared(result.messages, decision.untouched, result, decision.checkpoint)
 
 
 @dataclass(frozen=True)

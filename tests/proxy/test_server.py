@@ -243,6 +243,26 @@ def test_preview_shows_what_would_be_sent_without_calling_the_model(
     assert fake[0].received == []
 
 
+def test_preview_of_a_compacted_conversation_names_the_checkpoint_it_would_reuse(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    url = start_proxy(
+        models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "extractive"}
+    )
+    messages = agent_session(seed=12, steps=120)
+    sent = httpx.post(
+        f"{url}/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=30
+    )
+    made = sent.headers["x-compaction-id"]
+    later = [*messages, {"role": "user", "content": "and?"}]
+    preview = httpx.post(
+        f"{url}/compaction/preview", json={"model": "gpt-4o", "messages": later}, timeout=30
+    ).json()
+    assert preview["report"]["stage"] == "reused"
+    assert preview["report"]["checkpoint"] == made
+    assert preview["messages"][-1] == later[-1]
+
+
 def test_healthz(start_proxy: ProxyFactory) -> None:
     url = start_proxy()
     assert httpx.get(url.removesuffix("/v1") + "/healthz").json() == {"status": "ok"}
