@@ -47,6 +47,9 @@ class Checkpoint:
     tokens_before: int
     tokens_after: int
     model: str = ""
+    #: The context window it was made for; a request with another window
+    #: (a learned one, another model's) does not reuse it. 0: unknown.
+    window: int = 0
     #: False when this compaction shrank the request by less than the
     #: progress guard asks: the span is then not summarized again until new
     #: messages give the summarizer something to work on.
@@ -102,6 +105,7 @@ def chain_hashes(
     *,
     memo: ChainMemo | None = None,
     keys: Sequence[bytes] | None = None,
+    seed: bytes = b"",
 ) -> list[str]:
     """``h_i`` for every message from ``start`` on, as hex strings.
 
@@ -109,12 +113,15 @@ def chain_hashes(
     hash) is looked up by the message's :func:`~compaction.tokens.message_key`
     instead of normalized and hashed again: a client resends its history on
     every request. ``keys`` are those keys, one per message, if already known.
+    ``seed`` starts the chain (``h_{-1}``): the caller's scope — whose
+    conversation this is, for which model — so that the same messages sent by
+    another caller never lead to this caller's checkpoints.
     """
     if memo is not None and keys is None:
         keys = [b""] * start + [message_key(m) for m in messages[start:]]
     links: list[bytes] = []
     learned: list[tuple[bytes, bytes, bytes]] = []
-    previous = b""
+    previous = seed
     i = start
     while i < len(messages):
         if memo is not None and keys is not None:

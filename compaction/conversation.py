@@ -38,6 +38,7 @@ class Conversation:
     head_count: int  #: the profile's ``head_count`` the head was found with
     chain: list[str]  #: checkpoint hash chain of the messages after the head
     counter: TokenCounter = field(repr=False, compare=False)
+    scope: bytes = b""  #: what seeded the chain
 
     @property
     def tokens(self) -> int:
@@ -57,6 +58,7 @@ def read_conversation(
     *,
     keys: list[bytes] | None = None,
     counts: list[int] | None = None,
+    scope: bytes = b"",
 ) -> Conversation:
     """Key, count, group and chain ``messages`` of ``request``.
 
@@ -64,6 +66,9 @@ def read_conversation(
     ``/compact`` exchanges first); every other field of ``request`` is only
     counted. Tokenizes what the counter's cache has not seen: for a large new
     request, run this in a worker thread or use :func:`read_conversation_async`.
+    ``scope`` seeds the checkpoint chain (see
+    :func:`~compaction.checkpoints.chain_hashes`): a digest of whose
+    conversation this is and for which model.
     """
     keys = message_keys(messages) if keys is None else keys
     counts = counter.count_messages(messages, keys) if counts is None else counts
@@ -78,7 +83,8 @@ def read_conversation(
         problems=grouping.problems,
         head=head,
         head_count=head_count,
-        chain=chain_hashes(messages, head, memo=counter, keys=keys),
+        chain=chain_hashes(messages, head, memo=counter, keys=keys, seed=scope),
+        scope=scope,
         counter=counter,
     )
 
@@ -88,8 +94,12 @@ async def read_conversation_async(
     messages: list[Message],
     counter: TokenCounter,
     head_count: int,
+    *,
+    scope: bytes = b"",
 ) -> Conversation:
     """:func:`read_conversation`, tokenizing much new text in a worker thread."""
     keys = message_keys(messages)
     counts = await count_messages_off_loop(counter, messages, keys)
-    return read_conversation(request, messages, counter, head_count, keys=keys, counts=counts)
+    return read_conversation(
+        request, messages, counter, head_count, keys=keys, counts=counts, scope=scope
+    )

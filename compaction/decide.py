@@ -187,6 +187,10 @@ def decide(
     problems = conversation.problems
     notes: list[str] = []
     found = find_checkpoint(conversation.chain, stored) if stored else None
+    if found is not None and found.window not in (0, budget.context_window):
+        # Made for another window: its summary was sized for another budget.
+        notes.append(f"checkpoint {found.id} was made for another context window")
+        found = None
     if found is not None:
         applied = apply_checkpoint(messages, conversation.head, found, conversation.groups)
         if applied is None:

@@ -418,6 +418,7 @@ def new_checkpoint(
     created_at: float,
     progress_ok: bool,
     model: str = "",
+    window: int = 0,
 ) -> Checkpoint | None:
     """The checkpoint to store for ``result``, in the client's own terms, or
     ``None`` when the result replaced nothing that a later request can reuse.
@@ -445,6 +446,7 @@ def new_checkpoint(
         tokens_before=result.tokens_before,
         tokens_after=result.tokens_after,
         model=model,
+        window=window,
         progress_ok=progress_ok,
         id=id,
         created_at=created_at,

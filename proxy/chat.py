@@ -30,7 +30,7 @@ from compaction import requested_output_tokens as requested_output
 from config import ModelConfig
 from proxy import manual
 from proxy.body import parse_chat_body, read_body, too_deep
-from proxy.conversation import Conversation, Prepared, identify, prepare
+from proxy.conversation import Conversation, Prepared, identify, prepare, scope_of
 from proxy.disconnect import ClientWatch
 from proxy.errors import (
     BadRequest,
@@ -44,7 +44,7 @@ from proxy.overflow import detect_overflow
 from proxy.state import ProxyState
 from proxy.summarizer import UpstreamSummarizer
 from proxy.transport import UpstreamResponse
-from proxy.upstream import Relay, relay_bytes, send, upstream_headers
+from proxy.upstream import AUTH_HEADERS, Relay, relay_bytes, send, upstream_headers
 from proxy.usage import UsageTap
 
 logger = logging.getLogger(REQUESTS)
@@ -72,6 +72,8 @@ class _Call:
     messages: list[Message]
     config: ModelConfig
     headers: dict[str, str]
+    #: Whose conversation, for which model: seeds its checkpoint chain.
+    scope: bytes = b""
     #: The messages keyed, counted and chained ahead (large bodies, off the loop).
     identified: Conversation | None = None
     #: Cancels the request if its client leaves while the upstream is thinking.
@@ -101,43 +103,64 @@ class _Call:
         return orjson.dumps({**self.body, "messages": prepared.messages})
 
 
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """A chat request's body, read: what :class:`_Call` starts from."""
+
+    body: dict[str, Any]
+    config: ModelConfig
+    messages: list[Message]
+    headers: dict[str, str]  #: for the upstream
+    scope: bytes  #: whose conversation, for which model (see proxy.conversation.scope_of)
+    identified: Conversation | None
+
+
 def _read_conversation(
-    state: ProxyState, raw: bytes, *, ahead: bool
-) -> tuple[dict[str, Any], ModelConfig, list[Message], Conversation | None]:
+    state: ProxyState,
+    raw: bytes,
+    client_headers: list[tuple[str, str]],
+    uses_proxy_key: bool,
+    *,
+    ahead: bool,
+) -> _Read:
     """Parse, resolve the model, drop /compact exchanges; with ``ahead``, also
     key, count and chain the messages (what a large body does in a worker thread)."""
     body = parse_chat_body(raw)
     config = state.resolve(body.get("model"))
     messages = manual.strip_commands(body["messages"])
+    headers = upstream_headers(
+        client_headers, fallback_key=state.fallback_key(config), drop_authorization=uses_proxy_key
+    )
+    credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
+    scope = scope_of(config, credential)
     try:
-        identified = identify(state, config, body, messages) if ahead else None
+        identified = identify(state, config, body, messages, scope) if ahead else None
     except orjson.JSONEncodeError as exc:
         raise too_deep(exc) from exc
-    return body, config, messages, identified
+    return _Read(body, config, messages, headers, scope, identified)
 
 
 async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) -> _Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
+    client_headers = request.headers.items()
     if len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
-        read = await asyncio.to_thread(_read_conversation, state, raw, ahead=True)
+        read = await asyncio.to_thread(
+            _read_conversation, state, raw, client_headers, uses_proxy_key, ahead=True
+        )
     else:
-        read = _read_conversation(state, raw, ahead=False)
-    body, config, messages, identified = read
+        read = _read_conversation(state, raw, client_headers, uses_proxy_key, ahead=False)
     return _Call(
         request=request,
         state=state,
         raw=raw,
-        body=body,
-        messages=messages,
-        config=config,
-        identified=identified,
-        headers=upstream_headers(
-            request.headers.items(),
-            fallback_key=state.fallback_key(config),
-            drop_authorization=uses_proxy_key,
-        ),
+        body=read.body,
+        messages=read.messages,
+        config=read.config,
+        identified=read.identified,
+        headers=read.headers,
+        scope=read.scope,
     )
 
 
@@ -299,6 +322,7 @@ async def _prepare(
             budget=budget,
             store=store,
             identified=call.identified,
+            scope=call.scope,
         )
     except CannotFitError as exc:
         advice = (

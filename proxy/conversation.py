@@ -18,6 +18,7 @@ the I/O around it:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -85,13 +86,30 @@ class Prepared:
         return headers
 
 
+def scope_of(config: ModelConfig, credential: str | None) -> bytes:
+    """Whose conversation, for which model: what seeds its checkpoint chain.
+
+    A digest of the credential the request goes upstream with (never the
+    credential itself), the model and the API, so that one caller's
+    checkpoints, locks and summaries never reach another caller, nor another
+    model of the same caller.
+    """
+    parts = (credential or "", config.model, "chat")
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest()
+
+
 def identify(
-    state: ProxyState, config: ModelConfig, body: Mapping[str, Any], messages: list[Message]
+    state: ProxyState,
+    config: ModelConfig,
+    body: Mapping[str, Any],
+    messages: list[Message],
+    scope: bytes = b"",
 ) -> Conversation:
     """:func:`compaction.read_conversation` with this model's counter: tokenizes
     what the cache has not seen, so the caller may run it in a worker thread
     and hand the result to :func:`prepare`."""
-    return read_conversation(body, messages, state.counter(config), config.profile.head_count)
+    counter = state.counter(config)
+    return read_conversation(body, messages, counter, config.profile.head_count, scope=scope)
 
 
 async def prepare(
@@ -106,12 +124,14 @@ async def prepare(
     budget: Budget | None = None,
     store: bool = True,
     identified: Conversation | None = None,
+    scope: bytes = b"",
 ) -> Prepared:
     """Decide, and compact if needed, remembering the result.
 
     ``messages`` is the client's conversation (``/compact`` exchanges already
     removed); ``body`` supplies every other field for counting;
-    ``identified`` is :func:`identify` of ``messages`` if the caller has it.
+    ``identified`` is :func:`identify` of ``messages`` if the caller has it;
+    ``scope`` is :func:`scope_of` the request.
     ``budget`` replaces the calibrated one (the overflow retry's).
     ``store=False`` (the preview) changes nothing: no lock, no events, no
     checkpoint. Raises what :func:`compaction.execute` raises.
@@ -124,8 +144,11 @@ async def prepare(
         or conversation.messages is not messages
         or conversation.head_count != profile.head_count
         or conversation.counter is not counter
+        or conversation.scope != scope
     ):
-        conversation = await read_conversation_async(body, messages, counter, profile.head_count)
+        conversation = await read_conversation_async(
+            body, messages, counter, profile.head_count, scope=scope
+        )
     if budget is None:
         budget = calibrated_budget(profile, requested_output_tokens(body), state.ratio(config))
     job = _Job(state, conversation, config, profile, budget, reason, summarizer, instructions)
@@ -205,6 +228,7 @@ async def _run(job: _Job, decision: Decision) -> Prepared:
             created_at=time.time(),
             progress_ok=shrink >= state.settings.store.progress_min_ratio,
             model=job.config.model,
+            window=job.budget.context_window,
         )
         if made is not None:
             head = conversation.head

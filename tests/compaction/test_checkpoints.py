@@ -123,3 +123,10 @@ def test_a_memoized_chain_is_the_chain_when_threads_share_the_memo() -> None:
     with ThreadPoolExecutor(4) as pool:
         for _ in range(5):
             assert list(pool.map(lambda m: _chain_of(m, 0, counter), conversations)) == expected
+
+
+def test_a_seeded_chain_shares_no_hash_with_another_seed() -> None:
+    msgs = conversation()
+    alice, bob = chain_hashes(msgs, 2, seed=b"alice"), chain_hashes(msgs, 2, seed=b"bob")
+    assert not set(alice) & set(bob)
+    assert chain_hashes(msgs, 2, seed=b"alice") == alice  # and stays the same for one seed
