@@ -41,7 +41,7 @@ from proxy.errors import (
 )
 from proxy.logs import REQUESTS
 from proxy.overflow import detect_overflow
-from proxy.state import ProxyState
+from proxy.state import WINDOW_BOUNDS, ProxyState
 from proxy.summarizer import UpstreamSummarizer
 from proxy.transport import UpstreamResponse
 from proxy.upstream import AUTH_HEADERS, Relay, relay_bytes, send, upstream_headers
@@ -190,7 +190,7 @@ async def _forward(call: _Call, started: float) -> Response:
     prepared = await _prepare(call, reason="threshold")
     sent = call.encode(prepared)
     upstream = await _send(call, sent)
-    report = await _overflow(call, prepared, upstream, started)
+    report = await _overflow(call, prepared, upstream, started, sent)
     if isinstance(report, Response):
         return report
     if report is not None:
@@ -224,13 +224,17 @@ EMPTY_STREAM_NEAR_LIMIT = 0.5
 
 
 async def _overflow(
-    call: _Call, prepared: Prepared, upstream: UpstreamResponse, started: float
+    call: _Call,
+    prepared: Prepared,
+    upstream: UpstreamResponse,
+    started: float,
+    sent: bytes,
 ) -> OverflowReport | Response | None:
     """What the upstream's answer says of an overflow: a report to retry on,
     ``None`` for an answer to relay, or the response to give the client now."""
     if upstream.status >= 400:
         error = await upstream.read()
-        overflow = detect_overflow(upstream.status, error)
+        overflow = detect_overflow(upstream.status, error, sent)
         if overflow is None:
             _finish(call, prepared, upstream.status, started)
             return relay_bytes(upstream, error, prepared.headers())
@@ -276,8 +280,12 @@ async def _retry_budget(call: _Call, prepared: Prepared, report: OverflowReport)
     """The retry's budget by the library's rule; what the error taught is kept."""
     state, model = call.state, call.config.model
     if report.window:
-        await state.learn_window(model, report.window)
-        call.config = state.resolve(model)
+        if await state.learn_window(call.config, report.window):
+            call.config = state.resolve(model)
+        else:  # not a figure to aim at either
+            report = dataclasses.replace(report, window=None)
+    if report.count and report.count > WINDOW_BOUNDS[1]:
+        report = dataclasses.replace(report, count=None)  # no prompt is that large
     config = call.config
     retry = retry_budget(
         config.profile,

@@ -124,16 +124,26 @@ def _fields(body: Any) -> _Fields:
     )
 
 
-def _stated_count(message: str) -> int | None:
+def _stated_count(message: str, echoed: bytes) -> int | None:
     for pattern in COUNT_PATTERNS:
         match = pattern.search(message)
-        if match:
+        if match and not _quoted(match, echoed):
             return int(match.group("count").replace(",", ""))
     return None
 
 
-def detect_overflow(status: int, body: bytes) -> Overflow | None:
-    """The overflow this error response reports, or ``None`` if it is another error."""
+def _quoted(match: re.Match[str], echoed: bytes) -> bool:
+    """Whether the matched words stand in the (lower-cased) request that was sent."""
+    return bool(echoed) and match.group(0).lower().encode() in echoed
+
+
+def detect_overflow(status: int, body: bytes, sent: bytes = b"") -> Overflow | None:
+    """The overflow this error response reports, or ``None`` if it is another error.
+
+    ``sent`` is the request the error answers: wording found in it is the
+    client's own text echoed back (validation errors quote their input), not
+    the upstream's verdict, and is not taken for an overflow.
+    """
     if status not in _STATUSES:
         return None
     try:
@@ -142,9 +152,16 @@ def detect_overflow(status: int, body: bytes) -> Overflow | None:
         parsed = None
     fields = _fields(parsed)
     message = fields.message or body[:4000].decode("utf-8", "replace")
-    count = fields.n_prompt or _stated_count(message)
+    count = fields.n_prompt or _stated_count(message, sent.lower())
+    echoed = sent.lower()
     for pattern in PATTERNS:
         match = pattern.regex.search(message)
+        if match and _quoted(match, echoed):
+            # The request's own words, quoted back: no figure in them is the
+            # upstream's. Only an error code can still say it overflowed.
+            if fields.codes & OVERFLOW_CODES:
+                return Overflow(pattern.provider, None, None)
+            return None
         if match:
             limit = match.groupdict().get("limit")
             stated = int(limit.replace(",", "")) if limit else fields.n_ctx

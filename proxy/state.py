@@ -23,6 +23,9 @@ from proxy.transport import Transport
 
 logger = logging.getLogger(__name__)
 
+#: Windows an overflow error may teach: below the smallest models in use,
+#: above any model's window, a stated figure is a misreading or a lie.
+WINDOW_BOUNDS = (512, 10_000_000)
 #: A learned ratio is written to the store again only when it moved by more
 #: than this share: every answer refines it, and a write per request would cost.
 RATIO_WRITE_STEP = 0.005
@@ -40,8 +43,12 @@ class ProxyState:
     metrics: Metrics = field(default_factory=Metrics)
     #: This process, as named in the events it writes.
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    #: Context windows stated by upstream overflow errors, by model name.
+    #: Context windows stated by genuine upstream overflow errors, by
+    #: :func:`calibration_key` (upstream and model).
     learned_windows: dict[str, int] = field(default_factory=dict)
+    #: The largest prompt each upstream and model answered (by the same key):
+    #: a window below it is a lie, and is not learned.
+    proven: dict[str, int] = field(default_factory=dict)
     #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
     ratios: dict[str, float] = field(default_factory=dict)
     #: Store writes of learned ratios still under way (kept so none is lost).
@@ -49,7 +56,11 @@ class ProxyState:
     _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)
 
     def resolve(self, model: str | None) -> ModelConfig:
-        return self.resolver.resolve(model, self.learned_windows)
+        config = self.resolver.resolve(model)
+        window = self.learned_windows.get(calibration_key(config))
+        if window is None:
+            return config
+        return self.resolver.resolve(model, {config.model: window})
 
     def counter(self, config: ModelConfig) -> TokenCounter:
         """One counter (and so one token cache) per encoding and image cost."""
@@ -68,12 +79,32 @@ class ProxyState:
         for encoding in ("o200k_base", "cl100k_base"):
             load_encoding(encoding)
 
-    async def learn_window(self, model: str, window: int) -> None:
-        """Remember a window an overflow error stated, here and in the store."""
-        if window <= 0 or self.learned_windows.get(model) == window:
-            return
-        self.learned_windows[model] = window
-        await self.store.set_learned_window(model, window)
+    async def learn_window(self, config: ModelConfig, window: int) -> bool:
+        """Remember a window an overflow error stated, for this upstream and model,
+        here and in the store; whether it was taken.
+
+        Refused: a window outside :data:`WINDOW_BOUNDS`, and one below a prompt
+        this upstream already answered for the model (an error that lies, or
+        one that quoted a number it did not mean).
+        """
+        key = calibration_key(config)
+        low, high = WINDOW_BOUNDS
+        if not low <= window <= high or window <= self.proven.get(key, 0):
+            logger.warning("an overflow error stated an implausible window; not learned")
+            return False
+        if self.learned_windows.get(key) != window:
+            self.learned_windows[key] = window
+            try:
+                await self.store.set_learned_window(key, window)
+            except Exception:  # the store being down must not fail a request
+                logger.warning("could not store the learned window", exc_info=True)
+        return True
+
+    def prove(self, config: ModelConfig, prompt_tokens: int) -> None:
+        """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
+        key = calibration_key(config)
+        if prompt_tokens > self.proven.get(key, 0):
+            self.proven[key] = prompt_tokens
 
     def ratio(self, config: ModelConfig) -> float:
         """The calibration ratio for this model's upstream (1.0 until one is learned)."""
@@ -94,6 +125,7 @@ class ProxyState:
     def observe(self, config: ModelConfig, estimate: int, upstream_tokens: int) -> None:
         """An answer's ``usage`` says the upstream counted ``upstream_tokens`` for a
         request we estimated at ``estimate``: learn from it."""
+        self.prove(config, upstream_tokens)
         sample = ratio_sample(upstream_tokens, estimate)
         if sample is not None:
             old = self.ratios.get(calibration_key(config))
