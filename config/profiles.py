@@ -7,7 +7,9 @@ passes them in. Precedence, strongest first::
     other fields     [models."…"] > [compaction]
     summary_model    [models."…"] > [compaction].summary_model > the model itself
     upstream         [models."…"].upstream > [upstream].base_url
-    api_key_env      [models."…"].api_key_env > [upstream].api_key_env
+    api_key_env      [models."…"].api_key_env > [upstream].api_key_env, the latter
+                     only for models sent to [upstream].base_url: a key belongs
+                     to the upstream it was configured for
 
 One ``[models."…"]`` table applies: the one named exactly, otherwise the
 matching glob (case-insensitive) with the most literal characters; the first
@@ -42,7 +44,9 @@ class ModelConfig:
     profile: Profile
     upstream: str  #: base URL, no trailing slash
     summary_model: str
-    api_key_env: str  #: variable holding the key used when the client sends none
+    #: Variable holding the key used when the client sends none; ``None`` for a
+    #: model with an upstream of its own and no variable of its own.
+    api_key_env: str | None
     override: str | None = None  #: the [models."…"] key that applied, if any
     window_source: WindowSource = "default"  #: where profile.context_window came from
 
@@ -117,7 +121,7 @@ def _resolve(settings: Settings, model: str) -> ModelConfig:
         profile=settings.compaction.to_profile(**changes),
         upstream=override.upstream or settings.upstream.base_url,
         summary_model=override.summary_model or settings.compaction.summary_model or model,
-        api_key_env=override.api_key_env or settings.upstream.api_key_env,
+        api_key_env=override.api_key_env or _global_key_env(settings, override),
         override=key,
         window_source=source,
     )
@@ -131,6 +135,14 @@ def _apply_learned(config: ModelConfig, learned_windows: Mapping[str, int] | Non
         return config
     profile = dataclasses.replace(config.profile, context_window=window)
     return dataclasses.replace(config, profile=profile, window_source="learned")
+
+
+def _global_key_env(settings: Settings, override: ModelOverride) -> str | None:
+    """[upstream].api_key_env, unless the model goes to another upstream: the
+    global key must never be sent to a server it was not configured for."""
+    if override.upstream and override.upstream != settings.upstream.base_url:
+        return None
+    return settings.upstream.api_key_env
 
 
 def _specificity(pattern: str) -> int:

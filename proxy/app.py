@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 import httpx
 import orjson
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -24,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from config import ModelResolver, Settings
 from proxy.chat import handle_chat, handle_preview
 from proxy.disconnect import ClientWatch
-from proxy.errors import ProxyError
+from proxy.errors import BadRequest, ProxyError
 from proxy.guards import KEY_IN_AUTHORIZATION, HostGuard, ProxyKeyGuard, is_loopback
 from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -126,6 +127,14 @@ def create_app(
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
         return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameters(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own 422 {"detail": [...]} would be a second error shape.
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "query")
+        message = f"Invalid {where or 'request'}: {first.get('msg', 'not valid')}."
+        return error_response(BadRequest(message, param=where or None))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -134,7 +134,7 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
 
         from proxy.summarizer import UpstreamSummarizer
 
-        key = os.environ.get(config.api_key_env or "OPENAI_API_KEY")
+        key = os.environ.get(config.api_key_env) if config.api_key_env else None
         headers = {"authorization": f"Bearer {key}"} if key else {}
         client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0))
         summarizer = UpstreamSummarizer(

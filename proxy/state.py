@@ -139,7 +139,7 @@ class ProxyState:
 
     def fallback_key(self, config: ModelConfig) -> str | None:
         """The configured upstream key, used only when a client sends none."""
-        return os.environ.get(config.api_key_env) or None
+        return (os.environ.get(config.api_key_env) or None) if config.api_key_env else None
 
 
 def calibration_key(config: ModelConfig) -> str:

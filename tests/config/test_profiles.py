@@ -134,6 +134,20 @@ def test_upstream_and_key_precedence() -> None:
     assert (other.upstream, other.api_key_env) == ("https://openrouter.ai/api/v1", "OR_KEY")
 
 
+def test_the_global_key_stays_with_its_own_upstream() -> None:
+    base = Settings.model_validate(
+        {
+            "upstream": {"base_url": "https://openrouter.ai/api/v1", "api_key_env": "OR_KEY"},
+            "models": {
+                "local-*": {"upstream": LLAMA},
+                "same-*": {"upstream": "https://openrouter.ai/api/v1"},
+            },
+        }
+    )
+    assert resolve_model(base, "local-llama").api_key_env is None
+    assert resolve_model(base, "same-model").api_key_env == "OR_KEY"
+
+
 def test_resolved_profile_feeds_the_budget_for_an_8k_model() -> None:
     config = resolve_model(settings(**{"llama3.1:8b": {"context_window": 8192}}), "llama3.1:8b")
     budget = compute_budget(config.profile)

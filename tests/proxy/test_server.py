@@ -315,6 +315,21 @@ def test_configured_key_is_used_only_when_the_client_sends_none(
     assert sent[2]["api-key"] == "azure-key" and "authorization" not in sent[2]
 
 
+def test_the_configured_key_never_goes_to_a_models_own_upstream(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10, finding 9: a keyless request for a model with an upstream of its
+    own reaches it without the global key, which belongs to [upstream]."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-configured")
+    local = FakeUpstream()
+    with serve_in_thread(local.app()) as local_url:
+        url = start_proxy(models={"local-*": {"upstream": local_url + "/v1"}})
+        httpx.post(f"{url}/chat/completions", json={**HI, "model": "local-llama"})
+        httpx.post(f"{url}/chat/completions", json=HI)  # the default upstream still gets it
+    assert "authorization" not in local.chat_requests[0].headers
+    assert fake[0].chat_requests[0].headers["authorization"] == "Bearer sk-configured"
+
+
 def test_proxy_key_is_required_and_never_forwarded(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,3 +385,15 @@ def test_secrets_and_content_never_reach_the_logs(
     assert caplog.records, "nothing was logged at all"
     assert sentinel not in caplog.text
     assert secret_text not in caplog.text
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=abc", "limit=100000"])
+def test_bad_query_parameters_get_openais_error_shape(
+    start_proxy: ProxyFactory, query: str
+) -> None:
+    url = start_proxy()
+    response = httpx.get(f"{url}/compaction/events?{query}")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "limit"
+    assert "detail" not in response.json()
