@@ -52,7 +52,10 @@ async def _keep_alive(state: ProxyState) -> None:
             await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
             # A replica that died just before this one started still looked
             # alive then; its compactions are closed once its heartbeat lapses.
-            await state.store.fail_interrupted(state.instance)
+            # Without heartbeats (SQLite) every other instance would look dead:
+            # a second proxy on the same file would fail this one's work.
+            if state.store.tracks_liveness:
+                await state.store.fail_interrupted(state.instance)
             since_purge += HEARTBEAT_TTL / 3
             if since_purge >= PURGE_INTERVAL:
                 since_purge = 0.0

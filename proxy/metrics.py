@@ -150,6 +150,7 @@ class MeteredStore:
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self._store = store
         self._histogram = metrics.store_latency
+        self.tracks_liveness = store.tracks_liveness
 
     async def _timed(self, operation: str, call: Any) -> Any:
         started = time.perf_counter()

@@ -104,6 +104,11 @@ class Store(Protocol):
     """Checkpoints, originals, events, learned windows, calibration ratios and locks
     (DESIGN.md §7)."""
 
+    #: Whether instances declare themselves alive (:meth:`heartbeat`), so that a
+    #: dead one's open compactions can be told from a live one's at any time.
+    #: Without it, :meth:`fail_interrupted` is safe only at start-up.
+    tracks_liveness: bool
+
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         """The checkpoints stored under any of ``hashes``, in one round trip."""
         ...

@@ -29,6 +29,8 @@ from proxy.stores.locks import LeaseLocks
 class MemoryStore:
     """The :class:`~proxy.stores.base.Store` contract in a few dicts."""
 
+    tracks_liveness = False  #: one process: nothing else can be alive in it
+
     def __init__(
         self,
         capacity: int = DEFAULT_CAPACITY,

@@ -89,6 +89,8 @@ async def _reply(pending: Any) -> Any:
 class RedisStore:
     """The :class:`~proxy.stores.base.Store` contract on a Redis server."""
 
+    tracks_liveness = True  #: every instance's heartbeat key expires with it
+
     def __init__(
         self,
         client: aioredis.Redis,

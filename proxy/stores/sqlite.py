@@ -123,6 +123,10 @@ def migrate(
 class SQLiteStore:
     """The :class:`~proxy.stores.base.Store` contract in one SQLite file."""
 
+    #: No heartbeats in the file: two proxies may share it, so another
+    #: instance's open compactions are closed only at start-up.
+    tracks_liveness = False
+
     def __init__(
         self,
         path: str | Path,

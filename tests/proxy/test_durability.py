@@ -104,3 +104,36 @@ def test_a_process_killed_mid_summary_leaves_a_failed_event(
 def _swallow(action: Any) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the proxy is killed under it
         action()
+
+
+def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Issue 10, finding 5: SQLite keeps no heartbeats, so a running proxy must not
+    take another one's open compaction for a dead instance's and fail it."""
+    import asyncio
+
+    import proxy.app
+    from config import load_settings
+    from proxy.app import create_app
+    from proxy.stores import Event, SQLiteStore
+    from tests.proxy.servers import serve_in_thread
+
+    monkeypatch.setattr(proxy.app, "HEARTBEAT_TTL", 0.3)  # upkeep every 0.1 s
+    db = tmp_path / "shared.db"
+    settings = load_settings(None, store={"url": f"sqlite:///{db}"})
+    with serve_in_thread(create_app(settings)):  # the second proxy, running
+        other = SQLiteStore(db)  # the first proxy starts a compaction meanwhile
+        started = Event(
+            compaction_id="c1",
+            type="compaction.started",
+            session="s",
+            model="m",
+            reason="threshold",
+            instance="first-proxy",
+        )
+        asyncio.run(other.add_event(started))
+        time.sleep(1.0)  # ten upkeep rounds of the second proxy
+        events = asyncio.run(other.events(session="s"))
+        asyncio.run(other.close())
+    assert [e.type for e in events] == ["compaction.started"], [e.type for e in events]
