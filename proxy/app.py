@@ -192,8 +192,23 @@ def create_app(
             fallback_key=state.fallback_key(state.resolve(None)),
             drop_authorization=key_in_authorization(request),
         )
+        body = await _body(request)
         started = time.perf_counter()
-        upstream = await send(state.transport, request.method, url, headers, await _body(request))
+        # A client that leaves before the upstream answers cancels the request,
+        # as on the chat path, so that it does not hold a pooled connection.
+        # (Not while an upload is streamed on: that reads the client itself.)
+        watch = None if isinstance(body, AsyncIterator) else ClientWatch(request.receive)
+        try:
+            with watch.waiting() if watch else contextlib.nullcontext():
+                upstream = await send(state.transport, request.method, url, headers, body)
+        except asyncio.CancelledError:
+            if watch is None or not watch.gone:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            requests_log.info(
+                "forward", extra={"fields": {"path": f"/v1/{path}", "client": "gone"}}
+            )
+            return Response(status_code=499)
         seconds = time.perf_counter() - started
         state.metrics.record_upstream("other", seconds, upstream.status)
         fields = {

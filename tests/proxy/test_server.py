@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from starlette.responses import Response
 
 from config import load_settings
 from proxy.app import create_app
@@ -397,3 +400,48 @@ def test_bad_query_parameters_get_openais_error_shape(
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == "limit"
     assert "detail" not in response.json()
+
+
+def test_clients_leaving_pass_through_requests_free_the_upstream_pool() -> None:
+    """Issue 10, finding 10: three clients leaving /v1/... requests the upstream
+    has not answered held all three pooled connections; the next request got 504."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from config import load_settings
+    from proxy.app import create_app
+
+    closed: list[float] = []
+
+    async def slow(request: Any) -> Response:
+        while not await request.is_disconnected():  # until the proxy gives up
+            await asyncio.sleep(0.02)
+        closed.append(time.monotonic())
+        return Response(status_code=499)
+
+    async def fast(request: Any) -> Response:
+        return Response(b'{"ok": true}', media_type="application/json")
+
+    upstream = Starlette(routes=[Route("/v1/slow", slow), Route("/v1/fast", fast)])
+    with serve_in_thread(upstream) as upstream_url:
+        settings = load_settings(
+            None,
+            store={"url": "memory://"},
+            upstream={"base_url": upstream_url + "/v1", "max_connections": 3},
+        )
+        with serve_in_thread(create_app(settings)) as base:
+
+            def leave() -> None:
+                with contextlib.suppress(httpx.ReadTimeout):
+                    httpx.get(f"{base}/v1/slow", timeout=1.5)
+
+            threads = [threading.Thread(target=leave) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            left = time.monotonic()
+            while len(closed) < 3 and time.monotonic() - left < 3:
+                time.sleep(0.02)
+            assert len(closed) == 3, "abandoned upstream requests were left running"
+            assert httpx.get(f"{base}/v1/fast", timeout=10).status_code == 200
