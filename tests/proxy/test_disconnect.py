@@ -36,19 +36,20 @@ def test_a_quick_answer_never_listens() -> None:
 
 
 def test_a_client_leaving_a_slow_answer_cancels_the_wait() -> None:
-    async def run() -> tuple[bool, float]:
+    async def run() -> tuple[bool, bool]:
         receive = _Receive()
         watch = ClientWatch(receive, arm_after=0.02)
         loop = asyncio.get_running_loop()
         loop.call_later(0.1, receive.left.set)
-        started = loop.time()
+        finished = False
         with pytest.raises(asyncio.CancelledError), watch.waiting():
             await asyncio.sleep(10)
+            finished = True  # only if the wait was not cancelled
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        return watch.gone, loop.time() - started
+        return watch.gone, finished
 
-    gone, took = asyncio.run(run())
-    assert gone and took < 1.0
+    gone, finished = asyncio.run(run())
+    assert gone and not finished  # the wait was cut short by the client leaving
 
 
 def test_the_listener_stops_with_the_wait() -> None:
