@@ -82,13 +82,13 @@ def calibrated_budget(profile: Profile, requested_output: int = 0, ratio: float 
     raw = compute_budget(profile, requested_output)
     scale = (1 - profile.safety_margin) / clamp_ratio(ratio)
     limit = math.floor(raw.input_limit * scale) if raw.input_limit > 0 else raw.input_limit
-    trigger = min(math.floor(raw.trigger * scale), limit)
-    return dataclasses.replace(
-        raw,
-        input_limit=limit,
-        trigger=trigger,
-        tail_budget=min(profile.keep_recent_tokens, max(limit, 0) // 2),
-    )
+    return _limited(raw, profile, limit, min(math.floor(raw.trigger * scale), limit))
+
+
+def _limited(budget: Budget, profile: Profile, limit: int, trigger: int) -> Budget:
+    """``budget`` held to another input limit and trigger, its tail following."""
+    tail = min(profile.keep_recent_tokens, max(limit, 0) // 2)
+    return dataclasses.replace(budget, input_limit=limit, trigger=trigger, tail_budget=tail)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,8 @@ def retry_budget(
     stated = (
         dataclasses.replace(profile, context_window=report.window) if report.window else profile
     )
-    limit = compute_budget(stated, requested_output).input_limit
+    budget = compute_budget(stated, requested_output)
+    limit = budget.input_limit
     margin = 1 - profile.safety_margin
     targets = [math.floor(failed_tokens * RETRY_CEILING)]
     if report.window:
@@ -129,16 +130,7 @@ def retry_budget(
     if not report.window and not report.count:
         targets.append(math.floor(failed_tokens * BLIND_RETRY_SHARE))
     target = min(targets)
-    budget = compute_budget(stated, requested_output)
-    return RetryBudget(
-        dataclasses.replace(
-            budget,
-            input_limit=target,
-            trigger=target,
-            tail_budget=min(profile.keep_recent_tokens, max(target, 0) // 2),
-        ),
-        ratio,
-    )
+    return RetryBudget(_limited(budget, profile, target, target), ratio)
 
 
 @dataclass(frozen=True)

@@ -206,9 +206,7 @@ async def _forward(call: _Call, started: float) -> Response:
             )
         upstream = await _send(call, retry)
         if upstream.status == 200 and call.streamed and not await _first_bytes(call, upstream):
-            upstream.release()
-            _finish(call, prepared, upstream.status, started)
-            return _empty_stream_error(prepared)
+            return _empty_stream_error(call, prepared, upstream, started)
     try:
         _finish(call, prepared, upstream.status, started)
         return Relay(upstream, prepared.headers(), _usage_tap(call, prepared))
@@ -241,12 +239,11 @@ async def _overflow(
         return OverflowReport(window=overflow.limit, count=overflow.count)
     if upstream.status != 200 or not call.streamed or await _first_bytes(call, upstream):
         return None
-    upstream.release()
     result = prepared.result
     if result.tokens_after >= EMPTY_STREAM_NEAR_LIMIT * result.input_limit:
+        upstream.release()
         return OverflowReport()
-    _finish(call, prepared, upstream.status, started)
-    return _empty_stream_error(prepared)
+    return _empty_stream_error(call, prepared, upstream, started)
 
 
 async def _first_bytes(call: _Call, upstream: UpstreamResponse) -> bool:
@@ -260,8 +257,13 @@ async def _first_bytes(call: _Call, upstream: UpstreamResponse) -> bool:
         raise
 
 
-def _empty_stream_error(prepared: Prepared) -> Response:
-    """A stream that carries one error event: never a clean empty answer."""
+def _empty_stream_error(
+    call: _Call, prepared: Prepared, upstream: UpstreamResponse, started: float
+) -> Response:
+    """The answer to an upstream stream that ended empty: a stream that carries
+    one error event, never a clean empty answer."""
+    upstream.release()
+    _finish(call, prepared, upstream.status, started)
     event = {
         "error": {
             "message": "The upstream ended the stream before sending anything.",

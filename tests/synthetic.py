@@ -30,7 +30,8 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One entry of an assistant message's ``tool_calls``."""
     return {
         "id": call_id,
         "type": "function",
@@ -67,7 +68,7 @@ def agent_session(
             {
                 "role": "assistant",
                 "content": f"Step {step}: {_text(rng, rng.randint(5, 60))}",
-                "tool_calls": [_call(call_id, kind, args)],
+                "tool_calls": [tool_call(call_id, kind, args)],
             }
         )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
@@ -103,7 +104,7 @@ def _tool_group(draw: st.DrawFn, index: int) -> list[Message]:
         name = draw(st.sampled_from(["read_file", "bash", "write_file", "search", "mystery"]))
         arg = draw(st.one_of(_text_st, _big_text()))
         key = {"read_file": "path", "write_file": "path", "bash": "command"}.get(name, "query")
-        calls.append(_call(call_id, name, {key: arg, "extra": draw(_text_st)}))
+        calls.append(tool_call(call_id, name, {key: arg, "extra": draw(_text_st)}))
         results.append({"role": "tool", "tool_call_id": call_id, "content": draw(_any_text)})
     content = draw(st.one_of(st.none(), _text_st))
     return [{"role": "assistant", "content": content, "tool_calls": calls}, *results]

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from compaction import CannotFitError, Profile, TokenCounter, compact
+from compaction import CannotFitError, Profile, TokenCounter, compact, message_text
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 WINDOW = 16_384
@@ -74,19 +74,6 @@ _ERROR_PATTERNS = (
     # Shell tools: "sed: can't read x.py: No such file or directory".
     re.compile(r"^\S+: .*(?:No such file or directory|command not found)$"),
 )
-
-
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
 
 
 def _calls(message: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -156,7 +143,7 @@ def last_errors(middle: Sequence[dict[str, Any]], count: int = LAST_ERRORS) -> l
             continue
         if _shows_files(calls.get(str(message.get("tool_call_id")))):
             continue
-        for line in reversed(list(error_lines(_text(message)))):
+        for line in reversed(list(error_lines(message_text(message)))):
             if line not in seen:
                 seen.append(line)
             if len(seen) == count:
@@ -168,7 +155,7 @@ def request_text(messages: Iterable[dict[str, Any]]) -> str:
     """Everything the model reads in ``messages``, whitespace made single spaces."""
     parts = []
     for message in messages:
-        parts.append(_text(message))
+        parts.append(message_text(message))
         for call in message.get("tool_calls") or []:
             parts.append(str((call.get("function") or {}).get("arguments", "")))
     return " ".join(" ".join(parts).split())
@@ -183,7 +170,7 @@ def error_kept(line: str, text: str) -> bool:
 def _identity(message: dict[str, Any]) -> tuple[Any, ...]:
     """What stays when a kept message is excerpted in place: who, which call, how it starts."""
     calls = tuple(str(call.get("id")) for call in message.get("tool_calls") or [])
-    return (message.get("role"), message.get("tool_call_id"), calls, _text(message)[:40])
+    return (message.get("role"), message.get("tool_call_id"), calls, message_text(message)[:40])
 
 
 def replaced_middle(

@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from compaction import TokenCounter
+from compaction import TokenCounter, message_text
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 
 #: Error bodies of the providers the proxy must recognize, by style; ``{w}``
@@ -274,8 +274,7 @@ class FakeUpstream:
     def summary_prompts(self) -> list[str]:
         """The text of every summary request, exactly as the summarizer read it."""
         return [
-            "\n".join(_content_text(m.get("content")) for m in r.json()["messages"])
-            for r in self.summary_requests
+            "\n".join(message_text(m) for m in r.json()["messages"]) for r in self.summary_requests
         ]
 
     @property
@@ -564,23 +563,10 @@ async def _no_events() -> AsyncIterator[bytes]:
     yield b""  # an async generator that ends before its first event
 
 
-def _content_text(content: Any) -> str:
-    """A message's text: a string, or the text parts of a list joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
 def _template_text(message: dict[str, Any]) -> str:
     """What a Qwen-style chat template writes for one message, without its special tokens."""
     role = str(message.get("role", ""))
-    text = _content_text(message.get("content"))
+    text = message_text(message)
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else []:
         function = call.get("function", {}) if isinstance(call, dict) else {}

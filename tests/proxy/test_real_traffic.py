@@ -30,7 +30,7 @@ from tests.proxy.servers import (
     FakeUpstream,
     Received,
 )
-from tests.synthetic import agent_session
+from tests.synthetic import agent_session, tool_call
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 QWEN_REQUEST = FIXTURES / "clients" / "qwen-code-request.json"
@@ -84,14 +84,6 @@ def _lines(rng: random.Random, chars: int) -> str:
     return "\n".join(lines)
 
 
-def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments)},
-    }
-
-
 def _tool_turn(
     call_id: str, command: str, output: str, text: str | None = None
 ) -> list[dict[str, Any]]:
@@ -99,7 +91,7 @@ def _tool_turn(
         {
             "role": "assistant",
             "content": text,
-            "tool_calls": [_call(call_id, "bash", {"command": command})],
+            "tool_calls": [tool_call(call_id, "bash", {"command": command})],
         },
         {"role": "tool", "tool_call_id": call_id, "content": output},
     ]
