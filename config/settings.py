@@ -113,6 +113,11 @@ class ServerSettings(BaseModel):
     api_key: SecretStr | None = Field(
         default=None, description="If set, clients must present this key to the proxy."
     )
+    admin_key: SecretStr | None = Field(
+        default=None,
+        description="If set, a client presenting it in the x-compaction-proxy-admin-key "
+        "header sees every caller's compaction events and checkpoints (others see their own).",
+    )
     max_body_bytes: _PositiveInt = Field(
         default=DEFAULT_MAX_BODY_BYTES, description="Larger request bodies get 413 before parsing."
     )
@@ -128,6 +133,19 @@ class ServerSettings(BaseModel):
         description="Host names accepted besides localhost when bound to loopback "
         "(other Host headers get 403, against DNS rebinding).",
     )
+
+    @model_validator(mode="after")
+    def _distinct_keys(self) -> ServerSettings:
+        # Every client holds the proxy key: as the admin key too, it would show
+        # each of them everyone's conversations.
+        admin, proxy = self.admin_key, self.api_key
+        if admin is None:
+            return self
+        if not admin.get_secret_value().strip():
+            raise ValueError("server.admin_key must not be empty")  # an empty header would match
+        if proxy is not None and admin.get_secret_value() == proxy.get_secret_value():
+            raise ValueError("server.admin_key must differ from server.api_key")
+        return self
 
 
 class UpstreamSettings(BaseModel):

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-import orjson
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -23,6 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import ModelResolver, Settings
+from proxy.access import state_routes
 from proxy.chat import handle_chat, handle_preview
 from proxy.disconnect import ClientWatch
 from proxy.errors import BadRequest, ProxyError
@@ -31,7 +31,7 @@ from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import MeteredStore, Metrics
 from proxy.state import ProxyState, build_client, build_transport
-from proxy.stores import Store, open_store, to_dict
+from proxy.stores import Store, open_store
 from proxy.upstream import Relay, error_response, send, upstream_headers
 
 logger = logging.getLogger("compaction_proxy")
@@ -161,23 +161,7 @@ def create_app(
             request, state_of(request), uses_proxy_key=key_in_authorization(request)
         )
 
-    @app.get("/v1/compaction/checkpoints/{checkpoint_id}")
-    async def checkpoint(checkpoint_id: str, request: Request) -> Response:
-        store = state_of(request).store
-        found = await store.get(checkpoint_id)
-        if found is None:
-            raise StarletteHTTPException(404, "No such checkpoint.")
-        body = to_dict(found)
-        body["originals"] = await store.originals(checkpoint_id)
-        return Response(orjson.dumps(body), media_type="application/json")
-
-    @app.get("/v1/compaction/events")
-    async def events(
-        request: Request, session: str | None = None, limit: int = Query(100, ge=1, le=1000)
-    ) -> Response:
-        found = await state_of(request).store.events(session=session, limit=limit)
-        body = {"object": "list", "data": [to_dict(event) for event in found]}
-        return Response(orjson.dumps(body), media_type="application/json")
+    app.include_router(state_routes())  # before the pass-through catches every /v1 path
 
     @app.api_route(
         "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]

@@ -29,6 +29,7 @@ from compaction import (
 from compaction import requested_output_tokens as requested_output
 from config import ModelConfig
 from proxy import manual
+from proxy.access import owner_of
 from proxy.body import parse_chat_body, read_body, too_deep
 from proxy.conversation import Conversation, Prepared, identify, prepare, scope_of
 from proxy.disconnect import ClientWatch
@@ -74,6 +75,8 @@ class _Call:
     headers: dict[str, str]
     #: Whose conversation, for which model: seeds its checkpoint chain.
     scope: bytes = b""
+    #: Who may read its events and checkpoint (see proxy.access.owner_of).
+    owner: str = ""
     #: The messages keyed, counted and chained ahead (large bodies, off the loop).
     identified: Conversation | None = None
     #: Cancels the request if its client leaves while the upstream is thinking.
@@ -161,6 +164,7 @@ async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) 
         identified=read.identified,
         headers=read.headers,
         scope=read.scope,
+        owner=owner_of(client_headers, uses_proxy_key=uses_proxy_key),
     )
 
 
@@ -333,6 +337,7 @@ async def _prepare(
             store=store,
             identified=call.identified,
             scope=call.scope,
+            owner=call.owner,
         )
     except CannotFitError as exc:
         advice = (

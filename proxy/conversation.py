@@ -125,13 +125,15 @@ async def prepare(
     store: bool = True,
     identified: Conversation | None = None,
     scope: bytes = b"",
+    owner: str = "",
 ) -> Prepared:
     """Decide, and compact if needed, remembering the result.
 
     ``messages`` is the client's conversation (``/compact`` exchanges already
     removed); ``body`` supplies every other field for counting;
     ``identified`` is :func:`identify` of ``messages`` if the caller has it;
-    ``scope`` is :func:`scope_of` the request.
+    ``scope`` is :func:`scope_of` the request, and ``owner`` whose events and
+    checkpoint it records (:func:`proxy.access.owner_of`).
     ``budget`` replaces the calibrated one (the overflow retry's).
     ``store=False`` (the preview) changes nothing: no lock, no events, no
     checkpoint. Raises what :func:`compaction.execute` raises.
@@ -151,7 +153,9 @@ async def prepare(
         )
     if budget is None:
         budget = calibrated_budget(profile, requested_output_tokens(body), state.ratio(config))
-    job = _Job(state, conversation, config, profile, budget, reason, summarizer, instructions)
+    job = _Job(
+        state, conversation, config, profile, budget, reason, summarizer, instructions, owner
+    )
     decision = await job.decide()
     if not store:  # the preview: run everything, remember nothing
         result = await _execute(job, decision)
@@ -186,6 +190,7 @@ class _Job:
     reason: Reason
     summarizer: Summarizer | None
     instructions: str | None
+    owner: str
 
     async def decide(self) -> Decision:
         chain = self.conversation.chain
@@ -210,7 +215,7 @@ def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
 async def _run(job: _Job, decision: Decision) -> Prepared:
     """Compact with events, and store the result as a checkpoint."""
     state, conversation = job.state, job.conversation
-    emit = _Emitter(state, conversation.session, job.config.model, job.reason)
+    emit = _Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
     await emit("compaction.queued")
     await emit("compaction.started")
     try:
@@ -232,7 +237,8 @@ async def _run(job: _Job, decision: Decision) -> Prepared:
         )
         if made is not None:
             head = conversation.head
-            await state.store.put(made, conversation.messages[head : head + made.covered])
+            originals = conversation.messages[head : head + made.covered]
+            await state.store.put(made, originals, owner=job.owner)
     await emit(
         "context.compacted",
         stage=result.stage,
@@ -285,7 +291,9 @@ class _OnLoop:
 class _Emitter:
     """Appends the lifecycle events of one compaction."""
 
-    def __init__(self, state: ProxyState, session: str, model: str, reason: str) -> None:
+    def __init__(
+        self, state: ProxyState, session: str, model: str, reason: str, owner: str
+    ) -> None:
         self._state = state
         self._base = {
             "compaction_id": uuid.uuid4().hex,
@@ -293,6 +301,7 @@ class _Emitter:
             "model": model,
             "reason": reason,
             "instance": state.instance,
+            "owner": owner,
         }
 
     async def __call__(self, kind: EventType, **fields: Any) -> None:

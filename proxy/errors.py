@@ -4,6 +4,7 @@
      ├── BadRequest      400    the body is not a chat request we can read
      ├── Unauthorized    401    the proxy key is missing or wrong
      ├── Forbidden       403    a Host header that is not local (DNS rebinding)
+     ├── NotFound        404    no such checkpoint (or not the caller's)
      ├── PayloadTooLarge 413    the body is above the size limit
      ├── UpstreamUnreachable 502  no connection to the upstream
      └── UpstreamTimeout     504  the upstream said nothing in time
@@ -67,6 +68,12 @@ class Forbidden(ProxyError):
     status = 403
     type = "invalid_request_error"
     code = "forbidden_host"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
 
 
 class PayloadTooLarge(ProxyError):

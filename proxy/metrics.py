@@ -163,11 +163,15 @@ class MeteredStore:
         found: dict[str, Checkpoint] = await self._timed("lookup", self._store.lookup(hashes))
         return found
 
-    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
-        await self._timed("put", self._store.put(checkpoint, originals))
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
+        await self._timed("put", self._store.put(checkpoint, originals, owner=owner))
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None:
-        found: Checkpoint | None = await self._timed("get", self._store.get(checkpoint_id))
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
+        found: Checkpoint | None = await self._timed(
+            "get", self._store.get(checkpoint_id, owner=owner)
+        )
         return found
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
@@ -179,8 +183,12 @@ class MeteredStore:
     async def add_event(self, event: Event) -> None:
         await self._timed("add_event", self._store.add_event(event))
 
-    async def events(self, session: str | None = None, limit: int = 100) -> list[Event]:
-        found: list[Event] = await self._timed("events", self._store.events(session, limit))
+    async def events(
+        self, session: str | None = None, limit: int = 100, *, owner: str | None = None
+    ) -> list[Event]:
+        found: list[Event] = await self._timed(
+            "events", self._store.events(session, limit, owner=owner)
+        )
         return found
 
     async def fail_interrupted(self, instance: str, message: str = "interrupted by restart") -> int:

@@ -45,6 +45,10 @@ AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
 #: Header a client may use to present the proxy key while keeping its own
 #: ``Authorization`` for the upstream.
 PROXY_KEY_HEADER = "x-compaction-proxy-key"
+#: Header a client presents ``server.admin_key`` in (see proxy.access).
+ADMIN_KEY_HEADER = "x-compaction-proxy-admin-key"
+#: The proxy's own keys: never sent upstream.
+_PROXY_HEADERS = frozenset({PROXY_KEY_HEADER, ADMIN_KEY_HEADER})
 
 
 def upstream_headers(
@@ -53,7 +57,7 @@ def upstream_headers(
     fallback_key: str | None,
     drop_authorization: bool = False,
 ) -> dict[str, str]:
-    """Headers for the upstream: the client's, less hop-by-hop ones and the proxy key.
+    """Headers for the upstream: the client's, less hop-by-hop ones and the proxy's keys.
 
     The client's own credentials are forwarded unchanged; the configured key
     is added only when the client sent none.
@@ -61,7 +65,7 @@ def upstream_headers(
     headers: dict[str, str] = {}
     for name, value in client_headers:
         lower = name.lower()
-        if lower in HOP_BY_HOP or lower == PROXY_KEY_HEADER:
+        if lower in HOP_BY_HOP or lower in _PROXY_HEADERS:
             continue
         if drop_authorization and lower == "authorization":
             continue

@@ -24,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from proxy.stores.base import (
     DEFAULT_CAPACITY,
+    DEFAULT_EVENTS_LIMIT,
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     OPEN_EVENT_TYPES,
@@ -95,6 +96,7 @@ def sqlite_path(url: str) -> Path:
 
 
 __all__ = [
+    "DEFAULT_EVENTS_LIMIT",
     "DEFAULT_KEY_PREFIX",
     "INTERRUPTED",
     "OPEN_EVENT_TYPES",

@@ -11,6 +11,14 @@ A store holds five things for the proxy (DESIGN.md §7):
 
 It also offers single-flight **locks**. Every method is async; a backend
 whose I/O is blocking (SQLite) runs it on its own worker thread.
+
+Checkpoints and events have an **owner**: an opaque digest of the caller's
+credential (:func:`proxy.access.owner_of`; never the credential). A store
+keeps it beside the checkpoint (the library's :class:`~compaction.Checkpoint`
+knows no callers) and on the event, and filters by it itself, so one caller's
+last N events are found however busy the others are. ``owner=None`` reads
+every owner's (the admin key, the CLI); ``""`` is the owner of what was
+recorded before owners were, which only ``None`` sees.
 """
 
 from __future__ import annotations
@@ -75,6 +83,8 @@ class Event:
     checkpoint_id: str | None = None
     #: What the compaction reported on the way (a summary rejected, a fallback).
     notes: tuple[str, ...] = ()
+    #: Whose conversation: a digest of the caller's credential (see the module doc).
+    owner: str = ""
     created_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -97,6 +107,7 @@ def interrupted(event: Event, instance: str, message: str = INTERRUPTED) -> Even
         tokens_before=event.tokens_before,
         replaced_hashes=event.replaced_hashes,
         error=message,
+        owner=event.owner,
     )
 
 
@@ -113,11 +124,16 @@ class Store(Protocol):
         """The checkpoints stored under any of ``hashes``, in one round trip."""
         ...
 
-    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
-        """Store ``checkpoint`` (replacing one with the same end hash) and what it replaced."""
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
+        """Store ``checkpoint`` (replacing one with the same end hash) and what it
+        replaced, as ``owner``'s."""
         ...
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None: ...
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
+        """The checkpoint with that id; ``None`` also when it is not ``owner``'s."""
+        ...
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
         """The messages the checkpoint replaced; ``None`` if not kept or expired."""
@@ -126,9 +142,14 @@ class Store(Protocol):
     async def add_event(self, event: Event) -> None: ...
 
     async def events(
-        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+        self,
+        session: str | None = None,
+        limit: int = DEFAULT_EVENTS_LIMIT,
+        *,
+        owner: str | None = None,
     ) -> list[Event]:
-        """The last ``limit`` events recorded, newest first, of one session or of all."""
+        """The last ``limit`` events recorded, newest first, of one session or of all,
+        of ``owner`` or of everyone."""
         ...
 
     async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:

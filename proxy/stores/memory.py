@@ -40,7 +40,7 @@ class MemoryStore:
         max_events: int = DEFAULT_GLOBAL_EVENTS,
     ) -> None:
         self._by_hash: OrderedDict[str, Checkpoint] = OrderedDict()
-        self._by_id: dict[str, Checkpoint] = {}
+        self._by_id: dict[str, tuple[Checkpoint, str]] = {}  #: with its owner
         self._originals: OrderedDict[str, tuple[float, list[Message]]] = OrderedDict()
         self._events: deque[Event] = deque(maxlen=max_events)
         self._open: dict[str, Event] = {}  #: latest event of unfinished compactions
@@ -59,14 +59,16 @@ class MemoryStore:
                 found[value] = checkpoint
         return found
 
-    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
         # A newer checkpoint for the same span replaces the older one; the
         # older one's originals stay until the retention, as in SQLite and Redis.
         replaced = self._by_hash.pop(checkpoint.end_hash, None)
         if replaced is not None:
             self._by_id.pop(replaced.id, None)
         self._by_hash[checkpoint.end_hash] = checkpoint
-        self._by_id[checkpoint.id] = checkpoint
+        self._by_id[checkpoint.id] = (checkpoint, owner)
         if originals is not None and self._store_originals:
             self._originals[checkpoint.id] = (checkpoint.created_at, list(originals))
             self._originals.move_to_end(checkpoint.id)
@@ -76,8 +78,9 @@ class MemoryStore:
         while len(self._originals) > self._capacity:
             self._originals.popitem(last=False)
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None:
-        return self._by_id.get(checkpoint_id)
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
+        checkpoint, owned_by = self._by_id.get(checkpoint_id, (None, ""))
+        return checkpoint if owner is None or owner == owned_by else None
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
         kept = self._originals.get(checkpoint_id)
@@ -91,13 +94,19 @@ class MemoryStore:
             self._open.pop(event.compaction_id, None)
 
     async def events(
-        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+        self,
+        session: str | None = None,
+        limit: int = DEFAULT_EVENTS_LIMIT,
+        *,
+        owner: str | None = None,
     ) -> list[Event]:
         found: list[Event] = []
         for event in reversed(self._events):
             if len(found) >= limit:
                 break
-            if session is None or event.session == session:
+            if (session is None or event.session == session) and (
+                owner is None or event.owner == owner
+            ):
                 found.append(event)
         return found
 

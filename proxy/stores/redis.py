@@ -4,9 +4,11 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
 
     cp:<end hash>        checkpoint JSON            TTL = retention; lookup is one MGET
     ckpt:<id>            the same JSON, by id       TTL = retention
+    owner:<id>           the checkpoint's owner     TTL = retention
     orig:<id>            replaced messages JSON     TTL = retention (purge is implicit)
     events               newest events, capped list (LPUSH + LTRIM in one MULTI)
     events:<session>     one session's, capped      TTL = retention, renewed on each event
+    owned:<owner>        one owner's, capped        TTL = retention, renewed on each event
     open                 hash compaction id → latest event, while queued/started
     alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
     lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
@@ -76,6 +78,9 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
 redis.call('LPUSH', KEYS[3], ARGV[3])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
 redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('LPUSH', KEYS[4], ARGV[3])
+redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[4]) - 1)
+redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return 1
 """
 
@@ -132,12 +137,15 @@ class RedisStore:
             if raw is not None
         }
 
-    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
         raw = codec.dump_checkpoint(checkpoint)
         ttl = self._retention_ms
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.set(self._key("cp", checkpoint.end_hash), raw, px=ttl, get=True)
             pipe.set(self._key("ckpt", checkpoint.id), raw, px=ttl)
+            pipe.set(self._key("owner", checkpoint.id), owner, px=ttl)
             if originals is not None and self._store_originals:
                 pipe.set(self._key("orig", checkpoint.id), codec.dump_messages(originals), px=ttl)
             replies = await pipe.execute()
@@ -147,11 +155,16 @@ class RedisStore:
             # found by id either (its originals stay until they expire).
             old = codec.load_checkpoint(previous)
             if old.id != checkpoint.id:
-                await _reply(self._client.delete(self._key("ckpt", old.id)))
+                await _reply(
+                    self._client.delete(self._key("ckpt", old.id), self._key("owner", old.id))
+                )
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None:
-        raw = await _reply(self._client.get(self._key("ckpt", checkpoint_id)))
-        return None if raw is None else codec.load_checkpoint(raw)
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
+        keys = [self._key("ckpt", checkpoint_id), self._key("owner", checkpoint_id)]
+        raw, owned_by = await _reply(self._client.mget(keys))
+        if raw is None or (owner is not None and (owned_by or b"").decode() != owner):
+            return None
+        return codec.load_checkpoint(raw)
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
         raw = await _reply(self._client.get(self._key("orig", checkpoint_id)))
@@ -162,12 +175,16 @@ class RedisStore:
     async def add_event(self, event: Event) -> None:
         raw = codec.dump_event(event)
         by_session = self._key("events", event.session)
+        by_owner = self._key("owned", event.owner)
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.lpush(self._key("events"), raw)
             pipe.ltrim(self._key("events"), 0, self._global_events - 1)
             pipe.lpush(by_session, raw)
             pipe.ltrim(by_session, 0, self._session_events - 1)
             pipe.pexpire(by_session, self._retention_ms)
+            pipe.lpush(by_owner, raw)
+            pipe.ltrim(by_owner, 0, self._global_events - 1)
+            pipe.pexpire(by_owner, self._retention_ms)
             if event.is_open:
                 pipe.hset(self._key("open"), event.compaction_id, raw)
             else:
@@ -175,11 +192,26 @@ class RedisStore:
             await pipe.execute()
 
     async def events(
-        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+        self,
+        session: str | None = None,
+        limit: int = DEFAULT_EVENTS_LIMIT,
+        *,
+        owner: str | None = None,
     ) -> list[Event]:
         if limit <= 0:
             return []
-        key = self._key("events") if session is None else self._key("events", session)
+        if session is not None and owner is not None:
+            # One owner's session: its list is capped, so it is read whole and
+            # the owner's events kept (a session is normally one owner's anyway).
+            raws = await _reply(self._client.lrange(self._key("events", session), 0, -1))
+            found = (codec.load_event(raw) for raw in raws)
+            return [event for event in found if event.owner == owner][:limit]
+        if session is not None:
+            key = self._key("events", session)
+        elif owner is not None:
+            key = self._key("owned", owner)
+        else:
+            key = self._key("events")
         raws = await _reply(self._client.lrange(key, 0, limit - 1))
         return [codec.load_event(raw) for raw in raws]
 
@@ -198,7 +230,12 @@ class RedisStore:
                 continue
             failed = interrupted(event, instance, message)
             closed += await self._close_open(
-                keys=[self._key("open"), self._key("events"), self._key("events", event.session)],
+                keys=[
+                    self._key("open"),
+                    self._key("events"),
+                    self._key("events", event.session),
+                    self._key("owned", event.owner),
+                ],
                 args=[
                     event.compaction_id,
                     raw,

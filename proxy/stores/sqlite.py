@@ -74,6 +74,14 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         'CREATE TABLE learned_windows (model TEXT PRIMARY KEY, "window" INTEGER NOT NULL)',
     ),
     ("CREATE TABLE calibrations (key TEXT PRIMARY KEY, ratio REAL NOT NULL)",),
+    # Owners (issue 10, finding 3); rows from before have none ("").
+    (
+        "ALTER TABLE checkpoints ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE events ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+        # One caller's newest events without reading everyone else's: rowid
+        # is implicitly the index's last column, so ORDER BY rowid walks it.
+        "CREATE INDEX events_owner ON events (owner)",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
@@ -222,7 +230,9 @@ class SQLiteStore:
             self._ends_version = version
         return self._ends
 
-    async def put(self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None) -> None:
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
         keep = originals is not None and self._store_originals
 
         def work(connection: sqlite3.Connection) -> None:
@@ -235,14 +245,15 @@ class SQLiteStore:
                     (checkpoint.end_hash, checkpoint.id),
                 )
                 connection.execute(
-                    "INSERT INTO checkpoints (id, end_hash, session, created_at, json) "
-                    "VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO checkpoints (id, end_hash, session, created_at, json, owner) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
                     (
                         checkpoint.id,
                         checkpoint.end_hash,
                         checkpoint.session,
                         checkpoint.created_at,
                         raw,
+                        owner,
                     ),
                 )
                 if kept is not None:
@@ -258,10 +269,11 @@ class SQLiteStore:
 
         await self._run(work)
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
         def work(connection: sqlite3.Connection) -> Checkpoint | None:
             row = connection.execute(
-                "SELECT json FROM checkpoints WHERE id = ?", (checkpoint_id,)
+                "SELECT json FROM checkpoints WHERE id = ? AND (? IS NULL OR owner = ?)",
+                (checkpoint_id, owner, owner),
             ).fetchone()
             return None if row is None else codec.load_checkpoint(row[0])
 
@@ -285,8 +297,8 @@ class SQLiteStore:
     def _insert_event(connection: sqlite3.Connection, event: Event) -> None:
         connection.execute(
             "INSERT OR REPLACE INTO events "
-            "(id, compaction_id, session, type, created_at, instance, json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "(id, compaction_id, session, type, created_at, instance, json, owner) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 event.id,
                 event.compaction_id,
@@ -295,28 +307,31 @@ class SQLiteStore:
                 event.created_at,
                 event.instance,
                 codec.dump_event(event),
+                event.owner,
             ),
         )
 
     async def events(
-        self, session: str | None = None, limit: int = DEFAULT_EVENTS_LIMIT
+        self,
+        session: str | None = None,
+        limit: int = DEFAULT_EVENTS_LIMIT,
+        *,
+        owner: str | None = None,
     ) -> list[Event]:
         # Newest recorded first, as the memory and Redis lists: clocks of
         # different processes need not agree, the order of arrival does.
         if limit <= 0:
             return []
 
+        conditions = {"session = ?": session, "owner = ?": owner}
+        wanted = [(sql, value) for sql, value in conditions.items() if value is not None]
+        where = " AND ".join(sql for sql, _ in wanted) or "1"
+
         def work(connection: sqlite3.Connection) -> list[Event]:
-            if session is None:
-                rows = connection.execute(
-                    "SELECT json FROM events ORDER BY rowid DESC LIMIT ?",
-                    (limit,),
-                )
-            else:
-                rows = connection.execute(
-                    "SELECT json FROM events WHERE session = ? ORDER BY rowid DESC LIMIT ?",
-                    (session, limit),
-                )
+            rows = connection.execute(
+                f"SELECT json FROM events WHERE {where} ORDER BY rowid DESC LIMIT ?",
+                (*(value for _, value in wanted), limit),
+            )
             return [codec.load_event(raw) for (raw,) in rows]
 
         return await self._run(work)

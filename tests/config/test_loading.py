@@ -277,11 +277,13 @@ def test_no_file_in_the_working_directory_is_fine() -> None:
     assert settings.compaction.keep_recent_tokens == DEFAULT_KEEP_RECENT_TOKENS
 
 
-def test_proxy_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COMPACTION_PROXY_SERVER__API_KEY", "local-secret")
+@pytest.mark.parametrize("name", ["api_key", "admin_key"])
+def test_proxy_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setenv(f"COMPACTION_PROXY_SERVER__{name.upper()}", "local-secret")
     settings = load_settings()
-    assert settings.server.api_key is not None
-    assert settings.server.api_key.get_secret_value() == "local-secret"
+    key = getattr(settings.server, name)
+    assert key is not None
+    assert key.get_secret_value() == "local-secret"
     assert "local-secret" not in repr(settings)
 
 

@@ -22,6 +22,13 @@ def test_reference_lists_every_setting_with_default_and_env() -> None:
     assert all(row.description for row in rows.values())
 
 
+def test_reference_lists_the_admin_key() -> None:
+    rows = {row.key: row for row in settings_reference()}
+    row = rows["server.admin_key"]
+    assert (row.default, row.env) == ("", "COMPACTION_PROXY_SERVER__ADMIN_KEY")
+    assert "x-compaction-proxy-admin-key" in row.description
+
+
 def test_reference_rows_unpack_as_key_default_description() -> None:
     key, default, description, _env = settings_reference()[0]
     assert (key, default) == ("server.host", '"127.0.0.1"')

@@ -133,6 +133,18 @@ def test_proxy_key_is_never_printed() -> None:
     assert server.api_key.get_secret_value() == "sk-secret"
 
 
+def test_admin_key_is_never_printed_and_differs_from_the_proxy_key() -> None:
+    server = ServerSettings(api_key=SecretStr("proxy"), admin_key=SecretStr("admin-secret"))
+    assert "admin-secret" not in repr(server)
+    assert server.admin_key is not None
+    assert server.admin_key.get_secret_value() == "admin-secret"
+    # Every client holds the proxy key; as the admin key it would show them all.
+    with pytest.raises(ValidationError, match="must differ"):
+        ServerSettings(api_key=SecretStr("same"), admin_key=SecretStr("same"))
+    with pytest.raises(ValidationError, match="must not be empty"):
+        ServerSettings(admin_key=SecretStr(" "))
+
+
 def test_settings_are_frozen() -> None:
     settings = Settings()
     with pytest.raises(ValidationError):

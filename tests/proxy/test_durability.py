@@ -22,11 +22,15 @@ def _env(db: Path) -> dict[str, str]:
     return {"COMPACTION_PROXY_STORE__URL": f"sqlite:///{db}", "COMPACTION_PROXY_MODELS": MODELS}
 
 
+#: The caller's key: its events and checkpoints are shown to it alone.
+AUTH = {"authorization": "Bearer sk-test"}
+
+
 def _post(url: str, messages: list[dict[str, Any]]) -> httpx.Response:
     return httpx.post(
         f"{url}/chat/completions",
         json={"model": "gpt-4o", "messages": messages},
-        headers={"authorization": "Bearer sk-test"},
+        headers=AUTH,
         timeout=60,
     )
 
@@ -54,8 +58,8 @@ def test_a_restarted_proxy_reuses_the_stored_summary(
         response = _post(second.url, later)
         assert response.status_code == 200
         assert response.headers["x-compaction-id"] == ident
-        checkpoint = httpx.get(f"{second.url}/compaction/checkpoints/{ident}").json()
-        events = httpx.get(f"{second.url}/compaction/events").json()["data"]
+        checkpoint = httpx.get(f"{second.url}/compaction/checkpoints/{ident}", headers=AUTH).json()
+        events = httpx.get(f"{second.url}/compaction/events", headers=AUTH).json()["data"]
     finally:
         second.stop()
     assert len(upstream.summary_requests) == calls, "the restarted proxy summarized again"
@@ -92,7 +96,7 @@ def test_a_process_killed_mid_summary_leaves_a_failed_event(
     upstream.summary_delay = 0
     restarted = ProxyProcess(upstream_url, _env(db), str(tmp_path))
     try:
-        events = httpx.get(f"{restarted.url}/compaction/events").json()["data"]
+        events = httpx.get(f"{restarted.url}/compaction/events", headers=AUTH).json()["data"]
     finally:
         restarted.stop()
     assert events[0]["type"] == "compaction.failed"

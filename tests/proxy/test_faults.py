@@ -561,7 +561,7 @@ def test_a_broken_summarizer_falls_back_to_the_extractive_summary(
     assert summaries and "## Goal" in summaries[0]
     assert not any("parse_window_header" in summary for summary in summaries)
 
-    events = httpx.get(f"{url}/compaction/events").json()["data"]
+    events = httpx.get(f"{url}/compaction/events", headers=auth).json()["data"]
     kinds = [event["type"] for event in events]
     assert kinds == ["context.compacted", "compaction.started", "compaction.queued"]
     assert events[0]["stage"] == "condensed"

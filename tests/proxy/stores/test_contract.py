@@ -171,6 +171,7 @@ async def test_event_round_trips_every_field(store: Store) -> None:
         error="upstream 502: bad gateway",
         checkpoint_id="cp1",
         created_at=1_700_000_000.5,
+        owner="owner-a",
     )
     await store.add_event(made)
     assert await store.events() == [made]
@@ -191,6 +192,72 @@ async def test_events_newest_first_filtered_by_session_with_limit(store: Store) 
     assert await store.events(session="b", limit=1) == [made[4]]
     assert await store.events(session="nobody") == []
     assert await store.events(limit=0) == []
+
+
+# -- owners (issue 10, finding 3) ------------------------------------------
+
+
+async def test_a_checkpoint_is_found_by_id_for_its_owner_only(store: Store) -> None:
+    made = checkpoint()
+    await store.put(made, ORIGINALS, owner="alice")
+    assert await store.get(made.id, owner="alice") == made
+    assert await store.get(made.id, owner="bob") is None
+    assert await store.get(made.id, owner="") is None
+    assert await store.get(made.id) == made  # no owner given: anyone's (the admin)
+    assert await store.lookup(["h1"]) == {"h1": made}  # the chain is scoped on its own
+
+
+async def test_a_newer_checkpoint_of_the_span_takes_its_owner_along(store: Store) -> None:
+    older, newer = checkpoint(), checkpoint()
+    await store.put(older, owner="alice")
+    await store.put(newer, owner="alice")
+    assert await store.get(older.id, owner="alice") is None
+    assert await store.get(newer.id, owner="alice") == newer
+    assert await store.get(newer.id, owner="bob") is None
+
+
+async def test_an_owner_gets_its_own_last_events_however_busy_the_others_are(
+    store: Store,
+) -> None:
+    start = time.time()
+    mine = [event(f"a{i}", owner="alice", created_at=start + i) for i in range(3)]
+    for item in mine:
+        await store.add_event(item)
+    theirs = [event(f"b{i}", owner="bob", created_at=start + 10 + i) for i in range(150)]
+    for item in theirs:
+        await store.add_event(item)
+    # A filter after a global "last 3" would find bob's only.
+    assert await store.events(limit=3, owner="alice") == mine[::-1]
+    assert await store.events(limit=2, owner="alice") == [mine[2], mine[1]]
+    assert await store.events(limit=2, owner="bob") == [theirs[-1], theirs[-2]]
+    assert await store.events(owner="carol") == []
+    assert len(await store.events(limit=1000)) == len(mine) + len(theirs)  # everyone's
+
+
+async def test_one_owners_events_of_one_session(store: Store) -> None:
+    start = time.time()
+    made = [
+        event("a1", session="s", owner="alice", created_at=start),
+        event("b1", session="s", owner="bob", created_at=start + 1),
+        event("a2", session="t", owner="alice", created_at=start + 2),
+        event("a3", session="s", owner="alice", created_at=start + 3),
+    ]
+    for item in made:
+        await store.add_event(item)
+    assert await store.events(session="s", owner="alice") == [made[3], made[0]]
+    assert await store.events(session="s", owner="alice", limit=1) == [made[3]]
+    assert await store.events(session="s", owner="bob") == [made[1]]
+    assert await store.events(session="t", owner="bob") == []
+    assert await store.events(session="s") == [made[3], made[1], made[0]]
+
+
+async def test_an_interrupted_compaction_stays_its_owners(store: Store) -> None:
+    await store.add_event(event("c", "compaction.started", instance="dead", owner="alice"))
+    assert await store.fail_interrupted("me") == 1
+    closed = await store.events(owner="alice")
+    assert [item.type for item in closed] == ["compaction.failed", "compaction.started"]
+    assert closed[0].owner == "alice"
+    assert await store.events(owner="bob") == []
 
 
 async def test_fail_interrupted_closes_what_dead_instances_left_open(store: Store) -> None:
@@ -419,15 +486,19 @@ async def test_data_survives_reopening(backend: Backend) -> None:
         pytest.skip("memory:// lives and dies with its store")
     first = backend.open()
     made = checkpoint()
-    await first.put(made, ORIGINALS)
-    await first.add_event(event("c1"))
+    await first.put(made, ORIGINALS, owner="alice")
+    await first.add_event(event("c1", owner="alice"))
     await first.set_learned_window("m", 1000)
     await first.set_calibration(UPSTREAM_KEY, 1.17)
     await first.close()
 
     second = backend.open()
     assert await second.lookup(["h1"]) == {"h1": made}
+    assert await second.get(made.id, owner="alice") == made
+    assert await second.get(made.id, owner="bob") is None
     assert await second.originals(made.id) == ORIGINALS
     assert [item.compaction_id for item in await second.events()] == ["c1"]
+    assert [item.compaction_id for item in await second.events(owner="alice")] == ["c1"]
+    assert await second.events(owner="bob") == []
     assert await second.learned_windows() == {"m": 1000}
     assert await second.calibrations() == {UPSTREAM_KEY: 1.17}

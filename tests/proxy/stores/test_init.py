@@ -23,6 +23,7 @@ pytestmark = pytest.mark.anyio
 def test_public_surface_is_pinned() -> None:
     # Sorted as ruff sorts it (RUF022): constants, then classes, then functions.
     assert proxy.stores.__all__ == [
+        "DEFAULT_EVENTS_LIMIT",
         "DEFAULT_KEY_PREFIX",
         "INTERRUPTED",
         "OPEN_EVENT_TYPES",

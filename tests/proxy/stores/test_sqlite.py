@@ -8,8 +8,10 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
+from compaction import Checkpoint
 from proxy.stores import SQLiteStore, StoreError, codec, open_store
 from proxy.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from tests.proxy.stores.test_contract import ORIGINALS, checkpoint, event
@@ -26,6 +28,14 @@ def _tables(path: Path) -> set[str]:
     with sqlite3.connect(path) as connection:
         rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         return {name for (name,) in rows}
+
+
+def _insert_checkpoint(connection: sqlite3.Connection, made: Checkpoint) -> None:
+    """``made`` as versions 1 and 2 wrote it (before owners)."""
+    connection.execute(
+        "INSERT INTO checkpoints (id, end_hash, session, created_at, json) VALUES (?, ?, ?, ?, ?)",
+        (made.id, made.end_hash, made.session, made.created_at, codec.dump_checkpoint(made)),
+    )
 
 
 async def test_file_and_parent_directories_are_created_on_first_use(tmp_path: Path) -> None:
@@ -79,11 +89,7 @@ async def test_a_database_of_the_previous_version_opens_and_keeps_its_data(
     connection = sqlite3.connect(path, isolation_level=None)
     try:
         assert migrate(connection, MIGRATIONS[:1]) == 1
-        connection.execute(
-            "INSERT INTO checkpoints (id, end_hash, session, created_at, json) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (made.id, made.end_hash, made.session, made.created_at, codec.dump_checkpoint(made)),
-        )
+        _insert_checkpoint(connection, made)
         connection.execute(
             "INSERT INTO originals (checkpoint_id, created_at, json) VALUES (?, ?, ?)",
             (made.id, made.created_at, codec.dump_messages(ORIGINALS)),
@@ -122,6 +128,67 @@ async def test_a_database_of_the_previous_version_opens_and_keeps_its_data(
     assert await reopened.calibrations() == {"upstream\x1fm": 1.1}
     assert await reopened.learned_windows() == {"m": 8192}
     await reopened.close()
+
+
+async def test_a_database_from_before_owners_shows_its_rows_to_the_admin_only(
+    tmp_path: Path,
+) -> None:
+    # Version 2 (before owners, issue 10 finding 3), written as that version wrote it.
+    path = tmp_path / "state.db"
+    made = checkpoint()
+    done = event("c1", "context.compacted", checkpoint_id=made.id)
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate(connection, MIGRATIONS[:2]) == 2
+        _insert_checkpoint(connection, made)
+        legacy = {k: v for k, v in codec.to_dict(done).items() if k != "owner"}
+        connection.execute(
+            "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                done.id,
+                done.compaction_id,
+                done.session,
+                done.type,
+                done.created_at,
+                "old",
+                orjson.dumps(legacy),
+            ),
+        )
+    finally:
+        connection.close()
+
+    store = SQLiteStore(path)
+    assert await store.lookup(["h1"]) == {"h1": made}  # its conversation still reuses it
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert await store.get(made.id) == made
+    assert await store.get(made.id, owner="alice") is None
+    assert await store.events() == [done]
+    assert await store.events(owner="alice") == []
+    newer = checkpoint("h2")
+    await store.put(newer, owner="alice")
+    await store.add_event(event("c2", owner="alice"))
+    assert await store.get(newer.id, owner="alice") == newer
+    assert [item.compaction_id for item in await store.events(owner="alice")] == ["c2"]
+    await store.close()
+
+
+async def test_one_owners_events_are_read_through_its_index(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.add_event(event("c", owner="alice"))
+    statements: list[str] = []
+    await store._run(lambda connection: connection.set_trace_callback(statements.append))
+    await store.events(owner="alice", limit=3)
+    (query,) = [sql for sql in statements if sql.startswith("SELECT")]
+
+    def plan(connection: sqlite3.Connection) -> str:
+        connection.set_trace_callback(None)
+        return " ".join(row[-1] for row in connection.execute(f"EXPLAIN QUERY PLAN {query}"))
+
+    # Not a scan of everyone's events, nor a sort of all of one owner's.
+    found = await store._run(plan)
+    assert "events_owner" in found and "TEMP B-TREE" not in found, found
+    await store.close()
 
 
 def test_migrations_apply_in_order_from_an_older_version(tmp_path: Path) -> None:
