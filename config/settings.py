@@ -64,6 +64,11 @@ DEFAULT_MAX_KEEPALIVE_CONNECTIONS: Final = 20
 DEFAULT_RETENTION_DAYS: Final = 30.0
 DEFAULT_PROGRESS_MIN_RATIO: Final = 0.10
 DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
+#: A healthy store answers in about a millisecond (SQLite on a local disk,
+#: Redis on the LAN); two seconds is far beyond that, even for a write queued
+#: behind another process's, and short next to the model's answer the request
+#: waits for anyway. A store slower than this is treated as down.
+DEFAULT_STORE_TIMEOUT_SECONDS: Final = 2.0
 
 #: A short name for [store] url, as the issue and the docs spell it; the nested
 #: COMPACTION_PROXY_STORE__URL wins when both are set.
@@ -201,6 +206,11 @@ class StoreSettings(BaseModel):
         default=DEFAULT_LOCK_TTL_SECONDS,
         description="Single-flight lock expiry: waiters proceed after this if the holder "
         "died. Keep it above the slowest summarization.",
+    )
+    timeout_seconds: _PositiveFloat = Field(
+        default=DEFAULT_STORE_TIMEOUT_SECONDS,
+        description="A store call that takes longer is abandoned: the request is served "
+        "without the store (compacted afresh, nothing stored) and /healthz says degraded.",
     )
 
     @property

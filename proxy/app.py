@@ -25,13 +25,13 @@ from config import ModelResolver, Settings
 from proxy.access import state_routes
 from proxy.chat import handle_chat, handle_preview
 from proxy.disconnect import ClientWatch
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
 from proxy.guards import KEY_IN_AUTHORIZATION, HostGuard, ProxyKeyGuard, is_loopback
 from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from proxy.metrics import MeteredStore, Metrics
+from proxy.metrics import Metrics
 from proxy.state import ProxyState, build_client, build_transport
-from proxy.stores import Store, open_store
+from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.upstream import Relay, error_response, send, upstream_headers
 
 logger = logging.getLogger("compaction_proxy")
@@ -44,24 +44,44 @@ HEARTBEAT_TTL = 30.0
 PURGE_INTERVAL = 3600.0
 
 
-async def _keep_alive(state: ProxyState) -> None:
+async def _keep_alive(state: ProxyState, store: ResilientStore, restored: bool) -> None:
+    """Heartbeats, interrupted compactions, purges; and a store that failed is
+    asked again, so /healthz recovers without waiting for a request, and what
+    start-up could not load is loaded once it answers. (The store's calls
+    never raise: they degrade.)"""
     since_purge = 0.0
     while True:
         await asyncio.sleep(HEARTBEAT_TTL / 3)
-        try:
-            await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
-            # A replica that died just before this one started still looked
-            # alive then; its compactions are closed once its heartbeat lapses.
-            # Without heartbeats (SQLite) every other instance would look dead:
-            # a second proxy on the same file would fail this one's work.
-            if state.store.tracks_liveness:
-                await state.store.fail_interrupted(state.instance)
-            since_purge += HEARTBEAT_TTL / 3
-            if since_purge >= PURGE_INTERVAL:
-                since_purge = 0.0
-                await state.store.purge()
-        except Exception as exc:  # the store may be down for a while; keep serving
-            logger.warning("store upkeep failed: %s", type(exc).__name__)
+        if not restored:
+            restored = await _restore(state)
+        elif store.health.failing:
+            await store.probe()
+        await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
+        # A replica that died just before this one started still looked
+        # alive then; its compactions are closed once its heartbeat lapses.
+        # Without heartbeats (SQLite) every other instance would look dead:
+        # a second proxy on the same file would fail this one's work.
+        if state.store.tracks_liveness:
+            await state.store.fail_interrupted(state.instance)
+        since_purge += HEARTBEAT_TTL / 3
+        if since_purge >= PURGE_INTERVAL:
+            since_purge = 0.0
+            await state.store.purge()
+
+
+async def _restore(state: ProxyState) -> bool:
+    """Load the learned windows and ratios from the store; False if it cannot say now."""
+    try:
+        windows = await state.store.learned_windows()
+        ratios = await state.store.calibrations()
+    except StoreUnavailable:
+        return False
+    # Anything this process learned while the store was down is the newer.
+    for key, window in windows.items():
+        state.learned_windows.setdefault(key, window)
+    for key, ratio in ratios.items():
+        state.ratios.setdefault(key, ratio)
+    return True
 
 
 def create_app(
@@ -72,6 +92,8 @@ def create_app(
 ) -> ASGIApp:
     """The proxy as an ASGI application. ``client`` and ``store`` are for tests."""
 
+    health = StoreHealth()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = client is None
@@ -81,13 +103,18 @@ def create_app(
             settings.store.url,
             retention_seconds=settings.store.retention_seconds,
             store_originals=settings.store.store_originals,
+            timeout=settings.store.timeout_seconds,
         )
         metrics = Metrics()
+        # A store that fails or hangs must not fail the requests (finding 4).
+        guarded = ResilientStore(
+            backend, timeout=settings.store.timeout_seconds, health=health, observer=metrics
+        )
         state = ProxyState(
             settings=settings,
             transport=transport,
             client=http,
-            store=MeteredStore(backend, metrics),
+            store=guarded,
             resolver=ModelResolver(settings),
             metrics=metrics,
         )
@@ -95,12 +122,11 @@ def create_app(
         closed = await state.store.fail_interrupted(state.instance)
         if closed:
             logger.warning("closed %d compaction(s) interrupted by a restart", closed)
-        state.learned_windows.update(await state.store.learned_windows())
-        state.ratios.update(await state.store.calibrations())
+        restored = await _restore(state)
         await state.store.purge()
         await asyncio.to_thread(state.warm)
         app.state.proxy = state
-        keeper = asyncio.create_task(_keep_alive(state))
+        keeper = asyncio.create_task(_keep_alive(state, guarded, restored))
         try:
             yield
         finally:
@@ -151,9 +177,18 @@ def create_app(
         exposition = state_of(request).metrics.exposition()
         return Response(exposition, media_type=METRICS_CONTENT_TYPE)
 
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
+        return error_response(
+            ServiceUnavailable("The compaction store is not answering; try again later.")
+        )
+
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        # From the outcomes of the store calls already made, never a call of
+        # its own: a hung store must not hang the health check. Degraded is
+        # still 200: the proxy serves every request, only without its state.
+        return JSONResponse(health.report().to_dict())
 
     @app.post("/v1/compaction/preview")
     async def preview(request: Request) -> Response:

@@ -7,6 +7,7 @@
      ├── NotFound        404    no such checkpoint (or not the caller's)
      ├── PayloadTooLarge 413    the body is above the size limit
      ├── UpstreamUnreachable 502  no connection to the upstream
+     ├── ServiceUnavailable  503  the store behind the state endpoints is down
      └── UpstreamTimeout     504  the upstream said nothing in time
 
 Upstream errors (status >= 400 from the upstream) are not ProxyErrors: they
@@ -92,6 +93,12 @@ class UpstreamUnreachable(ProxyError):
     status = 502
     type = "upstream_error"
     code = "upstream_unreachable"
+
+
+class ServiceUnavailable(ProxyError):
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
 
 
 class UpstreamTimeout(ProxyError):

@@ -6,21 +6,18 @@ first :data:`MAX_MODELS` distinct names; later ones are counted as "other".
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from compaction import Checkpoint, CompactionResult, Message
-from proxy.stores import Event, Store
+from compaction import CompactionResult
+from proxy.stores import FailureKind
 
 MAX_MODELS = 100
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5)
 
 
 class Metrics:
@@ -87,11 +84,19 @@ class Metrics:
             buckets=_STORE_BUCKETS,
             registry=r,
         )
+        self.store_errors = Counter(
+            "compaction_proxy_store_errors",
+            "Store calls that failed, timed out, or were skipped after a timeout; "
+            "the request went on without the store.",
+            ["operation", "kind"],
+            registry=r,
+        )
         self._models: set[str] = set()
         #: Labelled children of the per-request metrics: ``labels()`` takes a
         #: lock and builds a key on every call, and these are hit per request.
         self._per_request: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._latency: dict[str, Any] = {}
+        self._store_latency: dict[str, Any] = {}
 
     def model(self, name: str) -> str:
         if name in self._models:
@@ -140,86 +145,16 @@ class Metrics:
         else:
             self.upstream_errors.labels(kind).inc()
 
+    def store_call(self, operation: str, seconds: float) -> None:
+        """A store call took ``seconds`` (failed or not); the store's
+        :class:`~proxy.stores.StoreObserver`."""
+        latency = self._store_latency.get(operation)
+        if latency is None:
+            latency = self._store_latency[operation] = self.store_latency.labels(operation)
+        latency.observe(seconds)
+
+    def store_failed(self, operation: str, kind: FailureKind) -> None:
+        self.store_errors.labels(operation, kind).inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class MeteredStore:
-    """A :class:`~proxy.stores.Store` that times every operation."""
-
-    def __init__(self, store: Store, metrics: Metrics) -> None:
-        self._store = store
-        self._histogram = metrics.store_latency
-        self.tracks_liveness = store.tracks_liveness
-
-    async def _timed(self, operation: str, call: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await call
-        finally:
-            self._histogram.labels(operation).observe(time.perf_counter() - started)
-
-    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
-        found: dict[str, Checkpoint] = await self._timed("lookup", self._store.lookup(hashes))
-        return found
-
-    async def put(
-        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
-    ) -> None:
-        await self._timed("put", self._store.put(checkpoint, originals, owner=owner))
-
-    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
-        found: Checkpoint | None = await self._timed(
-            "get", self._store.get(checkpoint_id, owner=owner)
-        )
-        return found
-
-    async def originals(self, checkpoint_id: str) -> list[Message] | None:
-        found: list[Message] | None = await self._timed(
-            "originals", self._store.originals(checkpoint_id)
-        )
-        return found
-
-    async def add_event(self, event: Event) -> None:
-        await self._timed("add_event", self._store.add_event(event))
-
-    async def events(
-        self, session: str | None = None, limit: int = 100, *, owner: str | None = None
-    ) -> list[Event]:
-        found: list[Event] = await self._timed(
-            "events", self._store.events(session, limit, owner=owner)
-        )
-        return found
-
-    async def fail_interrupted(self, instance: str, message: str = "interrupted by restart") -> int:
-        count: int = await self._timed(
-            "fail_interrupted", self._store.fail_interrupted(instance, message)
-        )
-        return count
-
-    async def heartbeat(self, instance: str, ttl: float) -> None:
-        await self._timed("heartbeat", self._store.heartbeat(instance, ttl))
-
-    def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
-        return self._store.lock(key, ttl)
-
-    async def learned_windows(self) -> dict[str, int]:
-        found: dict[str, int] = await self._timed("learned_windows", self._store.learned_windows())
-        return found
-
-    async def set_learned_window(self, model: str, window: int) -> None:
-        await self._timed("set_learned_window", self._store.set_learned_window(model, window))
-
-    async def calibrations(self) -> dict[str, float]:
-        found: dict[str, float] = await self._timed("calibrations", self._store.calibrations())
-        return found
-
-    async def set_calibration(self, key: str, ratio: float) -> None:
-        await self._timed("set_calibration", self._store.set_calibration(key, ratio))
-
-    async def purge(self, now: float | None = None) -> int:
-        count: int = await self._timed("purge", self._store.purge(now))
-        return count
-
-    async def close(self) -> None:
-        await self._store.close()

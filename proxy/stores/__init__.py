@@ -37,6 +37,14 @@ from proxy.stores.base import (
 from proxy.stores.codec import to_dict
 from proxy.stores.memory import MemoryStore
 from proxy.stores.redis import DEFAULT_KEY_PREFIX, RedisStore
+from proxy.stores.resilient import (
+    FailureKind,
+    HealthReport,
+    ResilientStore,
+    StoreHealth,
+    StoreObserver,
+    StoreUnavailable,
+)
 from proxy.stores.sqlite import SQLiteStore, default_sqlite_path
 
 _SCHEMES = ("memory", "sqlite", "redis", "rediss")
@@ -49,10 +57,13 @@ def open_store(
     store_originals: bool = True,
     capacity: int = DEFAULT_CAPACITY,
     key_prefix: str = DEFAULT_KEY_PREFIX,
+    timeout: float | None = None,
 ) -> Store:
     """The store ``url`` names; nothing is opened or connected until first use.
 
-    ``capacity`` bounds the memory backend; ``key_prefix`` namespaces Redis keys.
+    ``capacity`` bounds the memory backend; ``key_prefix`` namespaces Redis keys;
+    ``timeout`` bounds each Redis command (wrap the store in a
+    :class:`ResilientStore` to bound every call of every backend).
     Raises :class:`ValueError` (a :class:`StoreError`) for an unknown scheme.
     """
     if retention_seconds <= 0:
@@ -72,6 +83,7 @@ def open_store(
             key_prefix=key_prefix,
             retention_seconds=retention_seconds,
             store_originals=store_originals,
+            timeout=timeout,
         )
     shown = f"{scheme!r}" if scheme else "none"
     raise StoreError(
@@ -102,11 +114,17 @@ __all__ = [
     "OPEN_EVENT_TYPES",
     "Event",
     "EventType",
+    "FailureKind",
+    "HealthReport",
     "MemoryStore",
     "RedisStore",
+    "ResilientStore",
     "SQLiteStore",
     "Store",
     "StoreError",
+    "StoreHealth",
+    "StoreObserver",
+    "StoreUnavailable",
     "default_sqlite_path",
     "interrupted",
     "open_store",

@@ -30,6 +30,9 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from compaction import Checkpoint, Message
 from proxy.stores import codec
@@ -117,9 +120,23 @@ class RedisStore:
         self._close_open = client.register_script(_CLOSE_OPEN)
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisStore:
-        """A store on a new client for ``url``; the client connects on first use."""
-        return cls(aioredis.Redis.from_url(url), **options)
+    def from_url(cls, url: str, *, timeout: float | None = None, **options: Any) -> RedisStore:
+        """A store on a new client for ``url``; the client connects on first use.
+
+        ``timeout`` bounds each command and connection attempt (redis-py's
+        default is 5 s). Only a dropped connection is retried, once and at
+        once: that reconnects after a Redis restart, where retrying a timeout
+        or backing off would stretch a failure past the caller's time-box.
+        """
+        if timeout is None:
+            return cls(aioredis.Redis.from_url(url), **options)
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+        return cls(client, **options)
 
     def _key(self, *parts: str) -> str:
         return self._prefix + ":".join(parts)

@@ -8,12 +8,17 @@ never wait for the writer, and writers wait up to the busy timeout.
 The schema is versioned with ``PRAGMA user_version``; :data:`MIGRATIONS` is
 the ordered list of steps, each applied in its own transaction, so a file
 written by any earlier version is brought up to date on open. A file from a
-newer version is refused rather than guessed at.
+newer version is refused rather than guessed at. A damaged file — not a
+database, truncated, corrupt — is moved aside (``state.db.corrupt-<time>``,
+with its ``-wal`` and ``-shm``) and a fresh one started, so the proxy still
+starts (issue 10, finding 4).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import sqlite3
 import time
@@ -38,6 +43,7 @@ from proxy.stores.base import (
 from proxy.stores.locks import LeaseLocks
 
 _T = TypeVar("_T")
+logger = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_SECONDS: Final = 10.0
 
@@ -170,11 +176,38 @@ class SQLiteStore:
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        found = _inode(self.path)
+        try:
+            return self._connect()
+        except (sqlite3.DatabaseError, _Damaged) as exc:
+            damage = _damage(exc)
+            if damage is None:
+                raise
+        # Another proxy on the file may have moved it aside already: only the
+        # file found damaged is moved, never the fresh one that replaced it.
+        if _inode(self.path) == found:
+            aside = _move_aside(self.path)
+            logger.warning(
+                "the state database %s is damaged (%s); moved it aside to %s and started "
+                "a fresh one (its checkpoints, originals and events are not used)",
+                self.path,
+                damage,
+                aside,
+            )
+        return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
             _enter_wal(connection)
             connection.execute("PRAGMA synchronous = NORMAL")
+            # Once per process, before anything is written to it: a truncated
+            # file passes the header checks and fails only on the lost pages.
+            # Reads every page: ~0.15 s for 200 MB (warm cache).
+            verdict = connection.execute("PRAGMA quick_check(1)").fetchone()
+            if verdict != ("ok",):
+                raise _Damaged("quick_check failed")
             migrate(connection)
         except BaseException:
             connection.close()
@@ -431,6 +464,45 @@ class SQLiteStore:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+class _Damaged(Exception):
+    """The file opened as a database but fails its integrity check."""
+
+
+#: SQLite's answers for a file that is not (or no longer) a database.
+_DAMAGED_CODES: Final = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
+
+
+def _damage(exc: BaseException) -> str | None:
+    """What is wrong with the file, if ``exc`` says it is damaged (not locked,
+    not full, not from a newer version)."""
+    if isinstance(exc, _Damaged):
+        return str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and exc.sqlite_errorcode in _DAMAGED_CODES:
+        return exc.sqlite_errorname
+    return None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename ``path`` (and its ``-wal``, ``-shm``) to ``<name>.corrupt-<UTC time>``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{number}")
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+    return aside
 
 
 def _enter_wal(connection: sqlite3.Connection) -> None:

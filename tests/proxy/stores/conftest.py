@@ -21,17 +21,36 @@ from typing import Any
 import pytest
 import redis
 
-from proxy.stores import Store, open_store
+from config.settings import DEFAULT_STORE_TIMEOUT_SECONDS
+from proxy.stores import ResilientStore, Store, open_store
 
 REDIS_URL_ENV = "COMPACTION_PROXY_TEST_REDIS_URL"
-BACKENDS = ("memory", "sqlite", "redis")
+#: "resilient" is SQLite behind the ResilientStore the app puts in front of
+#: every backend: the wrapper must keep the whole contract.
+BACKENDS = ("memory", "sqlite", "redis", "resilient")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def start_redis(binary: str, port: int) -> subprocess.Popen[bytes]:
+    """``redis-server`` on loopback ``port``, without persistence, answering."""
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for(f"redis://127.0.0.1:{port}/0", process)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=10)
+        raise
+    return process
 
 
 def _wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
@@ -61,16 +80,10 @@ def redis_url() -> Iterator[str | None]:
     if binary is None:
         yield None
         return
-    port = _free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    port = free_port()
+    process = start_redis(binary, port)
     try:
-        _wait_for(url, process)
-        yield url
+        yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -103,6 +116,8 @@ class Backend:
 
     def open(self, **options: Any) -> Store:
         store = open_store(self.url, key_prefix=self.key_prefix, **options)
+        if self.kind == "resilient":
+            store = ResilientStore(store, timeout=DEFAULT_STORE_TIMEOUT_SECONDS)
         self.opened.append(store)
         return store
 
@@ -119,7 +134,7 @@ async def backend(
     prefix = f"test-{uuid.uuid4().hex}:"
     if kind == "memory":
         url = "memory://"
-    elif kind == "sqlite":
+    elif kind in ("sqlite", "resilient"):
         url = f"sqlite://{tmp_path / 'state' / 'state.db'}"
     else:
         url = require_redis(redis_url)

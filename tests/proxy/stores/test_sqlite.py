@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 import threading
 import time
@@ -227,6 +228,8 @@ async def test_a_database_from_a_newer_version_is_refused(tmp_path: Path) -> Non
     with pytest.raises(StoreError, match="newer"):
         await store.lookup(["h"])
     await store.close()
+    # Not damage: the file is left where it is for the newer proxy.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.db"]
 
 
 async def test_two_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
@@ -310,3 +313,46 @@ async def test_purge_also_drops_old_checkpoints_and_events(tmp_path: Path) -> No
     assert await store.lookup(["old"]) == {}
     assert [item.compaction_id for item in await store.events()] == ["d"]
     await store.close()
+
+
+# -- a damaged file (issue 10, finding 4) -------------------------------------
+
+
+async def _truncated_database(path: Path) -> bytes:
+    """A real state file cut in half, as a full disk or a crash during a copy leaves it."""
+    store = SQLiteStore(path)
+    for index in range(300):
+        await store.add_event(event(f"c{index}", session="s" * 500))
+    await store.close()
+    whole = path.read_bytes()
+    return whole[: len(whole) // 2]
+
+
+@pytest.mark.parametrize("damage", ["text", "random bytes", "truncated"])
+async def test_a_damaged_file_is_moved_aside_and_a_fresh_one_started(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    if damage == "text":
+        content = b"these are my notes, not a database\n" * 20
+    elif damage == "random bytes":
+        content = random.Random(7).randbytes(10_000)
+    else:
+        content = await _truncated_database(tmp_path / "whole.db")
+    path.write_bytes(content)
+
+    store = SQLiteStore(path)
+    made = checkpoint()
+    try:
+        assert await store.fail_interrupted("me") == 0
+        await store.put(made, ORIGINALS)
+        assert await store.lookup(["h1"]) == {"h1": made}
+    finally:
+        await store.close()
+
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("state.db.corrupt-")]
+    assert aside.read_bytes() == content  # kept for whoever wants to look
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    [record] = [r for r in caplog.records if "damaged" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert str(path) in record.getMessage() and str(aside) in record.getMessage()
