@@ -26,10 +26,17 @@ from proxy.access import state_routes
 from proxy.chat import handle_chat, handle_preview
 from proxy.disconnect import ClientWatch
 from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
-from proxy.guards import KEY_IN_AUTHORIZATION, HostGuard, ProxyKeyGuard, is_loopback
+from proxy.guards import (
+    KEY_IN_AUTHORIZATION,
+    HostGuard,
+    OriginGuard,
+    ProxyKeyGuard,
+    is_loopback,
+)
 from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics
+from proxy.paths import forward_url, raw_path_of
 from proxy.state import ProxyState, build_client, build_transport
 from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.upstream import Relay, error_response, send, upstream_headers
@@ -203,9 +210,14 @@ def create_app(
     )
     async def passthrough(path: str, request: Request) -> Response:
         state = state_of(request)
-        url = f"{settings.upstream.base_url}/{path}"
-        if request.url.query:
-            url = f"{url}?{request.url.query}"
+        # Built from the path as received, not the decoded ``path`` (finding 8).
+        scope = request.scope
+        url = forward_url(
+            settings.upstream.base_url,
+            raw_path_of(scope["path"], scope.get("raw_path")),
+            scope["query_string"],
+            prefix="v1",
+        )
         headers = upstream_headers(
             request.headers.items(),
             fallback_key=state.fallback_key(state.resolve(None)),
@@ -241,6 +253,10 @@ def create_app(
 
     wrapped: ASGIApp = ChatRoute(app)
     server = settings.server
+    if server.api_key is not None:
+        wrapped = ProxyKeyGuard(wrapped, server.api_key.get_secret_value())
+    # Outside the key guard: a browser's preflight carries no key, and a 401
+    # needs CORS headers for the page to read it.
     if server.cors_origins:
         wrapped = CORSMiddleware(
             wrapped,
@@ -255,8 +271,7 @@ def create_app(
                 "x-compaction-tokens-after",
             ],
         )
-    if server.api_key is not None:
-        wrapped = ProxyKeyGuard(wrapped, server.api_key.get_secret_value())
+    wrapped = OriginGuard(wrapped, server.cors_origins)
     if is_loopback(server.host):
         wrapped = HostGuard(wrapped, server.allowed_hosts)
     return wrapped

@@ -3,9 +3,11 @@
     ProxyError                  status + OpenAI-shaped body
      ├── BadRequest      400    the body is not a chat request we can read
      ├── Unauthorized    401    the proxy key is missing or wrong
-     ├── Forbidden       403    a Host header that is not local (DNS rebinding)
+     ├── Forbidden       403    a Host that is not local (DNS rebinding), a web
+     │                          Origin not in server.cors_origins
      ├── NotFound        404    no such checkpoint (or not the caller's)
      ├── PayloadTooLarge 413    the body is above the size limit
+     ├── UnsupportedMediaType 415  a chat body that is not JSON, or compressed
      ├── UpstreamUnreachable 502  no connection to the upstream
      ├── ServiceUnavailable  503  the store behind the state endpoints is down
      └── UpstreamTimeout     504  the upstream said nothing in time

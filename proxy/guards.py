@@ -3,6 +3,11 @@
 * :class:`HostGuard` — when bound to loopback, a request whose ``Host`` is not
   a local name is refused (a web page cannot reach the proxy through DNS
   rebinding).
+* :class:`OriginGuard` — a request with an ``Origin`` header (one a browser
+  sends for a web page) is refused unless that origin is in
+  ``server.cors_origins``: a page's "simple" cross-site POST needs no CORS
+  preflight, so without this it would reach the upstream and be billed to the
+  user. Clients that are not browsers send no ``Origin`` and pass.
 * :class:`ProxyKeyGuard` — when a proxy key is configured, every request but
   ``/healthz`` must present it, as ``Authorization: Bearer <key>`` or in the
   ``x-compaction-proxy-key`` header. The scope records which, so the handler
@@ -76,6 +81,28 @@ class HostGuard:
             host = _host_name((_header(scope, b"host") or "").lower())
             if host not in self.allowed:
                 await _refuse(Forbidden(f"Host {host!r} is not allowed."), send)
+                return
+        await self.app(scope, receive, send)
+
+
+class OriginGuard:
+    def __init__(self, app: ASGIApp, allowed_origins: Iterable[str] = ()) -> None:
+        self.app = app
+        # Compared as CORSMiddleware compares them, so the two never disagree;
+        # "null" (a sandboxed frame, a file: page) passes only if listed.
+        self.allowed = frozenset(allowed_origins)
+        self.any = "*" in self.allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.any:
+            origin = _header(scope, b"origin")
+            if origin is not None and origin not in self.allowed:
+                error = Forbidden(
+                    f"Requests from the web origin {origin[:200]!r} are not allowed; "
+                    "list it in server.cors_origins to allow it.",
+                    code="forbidden_origin",
+                )
+                await _refuse(error, send)
                 return
         await self.app(scope, receive, send)
 

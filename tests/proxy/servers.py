@@ -27,7 +27,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -662,6 +662,14 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
 def serve_hangup() -> Iterator[str]:
     """A TCP server that reads each request and closes the connection without
     answering (an upstream that dies before sending headers); yields its base URL."""
+    with serve_raw(lambda conn: conn.recv(65536)) as url:
+        yield url
+
+
+@contextmanager
+def serve_raw(handle: Callable[[socket.socket], object]) -> Iterator[str]:
+    """A TCP server on loopback that hands each connection to ``handle`` (in
+    one thread, one at a time) and closes it after; yields its base URL."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -678,7 +686,7 @@ def serve_hangup() -> Iterator[str]:
             with conn:
                 conn.settimeout(2)
                 with suppress(OSError):
-                    conn.recv(65536)
+                    handle(conn)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -25,6 +25,7 @@ from tests.proxy.servers import FakeUpstream, serve_in_thread
 from tests.synthetic import agent_session
 
 HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+JSON = {"content-type": "application/json"}
 
 
 # --- bad input ---------------------------------------------------------------
@@ -54,7 +55,7 @@ def test_bad_bodies_get_openai_shaped_400(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], raw: bytes, needle: str
 ) -> None:
     url = start_proxy()
-    response = httpx.post(f"{url}/chat/completions", content=raw)
+    response = httpx.post(f"{url}/chat/completions", content=raw, headers=JSON)
     assert response.status_code == 400
     error = response.json()["error"]
     assert needle in error["message"] and error["type"] == "invalid_request_error"
@@ -63,7 +64,7 @@ def test_bad_bodies_get_openai_shaped_400(
 
 def test_body_above_the_limit_gets_413_before_parsing(start_proxy: ProxyFactory) -> None:
     url = start_proxy(server={"max_body_bytes": 1000})
-    response = httpx.post(f"{url}/chat/completions", content=b"x" * 5000)
+    response = httpx.post(f"{url}/chat/completions", content=b"x" * 5000, headers=JSON)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
 
@@ -71,7 +72,7 @@ def test_body_above_the_limit_gets_413_before_parsing(start_proxy: ProxyFactory)
         for _ in range(10):
             yield b"x" * 500
 
-    streamed = httpx.post(f"{url}/chat/completions", content=chunks())
+    streamed = httpx.post(f"{url}/chat/completions", content=chunks(), headers=JSON)
     assert streamed.status_code == 413
 
 
