@@ -102,7 +102,7 @@ def repeated_key(raw: bytes) -> str | None:
     Keys are compared decoded (``"a"`` and ``"\\u0061"`` are one key); nested
     objects are not looked at. simdjson keeps every member of an object, so
     its top-level object lists the keys as written: about 0.1 ms for a 250 KB
-    body, under 1 µs for a small one (counting key spellings in the raw bytes
+    body, about 1 µs for a small one (counting key spellings in the raw bytes
     in Python cost 2 ms). A document it declines (an integer beyond 64 bits)
     is read again by the standard library, slowly but exactly.
     """
