@@ -30,6 +30,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FilePath,
     SecretStr,
     ValidationInfo,
     create_model,
@@ -61,6 +62,10 @@ DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 DEFAULT_READ_TIMEOUT: Final = 600.0
 DEFAULT_MAX_CONNECTIONS: Final = 100
 DEFAULT_MAX_KEEPALIVE_CONNECTIONS: Final = 20
+#: Below the 5 s idle timeout of uvicorn (vLLM, llama.cpp's python server):
+#: the proxy drops an idle connection before the server does, so a request is
+#: rarely sent on a connection that is closing under it.
+DEFAULT_KEEPALIVE_EXPIRY: Final = 4.0
 DEFAULT_RETENTION_DAYS: Final = 30.0
 DEFAULT_PROGRESS_MIN_RATIO: Final = 0.10
 DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
@@ -113,7 +118,9 @@ class ServerSettings(BaseModel):
     host: str = Field(default=DEFAULT_HOST, description="Address to bind; loopback by default.")
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535, description="TCP port to listen on.")
     cors_origins: list[str] = Field(
-        default_factory=list, description="Origins sent CORS headers; none unless configured."
+        default_factory=list,
+        description="Web origins that may call the proxy (and get CORS headers); a request "
+        "with any other Origin header is refused. None unless configured; * allows all.",
     )
     api_key: SecretStr | None = Field(
         default=None, description="If set, clients must present this key to the proxy."
@@ -175,7 +182,23 @@ class UpstreamSettings(BaseModel):
         default=DEFAULT_MAX_CONNECTIONS, description="Size of the upstream connection pool."
     )
     max_keepalive_connections: _NonNegativeInt = Field(
-        default=DEFAULT_MAX_KEEPALIVE_CONNECTIONS, description="Idle connections kept open."
+        default=DEFAULT_MAX_KEEPALIVE_CONNECTIONS,
+        description="Deprecated and ignored (idle connections now expire after "
+        "keepalive_expiry); accepted so that older files still load.",
+    )
+    keepalive_expiry: _PositiveFloat = Field(
+        default=DEFAULT_KEEPALIVE_EXPIRY,
+        description="Seconds an idle upstream connection is kept for reuse.",
+    )
+    trust_env: bool = Field(
+        default=True,
+        description="Route upstream requests through HTTP_PROXY / HTTPS_PROXY (NO_PROXY "
+        "exempts hosts), with proxy credentials from ~/.netrc.",
+    )
+    ca_bundle: FilePath | None = Field(
+        default=None,
+        description="PEM file of the certificate authorities that upstream TLS "
+        "certificates are checked against, instead of the system's.",
     )
 
 

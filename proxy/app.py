@@ -1,7 +1,7 @@
 """The FastAPI application: routes are thin; the work lives in chat.py and friends.
 
 ``create_app(settings)`` builds everything; nothing happens at import time.
-The upstream ``httpx.AsyncClient`` is opened and closed in the lifespan.
+The upstream :class:`~proxy.transport.Transport` is opened and closed in the lifespan.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -37,8 +36,9 @@ from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics
 from proxy.paths import forward_url, raw_path_of
-from proxy.state import ProxyState, build_client, build_transport
+from proxy.state import ProxyState, build_transport
 from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
+from proxy.transport import Transport
 from proxy.upstream import Relay, error_response, send, upstream_headers
 
 logger = logging.getLogger("compaction_proxy")
@@ -95,17 +95,16 @@ def create_app(
     settings: Settings,
     *,
     store: Store | None = None,
-    client: httpx.AsyncClient | None = None,
+    transport: Transport | None = None,
 ) -> ASGIApp:
-    """The proxy as an ASGI application. ``client`` and ``store`` are for tests."""
-
+    """The proxy as an ASGI application. ``transport`` and ``store`` are for tests
+    (a transport given is not closed by the app)."""
     health = StoreHealth()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned = client is None
-        http = client or build_client(settings)
-        transport = build_transport(settings)
+        owned = transport is None
+        upstream_transport = transport or build_transport(settings)
         backend = store or open_store(
             settings.store.url,
             retention_seconds=settings.store.retention_seconds,
@@ -119,8 +118,7 @@ def create_app(
         )
         state = ProxyState(
             settings=settings,
-            transport=transport,
-            client=http,
+            transport=upstream_transport,
             store=guarded,
             resolver=ModelResolver(settings),
             metrics=metrics,
@@ -141,9 +139,8 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
             await state.store.close()
-            await transport.aclose()
             if owned:
-                await http.aclose()
+                await upstream_transport.aclose()
 
     app = FastAPI(
         title="compaction-proxy",

@@ -45,7 +45,14 @@ from proxy.overflow import detect_overflow
 from proxy.state import WINDOW_BOUNDS, ProxyState
 from proxy.summarizer import UpstreamSummarizer
 from proxy.transport import UpstreamResponse
-from proxy.upstream import AUTH_HEADERS, Relay, relay_bytes, send, upstream_headers
+from proxy.upstream import (
+    AUTH_HEADERS,
+    Relay,
+    read_whole,
+    relay_bytes,
+    send,
+    upstream_headers,
+)
 from proxy.usage import UsageTap
 
 logger = logging.getLogger(REQUESTS)
@@ -93,7 +100,7 @@ class _Call:
     def summarizer(self) -> UpstreamSummarizer:
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
         return UpstreamSummarizer(
-            self.state.client,
+            self.state.transport,
             self.config.upstream,
             self.config.summary_model,
             headers,
@@ -235,7 +242,7 @@ async def _overflow(
     """What the upstream's answer says of an overflow: a report to retry on,
     ``None`` for an answer to relay, or the response to give the client now."""
     if upstream.status >= 400:
-        error = await upstream.read()
+        error = await read_whole(upstream)
         overflow = detect_overflow(upstream.status, error, sent)
         if overflow is None:
             _finish(call, prepared, upstream.status, started)

@@ -128,17 +128,17 @@ def _write_output(request: RequestFile, messages: list[Any] | None) -> None:
 async def _run_compact(args: argparse.Namespace, request: RequestFile, config: ModelConfig) -> int:
     profile: Profile = config.profile
     summarizer: Summarizer | None = None
-    client = None
+    transport = None
     if profile.summarizer == "llm":
-        import httpx
-
+        from proxy.state import build_transport
         from proxy.summarizer import UpstreamSummarizer
 
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0))
+        # The proxy's own upstream settings: timeouts, trust_env, ca_bundle.
+        transport = build_transport(load_settings(args.config))
         summarizer = UpstreamSummarizer(
-            client, args.upstream or config.upstream, config.summary_model, headers
+            transport, args.upstream or config.upstream, config.summary_model, headers
         )
     try:
         result = await compact(
@@ -149,8 +149,8 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
             instructions=args.instructions,
         )
     finally:
-        if client is not None:
-            await client.aclose()
+        if transport is not None:
+            await transport.aclose()
 
     _write_output(request, result.messages if result.changed else None)
     print(

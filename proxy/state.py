@@ -1,4 +1,4 @@
-"""What the running proxy holds: settings, the upstream client, the store, caches.
+"""What the running proxy holds: settings, the upstream transport, the store, caches.
 
 Built once in the app's lifespan and passed to the handlers; there are no
 module globals.
@@ -11,9 +11,6 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
-from http.cookiejar import CookieJar, DefaultCookiePolicy
-
-import httpx
 
 from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
 from config import ModelConfig, ModelResolver, Settings
@@ -34,10 +31,8 @@ RATIO_WRITE_STEP = 0.005
 @dataclass
 class ProxyState:
     settings: Settings
-    #: Relays client requests (chat completions and every other /v1 path).
+    #: Every request upstream: relayed ones and the llm summarizer's.
     transport: Transport
-    #: The proxy's own calls to the upstream (the llm summarizer).
-    client: httpx.AsyncClient
     store: Store
     resolver: ModelResolver
     metrics: Metrics = field(default_factory=Metrics)
@@ -150,27 +145,17 @@ def calibration_key(config: ModelConfig) -> str:
 
 def build_transport(settings: Settings) -> Transport:
     upstream = settings.upstream
+    if "max_keepalive_connections" in upstream.model_fields_set:
+        logger.warning(
+            "upstream.max_keepalive_connections is ignored: idle connections "
+            "expire after upstream.keepalive_expiry (%.1f s)",
+            upstream.keepalive_expiry,
+        )
     return Transport(
         connect_timeout=upstream.connect_timeout,
         read_timeout=upstream.read_timeout,
         max_connections=upstream.max_connections,
-        max_keepalive=upstream.max_keepalive_connections,
-    )
-
-
-def build_client(settings: Settings) -> httpx.AsyncClient:
-    upstream = settings.upstream
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            upstream.read_timeout, connect=upstream.connect_timeout, pool=upstream.connect_timeout
-        ),
-        limits=httpx.Limits(
-            max_connections=upstream.max_connections,
-            max_keepalive_connections=upstream.max_keepalive_connections,
-        ),
-        # Each request carries its client's own credentials; nothing may leak
-        # from one user to the next through a shared cookie jar.
-        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
-        follow_redirects=False,
-        trust_env=False,
+        keepalive_expiry=upstream.keepalive_expiry,
+        trust_env=upstream.trust_env,
+        ca_bundle=str(upstream.ca_bundle) if upstream.ca_bundle else None,
     )

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import orjson
 
 from compaction import Message, SummarizationError
+from proxy.transport import Transport, TransportError
 
-DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+#: A summary reply above this is not a summary; reading stops there.
+MAX_REPLY_BYTES = 4 << 20
 
 
 class UpstreamSummarizer:
@@ -24,17 +26,17 @@ class UpstreamSummarizer:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        transport: Transport,
         base_url: str,
         model: str,
         headers: Mapping[str, str] | None = None,
         *,
         on_call: Callable[[], object] | None = None,
     ) -> None:
-        self._client = client
+        self._transport = transport
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._model = model
-        self._headers = dict(headers or {})
+        self._headers = {**(headers or {}), "content-type": "application/json"}
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
         self.calls = 0
@@ -47,39 +49,41 @@ class UpstreamSummarizer:
             "max_tokens": max_tokens,
             "stream": False,
         }
-        response = await self._post(body)
-        if response.status_code == 400 and _rejects_classic_parameters(response):
+        status, reply = await self._post(body)
+        if status == 400 and _rejects_classic_parameters(reply):
             # Reasoning models (o-series, gpt-5) refuse max_tokens and a
             # temperature other than the default; ask once more their way.
             del body["temperature"]
             body["max_completion_tokens"] = body.pop("max_tokens")
-            response = await self._post(body)
-        if response.status_code != 200:
-            raise SummarizationError(
-                f"summarizer upstream answered {response.status_code}: {response.text[:300]}"
-            )
-        return _summary_text(response)
+            status, reply = await self._post(body)
+        if status != 200:
+            text = reply[:300].decode("utf-8", "replace")
+            raise SummarizationError(f"summarizer upstream answered {status}: {text}")
+        return _summary_text(reply)
 
-    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
         self.calls += 1
         if self._on_call is not None:
             self._on_call()
         try:
-            return await self._client.post(self._url, json=body, headers=self._headers)
-        except httpx.HTTPError as exc:
+            response = await self._transport.request(
+                "POST", self._url, self._headers, orjson.dumps(body)
+            )
+            return response.status, await response.read(MAX_REPLY_BYTES)
+        except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
 
 
-def _rejects_classic_parameters(response: httpx.Response) -> bool:
-    text = response.text
+def _rejects_classic_parameters(reply: bytes) -> bool:
+    text = reply.decode("utf-8", "replace")
     return "max_completion_tokens" in text or (
         "temperature" in text and "unsupported" in text.lower()
     )
 
 
-def _summary_text(response: httpx.Response) -> str:
+def _summary_text(reply: bytes) -> str:
     try:
-        payload = response.json()
+        payload = orjson.loads(reply)
         message = payload["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise SummarizationError("summarizer reply is not a chat completion") from exc

@@ -1,8 +1,10 @@
 """Talking to the upstream: request headers, sending, and relaying the answer.
 
-One :class:`~proxy.transport.Transport` (created in the app's lifespan) owns
-the connection pool. Responses are relayed as they arrive — no buffering, no
-re-chunking — and always closed, also when the client goes away mid-stream.
+One :class:`~proxy.transport.Transport` (opened in the app's lifespan) sends
+every request. This module is where the transport's errors become the proxy's
+OpenAI-shaped ones (:func:`upstream_error`). Responses are relayed as they
+arrive — no buffering beyond a small answer, no re-chunking — and a body that
+breaks upstream breaks the client's response too: it never ends cleanly.
 """
 
 from __future__ import annotations
@@ -15,8 +17,17 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import BadRequest, ProxyError
-from proxy.transport import HIGH_WATER, BodyLost, Transport, UpstreamResponse
+from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.transport import (
+    BodyLost,
+    ConnectFailed,
+    InvalidResponse,
+    NoResponse,
+    Transport,
+    TransportError,
+    TransportTimeout,
+    UpstreamResponse,
+)
 from proxy.usage import UsageTap
 
 logger = logging.getLogger(__name__)
@@ -87,6 +98,27 @@ def _relayed_headers(
     return headers
 
 
+def upstream_error(exc: TransportError) -> ProxyError:
+    """The proxy's answer to a request the transport could not complete.
+
+    The one place transport errors become OpenAI-shaped ones; the bodies say
+    what kind of failure it was, never an address or the upstream's bytes.
+    """
+    if isinstance(exc, TransportTimeout):
+        if exc.phase == "connect":
+            return UpstreamTimeout("No upstream connection could be opened in time.")
+        return UpstreamTimeout("The upstream did not answer in time.")
+    if isinstance(exc, ConnectFailed):
+        return UpstreamUnreachable(f"The upstream could not be reached: {exc}.")
+    if isinstance(exc, InvalidResponse):
+        return UpstreamUnreachable(f"The upstream sent an invalid response: {exc}.")
+    if isinstance(exc, BodyLost):
+        return UpstreamUnreachable(f"The upstream's answer broke off: {exc}.")
+    if isinstance(exc, NoResponse):
+        return UpstreamUnreachable("The upstream closed the connection without an answer.")
+    return UpstreamUnreachable("The upstream could not be reached.")
+
+
 async def send(
     transport: Transport,
     method: str,
@@ -94,11 +126,21 @@ async def send(
     headers: Mapping[str, str],
     content: bytes | AsyncIterator[bytes] | None,
 ) -> UpstreamResponse:
-    """Send and return the response once its headers are in, its body unread."""
+    """Send and return the response once its head is in, its body unread."""
     try:
-        return await transport.request(method, url, headers.items(), content)
+        return await transport.request(method, url, headers, content)
+    except TransportError as exc:
+        raise upstream_error(exc) from exc
     except ValueError as exc:
         raise BadRequest(f"The request cannot be forwarded: {exc}.") from exc
+
+
+async def read_whole(upstream: UpstreamResponse) -> bytes:
+    """The whole body of an answer not yet relayed; a broken one is a 502."""
+    try:
+        return await upstream.read()
+    except BodyLost as exc:
+        raise upstream_error(exc) from exc
 
 
 def _stream_error_event(message: str) -> bytes:
@@ -106,19 +148,25 @@ def _stream_error_event(message: str) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-#: An answer of a declared length below this is relayed whole, with its
-#: length (no more than the transport buffers before it stops reading).
-WHOLE_BELOW = HIGH_WATER
+#: An answer of a declared length below this is read whole before it is
+#: relayed (a JSON completion): a body that breaks is then a clean 502.
+WHOLE_BELOW = 1 << 20
 
 
 class Relay(Response):
     """The upstream's answer relayed: a small one whole, any other as it arrives.
 
-    A body of a known, small length (a JSON answer) goes out in one message
-    with its length. Any other (a stream) is relayed chunk by chunk, never
-    re-chunked or held back; meanwhile the client's disconnect is watched, and
-    aborts the upstream request at once — a generation nobody reads is not
-    left running (and billed) to its end.
+    A body of a known, small length (a JSON answer) is read first and goes
+    out in one message with its length. Any other (a stream, a download) is
+    relayed chunk by chunk, never re-chunked or held back, with the
+    upstream's length when it declared one; meanwhile the client's
+    disconnect is watched, and aborts the upstream request at once — a
+    generation nobody reads is not left running (and billed) to its end.
+
+    A body that breaks after the head went out leaves the client's response
+    unfinished: the connection is closed without the last chunk, so no client
+    takes a cut-off answer for a whole one (an SSE client gets an error event
+    first).
     """
 
     def __init__(
@@ -138,29 +186,38 @@ class Relay(Response):
         upstream = self.upstream
         headers = self.raw_headers
         try:
-            small = upstream.length is not None and upstream.length < WHOLE_BELOW
-            if small and not upstream.complete:
-                # A small answer of known length (a JSON completion) is
-                # relayed whole: its last bytes are a moment away.
-                await upstream.wait_complete()
-            body = None
-            if upstream.complete:
-                body = upstream.take_buffered()
-                upstream.release()
-                if not upstream.bodyless and self.status_code not in (204, 304):
-                    headers = [*headers, (b"content-length", b"%d" % len(body))]
+            if upstream.length is not None and upstream.length < WHOLE_BELOW:
+                try:
+                    body = await upstream.read()
+                except BodyLost as exc:
+                    logger.warning("upstream answer broke: %s", exc)
+                    await error_response(upstream_error(exc))(scope, receive, send)
+                    return
+                await self._whole(body, scope, send)
+                return
+            if upstream.length is not None:
+                headers = [*headers, (b"content-length", b"%d" % upstream.length)]
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": headers}
             )
-            if body is not None:
-                await send({"type": "http.response.body", "body": body})
-                if self.tap is not None:
-                    self.tap.feed(body)
-                    self.tap.close()
-            else:
-                await self._stream(receive, send)
+            await self._stream(receive, send)
         finally:
             upstream.abort()  # nothing when the body was read to its end
+
+    async def _whole(self, body: bytes, scope: Scope, send: Send) -> None:
+        headers = self.raw_headers
+        if scope["method"] == "HEAD":
+            # No body came; the length is the one a GET would have had.
+            length = self.upstream.length
+            if length is not None:
+                headers = [*headers, (b"content-length", b"%d" % length)]
+        elif self.status_code not in (204, 304):
+            headers = [*headers, (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self.tap is not None:
+            self.tap.feed(body)
+            self.tap.close()
 
     async def _stream(self, receive: Receive, send: Send) -> None:
         upstream = self.upstream
@@ -171,22 +228,9 @@ class Relay(Response):
                 try:
                     chunk = await upstream.next_chunk()
                 except BodyLost as exc:
-                    if gone.is_set():
-                        return
-                    # Headers are gone already: the status cannot change any
-                    # more. An SSE client gets an error event instead of a
-                    # stream that just stops.
-                    logger.warning("upstream stream broke: %s", exc)
-                    if (upstream.header("content-type") or "").startswith("text/event-stream"):
-                        message = "The upstream connection was lost mid-stream."
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": _stream_error_event(message),
-                                "more_body": True,
-                            }
-                        )
-                    break
+                    if not gone.is_set():
+                        await self._broken(exc, send)
+                    return  # never the final empty chunk: the response stays unfinished
                 if chunk is None:
                     if self.tap is not None:
                         self.tap.close()
@@ -197,6 +241,17 @@ class Relay(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
+
+    async def _broken(self, exc: BodyLost, send: Send) -> None:
+        logger.warning("upstream stream broke: %s", exc)
+        if self.upstream.length is None and (self.upstream.header("content-type") or "").startswith(
+            "text/event-stream"
+        ):
+            # The status went out already; an SSE client is told why its
+            # stream stops before the connection is cut.
+            message = "The upstream connection was lost mid-stream."
+            event = _stream_error_event(message)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
 
 
 async def _abort_on_disconnect(

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from typing import Any
 
 import pytest
 
 _ids = itertools.count(1)
+
+# The proxy honours HTTP(S)_PROXY by default (upstream.trust_env); the suite's
+# upstreams are on loopback and must be reached directly whatever the machine
+# running it is configured with. The tests of the proxy support set their own.
+for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    os.environ.pop(_name, None)
 
 
 def system(text: str = "You are a helpful assistant.") -> dict[str, Any]:

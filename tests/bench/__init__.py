@@ -6,7 +6,9 @@ throughput, streaming, large conversations and memory, and writes
 collected by pytest (see ``conftest.py``).
 
 Modules: ``upstream`` the fast upstream app; ``processes`` starting and pinning
-the servers; ``client`` the HTTP client; ``rig`` interleaved rounds;
+the servers; ``client`` the HTTP client; ``clients`` what each candidate
+upstream client (httpx, httpcore, aiohttp, the proxy's transport) costs per
+request; ``rig`` interleaved rounds;
 ``passthrough``, ``streaming``, ``large``, ``memory`` the measurements;
 ``peer`` LiteLLM; ``profiling`` cProfile of a proxy process; ``report`` and
 ``run``.

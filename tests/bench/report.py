@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tests.bench import clients
+from tests.bench.clients import ClientCost
 from tests.bench.large import CORPUS_WINDOW, WINDOW, Bucket, FirstCompaction
 from tests.bench.memory import Memory
 from tests.bench.profiling import Profile
@@ -33,6 +35,7 @@ class Results:
     memory: Memory
     rss: dict[str, tuple[int, int]]  #: name → (idle KiB, after the rig KiB)
     profiles: list[Profile] = field(default_factory=list)
+    clients: list[ClientCost] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -330,6 +333,25 @@ def _pairs(p: Profile) -> list[tuple[object, object]]:
     return list(zip(own, hot, strict=True))
 
 
+def _clients(r: Results) -> list[str]:
+    rows = [
+        [
+            c.name,
+            f"{c.cpu_ms:.3f} ({c.cpu_range[0]:.3f}–{c.cpu_range[1]:.3f})",
+            f"{c.wall_ms:.3f}",
+        ]
+        for c in r.clients
+    ]
+    return [
+        f"{clients.REQUESTS} sequential small chat POSTs from the bench process to the "
+        "upstream, answers read whole (`tests/bench/clients.py`). The proxy pays this on "
+        "every relayed request; `compaction-proxy Transport` is aiohttp with the proxy's "
+        "guards.",
+        "",
+        *_table(["client", "CPU ms per request", "wall ms per request"], rows),
+    ]
+
+
 def render(r: Results) -> str:
     lines = [
         "# Benchmark results",
@@ -350,6 +372,8 @@ def render(r: Results) -> str:
     ]
     if r.notes:
         lines += ["Notes:", "", *(f"* {note}" for note in r.notes), ""]
+    if r.clients:
+        lines += ["## 0. The upstream HTTP client (issue 10)", "", *_clients(r)]
     lines += ["## 1. Pass-through overhead, concurrency 1", "", *_pass_through(r)]
     lines += ["## 2. Throughput, one worker, p99 ≤ 50 ms", "", *_throughput(r)]
     lines += [

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.bench import large, memory, passthrough, peer, profiling, streaming
+from tests.bench import clients, large, memory, passthrough, peer, profiling, streaming
 from tests.bench.client import Target, run, sequential
 from tests.bench.processes import (
     CLIENT_CORE,
@@ -164,6 +164,8 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
                     rig.proxies["litellm"] = litellm
             idle = {name: server.rss_kib() for name, server in rig.proxies.items()}
 
+        with clock.phase("0. what each HTTP client costs per request"):
+            client_costs = clients.measure(upstream.base_url, rounds=1 if quick else 3)
         with clock.phase("1. pass-through latency, concurrency 1"):
             latency = passthrough.latency(rig, pass_settings)
         with clock.phase("2. throughput ladder"):
@@ -256,6 +258,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         memory=mem,
         rss=rss,
         profiles=profiles,
+        clients=client_costs,
         notes=notes,
     )
 

@@ -7,7 +7,6 @@ import dataclasses
 import threading
 from typing import Any
 
-import httpx
 import pytest
 
 import proxy.conversation
@@ -47,7 +46,6 @@ def _state() -> tuple[ProxyState, Any]:
     state = ProxyState(
         settings=settings,
         transport=build_transport(settings),
-        client=httpx.AsyncClient(),
         store=MemoryStore(),
         resolver=ModelResolver(settings),
     )
@@ -64,7 +62,7 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
         results = await asyncio.gather(
             *(prepare(state, body, messages, config, summarizer) for _ in range(concurrent))
         )
-        await state.client.aclose()
+        await state.transport.aclose()
         return summarizer.calls, {r.checkpoint.id for r in results if r.checkpoint}
 
     alone, _ = asyncio.run(run(1))
@@ -105,7 +103,7 @@ def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
         summarizer = RecordingSummarizer()
         body = {"model": "m", "messages": later}
         prepared = await prepare(state, body, later, config, summarizer)
-        await state.client.aclose()
+        await state.transport.aclose()
         return (
             summarizer.calls,
             prepared.stage,
@@ -152,7 +150,7 @@ def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
         other = identify(state, config, {"model": "m"}, other_messages)
         mismatched = await prepare(state, body, messages, config, None, identified=other)
         assert mismatched.headers() == worked_out.headers()
-        await state.client.aclose()
+        await state.transport.aclose()
 
     asyncio.run(run())
 
@@ -176,7 +174,7 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
             assert prepared.tokens_before == counter.count_request(body)
             forwarded = {**body, "messages": prepared.messages}
             assert prepared.result.tokens_after == counter.count_request(forwarded)
-        await state.client.aclose()
+        await state.transport.aclose()
 
     asyncio.run(run())
 
@@ -209,7 +207,7 @@ def _compact_recording_threads(
         profile = dataclasses.replace(config.profile, summarizer=mode)
         configured = dataclasses.replace(config, profile=profile)
         prepared = await prepare(state, body, messages, configured, summarizer)
-        await state.client.aclose()
+        await state.transport.aclose()
         return _Compacted(prepared, asyncio.get_running_loop(), threading.get_ident(), compacted_in)
 
     return asyncio.run(run())
@@ -272,7 +270,7 @@ def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None
             prepared = await prepare(state, body, broken, config, summarizer)
             stages.append(prepared.stage)
             calls.append(summarizer.calls)
-        await state.client.aclose()
+        await state.transport.aclose()
         return calls, stages
 
     calls, stages = asyncio.run(run())

@@ -100,14 +100,24 @@ def test_silent_upstream_gives_bounded_504(
     assert time.monotonic() - started < 5
 
 
-def test_stream_dropped_mid_way_ends_with_an_error_event(
+def test_stream_dropped_mid_way_ends_with_an_error_event_and_a_broken_response(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
 ) -> None:
     fake[0].behaviours = ["drop"]
     url = start_proxy()
-    response = httpx.post(f"{url}/chat/completions", json={**HI, "stream": True}, timeout=10)
-    events = [e for e in response.text.split("\n\n") if e]
+    received = b""
+    with (
+        pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"),
+        httpx.stream(
+            "POST", f"{url}/chat/completions", json={**HI, "stream": True}, timeout=10
+        ) as response,
+    ):
+        for chunk in response.iter_raw():
+            received += chunk
+    # The client is told why, and cannot take the stream for a whole one.
+    events = [e for e in received.decode().split("\n\n") if e]
     assert "upstream_dropped" in events[-1]
+    assert "[DONE]" not in received.decode()
 
 
 # --- streams -----------------------------------------------------------------

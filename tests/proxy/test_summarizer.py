@@ -1,4 +1,4 @@
-"""proxy.summarizer against a mock transport (a unit test of one module)."""
+"""proxy.summarizer against a scripted upstream on loopback."""
 
 from __future__ import annotations
 
@@ -6,31 +6,55 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
 import pytest
+from aiohttp import web
 
 from compaction import SummarizationError
 from proxy.summarizer import UpstreamSummarizer
+from proxy.transport import Transport
+
+#: (status, body) the scripted upstream answers.
+Reply = tuple[int, bytes]
 
 
-def _reply(content: Any = "## Goal\nx", **message: Any) -> httpx.Response:
-    return httpx.Response(
-        200, json={"choices": [{"message": {"role": "assistant", "content": content, **message}}]}
+def _json(status: int, payload: Any) -> Reply:
+    return status, json.dumps(payload).encode()
+
+
+def _reply(content: Any = "## Goal\nx", **message: Any) -> Reply:
+    return _json(
+        200, {"choices": [{"message": {"role": "assistant", "content": content, **message}}]}
     )
 
 
 def _summarize(handler: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Summarize once against an upstream answering ``handler(body, n)``."""
     seen: list[dict[str, Any]] = []
 
-    def record(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        response: httpx.Response = handler(request, len(seen))
-        return response
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        status, body = handler(seen[-1], len(seen))
+        return web.Response(status=status, body=body, content_type="application/json")
 
     async def run() -> str:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(record)) as client:
-            summarizer = UpstreamSummarizer(client, "http://up/v1", "m", {"authorization": "k"})
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        transport = Transport(
+            connect_timeout=5, read_timeout=30, max_connections=4, keepalive_expiry=4
+        )
+        try:
+            summarizer = UpstreamSummarizer(
+                transport, f"http://127.0.0.1:{port}/v1", "m", {"authorization": "k"}
+            )
             return await summarizer([{"role": "user", "content": "x"}], 600)
+        finally:
+            await transport.aclose()
+            await runner.cleanup()
 
     return asyncio.run(run()), seen
 
@@ -50,9 +74,9 @@ def test_request_shape_and_reply() -> None:
 
 
 def test_reasoning_models_are_asked_again_with_max_completion_tokens() -> None:
-    refusal = httpx.Response(
+    refusal = _json(
         400,
-        json={
+        {
             "error": {
                 "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
                 "Use 'max_completion_tokens' instead.",
@@ -69,13 +93,13 @@ def test_reasoning_models_are_asked_again_with_max_completion_tokens() -> None:
 @pytest.mark.parametrize(
     "response",
     [
-        httpx.Response(500, text="boom"),
-        httpx.Response(200, text="not json"),
-        httpx.Response(200, json={"choices": []}),
+        (500, b"boom"),
+        (200, b"not json"),
+        _json(200, {"choices": []}),
         _reply(content=""),
         _reply(content=None, tool_calls=[{"id": "c", "type": "function"}]),
     ],
 )
-def test_unusable_answers_are_summarization_errors(response: httpx.Response) -> None:
+def test_unusable_answers_are_summarization_errors(response: Reply) -> None:
     with pytest.raises(SummarizationError):
         _summarize(lambda request, n: response)

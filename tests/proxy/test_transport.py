@@ -1,9 +1,10 @@
-"""proxy.transport (connection and pool) against a scripted raw HTTP server on loopback.
+"""proxy.transport against a scripted raw HTTP server on loopback — a hostile one too.
 
 Each test gives ``_Upstream`` a handler coroutine that reads requests and
-writes exact bytes, so every behaviour (a stall, a drop mid-body, an idle
-connection closed at the wrong moment) is provoked on a real socket. The
-server counts the connections it accepts and records the requests it read.
+writes exact bytes, so every behaviour (a stall, a drop mid-body, an extra
+response, an idle connection closed at the wrong moment, a flood of headers)
+is provoked on a real socket. The server counts the connections it accepts
+and records the requests it read.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gzip
 import socket
 import ssl
 import struct
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,15 @@ import pytest
 import trustme
 import uvloop
 
-from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.transport import HIGH_WATER, BodyLost, Transport, UpstreamResponse
+from proxy.transport import (
+    BodyLost,
+    ConnectFailed,
+    InvalidResponse,
+    NoResponse,
+    Transport,
+    TransportTimeout,
+    UpstreamResponse,
+)
 
 
 @dataclass(frozen=True)
@@ -153,7 +161,8 @@ async def _pool(**overrides: Any) -> AsyncIterator[Transport]:
         "connect_timeout": 1.0,
         "read_timeout": 1.0,
         "max_connections": 4,
-        "max_keepalive": 4,
+        "keepalive_expiry": 30.0,
+        "trust_env": False,
     }
     transport = Transport(**(options | overrides))
     try:
@@ -164,7 +173,7 @@ async def _pool(**overrides: Any) -> AsyncIterator[Transport]:
 
 
 async def _get(transport: Transport, url: str, body: Any = None) -> UpstreamResponse:
-    return await transport.request("GET" if body is None else "POST", url, [], body)
+    return await transport.request("GET" if body is None else "POST", url, {}, body)
 
 
 async def _chunks(response: UpstreamResponse) -> list[bytes]:
@@ -181,8 +190,8 @@ async def _chunks(response: UpstreamResponse) -> list[bytes]:
 async def test_content_length_response_on_a_kept_alive_connection() -> None:
     async with _Upstream(_answering(_ok(b"hello", "x-id: 7"))) as up, _pool() as transport:
         response = await _get(transport, up.url)
-        assert (response.status, response.header("x-id")) == (200, "7")
-        assert ("content-length", "5") in response.headers
+        assert (response.status, response.header("x-id"), response.length) == (200, "7", 5)
+        assert (b"content-length", b"5") in response.raw_headers
         assert await response.read() == b"hello"
         for _ in range(2):
             assert await (await _get(transport, up.url)).read() == b"hello"
@@ -207,6 +216,7 @@ async def test_chunked_response_arrives_chunk_by_chunk_then_whole() -> None:
 
     async with _Upstream(handler) as up, _pool() as transport:
         response = await _get(transport, up.url)
+        assert response.length is None
         assert await response.next_chunk() == b"alpha"
         go_on.put_nowait(None)
         assert await response.next_chunk() == b"beta"
@@ -217,25 +227,31 @@ async def test_chunked_response_arrives_chunk_by_chunk_then_whole() -> None:
 
 
 @_in_a_loop
-async def test_body_without_length_ends_at_connection_close() -> None:
+async def test_http_1_0_body_without_length_ends_at_close_and_is_not_reused() -> None:
     async def handler(peer: _Peer) -> None:
         await peer.request()
-        await peer.send(b"HTTP/1.1 200 OK\r\n\r\npart one, ")
+        await peer.send(b"HTTP/1.0 200 OK\r\n\r\npart one, ")
         await peer.send(b"part two")
 
     async with _Upstream(handler) as up, _pool() as transport:
-        response = await _get(transport, up.url)
-        assert b"".join(await _chunks(response)) == b"part one, part two"
+        for _ in range(2):
+            response = await _get(transport, up.url)
+            assert b"".join(await _chunks(response)) == b"part one, part two"
+        assert up.connections == 2
 
 
-@_in_a_loop
-async def test_interim_100_continue_is_skipped() -> None:
-    interim = b"HTTP/1.1 100 Continue\r\nx-interim: yes\r\n\r\n"
-    async with _Upstream(_answering(interim + _ok(b"final"))) as up, _pool() as transport:
-        response = await _get(transport, up.url, b"{}")
-        assert response.status == 200
-        assert response.header("x-interim") is None
-        assert await response.read() == b"final"
+@pytest.mark.parametrize("interim", [b"100 Continue", b"103 Early Hints"])
+def test_interim_1xx_answers_are_skipped(interim: bytes) -> None:
+    head = b"HTTP/1.1 " + interim + b"\r\nx-interim: yes\r\n\r\n"
+
+    async def scenario() -> None:
+        async with _Upstream(_answering(head + _ok(b"final"))) as up, _pool() as transport:
+            response = await _get(transport, up.url, b"{}")
+            assert response.status == 200
+            assert response.header("x-interim") is None
+            assert await response.read() == b"final"
+
+    asyncio.run(scenario())
 
 
 @_in_a_loop
@@ -246,14 +262,24 @@ async def test_head_answer_with_a_length_and_no_body_does_not_hang() -> None:
             await peer.send(head if request.method == "HEAD" else _ok())
 
     async with _Upstream(handler) as up, _pool(max_connections=1) as transport:
-        response = await transport.request("HEAD", up.url, [], None)
+        response = await transport.request("HEAD", up.url, {}, None)
         assert (response.status, response.header("content-length")) == (200, "10")
         assert await asyncio.wait_for(response.read(), 0.5) == b""
         assert await (await _get(transport, up.url)).read() == b"hello"  # the slot came back
-        assert up.connections == 2  # a HEAD answer's connection is not reused
 
 
-# --- keep-alive and the retry -------------------------------------------------
+@_in_a_loop
+async def test_bodies_arrive_as_sent_never_decompressed() -> None:
+    squeezed = gzip.compress(b'{"ok": true}')
+    answer = _ok(squeezed, "content-encoding: gzip", "content-type: application/json")
+    async with _Upstream(_answering(answer)) as up, _pool() as transport:
+        response = await _get(transport, up.url)
+        assert response.header("content-encoding") == "gzip"
+        assert await response.read() == squeezed
+        assert up.requests[0].headers["accept-encoding"] == "identity"
+
+
+# --- keep-alive, expiry, and never sending twice -----------------------------------
 
 
 @_in_a_loop
@@ -280,42 +306,66 @@ async def test_idle_connection_closed_by_the_server_is_replaced() -> None:
         await (await _get(transport, up.url)).read()
         await closed.wait()
         await asyncio.sleep(0.05)
-        assert await (await _get(transport, up.url)).read() == b"hello"
+        assert await (await _get(transport, up.url, b"{}")).read() == b"hello"
         assert up.connections == 2
 
 
 @_in_a_loop
-async def test_reused_connection_closed_without_an_answer_is_retried_once() -> None:
+async def test_idle_connections_expire_after_keepalive_expiry() -> None:
+    async with _Upstream(_answering(_ok())) as up, _pool(keepalive_expiry=0.1) as transport:
+        await (await _get(transport, up.url)).read()
+        await (await _get(transport, up.url)).read()
+        assert up.connections == 1  # reused while fresh
+        await asyncio.sleep(0.3)
+        await (await _get(transport, up.url)).read()
+        assert up.connections == 2  # expired, replaced
+
+
+def _closing_after_one_answer(second: bytes) -> Handler:
+    """The first connection answers once, then reads the next request and
+    closes without a byte (an idle keep-alive connection timed out by the
+    server as the request arrived); later connections answer ``second``."""
+
     async def handler(peer: _Peer) -> None:
         if peer.index == 1:
             await peer.request()
             await peer.send(_ok(b"first"))
-            await peer.request()  # read and never answered: the close the retry is for
+            await peer.request()
             return
-        await _answering(_ok(b"second"))(peer)
+        await _answering(_ok(second))(peer)
 
-    async with _Upstream(handler) as up, _pool() as transport:
+    return handler
+
+
+@_in_a_loop
+async def test_post_on_a_kept_alive_connection_closed_without_an_answer_is_sent_once() -> None:
+    async with _Upstream(_closing_after_one_answer(b"second")) as up, _pool() as transport:
         assert await (await _get(transport, up.url)).read() == b"first"
-        assert await (await _get(transport, up.url, b"{}")).read() == b"second"
-        assert up.connections == 2
-        assert [r.body for r in up.requests] == [b"", b"{}", b"{}"]
+        with pytest.raises(NoResponse):
+            await _get(transport, up.url, b'{"generate": "a long answer"}')
+        # The upstream may have started the generation: it is not asked twice.
+        assert [r.method for r in up.requests] == ["GET", "POST"]
+        assert up.connections == 1
 
 
 @_in_a_loop
 async def test_streamed_body_on_a_reused_connection_is_not_sent_twice() -> None:
-    async def handler(peer: _Peer) -> None:
-        await peer.request()
-        await peer.send(_ok(b"first"))
-        await peer.request()
-
     async def body() -> AsyncIterator[bytes]:
         yield b"once"
 
-    async with _Upstream(handler) as up, _pool() as transport:
+    async with _Upstream(_closing_after_one_answer(b"second")) as up, _pool() as transport:
         await (await _get(transport, up.url)).read()
-        with pytest.raises(UpstreamUnreachable):
+        with pytest.raises(NoResponse):
             await _get(transport, up.url, body())
         assert up.connections == 1
+
+
+@_in_a_loop
+async def test_idempotent_get_on_such_a_connection_is_retried_once() -> None:
+    async with _Upstream(_closing_after_one_answer(b"second")) as up, _pool() as transport:
+        assert await (await _get(transport, up.url)).read() == b"first"
+        assert await (await _get(transport, up.url)).read() == b"second"
+        assert up.connections == 2
 
 
 @_in_a_loop
@@ -324,38 +374,118 @@ async def test_fresh_connection_closed_without_an_answer_is_not_retried() -> Non
         await peer.request()
 
     async with _Upstream(handler) as up, _pool() as transport:
-        with pytest.raises(UpstreamUnreachable):
+        with pytest.raises(NoResponse):
             await _get(transport, up.url, b"{}")
         assert up.connections == 1
+
+
+# --- a hostile upstream -----------------------------------------------------------
+
+_LEAK = _ok(b'{"LEAKED": "another caller\'s answer"}')
+
+
+@pytest.mark.parametrize("when", ["with the answer", "while idle"])
+def test_an_extra_response_never_becomes_the_next_requests_answer(when: str) -> None:
+    async def handler(peer: _Peer) -> None:
+        n = 0
+        while await peer.request() is not None:
+            n += 1
+            answer = _ok(b"answer %d" % n)
+            if n == 1 and peer.index == 1 and when == "with the answer":
+                await peer.send(answer + _LEAK)
+            elif n == 1 and peer.index == 1:
+                await peer.send(answer)
+                await asyncio.sleep(0.05)
+                await peer.send(_LEAK)  # nobody asked
+            else:
+                await peer.send(answer)
+
+    async def scenario() -> None:
+        async with _Upstream(handler) as up, _pool() as transport:
+            assert await (await _get(transport, up.url)).read() == b"answer 1"
+            await asyncio.sleep(0.1)
+            second = await _get(transport, up.url, b'{"from": "caller two"}')
+            assert await second.read() == b"answer 1"  # a fresh connection's first answer
+            assert up.connections == 2
+            assert len(up.requests) == 2  # the second request went out once
+
+    asyncio.run(scenario())
+
+
+@_in_a_loop
+async def test_content_length_and_chunked_together_are_refused() -> None:
+    smuggled = (
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n"
+    )
+    async with _Upstream(_answering(smuggled)) as up, _pool() as transport:
+        with pytest.raises(InvalidResponse):
+            await _get(transport, up.url)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [b"x-big: " + b"a" * (2 << 20)],  # one 2 MiB line
+        [b"x-h%d: v" % i for i in range(5000)],  # a flood of small ones
+        [b"x-h%d: %b" % (i, b"b" * 15_000) for i in range(8)],  # 120 KiB under every per-line limit
+    ],
+    ids=["huge-line", "many-headers", "large-total"],
+)
+def test_oversized_response_heads_are_refused(headers: list[bytes]) -> None:
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in headers)
+
+    async def handler(peer: _Peer) -> None:
+        await peer.request()
+        with contextlib.suppress(ConnectionError):
+            await peer.send(head + b"content-length: 2\r\n\r\nok")
+        await peer.wait_eof()
+
+    async def scenario() -> None:
+        async with _Upstream(handler) as up, _pool() as transport:
+            with pytest.raises(InvalidResponse):
+                await _get(transport, up.url)
+
+    asyncio.run(scenario())
+
+
+@_in_a_loop
+async def test_reset_before_any_answer_is_no_response() -> None:
+    async def handler(peer: _Peer) -> None:
+        await peer.request()
+        _reset_on_close(peer)
+
+    async with _Upstream(handler) as up, _pool() as transport:
+        with pytest.raises(NoResponse):
+            await _get(transport, up.url, b"{}")
 
 
 # --- failures and timeouts ------------------------------------------------------
 
 
 @_in_a_loop
-async def test_connection_refused_is_unreachable() -> None:
+async def test_connection_refused_fails_to_connect() -> None:
     async with _Upstream(_answering(_ok())) as up:
         url = up.url  # a port that was just free, now closed
     async with _pool() as transport:
-        with pytest.raises(UpstreamUnreachable):
+        with pytest.raises(ConnectFailed):
             await _get(transport, url)
 
 
 @_in_a_loop
-async def test_silent_server_times_out_after_read_timeout() -> None:
+async def test_silent_server_times_out_reading() -> None:
     async def handler(peer: _Peer) -> None:
         await peer.request()
         await peer.wait_eof()
 
     async with _Upstream(handler) as up, _pool(read_timeout=0.2) as transport:
-        started = time.perf_counter()
-        with pytest.raises(UpstreamTimeout):
-            await _get(transport, up.url)
-        assert 0.15 < time.perf_counter() - started < 1.0
+        with pytest.raises(TransportTimeout) as caught:
+            await asyncio.wait_for(_get(transport, up.url), 5)
+        assert caught.value.phase == "read"
 
 
 @_in_a_loop
-async def test_stall_after_headers_loses_the_body_after_read_timeout() -> None:
+async def test_stall_after_headers_loses_the_body() -> None:
     async def handler(peer: _Peer) -> None:
         await peer.request()
         await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nsome")
@@ -364,14 +494,12 @@ async def test_stall_after_headers_loses_the_body_after_read_timeout() -> None:
     async with _Upstream(handler) as up, _pool(read_timeout=0.2) as transport:
         response = await _get(transport, up.url)
         assert await response.next_chunk() == b"some"
-        started = time.perf_counter()
-        with pytest.raises(BodyLost):
-            await response.next_chunk()
-        assert 0.15 < time.perf_counter() - started < 1.0
+        with pytest.raises(BodyLost, match="stopped sending"):
+            await asyncio.wait_for(response.next_chunk(), 5)
 
 
 @_in_a_loop
-async def test_waiting_for_a_whole_body_that_arrives_late_takes_none_of_it() -> None:
+async def test_a_whole_body_that_arrives_in_pieces_is_read_whole() -> None:
     async def handler(peer: _Peer) -> None:
         await peer.request()
         await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
@@ -381,44 +509,37 @@ async def test_waiting_for_a_whole_body_that_arrives_late_takes_none_of_it() -> 
 
     async with _Upstream(handler) as up, _pool() as transport:
         response = await _get(transport, up.url)
-        assert response.length == 10 and not response.complete
-        await response.wait_complete()
-        assert response.complete and response.take_buffered() == b"helloworld"
+        assert await response.read() == b"helloworld"
 
 
-@_in_a_loop
-async def test_waiting_for_a_whole_body_that_stalls_ends_in_a_lost_body() -> None:
-    async def handler(peer: _Peer) -> None:
-        await peer.request()
-        await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nsome")
-        await peer.wait_eof()
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_cut_short_is_lost_and_its_connection_dropped(framing: str) -> None:
+    cut = {
+        "content-length": b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789",
+        "chunked": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n64\r\n0123456789",
+    }[framing]
 
-    async with _Upstream(handler) as up, _pool(read_timeout=0.2) as transport:
-        response = await _get(transport, up.url)
-        started = time.perf_counter()
-        await response.wait_complete()
-        assert 0.15 < time.perf_counter() - started < 1.0 and not response.complete
-        assert await response.next_chunk() == b"some"  # what did arrive is still there
-        with pytest.raises(BodyLost):
-            await response.next_chunk()
-
-
-@_in_a_loop
-async def test_drop_mid_body_loses_the_body_and_the_connection() -> None:
     async def handler(peer: _Peer) -> None:
         await peer.request()
         if peer.index == 1:
-            await peer.send(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nsome")
+            await peer.send(cut)  # then FIN
             return
         await peer.send(_ok())
         await peer.wait_eof()
 
-    async with _Upstream(handler) as up, _pool() as transport:
-        response = await _get(transport, up.url)
-        with pytest.raises(BodyLost):
-            await _chunks(response)
-        assert await (await _get(transport, up.url)).read() == b"hello"
-        assert up.connections == 2
+    async def scenario() -> None:
+        async with _Upstream(handler) as up, _pool() as transport:
+            with pytest.raises(BodyLost):
+                await (await _get(transport, up.url)).read()
+            assert await (await _get(transport, up.url)).read() == b"hello"
+            assert up.connections == 2
+
+    asyncio.run(scenario())
+
+
+def _reset_on_close(peer: _Peer) -> None:
+    linger = struct.pack("ii", 1, 0)  # closing now sends RST, not FIN
+    peer.writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
 
 
 @_in_a_loop
@@ -427,8 +548,7 @@ async def test_reset_during_a_body_without_length_loses_the_body() -> None:
         await peer.request()
         await peer.send(b"HTTP/1.1 200 OK\r\n\r\npartial")
         await asyncio.sleep(0.05)
-        linger = struct.pack("ii", 1, 0)  # closing now sends RST, not FIN
-        peer.writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        _reset_on_close(peer)
 
     async with _Upstream(handler) as up, _pool() as transport:
         with pytest.raises(BodyLost):
@@ -436,10 +556,25 @@ async def test_reset_during_a_body_without_length_loses_the_body() -> None:
 
 
 @_in_a_loop
-async def test_upstream_that_never_reads_the_body_times_out() -> None:
-    async with _Upstream(lambda peer: asyncio.sleep(5)) as up, _pool(read_timeout=0.2) as t:
-        with pytest.raises(UpstreamTimeout):
-            await asyncio.wait_for(_get(t, up.url, b"x" * (32 << 20)), 1.0)
+async def test_wait_body_keeps_the_first_bytes_for_the_reader() -> None:
+    async def handler(peer: _Peer) -> None:
+        while await peer.request() is not None:
+            await peer.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            await peer.send(b"5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n")
+
+    async with _Upstream(handler) as up, _pool() as transport:
+        response = await _get(transport, up.url)
+        assert await response.wait_body() is True
+        assert b"".join(await _chunks(response)) == b"firstsecond"
+
+
+@_in_a_loop
+async def test_wait_body_of_an_empty_stream_is_false() -> None:
+    empty = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+    async with _Upstream(_answering(empty)) as up, _pool() as transport:
+        response = await _get(transport, up.url)
+        assert await response.wait_body() is False
+        assert await response.next_chunk() is None
 
 
 # --- the pool -------------------------------------------------------------------
@@ -447,40 +582,46 @@ async def test_upstream_that_never_reads_the_body_times_out() -> None:
 
 @_in_a_loop
 async def test_a_held_response_makes_the_next_request_wait_for_its_slot() -> None:
+    async def handler(peer: _Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await peer.wait_eof()  # the stream never ends
+
     async with (
-        _Upstream(_answering(_ok())) as up,
+        _Upstream(handler) as up,
         _pool(max_connections=1, connect_timeout=0.2) as transport,
     ):
         held = await _get(transport, up.url)
-        with pytest.raises(UpstreamTimeout):
+        with pytest.raises(TransportTimeout) as caught:
             await _get(transport, up.url)
+        assert caught.value.phase == "connect"
         waiting = asyncio.ensure_future(_get(transport, up.url))
         await asyncio.sleep(0.05)
         assert not waiting.done()
-        held.release()
-        assert await (await waiting).read() == b"hello"
-        assert up.connections == 1
+        held.abort()
+        second = await waiting
+        assert second.status == 200
+        second.abort()
+        assert up.connections == 2
 
 
 @_in_a_loop
 async def test_abort_mid_stream_closes_at_once_and_frees_the_slot() -> None:
-    eof_at: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    closed: asyncio.Event = asyncio.Event()
 
     async def handler(peer: _Peer) -> None:
         if peer.index > 1:
             return await _answering(_ok())(peer)
         await peer.request()
         await peer.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
-        eof_at.set_result(await peer.wait_eof())
+        await peer.wait_eof()
+        closed.set()
 
     async with _Upstream(handler) as up, _pool(max_connections=1) as transport:
         response = await _get(transport, up.url)
         assert await response.next_chunk() == b"first"
-        aborted = asyncio.get_running_loop().time()
         response.abort()
-        assert await asyncio.wait_for(eof_at, 1.0) - aborted < 1.0
-        with pytest.raises(BodyLost):
-            await response.next_chunk()
+        await asyncio.wait_for(closed.wait(), 5)  # the upstream saw the connection close
         assert await (await _get(transport, up.url)).read() == b"hello"
 
 
@@ -490,17 +631,17 @@ async def test_abort_mid_stream_closes_at_once_and_frees_the_slot() -> None:
 @_in_a_loop
 async def test_header_with_a_line_break_is_refused_before_sending() -> None:
     async with _Upstream(_answering(_ok())) as up, _pool(max_connections=1) as transport:
-        with pytest.raises(ValueError, match="line break"):
-            await transport.request("GET", up.url, [("x-a", "1\r\nx-b: 2")], None)
-        assert up.connections == 0
+        with pytest.raises(ValueError):
+            await transport.request("GET", up.url, {"x-a": "1\r\nx-b: 2"}, None)
+        assert up.requests == []
         assert await (await _get(transport, up.url)).read() == b"hello"  # no slot was taken
 
 
 @_in_a_loop
-async def test_request_head_carries_target_host_identity_encoding_and_length() -> None:
+async def test_request_head_carries_the_target_as_given_and_nothing_of_its_own() -> None:
     async with _Upstream(_answering(_ok())) as up, _pool() as transport:
-        headers = [("authorization", "Bearer k"), ("content-type", "application/json")]
-        target = "/openai/v1/chat?api-version=2024-06"
+        headers = {"authorization": "Bearer k", "content-type": "application/json"}
+        target = "/openai/v1/a%2Fb/%7Euser?api-version=2024-06&q=%2F"
         await (await transport.request("POST", up.url + target, headers, b'{"a":1}')).read()
         await (await _get(transport, up.url)).read()
         seen, bare = up.requests
@@ -532,37 +673,17 @@ async def test_async_iterator_body_is_sent_chunked_and_arrives_intact() -> None:
         assert seen.body == b"".join(parts)
 
 
-# --- backpressure and event loops ---------------------------------------------
-
-
 @_in_a_loop
-async def test_slow_reader_gets_a_large_body_intact_with_bounded_buffering() -> None:
+async def test_slow_reader_gets_a_large_body_intact_and_the_connection_back() -> None:
     body = bytes(range(256)) * (5 * 1024 * 4)  # 5 MiB
-    started = time.perf_counter()
     async with _Upstream(_answering(_ok(body))) as up, _pool() as transport:
         response = await _get(transport, up.url)
-        received, peak = [], 0
+        received = []
         while (chunk := await response.next_chunk()) is not None:
             received.append(chunk)
-            peak = max(peak, response._buffered + len(chunk))
             await asyncio.sleep(0.001)  # a slow client
         assert b"".join(received) == body
-        # paused above HIGH_WATER, so at most one socket read (256 KiB) beyond it
-        assert HIGH_WATER // 2 < peak <= HIGH_WATER + 256 * 1024
-    assert time.perf_counter() - started < 5
-
-
-@_in_a_loop
-async def test_a_response_finished_while_reading_was_paused_leaves_a_usable_connection() -> None:
-    # HIGH_WATER + 1 bytes: the read that crosses the mark holds the last byte,
-    # so the response completes with reading paused.
-    big = _ok(b"z" * (HIGH_WATER + 1))
-    async with _Upstream(_answering(big)) as up, _pool(read_timeout=0.5) as transport:
-        response = await _get(transport, up.url)
-        while not response.complete:
-            await asyncio.sleep(0.005)
-        response.abort()  # the client left; the pool keeps the complete connection
-        assert len(await (await _get(transport, up.url)).read(limit=2 * HIGH_WATER)) > HIGH_WATER
+        await (await _get(transport, up.url)).read()
         assert up.connections == 1
 
 
@@ -580,18 +701,17 @@ def test_works_under_uvloop() -> None:
 
 
 @_in_a_loop
-async def test_https_upstreams_are_verified_and_kept_alive() -> None:
+async def test_https_upstreams_are_verified_against_the_ca_bundle_and_kept_alive() -> None:
     authority = trustme.CA()
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     authority.issue_cert("127.0.0.1").configure_cert(server)
-    trusting = ssl.create_default_context()
-    authority.configure_trust(trusting)
-    async with _Upstream(_answering(_ok()), tls=server) as up:
-        assert up.url.startswith("https://")
-        async with _pool(ssl_context=trusting) as transport:
-            for _ in range(2):
-                assert await (await _get(transport, up.url)).read() == b"hello"
-        assert up.connections == 1
-        async with _pool() as transport:  # certifi's bundle does not know this authority
-            with pytest.raises(UpstreamUnreachable):
-                await _get(transport, up.url)
+    with authority.cert_pem.tempfile() as bundle:
+        async with _Upstream(_answering(_ok()), tls=server) as up:
+            assert up.url.startswith("https://")
+            async with _pool(ca_bundle=bundle) as transport:
+                for _ in range(2):
+                    assert await (await _get(transport, up.url)).read() == b"hello"
+            assert up.connections == 1
+            async with _pool() as transport:  # the system's store does not know this authority
+                with pytest.raises(ConnectFailed, match="certificate"):
+                    await _get(transport, up.url)
