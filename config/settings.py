@@ -193,7 +193,7 @@ class UpstreamSettings(BaseModel):
     trust_env: bool = Field(
         default=True,
         description="Route upstream requests through HTTP_PROXY / HTTPS_PROXY (NO_PROXY "
-        "exempts hosts), with proxy credentials from ~/.netrc.",
+        "exempts hosts; credentials in the proxy URL), as set when the proxy starts.",
     )
     ca_bundle: FilePath | None = Field(
         default=None,

@@ -59,6 +59,3 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    # httpx logs every upstream request at INFO: a second line per request on
-    # the hot path, saying nothing our own line does not.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -67,6 +67,12 @@ class UpstreamResponse:
     async def read(self, limit: int = 1 << 20) -> bytes:
         """The whole body, or :class:`BodyLost`; a body above ``limit`` bytes is
         cut there (and the connection closed)."""
+        if self._ahead is None and self.length is not None and self.length <= limit:
+            try:  # a declared length within the limit: aiohttp reads it in one go
+                return await self._response.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self.abort()
+                raise BodyLost(_body_failure(exc)) from exc
         parts: list[bytes] = []
         size = 0
         while size < limit:

@@ -99,6 +99,8 @@ class ConnectProxy:
     url: str
     #: The ``host:port`` of every tunnel asked for, in order.
     tunnels: list[str]
+    #: The ``Proxy-Authorization`` each tunnel was asked with ("" for none).
+    authorizations: list[str]
 
 
 @contextlib.contextmanager
@@ -106,6 +108,7 @@ def serve_connect_proxy(names: dict[str, int]) -> Iterator[ConnectProxy]:
     """A tunnelling proxy; ``names`` maps host names it resolves to loopback ports."""
     runner = _Loop()
     tunnels: list[str] = []
+    authorizations: list[str] = []
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
@@ -118,6 +121,12 @@ def serve_connect_proxy(names: dict[str, int]) -> Iterator[ConnectProxy]:
         head = await reader.readuntil(b"\r\n\r\n")
         method, authority, _ = head.split(b"\r\n", 1)[0].decode().split(" ")
         tunnels.append(authority)
+        credentials = ""
+        for line in head.decode("latin-1").split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "proxy-authorization":
+                credentials = value.strip()
+        authorizations.append(credentials)
         host = authority.rpartition(":")[0]
         if method != "CONNECT" or host not in names:
             writer.write(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
@@ -135,6 +144,6 @@ def serve_connect_proxy(names: dict[str, int]) -> Iterator[ConnectProxy]:
     assert isinstance(server, asyncio.Server)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield ConnectProxy(f"http://127.0.0.1:{port}", tunnels)
+        yield ConnectProxy(f"http://127.0.0.1:{port}", tunnels, authorizations)
     finally:
         runner.stop(server)

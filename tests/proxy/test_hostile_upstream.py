@@ -9,6 +9,7 @@ from a broken one as any HTTP client does.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 import time
@@ -222,7 +223,28 @@ def test_an_upstream_behind_https_proxy_with_a_custom_ca_is_reached(
             answer = httpx.post(f"{proxy}/chat/completions", json=CHAT)
             _assert_openai_error(answer, 502, "certificate")
 
+        # Without trust_env, or for a host NO_PROXY names, the proxy goes
+        # direct, where the internal name does not resolve.
         with _proxy_before(upstream, trust_env=False, ca_bundle=bundle, connect_timeout=3) as proxy:
             answer = httpx.post(f"{proxy}/chat/completions", json=CHAT, timeout=30)
             _assert_openai_error(answer, 502, "could not be reached")
-        assert len(corporate.tunnels) == 2  # the proxy was not asked the third time
+        monkeypatch.setenv("NO_PROXY", ".internal.test")
+        with _proxy_before(upstream, trust_env=True, ca_bundle=bundle, connect_timeout=3) as proxy:
+            answer = httpx.post(f"{proxy}/chat/completions", json=CHAT, timeout=30)
+            _assert_openai_error(answer, 502, "could not be reached")
+        assert len(corporate.tunnels) == 2  # the corporate proxy was not asked again
+
+
+def test_proxy_credentials_in_the_proxy_url_are_sent_to_the_proxy_only(
+    internal_upstream: tuple[int, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port, bundle = internal_upstream
+    with serve_connect_proxy({"llm.internal.test": port}) as corporate:
+        for name in ("NO_PROXY", "no_proxy", "https_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", corporate.url.replace("://", "://alice:s3cret@"))
+        with _proxy_before("https://llm.internal.test", trust_env=True, ca_bundle=bundle) as proxy:
+            answer = httpx.post(f"{proxy}/chat/completions", json=CHAT)
+            assert answer.status_code == 200, answer.text
+        (authorization,) = corporate.authorizations
+        assert authorization == "Basic " + base64.b64encode(b"alice:s3cret").decode()
