@@ -148,13 +148,17 @@ class ServerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _distinct_keys(self) -> ServerSettings:
+        # An empty key would be matched by an empty header (``Bearer `` with
+        # nothing after it): a lock anyone opens. Refused, not ignored: a set
+        # but empty variable usually means a secret that failed to load.
+        admin, proxy = self.admin_key, self.api_key
+        for name, key in (("api_key", proxy), ("admin_key", admin)):
+            if key is not None and not key.get_secret_value().strip():
+                raise ValueError(f"server.{name} must not be empty")
         # Every client holds the proxy key: as the admin key too, it would show
         # each of them everyone's conversations.
-        admin, proxy = self.admin_key, self.api_key
         if admin is None:
             return self
-        if not admin.get_secret_value().strip():
-            raise ValueError("server.admin_key must not be empty")  # an empty header would match
         if proxy is not None and admin.get_secret_value() == proxy.get_secret_value():
             raise ValueError("server.admin_key must differ from server.api_key")
         return self

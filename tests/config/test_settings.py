@@ -145,6 +145,13 @@ def test_admin_key_is_never_printed_and_differs_from_the_proxy_key() -> None:
         ServerSettings(admin_key=SecretStr(" "))
 
 
+def test_an_empty_proxy_key_is_refused_not_a_lock_anyone_opens() -> None:
+    # "Authorization: Bearer " would present the empty key and match it.
+    for empty in ("", "  "):
+        with pytest.raises(ValidationError, match=r"server\.api_key must not be empty"):
+            ServerSettings(api_key=SecretStr(empty))
+
+
 def test_settings_are_frozen() -> None:
     settings = Settings()
     with pytest.raises(ValidationError):
