@@ -205,7 +205,7 @@ def _translated(exc: aiohttp.ClientError) -> TransportError:
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
         return ConnectFailed("the upstream's TLS certificate or handshake was refused")
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ClientProxyConnectionError):
-        return ConnectFailed("the upstream could not be reached")
+        return ConnectFailed("no connection could be opened")
     if isinstance(exc, aiohttp.ClientHttpProxyError):
         return ConnectFailed("the HTTP proxy refused the tunnel to the upstream")
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
@@ -213,5 +213,5 @@ def _translated(exc: aiohttp.ClientError) -> TransportError:
     if isinstance(exc, aiohttp.ClientResponseError):
         return InvalidResponse("the upstream's response is not valid HTTP/1.1")
     if isinstance(exc, aiohttp.InvalidURL):
-        return ConnectFailed("the upstream URL is not valid")
+        return ConnectFailed("its URL is not valid")
     return NoResponse("the upstream answered nothing usable")
