@@ -1,0 +1,201 @@
+"""The dialect contract: an API's request ↔ the engine's chat-format conversation.
+
+The engine (``compaction``) works on OpenAI Chat Completions messages: a
+system head, user/assistant turns, tool groups (an assistant message with
+``tool_calls`` and the ``tool`` messages answering them). A **dialect** maps
+one API's request onto such messages and maps the engine's output back:
+
+    request ──to_engine──▶ Mapped(messages, request, items) ──engine──▶ messages'
+    messages' ──from_engine──▶ the request to forward
+
+Every engine message a dialect makes carries :data:`ORIGIN` — the id of the
+request item it came from and its part — so that the way back knows, for each
+output message, what it stands for. The key survives the engine's copies
+(a pruned tool result is ``{**message, "content": brief}``) and the store (a
+checkpoint's replacement messages are JSON), and it is never sent anywhere:
+no dialect forwards engine messages as they are.
+
+:func:`rebuild` does the way back for every dialect. It walks the output in
+order and gathers the messages of each origin item: an item all of whose
+parts come back unchanged (the same objects, or equal copies from a stored
+checkpoint) is forwarded **as it was**, so its bytes are the client's; an item some of whose parts were changed (a pruned
+tool output) is rebuilt by the dialect from the original and the changed
+parts; messages with no origin (the summary) become new items. An item none
+of whose parts come back was condensed away.
+
+Origin ids are content hashes of the item (:func:`item_id`), not positions:
+a checkpoint made on one request is applied to the next, where the same item
+may sit elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from compaction import Message
+
+#: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands for.
+ORIGIN = "_compaction_origin"
+
+
+def item_id(item: Any, salt: str = "") -> str:
+    """A stable id for a request item: its content's hash (``salt`` tells twins apart)."""
+    digest = hashlib.blake2b(orjson.dumps(item), digest_size=12)
+    digest.update(salt.encode())
+    return digest.hexdigest()
+
+
+def tag(message: Message, origin: str, part: int = 0) -> Message:
+    """``message`` marked as part ``part`` of the item ``origin``."""
+    message[ORIGIN] = f"{origin}:{part}"
+    return message
+
+
+def origin_of(message: Message) -> tuple[str, int] | None:
+    value = message.get(ORIGIN)
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    origin, _, part = value.rpartition(":")
+    return origin, int(part)
+
+
+@dataclass
+class Mapped:
+    """A request as the engine sees it."""
+
+    #: Chat-format messages, head first, each tagged with :data:`ORIGIN`.
+    messages: list[Message]
+    #: The engine's view of the request: ``model``, ``messages``, ``tools`` and
+    #: the output asked for (``max_tokens``), for counting and budgets.
+    request: dict[str, Any]
+    #: Origin id → the request item it names (what :func:`rebuild` forwards or rebuilds).
+    items: dict[str, Any] = field(default_factory=dict)
+    #: Origin id → the engine messages made from it, in order (to tell unchanged parts).
+    parts: dict[str, list[Message]] = field(default_factory=dict)
+
+    def add(self, item: Any, messages: Sequence[Message], salt: str = "") -> None:
+        """Record ``item`` and the engine messages it maps to, tagging them."""
+        origin = item_id(item, salt)
+        while origin in self.items and self.items[origin] is not item:
+            salt += "'"  # the same content twice in one request: a distinct id
+            origin = item_id(item, salt)
+        self.items[origin] = item
+        self.parts[origin] = list(messages)
+        for part, message in enumerate(messages):
+            tag(message, origin, part)
+        self.messages.extend(messages)
+
+
+#: Builds a request item from the original item and the engine messages that
+#: came back for it (some changed, some maybe missing); ``None`` drops it.
+Rebuild = Callable[[Any, list[Message]], Any]
+#: Builds new request items from engine messages with no origin (the summary).
+Create = Callable[[list[Message]], list[Any]]
+
+
+def rebuild(
+    mapped: Mapped,
+    messages: Sequence[Message],
+    *,
+    changed: Rebuild,
+    created: Create,
+    skip: Callable[[str], bool] = lambda origin: False,
+) -> list[Any]:
+    """The request items for the engine's output ``messages`` (see the module doc).
+
+    ``skip`` leaves out origins that are not list items (a top-level system).
+    """
+    out: list[Any] = []
+    for origin, group in _runs(messages):
+        if origin is None:
+            out.extend(created(group))
+            continue
+        if skip(origin):
+            continue
+        item = mapped.items.get(origin)
+        if item is None:  # a message from a checkpoint whose item is gone: keep its text
+            out.extend(created([{k: v for k, v in m.items() if k != ORIGIN} for m in group]))
+            continue
+        original = mapped.parts.get(origin, [])
+        same = len(group) == len(original)  # and each the same object, or equal (a stored copy)
+        if same and all(a is b or a == b for a, b in zip(group, original, strict=True)):
+            out.append(item)
+        else:
+            built = changed(item, group)
+            if built is not None:
+                out.append(built)
+    return out
+
+
+def _runs(messages: Sequence[Message]) -> Iterator[tuple[str | None, list[Message]]]:
+    """Consecutive messages grouped by origin item (``None``: no origin)."""
+    current: str | None = None
+    group: list[Message] = []
+    for message in messages:
+        found = origin_of(message)
+        origin = found[0] if found else None
+        if group and (origin != current or origin is None):
+            yield current, group
+            group = []
+        current = origin
+        group.append(message)
+    if group:
+        yield current, group
+
+
+def clean(message: Message) -> Message:
+    """``message`` without :data:`ORIGIN` (for a summarizer request)."""
+    return {k: v for k, v in message.items() if k != ORIGIN}
+
+
+class Dialect(Protocol):
+    """One API the proxy compacts. Implementations are stateless singletons."""
+
+    #: ``"chat"``, ``"anthropic"`` or ``"responses"``: labels, logs, scopes.
+    name: str
+    #: The path under the upstream's base URL, e.g. ``"/messages"``.
+    path: str
+
+    def check(self, body: dict[str, Any]) -> None:
+        """Raise :class:`proxy.errors.BadRequest` for a body this API would refuse
+        in a way that stops the proxy from reading it (no conversation)."""
+        ...
+
+    def untouchable(self, body: dict[str, Any]) -> str | None:
+        """Why this request must be forwarded byte for byte (server-side state, the
+        client's own compaction), or ``None`` when it may be compacted."""
+        ...
+
+    def to_engine(self, body: dict[str, Any]) -> Mapped: ...
+
+    def from_engine(
+        self, body: dict[str, Any], mapped: Mapped, messages: list[Message]
+    ) -> dict[str, Any]:
+        """The request to forward: ``body`` with its conversation from ``messages``;
+        every field the proxy does not own unchanged."""
+        ...
+
+    def summary_request(
+        self, model: str, messages: list[Message], max_tokens: int
+    ) -> dict[str, Any]:
+        """A non-streamed request, in this API, asking ``model`` for the reply to the
+        summarizer's chat-format ``messages`` (a system prompt, then user turns)."""
+        ...
+
+    def summary_text(self, reply: Any) -> str:
+        """The text of a reply to :meth:`summary_request`; raise
+        :class:`compaction.SummarizationError` if it has none."""
+        ...
+
+    def manual_reply(self, model: str, text: str) -> dict[str, Any]:
+        """A whole (non-streamed) answer in this API carrying ``text``: ``/compact``."""
+        ...
+
+    def manual_events(self, model: str, text: str) -> Iterator[bytes]:
+        """The same answer as this API's stream of server-sent events."""
+        ...
