@@ -16,12 +16,13 @@ checkpoint's replacement messages are JSON), and it is never sent anywhere:
 no dialect forwards engine messages as they are.
 
 :func:`rebuild` does the way back for every dialect. It walks the output in
-order and gathers the messages of each origin item: an item all of whose
-parts come back unchanged (the same objects, or equal copies from a stored
-checkpoint) is forwarded **as it was**, so its bytes are the client's; an item some of whose parts were changed (a pruned
-tool output) is rebuilt by the dialect from the original and the changed
-parts; messages with no origin (the summary) become new items. An item none
-of whose parts come back was condensed away.
+order and gathers the messages of each origin item: an item all of whose parts
+come back unchanged (the same objects, or equal copies from a stored
+checkpoint) is forwarded **as it was**, so its bytes are the client's; an item
+some of whose parts were changed (a pruned tool output) is rebuilt by the
+dialect from the original and the changed parts; messages with no origin (the
+summary) become new items. An item none of whose parts come back was condensed
+away.
 
 Origin ids are content hashes of the item (:func:`item_id`), not positions:
 a checkpoint made on one request is applied to the next, where the same item
