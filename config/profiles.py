@@ -49,6 +49,10 @@ class ModelConfig:
     api_key_env: str | None
     override: str | None = None  #: the [models."…"] key that applied, if any
     window_source: WindowSource = "default"  #: where profile.context_window came from
+    #: Where an Anthropic Messages request for this model goes (no trailing slash).
+    anthropic_upstream: str = "https://api.anthropic.com/v1"
+    #: Variable holding the ``x-api-key`` used there when the client sends none.
+    anthropic_api_key_env: str | None = None
 
 
 def find_override(
@@ -124,6 +128,8 @@ def _resolve(settings: Settings, model: str) -> ModelConfig:
         api_key_env=override.api_key_env or _global_key_env(settings, override),
         override=key,
         window_source=source,
+        anthropic_upstream=override.anthropic_upstream or settings.upstream.anthropic_base_url,
+        anthropic_api_key_env=_anthropic_key_env(settings, override),
     )
 
 
@@ -143,6 +149,15 @@ def _global_key_env(settings: Settings, override: ModelOverride) -> str | None:
     if override.upstream and override.upstream != settings.upstream.base_url:
         return None
     return settings.upstream.api_key_env
+
+
+def _anthropic_key_env(settings: Settings, override: ModelOverride) -> str | None:
+    """[upstream].anthropic_api_key_env, unless the model's Anthropic requests go
+    elsewhere (the same rule as :func:`_global_key_env`)."""
+    anthropic = settings.upstream.anthropic_base_url
+    if override.anthropic_upstream and override.anthropic_upstream != anthropic:
+        return None
+    return settings.upstream.anthropic_api_key_env
 
 
 def _specificity(pattern: str) -> int:

@@ -58,6 +58,8 @@ DEFAULT_PORT: Final = 8808
 DEFAULT_MAX_BODY_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_UPSTREAM: Final = "https://api.openai.com/v1"
 DEFAULT_API_KEY_ENV: Final = "OPENAI_API_KEY"
+DEFAULT_ANTHROPIC_UPSTREAM: Final = "https://api.anthropic.com/v1"
+DEFAULT_ANTHROPIC_KEY_ENV: Final = "ANTHROPIC_API_KEY"
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 DEFAULT_READ_TIMEOUT: Final = 600.0
 DEFAULT_MAX_CONNECTIONS: Final = 100
@@ -175,6 +177,16 @@ class UpstreamSettings(BaseModel):
     api_key_env: _Name = Field(
         default=DEFAULT_API_KEY_ENV,
         description="Environment variable holding the key used when a client sends none.",
+    )
+    anthropic_base_url: _HttpUrl = Field(
+        default=DEFAULT_ANTHROPIC_UPSTREAM,
+        description="Base URL of the Anthropic Messages API (POST /v1/messages is sent to "
+        "<this>/messages).",
+    )
+    anthropic_api_key_env: _Name = Field(
+        default=DEFAULT_ANTHROPIC_KEY_ENV,
+        description="Environment variable holding the x-api-key sent to anthropic_base_url "
+        "when a client sends no key.",
     )
     connect_timeout: _PositiveFloat = Field(
         default=DEFAULT_CONNECT_TIMEOUT, description="Seconds to wait for a connection."
@@ -318,6 +330,11 @@ class ModelOverride(_ProfileOverride):
     model_config = _SECTION
 
     summary_model: _Name | None = Field(default=None, description=_SUMMARY_MODEL_DOC)
+    anthropic_upstream: _HttpUrl | None = Field(
+        default=None,
+        description="Anthropic Messages base URL for these models instead of "
+        "[upstream].anthropic_base_url.",
+    )
     upstream: _HttpUrl | None = Field(
         default=None, description="Base URL for these models instead of [upstream].base_url."
     )

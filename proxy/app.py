@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -23,6 +23,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from config import ModelResolver, Settings
 from proxy.access import state_routes
 from proxy.chat import handle_chat, handle_preview
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import CHAT
+
+try:  # TEMPORARY while the dialect modules are written
+    from proxy.dialects.anthropic import ANTHROPIC
+    from proxy.dialects.responses import RESPONSES
+except ImportError:
+    ANTHROPIC = RESPONSES = CHAT  # type: ignore[assignment]
 from proxy.disconnect import ClientWatch
 from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
 from proxy.guards import (
@@ -207,17 +215,22 @@ def create_app(
     )
     async def passthrough(path: str, request: Request) -> Response:
         state = state_of(request)
+        # Anthropic's other endpoints (/v1/messages/count_tokens, /batches)
+        # go where its messages go, with its key; everything else to base_url.
+        anthropic = path == "messages" or path.startswith("messages/")
+        config = state.resolve(None)
         # Built from the path as received, not the decoded ``path`` (finding 8).
         scope = request.scope
         url = forward_url(
-            settings.upstream.base_url,
+            config.anthropic_upstream if anthropic else settings.upstream.base_url,
             raw_path_of(scope["path"], scope.get("raw_path")),
             scope["query_string"],
             prefix="v1",
         )
         headers = upstream_headers(
             request.headers.items(),
-            fallback_key=state.fallback_key(state.resolve(None)),
+            fallback_key=state.anthropic_key(config) if anthropic else state.fallback_key(config),
+            fallback_header="x-api-key" if anthropic else "authorization",
             drop_authorization=key_in_authorization(request),
         )
         body = await _body(request)
@@ -291,21 +304,27 @@ async def _body(request: Request) -> bytes | AsyncIterator[bytes] | None:
 
 
 class ChatRoute:
-    """``POST /v1/chat/completions`` straight to its handler; everything else to FastAPI.
+    """The compacted endpoints straight to their handler; everything else to FastAPI.
 
-    The hot path skips FastAPI's routing, middleware stack and dependency
-    machinery, about a fifth of a pass-through request's CPU on the bench
-    (issue 5's profile); the handler needs none of it. Its errors get the
-    same OpenAI-shaped bodies the FastAPI routes give.
+    ``POST /v1/chat/completions``, ``/v1/messages`` and ``/v1/responses`` skip
+    FastAPI's routing, middleware stack and dependency machinery, about a
+    fifth of a pass-through request's CPU on the bench (issue 5's profile);
+    the handler needs none of it. Their errors get the same OpenAI-shaped
+    bodies the FastAPI routes give.
     """
 
-    PATH = "/v1/chat/completions"
+    DIALECTS: Mapping[str, Dialect] = {
+        "/v1/chat/completions": CHAT,
+        "/v1/messages": ANTHROPIC,
+        "/v1/responses": RESPONSES,
+    }
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != self.PATH or scope["method"] != "POST":
+        dialect = self.DIALECTS.get(scope["path"]) if scope["type"] == "http" else None
+        if dialect is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         response: Response
@@ -316,6 +335,7 @@ class ChatRoute:
                 self.app.state.proxy,
                 uses_proxy_key=bool(scope.get(KEY_IN_AUTHORIZATION, False)),
                 watch=watch,
+                dialect=dialect,
             )
         except asyncio.CancelledError:
             if not watch.gone:

@@ -55,8 +55,13 @@ def is_json(content_type: str) -> bool:
     )
 
 
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """The body as a dict with a valid ``messages`` list, or a 400."""
+def parse_object(raw: bytes, *, written_apart: str | None = None) -> dict[str, Any]:
+    """The body as a JSON object naming each top-level key once, or a 400.
+
+    orjson reads 1024 levels of nesting but writes only 254, and counting,
+    hashing and forwarding a rewritten body all write it again: the fields
+    are checked here, but for ``written_apart``, written anyway when keyed.
+    """
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -68,11 +73,13 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         # orjson kept the last value; an upstream parser may read the first.
         repeated = repeated[:100]
         raise BadRequest(f"The key {repeated!r} appears more than once.", param=repeated)
-    # orjson reads 1024 levels of nesting but writes only 254, and counting,
-    # hashing and forwarding a rewritten body all write it again. The
-    # messages are written anyway when they are keyed (see _too_deep); the
-    # other fields are checked here.
-    _writable({key: value for key, value in body.items() if key != "messages"})
+    _writable({key: value for key, value in body.items() if key != written_apart})
+    return body
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """The body as a dict with a valid ``messages`` list, or a 400."""
+    body = parse_object(raw, written_apart="messages")
     if "messages" not in body:
         raise BadRequest("'messages' is a required property.", param="messages")
     try:

@@ -1,7 +1,13 @@
-"""``POST /v1/chat/completions``.
+"""The compacted endpoints: ``POST /v1/chat/completions``, ``/v1/messages``, ``/v1/responses``.
 
 read → compact → forward → (overflow? compact again, retry once) → relay.
 Each step is a named function; the handler reads as the pipeline it is.
+
+Chat Completions is the engine's own format. The other two APIs come in
+through their :class:`~proxy.dialects.base.Dialect`: the request is mapped to
+the engine's messages on the way in (``_Call.mapped``) and rebuilt from the
+engine's output on the way out (``_Call.encode``); everything else — the
+checkpoints, the retry rule, calibration, events, metrics — is shared.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from compaction import requested_output_tokens as requested_output
 from config import ModelConfig
 from proxy import manual
 from proxy.access import owner_of
-from proxy.body import parse_chat_body, read_body, too_deep
+from proxy.body import parse_chat_body, parse_object, read_body, too_deep
 from proxy.conversation import Conversation, Prepared, identify, prepare, scope_of
+from proxy.dialects.base import Dialect, Mapped
+from proxy.dialects.chat import CHAT
 from proxy.disconnect import ClientWatch
 from proxy.errors import (
     BadRequest,
@@ -43,7 +51,7 @@ from proxy.errors import (
 from proxy.logs import REQUESTS
 from proxy.overflow import detect_overflow
 from proxy.state import WINDOW_BOUNDS, ProxyState
-from proxy.summarizer import UpstreamSummarizer
+from proxy.summarizer import DialectSummarizer, UpstreamSummarizer
 from proxy.transport import UpstreamResponse
 from proxy.upstream import (
     AUTH_HEADERS,
@@ -51,6 +59,7 @@ from proxy.upstream import (
     read_whole,
     relay_bytes,
     send,
+    stream_error_event,
     upstream_headers,
 )
 from proxy.usage import UsageTap
@@ -88,41 +97,63 @@ class _Call:
     identified: Conversation | None = None
     #: Cancels the request if its client leaves while the upstream is thinking.
     watch: ClientWatch | None = None
+    #: The API the request speaks; for any but chat, ``body`` is the engine's
+    #: view of it and ``original`` the client's request, ``mapped`` the mapping.
+    dialect: Dialect = CHAT
+    original: dict[str, Any] | None = None
+    mapped: Mapped | None = None
+    untouchable: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self.dialect.name == "anthropic":
+            return self.config.anthropic_upstream
+        return self.config.upstream
 
     @property
     def url(self) -> str:
-        return f"{self.config.upstream}/chat/completions"
+        return f"{self.base_url}{self.dialect.path}"
 
     @property
     def streamed(self) -> bool:
-        return self.body.get("stream") is True
+        return (self.original or self.body).get("stream") is True
 
-    def summarizer(self) -> UpstreamSummarizer:
+    def summarizer(self) -> UpstreamSummarizer | DialectSummarizer:
+        """The llm summarizer, asked in the request's own API with its own key."""
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
-        return UpstreamSummarizer(
-            self.state.transport,
-            self.config.upstream,
-            self.config.summary_model,
-            headers,
-            on_call=self.state.metrics.summarizer_calls.inc,
+        on_call = self.state.metrics.summarizer_calls.inc
+        model = self.config.summary_model
+        if self.dialect is CHAT:
+            transport = self.state.transport
+            return UpstreamSummarizer(transport, self.base_url, model, headers, on_call=on_call)
+        return DialectSummarizer(
+            self.state.transport, self.url, model, headers, self.dialect, on_call=on_call
         )
 
     def encode(self, prepared: Prepared) -> bytes:
-        if prepared.untouched and self.messages is self.body["messages"]:
+        mapped = self.mapped
+        engine_messages = self.body["messages"] if mapped is None else mapped.messages
+        if prepared.untouched and self.messages is engine_messages:
             return self.raw  # nothing changed: the client's own bytes
-        return orjson.dumps({**self.body, "messages": prepared.messages})
+        if mapped is None or self.original is None:
+            return orjson.dumps({**self.body, "messages": prepared.messages})
+        return orjson.dumps(self.dialect.from_engine(self.original, mapped, prepared.messages))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Read:
-    """A chat request's body, read: what :class:`_Call` starts from."""
+    """A request's body, read: what :class:`_Call` starts from."""
 
-    body: dict[str, Any]
+    body: dict[str, Any]  #: the engine's view (for chat, the request itself)
     config: ModelConfig
     messages: list[Message]
     headers: dict[str, str]  #: for the upstream
     scope: bytes  #: whose conversation, for which model (see proxy.conversation.scope_of)
     identified: Conversation | None
+    original: dict[str, Any] | None = None  #: another API's request, as sent
+    mapped: Mapped | None = None
+    #: Why the request goes upstream byte for byte (another API's own state).
+    untouchable: str | None = None
 
 
 def _read_conversation(
@@ -130,37 +161,61 @@ def _read_conversation(
     raw: bytes,
     client_headers: list[tuple[str, str]],
     uses_proxy_key: bool,
+    dialect: Dialect,
     *,
     ahead: bool,
 ) -> _Read:
-    """Parse, resolve the model, drop /compact exchanges; with ``ahead``, also
-    key, count and chain the messages (what a large body does in a worker thread)."""
-    body = parse_chat_body(raw)
+    """Parse, map to the engine, resolve the model, drop /compact exchanges; with
+    ``ahead``, also key, count and chain the messages (what a large body does in
+    a worker thread)."""
+    original: dict[str, Any] | None = None
+    mapped: Mapped | None = None
+    untouchable: str | None = None
+    if dialect is CHAT:
+        body = parse_chat_body(raw)
+        engine_messages = body["messages"]
+    else:
+        original = parse_object(raw)
+        dialect.check(original)
+        untouchable = dialect.untouchable(original)
+        mapped = dialect.to_engine(original) if untouchable is None else None
+        body = mapped.request if mapped is not None else original
+        engine_messages = mapped.messages if mapped is not None else []
     config = state.resolve(body.get("model"))
-    messages = manual.strip_commands(body["messages"])
+    messages = manual.strip_commands(engine_messages)
+    if dialect.name == "anthropic":
+        fallback, header = state.anthropic_key(config), "x-api-key"
+    else:
+        fallback, header = state.fallback_key(config), "authorization"
     headers = upstream_headers(
-        client_headers, fallback_key=state.fallback_key(config), drop_authorization=uses_proxy_key
+        client_headers,
+        fallback_key=fallback,
+        fallback_header=header,
+        drop_authorization=uses_proxy_key,
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
-    scope = scope_of(config, credential)
+    scope = scope_of(config, credential, dialect.name)
     try:
+        ahead = ahead and untouchable is None
         identified = identify(state, config, body, messages, scope) if ahead else None
     except orjson.JSONEncodeError as exc:
         raise too_deep(exc) from exc
-    return _Read(body, config, messages, headers, scope, identified)
+    return _Read(body, config, messages, headers, scope, identified, original, mapped, untouchable)
 
 
-async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) -> _Call:
+async def _read_call(
+    request: Request, state: ProxyState, uses_proxy_key: bool, dialect: Dialect = CHAT
+) -> _Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     if len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _read_conversation, state, raw, client_headers, uses_proxy_key, ahead=True
+            _read_conversation, state, raw, client_headers, uses_proxy_key, dialect, ahead=True
         )
     else:
-        read = _read_conversation(state, raw, client_headers, uses_proxy_key, ahead=False)
+        read = _read_conversation(state, raw, client_headers, uses_proxy_key, dialect, ahead=False)
     return _Call(
         request=request,
         state=state,
@@ -172,6 +227,10 @@ async def _read_call(request: Request, state: ProxyState, uses_proxy_key: bool) 
         headers=read.headers,
         scope=read.scope,
         owner=owner_of(client_headers, uses_proxy_key=uses_proxy_key),
+        dialect=dialect,
+        original=read.original,
+        mapped=read.mapped,
+        untouchable=read.untouchable,
     )
 
 
@@ -181,12 +240,15 @@ async def handle_chat(
     *,
     uses_proxy_key: bool,
     watch: ClientWatch | None = None,
+    dialect: Dialect = CHAT,
 ) -> Response:
     started = time.perf_counter()
     call: _Call | None = None
     try:
-        call = await _read_call(request, state, uses_proxy_key)
+        call = await _read_call(request, state, uses_proxy_key, dialect)
         call.watch = watch
+        if call.untouchable is not None:
+            return await _forward_untouched(call, started)
         instructions = manual.command_instructions(call.messages)
         if instructions is not None:
             return await _manual(call, instructions, started)
@@ -194,6 +256,22 @@ async def handle_chat(
     except ProxyError as exc:
         _log_refusal(state, call, exc.status, started)
         raise
+
+
+async def _forward_untouched(call: _Call, started: float) -> Response:
+    """A request of another API that the proxy must not rewrite (it builds on
+    state the proxy cannot see): forwarded byte for byte, relayed as it comes."""
+    upstream = await _send(call, call.raw)
+    fields: dict[str, object] = {
+        "api": call.dialect.name,
+        "model": call.config.model or "-",
+        "stage": "untouched",
+        "reason": call.untouchable,
+        "upstream_status": upstream.status,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    logger.info("chat", extra={"fields": fields})
+    return Relay(upstream, {}, api=call.dialect.name)
 
 
 async def _forward(call: _Call, started: float) -> Response:
@@ -220,7 +298,9 @@ async def _forward(call: _Call, started: float) -> Response:
             return _empty_stream_error(call, prepared, upstream, started)
     try:
         _finish(call, prepared, upstream.status, started)
-        return Relay(upstream, prepared.headers(), _usage_tap(call, prepared))
+        return Relay(
+            upstream, prepared.headers(), _usage_tap(call, prepared), api=call.dialect.name
+        )
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
@@ -275,15 +355,9 @@ def _empty_stream_error(
     one error event, never a clean empty answer."""
     upstream.release()
     _finish(call, prepared, upstream.status, started)
-    event = {
-        "error": {
-            "message": "The upstream ended the stream before sending anything.",
-            "type": "upstream_error",
-            "code": "upstream_empty",
-        }
-    }
+    message = "The upstream ended the stream before sending anything."
     return Response(
-        b"data: " + orjson.dumps(event) + b"\n\n",
+        stream_error_event(call.dialect.name, message, "upstream_empty"),
         media_type="text/event-stream",
         headers=prepared.headers(),
     )
@@ -319,7 +393,8 @@ def _usage_tap(call: _Call, prepared: Prepared) -> UsageTap:
     def observed(upstream_tokens: int) -> None:
         state.observe(config, estimate, upstream_tokens)
 
-    return UsageTap(observed)
+    # Anthropic counts cached prompt tokens apart from ``input_tokens``.
+    return UsageTap(observed, cached=call.dialect.name == "anthropic")
 
 
 async def _prepare(
@@ -374,6 +449,17 @@ async def _manual(call: _Call, instructions: str, started: float) -> Response:
     _finish(call, prepared, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"
     headers = prepared.headers()
+    if call.dialect is not CHAT:
+        dialect = call.dialect
+        if call.streamed:
+            return StreamingResponse(
+                dialect.manual_events(model, text), media_type="text/event-stream", headers=headers
+            )
+        return Response(
+            orjson.dumps(dialect.manual_reply(model, text)),
+            media_type="application/json",
+            headers=headers,
+        )
     if call.body.get("stream") is True:
         options = call.body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -454,6 +540,8 @@ def _finish(
         "upstream_status" if upstream else "status": status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
+    if call.dialect is not CHAT:
+        fields = {"api": call.dialect.name, **fields}
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})

@@ -86,7 +86,7 @@ class Prepared:
         return headers
 
 
-def scope_of(config: ModelConfig, credential: str | None) -> bytes:
+def scope_of(config: ModelConfig, credential: str | None, api: str = "chat") -> bytes:
     """Whose conversation, for which model: what seeds its checkpoint chain.
 
     A digest of the credential the request goes upstream with (never the
@@ -94,7 +94,7 @@ def scope_of(config: ModelConfig, credential: str | None) -> bytes:
     checkpoints, locks and summaries never reach another caller, nor another
     model of the same caller.
     """
-    parts = (credential or "", config.model, "chat")
+    parts = (credential or "", config.model, api)
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest()
 
 

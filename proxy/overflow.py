@@ -87,7 +87,11 @@ COUNT_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
 )
 
 #: Error codes / types that mean an overflow whatever the message says.
-OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+#: Anthropic's 413 ``request_too_large`` is about bytes, not tokens, but a
+#: smaller conversation is the cure all the same.
+OVERFLOW_CODES = frozenset(
+    {"context_length_exceeded", "exceed_context_size_error", "request_too_large"}
+)
 _STATUSES = frozenset({400, 413, 422, 500})
 
 

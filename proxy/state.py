@@ -136,6 +136,11 @@ class ProxyState:
         """The configured upstream key, used only when a client sends none."""
         return (os.environ.get(config.api_key_env) or None) if config.api_key_env else None
 
+    def anthropic_key(self, config: ModelConfig) -> str | None:
+        """The configured Anthropic key (``x-api-key``), used only when a client sends none."""
+        env = config.anthropic_api_key_env
+        return (os.environ.get(env) or None) if env else None
+
 
 def calibration_key(config: ModelConfig) -> str:
     """Ratios are learned per upstream and model: one model name may be served

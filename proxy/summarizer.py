@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from compaction import Message, SummarizationError
+from proxy.dialects.base import Dialect, clean
 from proxy.transport import Transport, TransportError
 
 #: A summary reply above this is not a summary; reading stops there.
@@ -72,6 +73,51 @@ class UpstreamSummarizer:
             return response.status, await response.read(MAX_REPLY_BYTES)
         except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+
+
+class DialectSummarizer:
+    """The ``llm`` summarizer for a request of another API (Anthropic Messages,
+    OpenAI Responses): the summary is asked in that API, at ``url``, with the
+    request's own key — so a Claude-only or Responses-only key works."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        url: str,
+        model: str,
+        headers: Mapping[str, str],
+        dialect: Dialect,
+        *,
+        on_call: Callable[[], object] | None = None,
+    ) -> None:
+        self._transport = transport
+        self._url = url
+        self._model = model
+        self._headers = {**headers, "content-type": "application/json"}
+        self._dialect = dialect
+        self._on_call = on_call
+        self.calls = 0
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
+        self.calls += 1
+        if self._on_call is not None:
+            self._on_call()
+        try:
+            response = await self._transport.request(
+                "POST", self._url, self._headers, orjson.dumps(body)
+            )
+            reply = await response.read(MAX_REPLY_BYTES)
+        except TransportError as exc:
+            raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+        if response.status != 200:
+            text = reply[:300].decode("utf-8", "replace")
+            raise SummarizationError(f"summarizer upstream answered {response.status}: {text}")
+        try:
+            payload = orjson.loads(reply)
+        except orjson.JSONDecodeError as exc:
+            raise SummarizationError("summarizer reply is not JSON") from exc
+        return self._dialect.summary_text(payload)
 
 
 def _rejects_classic_parameters(reply: bytes) -> bool:

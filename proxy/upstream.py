@@ -66,12 +66,14 @@ def upstream_headers(
     client_headers: Iterable[tuple[str, str]],
     *,
     fallback_key: str | None,
+    fallback_header: str = "authorization",
     drop_authorization: bool = False,
 ) -> dict[str, str]:
     """Headers for the upstream: the client's, less hop-by-hop ones and the proxy's keys.
 
     The client's own credentials are forwarded unchanged; the configured key
-    is added only when the client sent none.
+    is added only when the client sent none, as ``Authorization: Bearer`` or
+    (Anthropic) ``x-api-key``.
     """
     headers: dict[str, str] = {}
     for name, value in client_headers:
@@ -82,7 +84,10 @@ def upstream_headers(
             continue
         headers[lower] = value
     if fallback_key and not any(h in headers for h in AUTH_HEADERS):
-        headers["authorization"] = f"Bearer {fallback_key}"
+        if fallback_header == "authorization":
+            headers["authorization"] = f"Bearer {fallback_key}"
+        else:
+            headers[fallback_header] = fallback_key
     return headers
 
 
@@ -143,8 +148,18 @@ async def read_whole(upstream: UpstreamResponse) -> bytes:
         raise upstream_error(exc) from exc
 
 
-def _stream_error_event(message: str) -> bytes:
-    body = {"error": {"message": message, "type": "upstream_error", "code": "upstream_dropped"}}
+def stream_error_event(api: str, message: str, code: str) -> bytes:
+    """An SSE error event in the shape ``api``'s clients read (chat, anthropic, responses)."""
+    if api == "anthropic":
+        body: dict[str, object] = {
+            "type": "error",
+            "error": {"type": "api_error", "message": message},
+        }
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+    if api == "responses":
+        body = {"type": "error", "code": code, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+    body = {"error": {"message": message, "type": "upstream_error", "code": code}}
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
@@ -174,8 +189,11 @@ class Relay(Response):
         upstream: UpstreamResponse,
         extra_headers: Mapping[str, str],
         tap: UsageTap | None = None,
+        api: str = "chat",
     ) -> None:
         self.upstream = upstream
+        #: Whose error-event shape a broken stream ends with.
+        self.api = api
         self.status_code = upstream.status
         self.raw_headers = _relayed_headers(upstream, extra_headers)
         self.background = None
@@ -250,7 +268,7 @@ class Relay(Response):
             # The status went out already; an SSE client is told why its
             # stream stops before the connection is cut.
             message = "The upstream connection was lost mid-stream."
-            event = _stream_error_event(message)
+            event = stream_error_event(self.api, message, "upstream_dropped")
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
 

@@ -18,6 +18,11 @@ import re
 from collections.abc import Callable
 
 _PROMPT_TOKENS = re.compile(rb'"(?:prompt_tokens|input_tokens)"\s*:\s*(\d{1,9})\b')
+#: Anthropic's prompt tokens served from or written to its cache, which its
+#: ``input_tokens`` leaves out: the prompt is the sum.
+_CACHED_TOKENS = re.compile(
+    rb'"(cache_read_input_tokens|cache_creation_input_tokens)"\s*:\s*(\d{1,9})\b'
+)
 #: Bytes of one chunk kept to find a key that the next chunk completes.
 _CARRY = 48
 
@@ -25,22 +30,27 @@ _CARRY = 48
 class UsageTap:
     """Watches an answer's chunks; :meth:`close` reports the last count found."""
 
-    __slots__ = ("_carry", "_found", "_report")
+    __slots__ = ("_cached", "_carry", "_found", "_report")
 
-    def __init__(self, report: Callable[[int], None]) -> None:
+    def __init__(self, report: Callable[[int], None], *, cached: bool = False) -> None:
         self._report = report
         self._carry = b""
         self._found: int | None = None
+        #: With ``cached`` (Anthropic), the cache counts by key, added to the total.
+        self._cached: dict[bytes, int] | None = {} if cached else None
 
     def feed(self, chunk: bytes) -> None:
         data = self._carry + chunk
         if b"_tokens" in data:
             for match in _PROMPT_TOKENS.finditer(data):
                 self._found = int(match.group(1))
+            if self._cached is not None:
+                for match in _CACHED_TOKENS.finditer(data):
+                    self._cached[match.group(1)] = int(match.group(2))
         self._carry = data[-_CARRY:]
 
     def close(self) -> None:
         """The answer ended whole: report what was found, once."""
         found, self._found = self._found, None
         if found is not None:
-            self._report(found)
+            self._report(found + sum((self._cached or {}).values()))

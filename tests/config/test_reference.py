@@ -58,5 +58,6 @@ def test_reference_compaction_rows_are_the_profile_declarations() -> None:
     assert models == {
         'models."<name>".*',
         'models."<name>".upstream',
+        'models."<name>".anthropic_upstream',
         'models."<name>".api_key_env',
     }

@@ -1,0 +1,65 @@
+"""OpenAI Chat Completions: the engine's own format, so the mapping is the identity.
+
+The chat path keeps its hot-path shortcuts (proxy.chat): its messages go to
+the engine as they are, untagged, and come back as the request's
+``messages``. This object gives it the same face as the other dialects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from compaction import Message, SummarizationError
+from proxy import manual
+from proxy.dialects.base import Mapped
+
+
+class ChatDialect:
+    name = "chat"
+    path = "/chat/completions"
+
+    def check(self, body: dict[str, Any]) -> None:
+        """Checked by :func:`proxy.body.parse_chat_body` already."""
+
+    def untouchable(self, body: dict[str, Any]) -> str | None:
+        return None
+
+    def to_engine(self, body: dict[str, Any]) -> Mapped:
+        return Mapped(messages=body["messages"], request=body)
+
+    def from_engine(
+        self, body: dict[str, Any], mapped: Mapped, messages: list[Message]
+    ) -> dict[str, Any]:
+        return {**body, "messages": messages}
+
+    def summary_request(
+        self, model: str, messages: list[Message], max_tokens: int
+    ) -> dict[str, Any]:
+        return {
+            "model": model,
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
+
+    def summary_text(self, reply: Any) -> str:
+        try:
+            content = reply["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise SummarizationError("summarizer reply is not a chat completion") from exc
+        if not isinstance(content, str) or not content.strip():
+            raise SummarizationError("summarizer reply is empty")
+        return content.strip()
+
+    def manual_reply(self, model: str, text: str) -> dict[str, Any]:
+        return manual.completion(model, text)
+
+    def manual_events(self, model: str, text: str) -> Iterator[bytes]:
+        return manual.completion_chunks(model, text)
+
+
+CHAT = ChatDialect()
+
+__all__ = ["CHAT", "ChatDialect"]
