@@ -43,6 +43,7 @@ def test_compaction_has_every_profile_field_and_summary_model() -> None:
     assert set(ModelOverride.model_fields) == profile_fields | {
         "summary_model",
         "upstream",
+        "anthropic_upstream",
         "api_key_env",
     }
 
