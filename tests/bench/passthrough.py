@@ -1,16 +1,19 @@
 """Pass-through overhead (concurrency 1) and throughput at p99 ≤ 50 ms.
 
 A small chat request, under every trigger, so the proxy forwards the client's
-bytes untouched: what is measured is the cost of the extra hop itself.
+bytes untouched: what is measured is the cost of the extra hop itself. The
+same for the other two compacted APIs (Anthropic Messages, OpenAI Responses).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
+
 from tests.bench import client
 from tests.bench.client import Target
-from tests.bench.rig import Rig, Rounds
+from tests.bench.rig import DIRECT, Rig, Rounds
 from tests.bench.stats import ms, percentile
 from tests.bench.workloads import small_body
 
@@ -46,6 +49,48 @@ def latency(rig: Rig, settings: Settings) -> Rounds:
         }
 
     return rig.interleave(settings.rounds, measure)
+
+
+PROXY_NAME = "compaction-proxy"
+#: A small request of each compacted API besides chat, the same conversation.
+API_BODIES = {
+    "/messages": {
+        "model": "claude-bench",
+        "max_tokens": 256,
+        "system": [{"type": "text", "text": "You are a helpful assistant."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+    },
+    "/responses": {
+        "model": "gpt-4o",
+        "instructions": "You are a helpful assistant.",
+        "input": [{"type": "message", "role": "user", "content": "Say hello."}],
+        "store": False,
+    },
+}
+
+
+def api_latency(rig: Rig, settings: Settings) -> dict[str, Rounds]:
+    """:func:`latency` for ``POST /v1/messages`` and ``/v1/responses`` (direct and
+    compaction-proxy only: the peer is configured for chat)."""
+    results = {}
+    for path, body in API_BODIES.items():
+        request_body = orjson.dumps(body)
+
+        def measure(
+            target: Target, path: str = path, raw: bytes = request_body
+        ) -> dict[str, float]:
+            replies = client.run(
+                client.sequential(target, target.request(path, raw), settings.requests)
+            )
+            seconds = [reply.seconds for reply in replies]
+            return {
+                "p50": ms(percentile(seconds, 0.50)),
+                "p99": ms(percentile(seconds, 0.99)),
+                "errors": float(sum(reply.status != 200 for reply in replies)),
+            }
+
+        results[path] = rig.interleave(settings.rounds, measure, only=[DIRECT, PROXY_NAME])
+    return results
 
 
 def throughput(rig: Rig, settings: Settings) -> Rounds:

@@ -192,6 +192,7 @@ def start_proxy(upstream: Server, logs: Path, store: Path, name: str = "proxy") 
     env = {
         **_base_env(),
         "COMPACTION_PROXY_STORE__URL": f"sqlite:///{store}",
+        "COMPACTION_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": upstream.base_url,
         "COMPACTION_PROXY_COMPACTION__SUMMARIZER": "extractive",
         "COMPACTION_PROXY_MODELS": BENCH_MODELS,
     }

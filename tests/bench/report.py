@@ -36,6 +36,8 @@ class Results:
     rss: dict[str, tuple[int, int]]  #: name → (idle KiB, after the rig KiB)
     profiles: list[Profile] = field(default_factory=list)
     clients: list[ClientCost] = field(default_factory=list)
+    #: Pass-through rounds of ``/messages`` and ``/responses`` (direct and the proxy).
+    apis: dict[str, Rounds] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -70,7 +72,12 @@ def checks(r: Results) -> list[Check]:
     big = added(r.under_trigger, PROXY, "p50")
     found = [
         Check("pass-through p50 added (c=1)", "≤ 1 ms", p50.show(2, " ms"), _le(p50, 1.0)),
-        Check("pass-through p99 added (c=1)", "≤ 3 ms", p99.show(2, " ms"), _le(p99, 3.0)),
+        Check("pass-through p99 added (c=1)", "≤ 2 ms", p99.show(2, " ms"), _le(p99, 2.0)),
+        *(
+            Check(f"`{path}` pass-through p50 added (c=1)", "≤ 1 ms", s.show(2, " ms"), _le(s, 1.0))
+            for path, rounds in r.apis.items()
+            for s in (added(rounds, PROXY, "p50"),)
+        ),
         Check(
             "throughput at p99 ≤ 50 ms, share of direct",
             "≥ 50 %",
@@ -127,6 +134,28 @@ def _pass_through(r: Results) -> list[str]:
         ["errors", *(f"{sum(r.latency[n]['errors']):.0f}" for n in names)],
     ]
     return _table(["", *names], rows)
+
+
+def _apis(r: Results) -> list[str]:
+    rows = []
+    for path, rounds in r.apis.items():
+        rows.append(
+            [
+                f"`POST /v1{path}`",
+                of(rounds, DIRECT, "p50").show(),
+                of(rounds, PROXY, "p50").show(),
+                added(rounds, PROXY, "p50").show(),
+                added(rounds, PROXY, "p99").show(),
+                f"{sum(rounds[PROXY]['errors']):.0f}",
+            ]
+        )
+    intro = (
+        "A small Anthropic Messages and OpenAI Responses request (`tests/bench/passthrough.py`), "
+        "under every trigger: the proxy maps it to the engine's conversation, finds nothing to "
+        "do and forwards the client's bytes. LiteLLM is not measured here (it is set up for chat)."
+    )
+    head = ["endpoint", "direct p50 (ms)", "proxy p50 (ms)", "added p50", "added p99", "errors"]
+    return [intro, "", *_table(head, rows)]
 
 
 def _throughput(r: Results) -> list[str]:
@@ -375,6 +404,8 @@ def render(r: Results) -> str:
     if r.clients:
         lines += ["## 0. The upstream HTTP client (issue 10)", "", *_clients(r)]
     lines += ["## 1. Pass-through overhead, concurrency 1", "", *_pass_through(r)]
+    if r.apis:
+        lines += ["## 1b. The other compacted APIs, concurrency 1", "", *_apis(r)]
     lines += ["## 2. Throughput, one worker, p99 ≤ 50 ms", "", *_throughput(r)]
     lines += [
         f"## 3. Streaming ({CHUNKS} frames 20 ms apart, then `[DONE]`)",

@@ -168,6 +168,8 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
             client_costs = clients.measure(upstream.base_url, rounds=1 if quick else 3)
         with clock.phase("1. pass-through latency, concurrency 1"):
             latency = passthrough.latency(rig, pass_settings)
+        with clock.phase("1b. the other compacted APIs, concurrency 1"):
+            apis = passthrough.api_latency(rig, pass_settings)
         with clock.phase("2. throughput ladder"):
             throughput = passthrough.throughput(rig, pass_settings)
         with clock.phase("3. streaming at 1, 10 and 50 streams"):
@@ -259,6 +261,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         rss=rss,
         profiles=profiles,
         clients=client_costs,
+        apis=apis,
         notes=notes,
     )
 

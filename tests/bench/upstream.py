@@ -5,7 +5,8 @@ bench measures on a direct connection is uvicorn's and the kernel's, so what a
 proxy adds stands out. A chat request whose body asks for ``"stream": true``
 gets an SSE answer of ``chunks`` frames, the first at once and each next one
 after ``interval`` seconds, then ``data: [DONE]``; any other one gets the same
-``chat.completion`` JSON. Run as its own process::
+``chat.completion`` JSON; ``/messages`` and ``/responses`` get a fixed Anthropic
+message and Response. Run as its own process::
 
     python -m tests.bench.upstream --port 9000 --chunks 64 --interval 0.02
 """
@@ -39,6 +40,40 @@ COMPLETION = orjson.dumps(
             }
         ],
         "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+    }
+)
+#: An Anthropic Messages answer and an OpenAI Responses one, as small as the chat one.
+MESSAGE = orjson.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-bench",
+        "content": [{"type": "text", "text": "Benchmark answer."}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 3},
+    }
+)
+RESPONSE = orjson.dumps(
+    {
+        "id": "resp_bench",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "model": "gpt-4o",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_bench",
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": "Benchmark answer.", "annotations": []}
+                ],
+            }
+        ],
+        "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13},
     }
 )
 MODELS = orjson.dumps(
@@ -99,6 +134,10 @@ class Upstream:
                 await self._stream(send)
             else:
                 await _answer(send, COMPLETION)
+        elif scope["method"] == "POST" and path.endswith("/messages"):
+            await _answer(send, MESSAGE)
+        elif scope["method"] == "POST" and path.endswith("/responses"):
+            await _answer(send, RESPONSE)
         elif path.endswith("/models"):
             await _answer(send, MODELS)
         else:
