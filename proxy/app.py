@@ -23,14 +23,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from config import ModelResolver, Settings
 from proxy.access import state_routes
 from proxy.chat import handle_chat, handle_preview
+from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
-
-try:  # TEMPORARY while the dialect modules are written
-    from proxy.dialects.anthropic import ANTHROPIC
-    from proxy.dialects.responses import RESPONSES
-except ImportError:
-    ANTHROPIC = RESPONSES = CHAT  # type: ignore[assignment]
+from proxy.dialects.responses import RESPONSES
 from proxy.disconnect import ClientWatch
 from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
 from proxy.guards import (
