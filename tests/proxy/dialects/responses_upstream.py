@@ -176,7 +176,9 @@ class ResponsesUpstream:
     #: Input tokens above which the API's overflow error answers; ``None``: no limit.
     window: int | None = None
     #: How an overflow of a streamed request is told: "http" (a 400 before the
-    #: stream) or "event" (HTTP 200, ``response.failed`` with the error).
+    #: stream) or "event" (HTTP 200, ``response.failed`` with the error, as Codex
+    #: expects it; the openai SDK's strict ``ResponseError.code`` literal lacks
+    #: this code, its lenient parsing reads it).
     overflow_style: str = "http"
     #: Function calls answered before the model replies with a message.
     tool_turns: int = 3
