@@ -52,7 +52,13 @@ _O200K_PREFIXES = (
     "o3",
     "o4",
 )
-_COUNTED_ELSEWHERE = frozenset({"role", "content", "name", "tool_calls", "function_call"})
+#: A key a caller may put on a message for its own bookkeeping (the proxy
+#: records which request item an engine message stands for): it is never sent
+#: upstream, so it is not counted.
+ORIGIN_KEY = "_compaction_origin"
+_COUNTED_ELSEWHERE = frozenset(
+    {"role", "content", "name", "tool_calls", "function_call", ORIGIN_KEY}
+)
 
 
 def encoding_for_model(model: str | None) -> str:

@@ -39,9 +39,11 @@ from typing import Any, Protocol
 import orjson
 
 from compaction import Message
+from compaction.tokens import ORIGIN_KEY
 
-#: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands for.
-ORIGIN = "_compaction_origin"
+#: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands
+#: for (the engine leaves it out of its counts).
+ORIGIN = ORIGIN_KEY
 
 
 def item_id(item: Any, salt: str = "") -> str:

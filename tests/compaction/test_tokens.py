@@ -13,6 +13,7 @@ import pytest
 from compaction import encodings
 from compaction.tokens import (
     LINKS_PER_MESSAGE,
+    ORIGIN_KEY,
     REPLY_PRIMING,
     KeyMemo,
     TokenCounter,
@@ -58,6 +59,12 @@ def test_message_overhead_follows_openai_recipe() -> None:
     assert plain == 3 + 2
     named = counter.count_message({"role": "user", "content": "hello world", "name": "bob"})
     assert named == plain + 1 + counter.count_text("bob")
+    # A field the caller does not send is counted as text; the proxy's own
+    # bookkeeping key is never sent, so it is not.
+    other = counter.count_message({"role": "user", "content": "hello world", "x": "a b c"})
+    assert other == plain + counter.count_text("a b c")
+    tagged = {"role": "user", "content": "hello world", ORIGIN_KEY: "0f1e2d3c4b5a69788796a5b4:0"}
+    assert counter.count_message(tagged) == plain
 
 
 def test_images_cost_the_configured_fixed_amount() -> None:
