@@ -1,0 +1,602 @@
+"""Anthropic Messages (``POST /v1/messages``, Claude Code) ↔ the engine's conversation.
+
+Request → engine: one engine message per request item, except a user message
+answering tool calls, which becomes several::
+
+    system (top level, text or blocks)      → system message   (head; never rebuilt)
+    {"role": "system"} in messages (beta)   → system message   (in place, a middle message)
+    user message                            → user message
+    assistant message                       → assistant message: text → content parts,
+                                              tool_use → tool_calls (arguments = JSON of input)
+    user message with tool_result blocks    → a tool message per tool_result, in order;
+                                              its other blocks ride on the last one
+
+Blocks map one to one onto content parts where the engine may cut them
+(``text``) or should see them (``image``, a base64/URL/file ``document``: an
+image part, counted at the profile's ``image_tokens`` — one page's worth for a
+document, whatever its length). What the engine must neither cut nor drop —
+``thinking`` (signed), ``redacted_thinking``, server-tool blocks,
+``search_result``, plain-text documents, unknown types — is counted through
+the string field :data:`UNCUT`: thinking by its text, the rest by its JSON.
+The engine counts strings it does not know and never edits them.
+
+The way back (:func:`proxy.dialects.base.rebuild`): unchanged items are the
+client's objects; a changed item gets the engine's text in its text blocks
+and results, everything else as it was (signed blocks, ``cache_control``,
+``is_error``; a ``tool_use`` input only when the cut arguments still parse as
+an object); new messages (the summary, a truncation note) become user
+messages of one text block. A last pass keeps the API's pairing rule — every
+``tool_result`` answers a ``tool_use`` of the message just before, every
+``tool_use`` is answered at the start of the next — by turning what would
+break it into text (:func:`_keep_pairing`); the engine keeps tool groups
+whole, so this is a safety net.
+
+A request holding an API compaction block (``{"type": "compaction"}``, beta
+``compact-2026-01-12``) is compacted only after it: the API drops everything
+before that block, so the messages before the message holding it are
+forwarded as they are and not counted, and that message opens the engine's
+head (kept verbatim).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from compaction import Message, SummarizationError, message_text
+from proxy.dialects.base import Mapped, origin_of, rebuild
+from proxy.errors import BadRequest
+
+#: Key on an engine message: the text of the blocks the engine must count but not edit.
+UNCUT = "_anthropic_uncut"
+#: Document sources whose size the engine cannot read: counted as an image.
+_BINARY_SOURCES = frozenset({"base64", "url", "file"})
+_ROLES = frozenset({"user", "assistant", "system"})
+
+
+class AnthropicDialect:
+    name = "anthropic"
+    path = "/messages"
+
+    def check(self, body: dict[str, Any]) -> None:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise BadRequest("messages: expected an array", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") not in _ROLES:
+                raise BadRequest(
+                    f"messages[{i}]: expected an object with role user, assistant or system",
+                    param=f"messages[{i}]",
+                )
+            if not isinstance(message.get("content"), (str, list)):
+                raise BadRequest(
+                    f"messages[{i}].content: expected a string or an array",
+                    param=f"messages[{i}].content",
+                )
+        system = body.get("system")
+        if system is not None and not isinstance(system, (str, list)):
+            raise BadRequest("system: expected a string or an array", param="system")
+
+    def untouchable(self, body: dict[str, Any]) -> str | None:
+        # An API compaction block is handled by compacting after it (see the module doc).
+        return None
+
+    def to_engine(self, body: dict[str, Any]) -> Mapped:
+        request: dict[str, Any] = {"model": body.get("model"), "messages": []}
+        for key in ("max_tokens", "tools"):
+            if key in body:
+                request[key] = body[key]
+        mapped = Mapped(messages=request["messages"], request=request)
+        system = body.get("system")
+        if system is not None:
+            mapped.add(system, [_engine_message("system", system)], salt="system")
+        messages: list[Any] = body["messages"]
+        for item in messages[_compaction_start(messages) :]:
+            mapped.add(item, _to_engine(item))
+        return mapped
+
+    def from_engine(
+        self, body: dict[str, Any], mapped: Mapped, messages: list[Message]
+    ) -> dict[str, Any]:
+        system = body.get("system")
+        items = rebuild(
+            mapped,
+            messages,
+            changed=_changed,
+            created=_created,
+            skip=lambda origin: system is not None and mapped.items.get(origin) is system,
+        )
+        before = body["messages"][: _compaction_start(body["messages"])]
+        return {**body, "messages": before + _keep_pairing(items)}
+
+    def summary_request(
+        self, model: str, messages: list[Message], max_tokens: int
+    ) -> dict[str, Any]:
+        system = "\n\n".join(
+            message_text(m) for m in messages if m.get("role") in ("system", "developer")
+        )
+        turns = [
+            {
+                "role": "assistant" if m.get("role") == "assistant" else "user",
+                "content": message_text(m),
+            }
+            for m in messages
+            if m.get("role") not in ("system", "developer") and message_text(m)
+        ]
+        request: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+        if system:
+            request["system"] = system
+        request["messages"] = turns
+        return request
+
+    def summary_text(self, reply: Any) -> str:
+        content = reply.get("content") if isinstance(reply, dict) else None
+        if not isinstance(content, list):
+            raise SummarizationError("summarizer reply is not an Anthropic message")
+        blocks = [b for b in content if isinstance(b, dict)]
+        if any(b.get("type") in ("tool_use", "server_tool_use") for b in blocks):
+            raise SummarizationError("summarizer replied with tool calls instead of text")
+        text = "".join(
+            b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+        if not text.strip():
+            raise SummarizationError("summarizer reply is empty")
+        return text.strip()
+
+    def manual_reply(self, model: str, text: str) -> dict[str, Any]:
+        return {
+            **_message_head(model),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+        }
+
+    def manual_events(self, model: str, text: str) -> Iterator[bytes]:
+        start = {**_message_head(model), "content": []}
+        yield _sse("message_start", {"type": "message_start", "message": start})
+        yield _sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        )
+        yield _sse(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": text},
+            },
+        )
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+        yield _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 0},
+            },
+        )
+        yield _sse("message_stop", {"type": "message_stop"})
+
+
+ANTHROPIC = AnthropicDialect()
+
+
+def _message_head(model: str) -> dict[str, Any]:
+    """A synthetic message's fields, before its content (``stop_reason`` null: a stream's start)."""
+    return {
+        "id": f"msg_compact_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+# --- request → engine --------------------------------------------------------
+
+
+def _compaction_start(messages: list[Any]) -> int:
+    """Index of the message holding the last API compaction block with a summary (0 if none).
+
+    A block whose ``content`` is null is a failed compaction, a no-op for the API.
+    """
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content") if isinstance(messages[i], dict) else None
+        if isinstance(content, list) and any(
+            isinstance(b, dict)
+            and b.get("type") == "compaction"
+            and (b.get("content") is not None or b.get("encrypted_content") is not None)
+            for b in content
+        ):
+            return i
+    return 0
+
+
+def _to_engine(item: dict[str, Any]) -> list[Message]:
+    role = item.get("role")
+    content = item.get("content")
+    if role == "assistant":
+        return [_assistant(content)]
+    if role == "user" and isinstance(content, list) and _has_results(content):
+        results = [b for b in content if _is_result(b)]
+        out = [_tool(b) for b in results]
+        rest = [b for b in content if not _is_result(b)]
+        if rest:
+            # The other blocks ride on the last result, so the engine keeps them in
+            # the tool group: a user message of their own would open a new turn and
+            # let the condenser take the results the newest request answers.
+            last = out[-1]
+            last["content"] = _result_parts(results[-1]) + _parts(rest)
+            uncut = "\n".join(t for t in (last.get(UNCUT, ""), _uncut(rest)) if t)
+            if uncut:
+                last[UNCUT] = uncut
+        return out
+    return [_engine_message(role if role in _ROLES else "user", content)]
+
+
+def _engine_message(role: Any, content: Any) -> Message:
+    message: Message = {"role": role, "content": _parts(content)}
+    uncut = _uncut(content)
+    if uncut:
+        message[UNCUT] = uncut
+    return message
+
+
+def _assistant(content: Any) -> Message:
+    message = _engine_message("assistant", content)
+    if isinstance(content, list):
+        calls = [
+            {
+                "id": b.get("id"),
+                "type": "function",
+                "function": {"name": b.get("name"), "arguments": _json(b.get("input", {}))},
+            }
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]
+        if calls:
+            message["tool_calls"] = calls
+    return message
+
+
+def _tool(block: dict[str, Any]) -> Message:
+    content = block.get("content")
+    message = _engine_message("tool", "" if content is None else content)
+    message["tool_call_id"] = block.get("tool_use_id")
+    return message
+
+
+def _result_parts(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tool_result's content as parts (a string is one text part)."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return _parts(content) if isinstance(content, list) else []
+
+
+def _is_result(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_result"
+
+
+def _has_results(content: list[Any]) -> bool:
+    return any(_is_result(b) for b in content)
+
+
+def _kind(block: Any) -> str:
+    """How the engine sees a block: ``"text"``, ``"image"`` (a part it counts
+    at ``image_tokens``) or ``"uncut"`` (counted through :data:`UNCUT`)."""
+    if not isinstance(block, dict):
+        return "uncut"
+    kind = block.get("type")
+    if kind == "text" and isinstance(block.get("text"), str):
+        return "text"
+    if kind == "image":
+        return "image"
+    if kind == "document":
+        source = block.get("source")
+        if isinstance(source, dict) and source.get("type") in _BINARY_SOURCES:
+            return "image"
+    return "uncut"
+
+
+def _parts(content: Any) -> Any:
+    """The engine's content: a string as it is, blocks as parts (text and images only)."""
+    if not isinstance(content, list):
+        return content
+    parts: list[dict[str, Any]] = []
+    for block in content:
+        kind = _kind(block)
+        if kind == "text":
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image":
+            parts.append({"type": "image"})
+    return parts
+
+
+def _uncut(content: Any) -> str:
+    """What the blocks the engine gets no part for weigh, as text to count."""
+    if not isinstance(content, list):
+        return ""
+    texts: list[str] = []
+    for block in content:
+        if _kind(block) != "uncut" or _is_result(block):
+            continue
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use":
+            continue  # counted as a tool call
+        if kind == "thinking" and isinstance(block.get("thinking"), str):
+            texts.append(block["thinking"])
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            texts.append(block["data"])
+        else:
+            texts.append(_json(block))
+    return "\n".join(texts)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, default=repr).decode()
+
+
+# --- engine → request --------------------------------------------------------
+
+
+def _changed(item: Any, group: list[Message]) -> Any:
+    """``item`` rebuilt from the engine messages that came back for it (some cut, some gone)."""
+    role = item.get("role")
+    content = item.get("content")
+    if role == "assistant":
+        return {**item, "content": _assistant_content(content, group[0])}
+    if role == "user" and isinstance(content, list) and _has_results(content):
+        return _user_with_results(item, content, group)
+    new = _rewrite(content, group[0].get("content"))
+    return {**item, "content": new} if new else None
+
+
+def _user_with_results(
+    item: dict[str, Any], content: list[Any], group: list[Message]
+) -> dict[str, Any] | None:
+    results = [b for b in content if _is_result(b)]
+    rest = [b for b in content if not _is_result(b)]
+    back = {}
+    for message in group:
+        found = origin_of(message)
+        if found is not None:
+            back[found[1]] = message
+    blocks: list[Any] = []
+    extra: list[Any] = []
+    for part, block in enumerate(results):
+        if part not in back:
+            continue
+        new = back[part].get("content")
+        if rest and part == len(results) - 1:
+            size = len(_result_parts(block))
+            if isinstance(new, list) and len(new) == size + len(_parts(rest)):
+                new, extra = new[:size], _rewrite(rest, new[size:])
+            else:  # one brief for the result and the blocks that rode on it
+                extra = [b for b in rest if _kind(b) == "uncut"]
+        blocks.append(_result(block, new))
+    blocks.extend(extra)
+    return {**item, "content": blocks} if blocks else None
+
+
+def _result(block: dict[str, Any], new: Any) -> dict[str, Any]:
+    """A ``tool_result`` carrying the engine's content ``new`` (``tool_use_id``,
+    ``is_error``, ``cache_control`` kept)."""
+    original = block.get("content")
+    if isinstance(original, list):
+        rewritten = _rewrite(original, new)
+        return block if rewritten is original else {**block, "content": rewritten}
+    text = new if isinstance(new, str) else message_text({"content": new})
+    return block if text == (original or "") else {**block, "content": text}
+
+
+def _assistant_content(content: Any, message: Message) -> Any:
+    """The blocks of an assistant message with the engine's text and arguments.
+
+    Signed blocks (thinking) and the rest come back as they were; a
+    ``tool_use`` takes the cut arguments only while they parse as an object.
+    """
+    new = _rewrite(content, message.get("content"))
+    if not isinstance(new, list):
+        return new or content
+    calls = {c.get("id"): c for c in message.get("tool_calls") or () if isinstance(c, dict)}
+    out = []
+    for block in new:
+        if isinstance(block, dict) and block.get("type") == "tool_use":
+            block = _tool_use(block, calls.get(block.get("id")))
+        out.append(block)
+    return out if any(a is not b for a, b in zip(out, content, strict=True)) else content
+
+
+def _tool_use(block: dict[str, Any], call: dict[str, Any] | None) -> dict[str, Any]:
+    function = call.get("function") if call else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str) or arguments == _json(block.get("input", {})):
+        return block
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return block
+    return {**block, "input": parsed} if isinstance(parsed, dict) else block
+
+
+def _rewrite(content: Any, new: Any) -> Any:
+    """``content`` (a string or blocks) with the text of the engine's ``new`` content.
+
+    Parts map one to one onto the text and image blocks; when the engine
+    replaced the parts by one string (a pruned result), that string takes the
+    place of the first of them and the others go. Unchanged blocks are the
+    same objects, and unchanged content is ``content`` itself.
+    """
+    if not isinstance(content, list):
+        return new if isinstance(new, str) else message_text({"content": new})
+    seen = [i for i, b in enumerate(content) if _kind(b) != "uncut"]
+    if isinstance(new, list) and len(new) == len(seen):
+        out = list(content)
+        for i, part in zip(seen, new, strict=True):
+            text = part.get("text") if isinstance(part, dict) else None
+            if _kind(content[i]) == "text" and isinstance(text, str) and text != content[i]["text"]:
+                out[i] = {**content[i], "text": text}
+        return content if all(a is b for a, b in zip(out, content, strict=True)) else out
+    if not seen:
+        return content
+    text = new if isinstance(new, str) else message_text({"content": new})
+    out = []
+    for i, block in enumerate(content):
+        if i == seen[0] and text:
+            out.append({**block, "text": text} if _kind(block) == "text" else _text(text))
+        elif _kind(block) == "uncut":
+            out.append(block)
+    return out
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _created(messages: list[Message]) -> list[Any]:
+    """New items for engine messages with no origin: user messages of one text block."""
+    out = []
+    for message in messages:
+        text = message_text(message)
+        if message.get("role") in ("tool", "function"):
+            text = f"[tool result: {text}]" if text else ""
+        if text:
+            out.append({"role": "user", "content": [_text(text)]})
+    return out
+
+
+# --- the API's pairing rule ------------------------------------------------------
+
+
+def _tool_uses(message: Any) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return []
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+
+
+def _results(message: Any) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return []
+    content = message.get("content")
+    return [b for b in content if _is_result(b)] if isinstance(content, list) else []
+
+
+def _leading_results(message: Any) -> set[Any]:
+    """The ``tool_use_id`` of the tool_result blocks a user message starts with."""
+    ids: set[Any] = set()
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return ids
+    content = message.get("content")
+    if not isinstance(content, list):
+        return ids
+    for block in content:
+        if not _is_result(block):
+            break
+        ids.add(block.get("tool_use_id"))
+    return ids
+
+
+def pairing_problems(messages: list[Any]) -> list[str]:
+    """How ``messages`` break the Messages API's tool pairing rule, in the API's
+    own words (empty when valid):
+
+    * every ``tool_use`` of an assistant message has its ``tool_result`` at the
+      start of the next message (``messages.N: `tool_use` ids were found
+      without `tool_result` blocks immediately after``);
+    * every ``tool_result`` answers a ``tool_use`` of the message just before
+      (``unexpected `tool_use_id` found in `tool_result` blocks``).
+    """
+    problems: list[str] = []
+    for i, message in enumerate(messages):
+        uses = [b.get("id") for b in _tool_uses(message)]
+        if uses:
+            answered = _leading_results(messages[i + 1]) if i + 1 < len(messages) else set()
+            missing = [u for u in uses if u not in answered]
+            if missing:
+                problems.append(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
+                    "must have a corresponding `tool_result` block in the next message."
+                )
+        results = _results(message)
+        if results:
+            issued = {b.get("id") for b in _tool_uses(messages[i - 1])} if i else set()
+            unexpected = [
+                b.get("tool_use_id") for b in results if b.get("tool_use_id") not in issued
+            ]
+            if unexpected:
+                problems.append(
+                    f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{', '.join(map(str, unexpected))}. Each `tool_result` block must have a "
+                    "corresponding `tool_use` block in the previous message."
+                )
+    return problems
+
+
+def _keep_pairing(messages: list[Any]) -> list[Any]:
+    """``messages`` with every tool_use/tool_result that would break the pairing rule
+    turned into text; the same list when nothing does (the usual case)."""
+    if not pairing_problems(messages):
+        return messages
+    names = {b.get("id"): b.get("name") for m in messages for b in _tool_uses(m)}
+    out = list(messages)
+    for i, message in enumerate(out):
+        uses = _tool_uses(message)
+        if uses:
+            answered = _leading_results(out[i + 1]) if i + 1 < len(out) else set()
+            unanswered = {b.get("id") for b in uses if b.get("id") not in answered}
+            if unanswered:
+                out[i] = _as_text(message, lambda b, ids=unanswered: b.get("id") in ids)
+        results = _results(message)
+        if results:
+            issued = {b.get("id") for b in _tool_uses(out[i - 1])} if i else set()
+            if any(b.get("tool_use_id") not in issued for b in results):
+                out[i] = _results_first(
+                    _as_text(
+                        message,
+                        lambda b, ids=issued: _is_result(b) and b.get("tool_use_id") not in ids,
+                        names,
+                    )
+                )
+    return out
+
+
+def _as_text(message: dict[str, Any], which: Any, names: dict[Any, Any] | None = None) -> Any:
+    """``message`` with the blocks ``which`` picks written as text blocks."""
+    content = []
+    for block in message["content"]:
+        if not which(block):
+            content.append(block)
+        elif block.get("type") == "tool_use":
+            call = f"{block.get('name')}({_json(block.get('input', {}))})"
+            content.append(_text(f"[tool call {call}]"))
+        else:
+            name = (names or {}).get(block.get("tool_use_id")) or "a tool"
+            text = message_text({"content": block.get("content")}) or "(empty)"
+            content.append(_text(f"[tool result for {name}: {text}]"))
+    return {**message, "content": content}
+
+
+def _results_first(message: dict[str, Any]) -> dict[str, Any]:
+    content = message["content"]
+    ordered = [b for b in content if _is_result(b)] + [b for b in content if not _is_result(b)]
+    return {**message, "content": ordered}
+
+
+__all__ = ["ANTHROPIC", "UNCUT", "AnthropicDialect", "pairing_problems"]
