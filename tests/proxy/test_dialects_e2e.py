@@ -1,0 +1,126 @@
+"""Agent sessions through the proxy in the other two APIs, with the real SDKs.
+
+A client loop (the `openai` SDK's ``responses.create``, the `anthropic` SDK's
+``messages.create``) runs a long tool-using session through the proxy against a
+scripted upstream of that API which enforces the API's pairing rules and a
+context window. The session must compact more than once, with the summary asked
+in the request's own API, reused on the next turn, and never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from config import load_settings
+from proxy.app import create_app
+from tests.proxy.dialects.responses_upstream import ResponsesUpstream
+from tests.proxy.servers import serve_in_thread
+
+COMPACTED = ("pruned", "condensed", "truncated")
+#: Small windows, so that a session of a few dozen turns compacts several times.
+MODEL = "gpt-4o-e2e"
+PROFILE = {
+    "context_window": 16_384,
+    "reserve_tokens": 2_048,
+    "keep_recent_tokens": 3_000,
+    "summarizer": "llm",
+    # Tool outputs are never briefed: the middle must be condensed, by a summary.
+    "tool_result_chars": 1_000_000,
+}
+TOOL_OUTPUT = "\n".join(
+    f"line {i}: value={i * 7919 % 10007} status=ok path=src/m{i}.py" for i in range(120)
+)
+
+
+@contextmanager
+def _proxy(upstream_url: str, **upstream: Any) -> Iterator[str]:
+    settings = load_settings(
+        None,
+        upstream={"base_url": upstream_url + "/v1", "trust_env": False, **upstream},
+        store={"url": "memory://"},
+        models={MODEL: PROFILE},
+    )
+    with serve_in_thread(create_app(settings)) as url:
+        yield url
+
+
+# --- OpenAI Responses ----------------------------------------------------------
+
+
+def _responses_session(
+    stream: bool, window: int = PROFILE["context_window"]
+) -> tuple[ResponsesUpstream, list[str], list[str]]:
+    upstream = ResponsesUpstream(window=window, tool_turns=40)
+    stages: list[str] = []
+    reasons: list[str] = []
+    with serve_in_thread(upstream.app()) as upstream_url, _proxy(upstream_url) as proxy:
+        client = OpenAI(base_url=proxy + "/v1", api_key="sk-test", max_retries=0)
+        tools = [
+            {
+                "type": "function",
+                "name": "shell",
+                "description": "Run a shell command.",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            }
+        ]
+        items: list[Any] = [{"role": "user", "content": "Find the failing test and fix it."}]
+        for _ in range(40):
+            request = {
+                "model": MODEL,
+                "instructions": "You are a coding agent. Use the shell tool.",
+                "input": items,
+                "tools": tools,
+                "store": False,
+                "include": ["reasoning.encrypted_content"],
+            }
+            if stream:
+                raw = client.responses.with_raw_response.create(**request, stream=True)
+                events = list(raw.parse())
+                output = [e.item for e in events if e.type == "response.output_item.done"]
+            else:
+                raw = client.responses.with_raw_response.create(**request)
+                output = list(raw.parse().output)
+            stages.append(raw.headers.get("x-compaction-stage", "?"))
+            reasons.append(raw.headers.get("x-compaction-reason", "?"))
+            calls = [item for item in output if item.type == "function_call"]
+            items += [item.model_dump(exclude_none=True) for item in output]
+            if not calls:
+                break
+            items += [
+                {"type": "function_call_output", "call_id": call.call_id, "output": TOOL_OUTPUT}
+                for call in calls
+            ]
+    return upstream, stages, reasons
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_long_responses_session_compacts_reuses_and_never_breaks_pairing(stream: bool) -> None:
+    upstream, stages, _ = _responses_session(stream)
+    assert all(r.status == 200 for r in upstream.received), [
+        (r.status, r.body[:200]) for r in upstream.received if r.status != 200
+    ]
+    compactions = [i for i, stage in enumerate(stages) if stage in COMPACTED]
+    assert len(compactions) >= 2, stages
+    # The summary was asked in the Responses API, on its path, with no tools.
+    assert upstream.summary_requests
+    assert all(r.path == "/v1/responses" for r in upstream.summary_requests)
+    assert all("tools" not in r.json() for r in upstream.summary_requests)
+    # Once compacted, the next turn goes over the stored compaction: no new summary.
+    assert "reused" in stages[compactions[0] + 1 :], stages
+    assert len(upstream.summary_requests) <= len(compactions) + 1
+
+
+def test_a_responses_overflow_is_compacted_and_retried_once() -> None:
+    # The upstream's window is a third smaller than the proxy believes: its
+    # context_length_exceeded error is what tells the proxy.
+    upstream, stages, reasons = _responses_session(False, window=11_000)
+    refused = [r for r in upstream.turn_requests if r.status == 400]
+    assert refused, "the upstream never overflowed: the test proves nothing"
+    assert "overflow" in reasons, reasons
+    # Every refusal was followed by a retry that succeeded: the client saw no error.
+    assert len(stages) == len([r for r in upstream.turn_requests if r.status == 200])
