@@ -20,7 +20,7 @@ proxy's summarizer). It records every request.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,12 @@ class ResponsesUpstream:
     tool_turns: int = 3
     #: What the summarizer answers; ``{seen}`` becomes a piece of its input.
     summary_text: str = SUMMARY
+    #: Stop on the calls issued, not the outputs seen: through a compacting
+    #: proxy the input holds fewer outputs than the session produced, and an
+    #: agent would call tools for ever.
+    count_issued: bool = False
+    #: The arguments of the ``step``-th call (Codex's ``exec_command`` wants ``cmd``).
+    arguments: Callable[[int], dict[str, Any]] = lambda step: {"command": f"cat part{step}.txt"}
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("gpt-4o"))
     received: list[Received] = field(default_factory=list)
     #: Function-call item id → the reasoning item id issued with it.
@@ -223,6 +229,8 @@ class ResponsesUpstream:
                 return _stream(_failed_events(body))
             return _error(400, OVERFLOW_MESSAGE, "input", "context_length_exceeded")
         outputs = sum(1 for i in items if isinstance(i, dict) and i.get("type") in OUTPUT_TYPES)
+        if self.count_issued:
+            outputs = max(outputs, len(self.issued))
         if outputs >= self.tool_turns:
             output = [_message(len(self.received), f"Done after {outputs} tool calls.")]
         else:
@@ -247,7 +255,7 @@ class ResponsesUpstream:
                 "status": "completed",
                 "call_id": f"call_{number:04d}",
                 "name": names[0] if names and isinstance(names[0], str) else "shell",
-                "arguments": orjson.dumps({"command": f"cat part{step}.txt"}).decode(),
+                "arguments": orjson.dumps(self.arguments(step)).decode(),
             },
         ]
 
