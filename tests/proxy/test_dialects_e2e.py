@@ -10,20 +10,23 @@ in the request's own API, reused on the next turn, and never an error.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import anthropic
 import pytest
 from openai import OpenAI
 
 from config import load_settings
 from proxy.app import create_app
+from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
 from tests.proxy.servers import serve_in_thread
 
 COMPACTED = ("pruned", "condensed", "truncated")
 #: Small windows, so that a session of a few dozen turns compacts several times.
 MODEL = "gpt-4o-e2e"
+CLAUDE = "claude-e2e"
 PROFILE = {
     "context_window": 16_384,
     "reserve_tokens": 2_048,
@@ -43,7 +46,7 @@ def _proxy(upstream_url: str, **upstream: Any) -> Iterator[str]:
         None,
         upstream={"base_url": upstream_url + "/v1", "trust_env": False, **upstream},
         store={"url": "memory://"},
-        models={MODEL: PROFILE},
+        models={MODEL: PROFILE, CLAUDE: PROFILE},
     )
     with serve_in_thread(create_app(settings)) as url:
         yield url
@@ -58,8 +61,14 @@ def _responses_session(
     upstream = ResponsesUpstream(window=window, tool_turns=40)
     stages: list[str] = []
     reasons: list[str] = []
-    with serve_in_thread(upstream.app()) as upstream_url, _proxy(upstream_url) as proxy:
-        client = OpenAI(base_url=proxy + "/v1", api_key="sk-test", max_retries=0)
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url) as proxy,
+        ExitStack() as stack,
+    ):
+        client = stack.enter_context(
+            OpenAI(base_url=proxy + "/v1", api_key="sk-test", max_retries=0)
+        )
         tools = [
             {
                 "type": "function",
@@ -124,3 +133,102 @@ def test_a_responses_overflow_is_compacted_and_retried_once() -> None:
     assert "overflow" in reasons, reasons
     # Every refusal was followed by a retry that succeeded: the client saw no error.
     assert len(stages) == len([r for r in upstream.turn_requests if r.status == 200])
+
+
+# --- Anthropic Messages ----------------------------------------------------------
+
+
+def _anthropic_session(stream: bool, window: int) -> tuple[AnthropicUpstream, list[str], list[str]]:
+    upstream = AnthropicUpstream(window=window, tool_turns=40)
+    stages: list[str] = []
+    reasons: list[str] = []
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, anthropic_base_url=upstream_url + "/v1") as proxy,
+        anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0) as client,
+    ):
+        system = [
+            {
+                "type": "text",
+                "text": "You are a coding agent. Use the Bash tool.",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ]
+        tools = [
+            {
+                "name": "Bash",
+                "description": "Run a shell command.",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"command": {"type": "string"}},
+                },
+            }
+        ]
+        messages: list[Any] = [
+            {"role": "user", "content": [{"type": "text", "text": "Fix the failing test."}]}
+        ]
+        for _ in range(40):
+            request = {
+                "model": CLAUDE,
+                "max_tokens": 2048,
+                "system": system,
+                "tools": tools,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "messages": messages,
+            }
+            if stream:
+                with client.messages.stream(**request) as events:
+                    message = events.get_final_message()
+                    headers = events.response.headers
+            else:
+                raw = client.messages.with_raw_response.create(**request)
+                message, headers = raw.parse(), raw.headers
+            stages.append(headers.get("x-compaction-stage", "?"))
+            reasons.append(headers.get("x-compaction-reason", "?"))
+            content = [block.model_dump(exclude_none=True) for block in message.content]
+            messages.append({"role": "assistant", "content": content})
+            uses = [block for block in message.content if block.type == "tool_use"]
+            if not uses:
+                break
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": use.id, "content": TOOL_OUTPUT}
+                        for use in uses
+                    ],
+                }
+            )
+    return upstream, stages, reasons
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_long_claude_session_compacts_reuses_and_keeps_thinking_and_pairing(
+    stream: bool,
+) -> None:
+    # The upstream refuses a request whose thinking signatures were altered or
+    # whose tool_result is not answered right after its tool_use.
+    upstream, stages, _ = _anthropic_session(stream, PROFILE["context_window"])
+    refused = [(r.status, r.body[:300]) for r in upstream.received if r.status != 200]
+    assert not refused, refused
+    compactions = [i for i, stage in enumerate(stages) if stage in COMPACTED]
+    assert len(compactions) >= 2, stages
+    # Asked in the Messages API, at its path, with the client's own key and no tools.
+    assert upstream.summary_requests
+    assert all(r.path == "/v1/messages" for r in upstream.summary_requests)
+    credentials = {
+        r.headers.get("x-api-key") or r.headers.get("authorization")
+        for r in upstream.summary_requests
+    }
+    assert credentials <= {"sk-ant-test", "Bearer sk-ant-test"}, credentials
+    assert all("anthropic-version" in r.headers for r in upstream.received)
+    assert "reused" in stages[compactions[0] + 1 :], stages
+    assert len(upstream.summary_requests) <= len(compactions) + 1
+
+
+def test_a_claude_overflow_is_compacted_and_retried_once() -> None:
+    upstream, stages, reasons = _anthropic_session(False, window=11_000)
+    assert upstream.overflows, "the upstream never overflowed: the test proves nothing"
+    assert "overflow" in reasons, reasons
+    ok = [r for r in upstream.message_requests if r.status == 200]
+    assert len(stages) == len(ok)  # every refusal was retried, and the retry was taken
