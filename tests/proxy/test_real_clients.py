@@ -4,6 +4,14 @@
 The CLIs come from npm (``.ci/run`` installs them into ``.ci/clients``; or set
 ``COMPACTION_TEST_CLIENTS`` to a folder holding ``codex`` and ``claude``).
 Where one is not installed its test skips and says how to install it.
+
+Observed shapes (recorded in issue 11's note): Codex 0.171 streams, sends
+``store: false``, ``include: ["reasoning.encrypted_content"]``,
+``prompt_cache_key``, ``client_metadata``, ``parallel_tool_calls`` and the
+whole input each turn; Claude Code 2.1 sends ``system`` as blocks, 24 tools,
+``max_tokens: 32000``, ``thinking: {"type": "adaptive"}``,
+``context_management``, ``metadata``, ``output_config``, ``stream: true`` and
+``system``-role messages inside ``messages``.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import pytest
 
 from config import load_settings
 from proxy.app import create_app
+from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
 from tests.proxy.servers import serve_in_thread
 
@@ -56,13 +65,13 @@ def _proxy(
         yield url
 
 
-def _workspace(tmp_path: Path, files: int) -> Path:
-    """Files the agent is asked to read, about 1,500 tokens each."""
+def _workspace(tmp_path: Path, files: int, lines: int = 150) -> Path:
+    """Files the agent is asked to read, about 1,500 tokens each (150 lines)."""
     work = tmp_path / "work"
     work.mkdir()
     for i in range(files):
-        lines = (f"part {i} line {j}: value={j * 7919 % 10007} status=ok" for j in range(150))
-        (work / f"part{i}.txt").write_text("\n".join(lines))
+        text = (f"part {i} line {j}: value={j * 7919 % 10007} status=ok" for j in range(lines))
+        (work / f"part{i}.txt").write_text("\n".join(text))
     return work
 
 
@@ -129,4 +138,68 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
     # API, and every compaction shrank what the upstream received.
     assert len(upstream.summary_requests) >= 2, [r.input_tokens for r in turns]
     drops = sum(b.input_tokens < a.input_tokens for a, b in itertools.pairwise(turns))
+    assert drops >= 2
+
+
+def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) -> None:
+    claude = _client("claude")
+    model = "claude-e2e"
+    profile = {
+        "context_window": 100_000,
+        "reserve_tokens": 8_192,
+        "keep_recent_tokens": 12_000,
+        "summarizer": "llm",
+        "tool_result_chars": 1_000_000,  # results are condensed, not briefed
+    }
+    work = _workspace(tmp_path, 30, lines=500)  # ~8k tokens a file
+    upstream = AnthropicUpstream(
+        window=profile["context_window"],
+        tool_turns=30,
+        tool_use=lambda turn: ("Read", {"file_path": str(work / f"part{turn}.txt")}),
+    )
+    home = tmp_path / "claude-home"
+    home.mkdir()
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile, anthropic_base_url=upstream_url + "/v1") as proxy,
+    ):
+        env = {
+            **os.environ,
+            "HOME": str(home),
+            "ANTHROPIC_BASE_URL": proxy,
+            "ANTHROPIC_API_KEY": "sk-ant-test",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+        }
+        run = subprocess.run(
+            [
+                claude,
+                "-p",
+                "Read part0.txt to part29.txt one by one and report the values.",
+                "--model",
+                model,
+                "--allowedTools",
+                "Read",
+                "--output-format",
+                "json",
+            ],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    statuses = [r.status for r in upstream.received]
+    assert statuses and all(s == 200 for s in statuses), statuses
+    turns = upstream.message_requests
+    assert len(turns) > 30  # every tool turn ran to the end
+    first = turns[0].json()
+    # What Claude Code 2.1 sends (recorded in the issue's note), all of it forwarded.
+    assert isinstance(first["system"], list) and first["stream"] is True
+    assert {"thinking", "context_management", "metadata", "tools"} <= set(first)
+    assert any(m["role"] == "system" for m in first["messages"])  # mid-conversation system
+    assert len(upstream.summary_requests) >= 2
+    drops = sum(b.prompt_tokens < a.prompt_tokens for a, b in itertools.pairwise(turns))
     assert drops >= 2

@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,9 @@ class AnthropicUpstream:
     #: Tool calls answered before the upstream answers with text.
     tool_turns: int = 1_000
     stop: bool = False
+    #: The tool call of turn ``n``: a tool name and its input (default: the
+    #: first tool the request offers, with a shell-like input).
+    tool_use: Callable[[int], tuple[str, dict[str, Any]]] | None = None
     received: list[Received] = field(default_factory=list)
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("gpt-4o"))
     _answered: int = 0
@@ -217,6 +220,12 @@ class AnthropicUpstream:
     def _tool_call(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         turn = self._answered
         name = body["tools"][0].get("name", "tool")
+        tool_input: dict[str, Any] = {
+            "command": f"cat src/module_{turn}.py",
+            "path": f"src/module_{turn}.py",
+        }
+        if self.tool_use is not None:
+            name, tool_input = self.tool_use(turn)
         content: list[dict[str, Any]] = []
         thinking = body.get("thinking")
         if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
@@ -228,7 +237,7 @@ class AnthropicUpstream:
                 "type": "tool_use",
                 "id": f"toolu_scripted{turn:04d}",
                 "name": name,
-                "input": {"command": f"cat src/module_{turn}.py", "path": f"src/module_{turn}.py"},
+                "input": tool_input,
             }
         )
         return content
