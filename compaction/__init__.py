@@ -54,10 +54,11 @@ from compaction.messages import (
 )
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
-from compaction.tokens import TokenCounter, encoding_for_model, text_size
+from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
 from compaction.types import Message, Reason, Stage, Summarizer, SummarizerMode
 
 __all__ = [
+    "ORIGIN_KEY",
     "SUMMARY_MARKER",
     "Bounds",
     "Budget",

@@ -38,8 +38,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from compaction import Message
-from compaction.tokens import ORIGIN_KEY
+from compaction import ORIGIN_KEY, Message
 
 #: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands
 #: for (the engine leaves it out of its counts).
