@@ -14,6 +14,7 @@ FORBIDDEN = {"fastapi", "starlette", "httpx", "uvicorn", "proxy", "config", "pyd
 def test_public_surface_is_pinned_and_sorted() -> None:
     assert compaction.__all__ == sorted(compaction.__all__, key=lambda n: (not n.isupper(), n))
     assert set(compaction.__all__) == {
+        "ORIGIN_KEY",
         "SUMMARY_MARKER",
         "Bounds",
         "Budget",
