@@ -232,3 +232,46 @@ def test_a_claude_overflow_is_compacted_and_retried_once() -> None:
     assert "overflow" in reasons, reasons
     ok = [r for r in upstream.message_requests if r.status == 200]
     assert len(stages) == len(ok)  # every refusal was retried, and the retry was taken
+
+
+# --- /compact ---------------------------------------------------------------------
+
+
+def _history(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Step {i}: read src/m{i}.py. " + TOOL_OUTPUT})
+        messages.append({"role": "assistant", "content": f"Read src/m{i}.py; value {i * 31}."})
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_compact_is_answered_in_each_api_without_calling_the_model(stream: bool) -> None:
+    claude = AnthropicUpstream()
+    responses = ResponsesUpstream()
+    with (
+        serve_in_thread(claude.app()) as claude_url,
+        serve_in_thread(responses.app()) as responses_url,
+        _proxy(responses_url, anthropic_base_url=claude_url + "/v1") as proxy,
+        anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0) as a,
+        OpenAI(base_url=proxy + "/v1", api_key="sk-test", max_retries=0) as o,
+    ):
+        command = {"role": "user", "content": "/compact keep the file names"}
+        request = {"model": CLAUDE, "max_tokens": 1024, "messages": [*_history(8), command]}
+        if stream:
+            with a.messages.stream(**request) as events:
+                message = events.get_final_message()
+        else:
+            message = a.messages.create(**request)
+        assert message.content[0].type == "text"
+        assert message.content[0].text.startswith("Context compacted:")
+        items = [*_history(8), command]
+        if stream:
+            with o.responses.stream(model=MODEL, input=items) as events:
+                answer = events.get_final_response()
+        else:
+            answer = o.responses.create(model=MODEL, input=items)
+        assert answer.output_text.startswith("Context compacted:")
+    # Neither model was asked to answer: only summaries went upstream.
+    assert not claude.message_requests and not responses.turn_requests
+    assert claude.summary_requests and responses.summary_requests
