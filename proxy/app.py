@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -44,6 +45,7 @@ from proxy.state import ProxyState, build_transport
 from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.transport import Transport
 from proxy.upstream import Relay, error_response, send, upstream_headers
+from proxy.usage import UsageTap
 
 logger = logging.getLogger("compaction_proxy")
 requests_log = logging.getLogger(REQUESTS)
@@ -109,11 +111,16 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = transport is None
         upstream_transport = transport or build_transport(settings)
-        backend = store or open_store(
-            settings.store.url,
-            retention_seconds=settings.store.retention_seconds,
-            store_originals=settings.store.store_originals,
-            timeout=settings.store.timeout_seconds,
+        # ``is None``: an empty MemoryStore is falsy (it has a length).
+        backend = (
+            store
+            if store is not None
+            else open_store(
+                settings.store.url,
+                retention_seconds=settings.store.retention_seconds,
+                store_originals=settings.store.store_originals,
+                timeout=settings.store.timeout_seconds,
+            )
         )
         metrics = Metrics()
         # A store that fails or hangs must not fail the requests (finding 4).
@@ -230,6 +237,9 @@ def create_app(
             drop_authorization=key_in_authorization(request),
         )
         body = await _body(request)
+        tap = None
+        if anthropic and path == "messages/count_tokens" and isinstance(body, bytes):
+            tap = await _count_tokens_tap(state, body)
         started = time.perf_counter()
         # A client that leaves before the upstream answers cancels the request,
         # as on the chat path, so that it does not hold a pooled connection.
@@ -255,7 +265,7 @@ def create_app(
             "ms": round(seconds * 1000, 1),
         }
         requests_log.info("forward", extra={"fields": fields})
-        return Relay(upstream, {})
+        return Relay(upstream, {}, tap if upstream.status == 200 else None)
 
     wrapped: ASGIApp = ChatRoute(app)
     server = settings.server
@@ -297,6 +307,34 @@ async def _body(request: Request) -> bytes | AsyncIterator[bytes] | None:
     if declared is not None and declared.isdigit() and int(declared) <= READ_WHOLE_BELOW:
         return await request.body()
     return request.stream()
+
+
+async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
+    """Anthropic's ``count_tokens`` states the upstream's own count of a request:
+    with the proxy's estimate of the same request it makes a calibration sample.
+    The estimate is made in a worker thread (up to 1 MiB of text to count)."""
+    try:
+        request = orjson.loads(raw)
+        model = request.get("model")
+    except (orjson.JSONDecodeError, AttributeError):  # forwarded all the same
+        return None
+    config = state.resolve(model if isinstance(model, str) else None)
+    counter = state.counter(config)
+
+    def estimate() -> int:
+        mapped = ANTHROPIC.to_engine(request)
+        messages = sum(counter.count_messages(mapped.messages))
+        return messages + counter.request_overhead(mapped.request)
+
+    try:
+        tokens = await asyncio.to_thread(estimate)
+    except Exception:  # not a request the proxy can read; the upstream will say so
+        return None
+
+    def observed(upstream_tokens: int) -> None:
+        state.observe(config, tokens, upstream_tokens)
+
+    return UsageTap(observed)
 
 
 class ChatRoute:

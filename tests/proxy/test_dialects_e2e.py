@@ -9,6 +9,8 @@ in the request's own API, reused on the next turn, and never an error.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -275,3 +277,37 @@ def test_compact_is_answered_in_each_api_without_calling_the_model(stream: bool)
     # Neither model was asked to answer: only summaries went upstream.
     assert not claude.message_requests and not responses.turn_requests
     assert claude.summary_requests and responses.summary_requests
+
+
+def test_anthropic_count_tokens_is_forwarded_and_calibrates_the_proxy() -> None:
+    from proxy.stores import MemoryStore
+
+    upstream = AnthropicUpstream()
+    store = MemoryStore()
+    with serve_in_thread(upstream.app()) as upstream_url:
+        settings = load_settings(
+            None,
+            upstream={"trust_env": False, "anthropic_base_url": upstream_url + "/v1"},
+            store={"url": "memory://"},
+            models={CLAUDE: PROFILE},
+        )
+        with (
+            serve_in_thread(create_app(settings, store=store)) as proxy,
+            anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0) as client,
+        ):
+            counted = client.messages.count_tokens(model=CLAUDE, messages=_history(6))
+            learned = _stored_ratio(store, CLAUDE)
+    assert counted.input_tokens > 1000  # the upstream's own figure, relayed
+    assert [r.path for r in upstream.received] == ["/v1/messages/count_tokens"]
+    assert learned is not None and 0.8 <= learned <= 2.0  # learned from that one count
+
+
+def _stored_ratio(store: Any, model: str) -> float | None:
+    """The calibration ratio stored for ``model`` (written in the background)."""
+    for _ in range(100):
+        calibrations = asyncio.run(store.calibrations())
+        found = [ratio for key, ratio in calibrations.items() if key.endswith("\x1f" + model)]
+        if found:
+            return float(found[0])
+        time.sleep(0.02)
+    return None
