@@ -126,10 +126,11 @@ def test_a_long_responses_session_compacts_reuses_and_never_breaks_pairing(strea
     assert len(upstream.summary_requests) <= len(compactions) + 1
 
 
-def test_a_responses_overflow_is_compacted_and_retried_once() -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_responses_overflow_is_compacted_and_retried_once(stream: bool) -> None:
     # The upstream's window is a third smaller than the proxy believes: its
     # context_length_exceeded error is what tells the proxy.
-    upstream, stages, reasons = _responses_session(False, window=11_000)
+    upstream, stages, reasons = _responses_session(stream, window=11_000)
     refused = [r for r in upstream.turn_requests if r.status == 400]
     assert refused, "the upstream never overflowed: the test proves nothing"
     assert "overflow" in reasons, reasons
@@ -228,8 +229,9 @@ def test_a_long_claude_session_compacts_reuses_and_keeps_thinking_and_pairing(
     assert len(upstream.summary_requests) <= len(compactions) + 1
 
 
-def test_a_claude_overflow_is_compacted_and_retried_once() -> None:
-    upstream, stages, reasons = _anthropic_session(False, window=11_000)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_claude_overflow_is_compacted_and_retried_once(stream: bool) -> None:
+    upstream, stages, reasons = _anthropic_session(stream, window=11_000)
     assert upstream.overflows, "the upstream never overflowed: the test proves nothing"
     assert "overflow" in reasons, reasons
     ok = [r for r in upstream.message_requests if r.status == 200]

@@ -134,6 +134,11 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
     assert first["stream"] is True and first["store"] is False
     assert "reasoning.encrypted_content" in first["include"]
     assert "previous_response_id" not in first
+    # Its headers reach the upstream unchanged.
+    headers = turns[0].headers
+    assert headers["originator"] == "codex_exec"
+    assert headers["authorization"] == "Bearer sk-test"
+    assert {"session-id", "x-codex-window-id", "x-codex-turn-metadata"} <= set(headers)
     # The conversation was condensed at least twice, each time in the Responses
     # API, and every compaction shrank what the upstream received.
     assert len(upstream.summary_requests) >= 2, [r.input_tokens for r in turns]
