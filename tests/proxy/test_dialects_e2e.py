@@ -16,6 +16,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import anthropic
+import httpx
+import orjson
 import pytest
 from openai import OpenAI
 
@@ -313,3 +315,27 @@ def _stored_ratio(store: Any, model: str) -> float | None:
             return float(found[0])
         time.sleep(0.02)
     return None
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"previous_response_id": "resp_earlier"}, {"conversation": "conv_1"}],
+    ids=["previous_response_id", "conversation"],
+)
+def test_a_responses_request_on_server_side_state_goes_upstream_byte_for_byte(
+    extra: dict[str, Any],
+) -> None:
+    upstream = ResponsesUpstream(window=100)  # far too small: a compacting proxy would act
+    rest = {**extra, "input": [*_history(6), {"role": "user", "content": "go"}]}
+    # Spelled as no serializer would: a rewrite could not give these bytes back.
+    raw = b'{"model" :  "' + MODEL.encode() + b'",' + orjson.dumps(rest)[1:]
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url) as proxy,
+        httpx.Client() as client,
+    ):
+        answer = client.post(
+            proxy + "/v1/responses", content=raw, headers={"content-type": "application/json"}
+        )
+    assert [r.body for r in upstream.received] == [raw]  # the client's own bytes
+    assert "x-compaction-stage" not in answer.headers
