@@ -1,4 +1,4 @@
-"""The FastAPI application: routes are thin; the work lives in chat.py and friends.
+"""The FastAPI application: routes are thin; the work lives in handler.py and friends.
 
 ``create_app(settings)`` builds everything; nothing happens at import time.
 The upstream :class:`~proxy.transport.Transport` is opened and closed in the lifespan.
@@ -23,7 +23,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import ModelResolver, Settings
 from proxy.access import state_routes
-from proxy.chat import handle_chat, handle_preview
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
@@ -37,6 +36,7 @@ from proxy.guards import (
     ProxyKeyGuard,
     is_loopback,
 )
+from proxy.handler import handle_chat, handle_preview
 from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics

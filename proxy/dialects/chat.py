@@ -1,6 +1,6 @@
 """OpenAI Chat Completions: the engine's own format, so the mapping is the identity.
 
-The chat path keeps its hot-path shortcuts (proxy.chat): its messages go to
+The chat path keeps its hot-path shortcuts (proxy.handler): its messages go to
 the engine as they are, untagged, and come back as the request's
 ``messages``. This object gives it the same face as the other dialects.
 """
