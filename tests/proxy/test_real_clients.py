@@ -65,6 +65,23 @@ def _proxy(
         yield url
 
 
+def _run(argv: list[str], cwd: Path, env: dict[str, str], received: list[Any]) -> None:
+    """Run a CLI to its end; it must succeed, and the upstream must have taken
+    every request it was sent (a refusal means the proxy broke the API's rules)."""
+    run = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    statuses = [r.status for r in received]
+    assert statuses and all(s == 200 for s in statuses), statuses
+
+
 def _workspace(tmp_path: Path, files: int, lines: int = 150) -> Path:
     """Files the agent is asked to read, about 1,500 tokens each (150 lines)."""
     work = tmp_path / "work"
@@ -108,7 +125,7 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
             'env_key = "COMPACTION_TEST_KEY"\n'
         )
         env = {**os.environ, "CODEX_HOME": str(home), "COMPACTION_TEST_KEY": "sk-test"}
-        run = subprocess.run(
+        _run(
             [
                 codex,
                 "exec",
@@ -116,16 +133,10 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
                 "--dangerously-bypass-approvals-and-sandbox",
                 "Read every part file, one by one, and report the values.",
             ],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
+            work,
+            env,
+            upstream.received,
         )
-    assert run.returncode == 0, run.stderr[-2000:]
-    statuses = [r.status for r in upstream.received]
-    assert statuses and all(s == 200 for s in statuses), statuses
     turns = upstream.turn_requests
     assert len(turns) > 30  # Codex ran every tool turn to the end
     first = turns[0].json()
@@ -176,7 +187,7 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
         }
-        run = subprocess.run(
+        _run(
             [
                 claude,
                 "-p",
@@ -188,16 +199,10 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
                 "--output-format",
                 "json",
             ],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
+            work,
+            env,
+            upstream.received,
         )
-    assert run.returncode == 0, run.stderr[-2000:]
-    statuses = [r.status for r in upstream.received]
-    assert statuses and all(s == 200 for s in statuses), statuses
     turns = upstream.message_requests
     assert len(turns) > 30  # every tool turn ran to the end
     first = turns[0].json()
