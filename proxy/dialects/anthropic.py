@@ -28,8 +28,8 @@ an object); new messages (the summary, a truncation note) become user
 messages of one text block. A last pass keeps the API's pairing rule — every
 ``tool_result`` answers a ``tool_use`` of the message just before, every
 ``tool_use`` is answered at the start of the next — by turning what would
-break it into text (:func:`_keep_pairing`); the engine keeps tool groups
-whole, so this is a safety net.
+break it into text (``anthropic_pairing.keep_pairing``); the engine keeps
+tool groups whole, so this is a safety net.
 
 A request holding an API compaction block (``{"type": "compaction"}``, beta
 ``compact-2026-01-12``) is compacted only after it: the API drops everything
@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from compaction import Message, SummarizationError, message_text
+from proxy.dialects.anthropic_pairing import is_result, keep_pairing, pairing_problems
 from proxy.dialects.base import Mapped, origin_of, rebuild
 from proxy.errors import BadRequest
 
@@ -110,7 +111,7 @@ class AnthropicDialect:
             skip=lambda origin: system is not None and mapped.items.get(origin) is system,
         )
         before = body["messages"][: _compaction_start(body["messages"])]
-        return {**body, "messages": before + _keep_pairing(items)}
+        return {**body, "messages": before + keep_pairing(items)}
 
     def summary_request(
         self, model: str, messages: list[Message], max_tokens: int
@@ -230,9 +231,9 @@ def _to_engine(item: dict[str, Any]) -> list[Message]:
     if role == "assistant":
         return [_assistant(content)]
     if role == "user" and isinstance(content, list) and _has_results(content):
-        results = [b for b in content if _is_result(b)]
+        results = [b for b in content if is_result(b)]
         out = [_tool(b) for b in results]
-        rest = [b for b in content if not _is_result(b)]
+        rest = [b for b in content if not is_result(b)]
         if rest:
             # The other blocks ride on the last result, so the engine keeps them in
             # the tool group: a user message of their own would open a new turn and
@@ -286,12 +287,8 @@ def _result_parts(block: dict[str, Any]) -> list[dict[str, Any]]:
     return _parts(content) if isinstance(content, list) else []
 
 
-def _is_result(block: Any) -> bool:
-    return isinstance(block, dict) and block.get("type") == "tool_result"
-
-
 def _has_results(content: list[Any]) -> bool:
-    return any(_is_result(b) for b in content)
+    return any(is_result(b) for b in content)
 
 
 def _kind(block: Any) -> str:
@@ -331,7 +328,7 @@ def _uncut(content: Any) -> str:
         return ""
     texts: list[str] = []
     for block in content:
-        if _kind(block) != "uncut" or _is_result(block):
+        if _kind(block) != "uncut" or is_result(block):
             continue
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_use":
@@ -367,8 +364,8 @@ def _changed(item: Any, group: list[Message]) -> Any:
 def _user_with_results(
     item: dict[str, Any], content: list[Any], group: list[Message]
 ) -> dict[str, Any] | None:
-    results = [b for b in content if _is_result(b)]
-    rest = [b for b in content if not _is_result(b)]
+    results = [b for b in content if is_result(b)]
+    rest = [b for b in content if not is_result(b)]
     back = {}
     for message in group:
         found = origin_of(message)
@@ -476,127 +473,6 @@ def _created(messages: list[Message]) -> list[Any]:
         if text:
             out.append({"role": "user", "content": [_text(text)]})
     return out
-
-
-# --- the API's pairing rule ------------------------------------------------------
-
-
-def _tool_uses(message: Any) -> list[dict[str, Any]]:
-    if not isinstance(message, dict) or message.get("role") != "assistant":
-        return []
-    content = message.get("content")
-    if not isinstance(content, list):
-        return []
-    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-
-
-def _results(message: Any) -> list[dict[str, Any]]:
-    if not isinstance(message, dict) or message.get("role") != "user":
-        return []
-    content = message.get("content")
-    return [b for b in content if _is_result(b)] if isinstance(content, list) else []
-
-
-def _leading_results(message: Any) -> set[Any]:
-    """The ``tool_use_id`` of the tool_result blocks a user message starts with."""
-    ids: set[Any] = set()
-    if not isinstance(message, dict) or message.get("role") != "user":
-        return ids
-    content = message.get("content")
-    if not isinstance(content, list):
-        return ids
-    for block in content:
-        if not _is_result(block):
-            break
-        ids.add(block.get("tool_use_id"))
-    return ids
-
-
-def pairing_problems(messages: list[Any]) -> list[str]:
-    """How ``messages`` break the Messages API's tool pairing rule, in the API's
-    own words (empty when valid):
-
-    * every ``tool_use`` of an assistant message has its ``tool_result`` at the
-      start of the next message (``messages.N: `tool_use` ids were found
-      without `tool_result` blocks immediately after``);
-    * every ``tool_result`` answers a ``tool_use`` of the message just before
-      (``unexpected `tool_use_id` found in `tool_result` blocks``).
-    """
-    problems: list[str] = []
-    for i, message in enumerate(messages):
-        uses = [b.get("id") for b in _tool_uses(message)]
-        if uses:
-            answered = _leading_results(messages[i + 1]) if i + 1 < len(messages) else set()
-            missing = [u for u in uses if u not in answered]
-            if missing:
-                problems.append(
-                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
-                    f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
-                    "must have a corresponding `tool_result` block in the next message."
-                )
-        results = _results(message)
-        if results:
-            issued = {b.get("id") for b in _tool_uses(messages[i - 1])} if i else set()
-            unexpected = [
-                b.get("tool_use_id") for b in results if b.get("tool_use_id") not in issued
-            ]
-            if unexpected:
-                problems.append(
-                    f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                    f"{', '.join(map(str, unexpected))}. Each `tool_result` block must have a "
-                    "corresponding `tool_use` block in the previous message."
-                )
-    return problems
-
-
-def _keep_pairing(messages: list[Any]) -> list[Any]:
-    """``messages`` with every tool_use/tool_result that would break the pairing rule
-    turned into text; the same list when nothing does (the usual case)."""
-    if not pairing_problems(messages):
-        return messages
-    names = {b.get("id"): b.get("name") for m in messages for b in _tool_uses(m)}
-    out = list(messages)
-    for i, message in enumerate(out):
-        uses = _tool_uses(message)
-        if uses:
-            answered = _leading_results(out[i + 1]) if i + 1 < len(out) else set()
-            unanswered = {b.get("id") for b in uses if b.get("id") not in answered}
-            if unanswered:
-                out[i] = _as_text(message, lambda b, ids=unanswered: b.get("id") in ids)
-        results = _results(message)
-        if results:
-            issued = {b.get("id") for b in _tool_uses(out[i - 1])} if i else set()
-            if any(b.get("tool_use_id") not in issued for b in results):
-                out[i] = _results_first(
-                    _as_text(
-                        message,
-                        lambda b, ids=issued: _is_result(b) and b.get("tool_use_id") not in ids,
-                        names,
-                    )
-                )
-    return out
-
-
-def _as_text(message: dict[str, Any], which: Any, names: dict[Any, Any] | None = None) -> Any:
-    """``message`` with the blocks ``which`` picks written as text blocks."""
-    content = []
-    for block in message["content"]:
-        if not which(block):
-            content.append(block)
-        elif block.get("type") == "tool_use":
-            call = f"{block.get('name')}({_json(block.get('input', {}))})"
-            content.append(_text(f"[tool call {call}]"))
-        else:
-            name = (names or {}).get(block.get("tool_use_id")) or "a tool"
-            text = message_text({"content": block.get("content")}) or "(empty)"
-            content.append(_text(f"[tool result for {name}: {text}]"))
-    return {**message, "content": content}
-
-
-def _results_first(message: dict[str, Any]) -> dict[str, Any]:
-    content = message["content"]
-    ordered = [b for b in content if _is_result(b)] + [b for b in content if not _is_result(b)]
-    return {**message, "content": ordered}
 
 
 __all__ = ["ANTHROPIC", "UNCUT", "AnthropicDialect", "pairing_problems"]

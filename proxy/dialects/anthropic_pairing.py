@@ -1,0 +1,148 @@
+"""The Anthropic Messages API's tool pairing rule: checked, and kept by a last pass.
+
+The API refuses a ``tool_use`` whose ``tool_result`` does not open the next
+message, and a ``tool_result`` whose ``tool_use`` is not in the message just
+before. :func:`pairing_problems` says how messages break it, in the API's own
+words (the scripted upstream of the tests refuses with them);
+:func:`keep_pairing` is the dialect's safety net after a rebuild: any block
+that would break it is written as text (the engine keeps tool groups whole, so
+it only fires on output that split one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from compaction import message_text
+
+
+def is_result(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_result"
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, default=repr).decode()
+
+
+def _tool_uses(message: Any) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return []
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+
+
+def _results(message: Any) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return []
+    content = message.get("content")
+    return [b for b in content if is_result(b)] if isinstance(content, list) else []
+
+
+def _leading_results(message: Any) -> set[Any]:
+    """The ``tool_use_id`` of the tool_result blocks a user message starts with."""
+    ids: set[Any] = set()
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return ids
+    content = message.get("content")
+    if not isinstance(content, list):
+        return ids
+    for block in content:
+        if not is_result(block):
+            break
+        ids.add(block.get("tool_use_id"))
+    return ids
+
+
+def pairing_problems(messages: list[Any]) -> list[str]:
+    """How ``messages`` break the Messages API's tool pairing rule, in the API's
+    own words (empty when valid):
+
+    * every ``tool_use`` of an assistant message has its ``tool_result`` at the
+      start of the next message (``messages.N: `tool_use` ids were found
+      without `tool_result` blocks immediately after``);
+    * every ``tool_result`` answers a ``tool_use`` of the message just before
+      (``unexpected `tool_use_id` found in `tool_result` blocks``).
+    """
+    problems: list[str] = []
+    for i, message in enumerate(messages):
+        uses = [b.get("id") for b in _tool_uses(message)]
+        if uses:
+            answered = _leading_results(messages[i + 1]) if i + 1 < len(messages) else set()
+            missing = [u for u in uses if u not in answered]
+            if missing:
+                problems.append(
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(map(str, missing))}. Each `tool_use` block "
+                    "must have a corresponding `tool_result` block in the next message."
+                )
+        results = _results(message)
+        if results:
+            issued = {b.get("id") for b in _tool_uses(messages[i - 1])} if i else set()
+            unexpected = [
+                b.get("tool_use_id") for b in results if b.get("tool_use_id") not in issued
+            ]
+            if unexpected:
+                problems.append(
+                    f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{', '.join(map(str, unexpected))}. Each `tool_result` block must have a "
+                    "corresponding `tool_use` block in the previous message."
+                )
+    return problems
+
+
+def keep_pairing(messages: list[Any]) -> list[Any]:
+    """``messages`` with every tool_use/tool_result that would break the pairing rule
+    turned into text; the same list when nothing does (the usual case)."""
+    if not pairing_problems(messages):
+        return messages
+    names = {b.get("id"): b.get("name") for m in messages for b in _tool_uses(m)}
+    out = list(messages)
+    for i, message in enumerate(out):
+        uses = _tool_uses(message)
+        if uses:
+            answered = _leading_results(out[i + 1]) if i + 1 < len(out) else set()
+            unanswered = {b.get("id") for b in uses if b.get("id") not in answered}
+            if unanswered:
+                out[i] = _as_text(message, lambda b, ids=unanswered: b.get("id") in ids)
+        results = _results(message)
+        if results:
+            issued = {b.get("id") for b in _tool_uses(out[i - 1])} if i else set()
+            if any(b.get("tool_use_id") not in issued for b in results):
+                out[i] = _results_first(
+                    _as_text(
+                        message,
+                        lambda b, ids=issued: is_result(b) and b.get("tool_use_id") not in ids,
+                        names,
+                    )
+                )
+    return out
+
+
+def _as_text(message: dict[str, Any], which: Any, names: dict[Any, Any] | None = None) -> Any:
+    """``message`` with the blocks ``which`` picks written as text blocks."""
+    content = []
+    for block in message["content"]:
+        if not which(block):
+            content.append(block)
+        elif block.get("type") == "tool_use":
+            call = f"{block.get('name')}({_json(block.get('input', {}))})"
+            content.append(_text(f"[tool call {call}]"))
+        else:
+            name = (names or {}).get(block.get("tool_use_id")) or "a tool"
+            text = message_text({"content": block.get("content")}) or "(empty)"
+            content.append(_text(f"[tool result for {name}: {text}]"))
+    return {**message, "content": content}
+
+
+def _results_first(message: dict[str, Any]) -> dict[str, Any]:
+    content = message["content"]
+    ordered = [b for b in content if is_result(b)] + [b for b in content if not is_result(b)]
+    return {**message, "content": ordered}
