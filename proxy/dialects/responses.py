@@ -40,8 +40,6 @@ Pure: no I/O; :data:`RESPONSES` is a stateless singleton.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +48,7 @@ import orjson
 
 from compaction import Message, SummarizationError, message_text
 from proxy.dialects.base import Mapped, clean, rebuild
+from proxy.dialects.responses_replies import response_events, response_object
 from proxy.errors import BadRequest
 
 #: First line of Codex's compaction prompt (codex-rs/core/templates/compact/prompt.md):
@@ -313,38 +312,10 @@ class ResponsesDialect:
         return text.strip()
 
     def manual_reply(self, model: str, text: str) -> dict[str, Any]:
-        return _response(model, "completed", [_output_message(text)], _usage(text))
+        return response_object(model, text)
 
     def manual_events(self, model: str, text: str) -> Iterator[bytes]:
-        response = _response(model, "in_progress", [], None)
-        message = _output_message(text)
-        pending = {**message, "status": "in_progress", "content": []}
-        part = message["content"][0]
-        empty = {**part, "text": ""}
-        where = {"item_id": message["id"], "output_index": 0}
-        at = {**where, "content_index": 0}
-        events: list[dict[str, Any]] = [
-            {"type": "response.created", "response": response},
-            {"type": "response.in_progress", "response": response},
-            {"type": "response.output_item.added", "output_index": 0, "item": pending},
-            {"type": "response.content_part.added", **at, "part": empty},
-            {"type": "response.output_text.delta", **at, "delta": text, "logprobs": []},
-            {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **at, "part": part},
-            {"type": "response.output_item.done", "output_index": 0, "item": message},
-            {
-                "type": "response.completed",
-                "response": {
-                    **response,
-                    "status": "completed",
-                    "output": [message],
-                    "usage": _usage(text),
-                },
-            },
-        ]
-        for number, event in enumerate(events):
-            event["sequence_number"] = number
-            yield b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+        return response_events(model, text)
 
 
 def _map_items(mapped: Mapped, items: list[Any]) -> None:
@@ -505,60 +476,6 @@ def _message_item(message: Message) -> dict[str, Any]:
         "type": "message",
         "role": role,
         "content": [{"type": part, "text": message_text(message)}],
-    }
-
-
-# --- answers the proxy writes itself ---------------------------------------------
-
-
-def _output_message(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "id": f"msg_compact_{uuid.uuid4().hex[:24]}",
-        "status": "completed",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
-
-
-def _usage(text: str) -> dict[str, Any]:
-    output = max(1, len(text) // 4)
-    return {
-        "input_tokens": 0,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": output,
-    }
-
-
-def _response(
-    model: str, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None
-) -> dict[str, Any]:
-    """A Response object with every field the API always sends."""
-    return {
-        "id": f"resp_compact_{uuid.uuid4().hex[:24]}",
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": status,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": None,
-        "max_output_tokens": None,
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": True,
-        "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
-        "store": False,
-        "temperature": 1.0,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": 1.0,
-        "truncation": "disabled",
-        "usage": usage,
-        "metadata": {},
     }
 
 
