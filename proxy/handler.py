@@ -5,14 +5,13 @@ Each step is a named function; the handler reads as the pipeline it is.
 
 Chat Completions is the engine's own format. The other two APIs come in
 through their :class:`~proxy.dialects.base.Dialect`: the request is mapped to
-the engine's messages on the way in (``_Call.mapped``) and rebuilt from the
-engine's output on the way out (``_Call.encode``); everything else — the
+the engine's messages on the way in (``Call.mapped``, in ``proxy.call``) and
+rebuilt from the engine's output on the way out (``Call.encode``); everything else — the
 checkpoints, the retry rule, calibration, events, metrics — is shared.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -27,18 +26,16 @@ from compaction import (
     Budget,
     CannotFitError,
     InvalidMessagesError,
-    Message,
     OverflowReport,
     message_text,
     retry_budget,
 )
 from compaction import requested_output_tokens as requested_output
-from config import ModelConfig
 from proxy import manual
-from proxy.access import owner_of
-from proxy.body import parse_chat_body, parse_object, read_body, too_deep
-from proxy.conversation import Conversation, Prepared, identify, prepare, scope_of
-from proxy.dialects.base import Dialect, Mapped
+from proxy.body import too_deep
+from proxy.call import Call, read_call
+from proxy.conversation import Prepared, prepare
+from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.disconnect import ClientWatch
 from proxy.errors import (
@@ -51,187 +48,19 @@ from proxy.errors import (
 from proxy.logs import REQUESTS
 from proxy.overflow import detect_overflow
 from proxy.state import WINDOW_BOUNDS, ProxyState
-from proxy.summarizer import DialectSummarizer, UpstreamSummarizer
 from proxy.transport import UpstreamResponse
 from proxy.upstream import (
-    AUTH_HEADERS,
     Relay,
     read_whole,
     relay_bytes,
     send,
     stream_error_event,
-    upstream_headers,
 )
 from proxy.usage import UsageTap
 
 logger = logging.getLogger(REQUESTS)
 
-#: Bodies larger than this are parsed, keyed and counted in a worker thread,
-#: so one huge request never stalls the event loop (and every other request
-#: on it). Smaller ones are parsed on the loop — a few milliseconds at most;
-#: with the GIL a thread would only slice that work, at ~2 ms of hand-over
-#: cost — and only their new text, if there is much, is tokenized in a
-#: thread (see conversation.prepare).
-OFF_LOOP_BYTES = 1 << 20
-
-
 # --- the handler -----------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Call:
-    """One chat request as it moves through the handler."""
-
-    request: Request
-    state: ProxyState
-    raw: bytes
-    body: dict[str, Any]
-    messages: list[Message]
-    config: ModelConfig
-    headers: dict[str, str]
-    #: Whose conversation, for which model: seeds its checkpoint chain.
-    scope: bytes = b""
-    #: Who may read its events and checkpoint (see proxy.access.owner_of).
-    owner: str = ""
-    #: The messages keyed, counted and chained ahead (large bodies, off the loop).
-    identified: Conversation | None = None
-    #: Cancels the request if its client leaves while the upstream is thinking.
-    watch: ClientWatch | None = None
-    #: The API the request speaks; for any but chat, ``body`` is the engine's
-    #: view of it and ``original`` the client's request, ``mapped`` the mapping.
-    dialect: Dialect = CHAT
-    original: dict[str, Any] | None = None
-    mapped: Mapped | None = None
-    untouchable: str | None = None
-
-    @property
-    def base_url(self) -> str:
-        if self.dialect.name == "anthropic":
-            return self.config.anthropic_upstream
-        return self.config.upstream
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}{self.dialect.path}"
-
-    @property
-    def streamed(self) -> bool:
-        return (self.original or self.body).get("stream") is True
-
-    def summarizer(self) -> UpstreamSummarizer | DialectSummarizer:
-        """The llm summarizer, asked in the request's own API with its own key."""
-        headers = {k: v for k, v in self.headers.items() if k != "content-type"}
-        on_call = self.state.metrics.summarizer_calls.inc
-        model = self.config.summary_model
-        if self.dialect is CHAT:
-            transport = self.state.transport
-            return UpstreamSummarizer(transport, self.base_url, model, headers, on_call=on_call)
-        return DialectSummarizer(
-            self.state.transport, self.url, model, headers, self.dialect, on_call=on_call
-        )
-
-    def encode(self, prepared: Prepared) -> bytes:
-        mapped = self.mapped
-        engine_messages = self.body["messages"] if mapped is None else mapped.messages
-        if prepared.untouched and self.messages is engine_messages:
-            return self.raw  # nothing changed: the client's own bytes
-        if mapped is None or self.original is None:
-            return orjson.dumps({**self.body, "messages": prepared.messages})
-        return orjson.dumps(self.dialect.from_engine(self.original, mapped, prepared.messages))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Read:
-    """A request's body, read: what :class:`_Call` starts from."""
-
-    body: dict[str, Any]  #: the engine's view (for chat, the request itself)
-    config: ModelConfig
-    messages: list[Message]
-    headers: dict[str, str]  #: for the upstream
-    scope: bytes  #: whose conversation, for which model (see proxy.conversation.scope_of)
-    identified: Conversation | None
-    original: dict[str, Any] | None = None  #: another API's request, as sent
-    mapped: Mapped | None = None
-    #: Why the request goes upstream byte for byte (another API's own state).
-    untouchable: str | None = None
-
-
-def _read_conversation(
-    state: ProxyState,
-    raw: bytes,
-    client_headers: list[tuple[str, str]],
-    uses_proxy_key: bool,
-    dialect: Dialect,
-    *,
-    ahead: bool,
-) -> _Read:
-    """Parse, map to the engine, resolve the model, drop /compact exchanges; with
-    ``ahead``, also key, count and chain the messages (what a large body does in
-    a worker thread)."""
-    original: dict[str, Any] | None = None
-    mapped: Mapped | None = None
-    untouchable: str | None = None
-    if dialect is CHAT:
-        body = parse_chat_body(raw)
-        engine_messages = body["messages"]
-    else:
-        original = parse_object(raw)
-        dialect.check(original)
-        untouchable = dialect.untouchable(original)
-        mapped = dialect.to_engine(original) if untouchable is None else None
-        body = mapped.request if mapped is not None else original
-        engine_messages = mapped.messages if mapped is not None else []
-    config = state.resolve(body.get("model"))
-    messages = manual.strip_commands(engine_messages)
-    if dialect.name == "anthropic":
-        fallback, header = state.anthropic_key(config), "x-api-key"
-    else:
-        fallback, header = state.fallback_key(config), "authorization"
-    headers = upstream_headers(
-        client_headers,
-        fallback_key=fallback,
-        fallback_header=header,
-        drop_authorization=uses_proxy_key,
-    )
-    credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
-    scope = scope_of(config, credential, dialect.name)
-    try:
-        ahead = ahead and untouchable is None
-        identified = identify(state, config, body, messages, scope) if ahead else None
-    except orjson.JSONEncodeError as exc:
-        raise too_deep(exc) from exc
-    return _Read(body, config, messages, headers, scope, identified, original, mapped, untouchable)
-
-
-async def _read_call(
-    request: Request, state: ProxyState, uses_proxy_key: bool, dialect: Dialect = CHAT
-) -> _Call:
-    raw = await read_body(request, state.settings.server.max_body_bytes)
-    client_headers = request.headers.items()
-    if len(raw) > OFF_LOOP_BYTES:
-        # Parsing, keying and counting megabytes takes long enough to stall
-        # every other request on the loop: one worker thread does it all.
-        read = await asyncio.to_thread(
-            _read_conversation, state, raw, client_headers, uses_proxy_key, dialect, ahead=True
-        )
-    else:
-        read = _read_conversation(state, raw, client_headers, uses_proxy_key, dialect, ahead=False)
-    return _Call(
-        request=request,
-        state=state,
-        raw=raw,
-        body=read.body,
-        messages=read.messages,
-        config=read.config,
-        identified=read.identified,
-        headers=read.headers,
-        scope=read.scope,
-        owner=owner_of(client_headers, uses_proxy_key=uses_proxy_key),
-        dialect=dialect,
-        original=read.original,
-        mapped=read.mapped,
-        untouchable=read.untouchable,
-    )
 
 
 async def handle_chat(
@@ -243,9 +72,9 @@ async def handle_chat(
     dialect: Dialect = CHAT,
 ) -> Response:
     started = time.perf_counter()
-    call: _Call | None = None
+    call: Call | None = None
     try:
-        call = await _read_call(request, state, uses_proxy_key, dialect)
+        call = await read_call(request, state, uses_proxy_key, dialect)
         call.watch = watch
         if call.untouchable is not None:
             return await _forward_untouched(call, started)
@@ -258,7 +87,7 @@ async def handle_chat(
         raise
 
 
-async def _forward_untouched(call: _Call, started: float) -> Response:
+async def _forward_untouched(call: Call, started: float) -> Response:
     """A request of another API that the proxy must not rewrite (it builds on
     state the proxy cannot see): forwarded byte for byte, relayed as it comes."""
     upstream = await _send(call, call.raw)
@@ -274,7 +103,7 @@ async def _forward_untouched(call: _Call, started: float) -> Response:
     return Relay(upstream, {}, api=call.dialect.name)
 
 
-async def _forward(call: _Call, started: float) -> Response:
+async def _forward(call: Call, started: float) -> Response:
     """Forward, and retry once, smaller, after an upstream overflow."""
     prepared = await _prepare(call, reason="threshold")
     sent = call.encode(prepared)
@@ -313,7 +142,7 @@ EMPTY_STREAM_NEAR_LIMIT = 0.5
 
 
 async def _overflow(
-    call: _Call,
+    call: Call,
     prepared: Prepared,
     upstream: UpstreamResponse,
     started: float,
@@ -337,7 +166,7 @@ async def _overflow(
     return _empty_stream_error(call, prepared, upstream, started)
 
 
-async def _first_bytes(call: _Call, upstream: UpstreamResponse) -> bool:
+async def _first_bytes(call: Call, upstream: UpstreamResponse) -> bool:
     """Whether a streamed answer sends anything before it ends. The client's
     leaving is watched meanwhile: a long prefill is cancelled with it."""
     try:
@@ -349,7 +178,7 @@ async def _first_bytes(call: _Call, upstream: UpstreamResponse) -> bool:
 
 
 def _empty_stream_error(
-    call: _Call, prepared: Prepared, upstream: UpstreamResponse, started: float
+    call: Call, prepared: Prepared, upstream: UpstreamResponse, started: float
 ) -> Response:
     """The answer to an upstream stream that ended empty: a stream that carries
     one error event, never a clean empty answer."""
@@ -363,7 +192,7 @@ def _empty_stream_error(
     )
 
 
-async def _retry_budget(call: _Call, prepared: Prepared, report: OverflowReport) -> Budget:
+async def _retry_budget(call: Call, prepared: Prepared, report: OverflowReport) -> Budget:
     """The retry's budget by the library's rule; what the error taught is kept."""
     state, model = call.state, call.config.model
     if report.window:
@@ -386,7 +215,7 @@ async def _retry_budget(call: _Call, prepared: Prepared, report: OverflowReport)
     return retry.budget
 
 
-def _usage_tap(call: _Call, prepared: Prepared) -> UsageTap:
+def _usage_tap(call: Call, prepared: Prepared) -> UsageTap:
     """Learns the upstream's ratio from the ``usage`` of the answer."""
     state, config, estimate = call.state, call.config, prepared.result.tokens_after
 
@@ -398,7 +227,7 @@ def _usage_tap(call: _Call, prepared: Prepared) -> UsageTap:
 
 
 async def _prepare(
-    call: _Call,
+    call: Call,
     *,
     reason: Any,
     budget: Budget | None = None,
@@ -438,7 +267,7 @@ async def _prepare(
         raise too_deep(exc) from exc
 
 
-async def _manual(call: _Call, instructions: str, started: float) -> Response:
+async def _manual(call: Call, instructions: str, started: float) -> Response:
     history = call.messages[:-1]
     call.messages = history
     prepared = await _prepare(call, reason="manual", instructions=instructions or None)
@@ -477,7 +306,7 @@ async def _manual(call: _Call, instructions: str, started: float) -> Response:
 
 async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
     """``POST /v1/compaction/preview``: what would be sent, and the report."""
-    call = await _read_call(request, state, uses_proxy_key)
+    call = await read_call(request, state, uses_proxy_key)
     prepared = await _prepare(call, reason="threshold", store=False)
     result = prepared.result
     report = {
@@ -502,7 +331,7 @@ async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key:
     )
 
 
-async def _send(call: _Call, body: bytes) -> UpstreamResponse:
+async def _send(call: Call, body: bytes) -> UpstreamResponse:
     """POST the chat request upstream, timing it for the metrics."""
     metrics = call.state.metrics
     started = time.perf_counter()
@@ -520,7 +349,7 @@ async def _send(call: _Call, body: bytes) -> UpstreamResponse:
 
 
 def _finish(
-    call: _Call, prepared: Prepared, status: int, started: float, *, upstream: bool = True
+    call: Call, prepared: Prepared, status: int, started: float, *, upstream: bool = True
 ) -> None:
     """Metrics and the one log line of a chat request (no content, no secrets).
 
@@ -547,7 +376,7 @@ def _finish(
     logger.info("chat", extra={"fields": fields})
 
 
-def _log_refusal(state: ProxyState, call: _Call | None, status: int, started: float) -> None:
+def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:
     """The log line of a chat request the proxy answered with its own error
     (a bad body, a request that cannot fit, an unreachable or silent upstream)."""
     fields: dict[str, object] = {
