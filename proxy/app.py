@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import ModelResolver, Settings
 from proxy.access import state_routes
+from proxy.conversation import identify
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
@@ -224,16 +225,18 @@ def create_app(
         config = state.resolve(None)
         # Built from the path as received, not the decoded ``path`` (finding 8).
         scope = request.scope
+        openai = (settings.upstream.base_url, config.api_key_env)
+        base, key_env = ANTHROPIC.route(config) if anthropic else openai
         url = forward_url(
-            config.anthropic_upstream if anthropic else settings.upstream.base_url,
+            base,
             raw_path_of(scope["path"], scope.get("raw_path")),
             scope["query_string"],
             prefix="v1",
         )
         headers = upstream_headers(
             request.headers.items(),
-            fallback_key=state.anthropic_key(config) if anthropic else state.fallback_key(config),
-            fallback_header="x-api-key" if anthropic else "authorization",
+            fallback_key=state.configured_key(key_env),
+            fallback_header=ANTHROPIC.key_header if anthropic else CHAT.key_header,
             drop_authorization=key_in_authorization(request),
         )
         body = await _body(request)
@@ -319,12 +322,10 @@ async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
     except (orjson.JSONDecodeError, AttributeError):  # forwarded all the same
         return None
     config = state.resolve(model if isinstance(model, str) else None)
-    counter = state.counter(config)
 
-    def estimate() -> int:
+    def estimate() -> int:  # the same reading as a compacted request's
         mapped = ANTHROPIC.to_engine(request)
-        messages = sum(counter.count_messages(mapped.messages))
-        return messages + counter.request_overhead(mapped.request)
+        return identify(state, config, mapped.request, mapped.messages).tokens
 
     try:
         tokens = await asyncio.to_thread(estimate)

@@ -26,7 +26,7 @@ from proxy.dialects.base import Dialect, Mapped
 from proxy.dialects.chat import CHAT
 from proxy.disconnect import ClientWatch
 from proxy.state import ProxyState
-from proxy.summarizer import DialectSummarizer, UpstreamSummarizer
+from proxy.summarizer import UpstreamSummarizer
 from proxy.upstream import AUTH_HEADERS, upstream_headers
 
 #: Bodies larger than this are parsed, keyed and counted in a worker thread,
@@ -66,9 +66,7 @@ class Call:
 
     @property
     def base_url(self) -> str:
-        if self.dialect.name == "anthropic":
-            return self.config.anthropic_upstream
-        return self.config.upstream
+        return self.dialect.route(self.config)[0]
 
     @property
     def url(self) -> str:
@@ -78,16 +76,16 @@ class Call:
     def streamed(self) -> bool:
         return (self.original or self.body).get("stream") is True
 
-    def summarizer(self) -> UpstreamSummarizer | DialectSummarizer:
+    def summarizer(self) -> UpstreamSummarizer:
         """The llm summarizer, asked in the request's own API with its own key."""
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
-        on_call = self.state.metrics.summarizer_calls.inc
-        model = self.config.summary_model
-        if self.dialect is CHAT:
-            transport = self.state.transport
-            return UpstreamSummarizer(transport, self.base_url, model, headers, on_call=on_call)
-        return DialectSummarizer(
-            self.state.transport, self.url, model, headers, self.dialect, on_call=on_call
+        return UpstreamSummarizer(
+            self.state.transport,
+            self.base_url,
+            self.config.summary_model,
+            headers,
+            dialect=self.dialect,
+            on_call=self.state.metrics.summarizer_calls.inc,
         )
 
     def encode(self, prepared: Prepared) -> bytes:
@@ -143,14 +141,10 @@ def _read_conversation(
         engine_messages = mapped.messages if mapped is not None else []
     config = state.resolve(body.get("model"))
     messages = manual.strip_commands(engine_messages)
-    if dialect.name == "anthropic":
-        fallback, header = state.anthropic_key(config), "x-api-key"
-    else:
-        fallback, header = state.fallback_key(config), "authorization"
     headers = upstream_headers(
         client_headers,
-        fallback_key=fallback,
-        fallback_header=header,
+        fallback_key=state.configured_key(dialect.route(config)[1]),
+        fallback_header=dialect.key_header,
         drop_authorization=uses_proxy_key,
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)

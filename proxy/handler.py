@@ -222,8 +222,7 @@ def _usage_tap(call: Call, prepared: Prepared) -> UsageTap:
     def observed(upstream_tokens: int) -> None:
         state.observe(config, estimate, upstream_tokens)
 
-    # Anthropic counts cached prompt tokens apart from ``input_tokens``.
-    return UsageTap(observed, cached=call.dialect.name == "anthropic")
+    return UsageTap(observed, cached=call.dialect.cached_usage_apart)
 
 
 async def _prepare(

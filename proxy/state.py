@@ -132,13 +132,9 @@ class ProxyState:
         except Exception:  # the store being down must not fail a request
             logger.warning("could not store the calibration ratio", exc_info=True)
 
-    def fallback_key(self, config: ModelConfig) -> str | None:
-        """The configured upstream key, used only when a client sends none."""
-        return (os.environ.get(config.api_key_env) or None) if config.api_key_env else None
-
-    def anthropic_key(self, config: ModelConfig) -> str | None:
-        """The configured Anthropic key (``x-api-key``), used only when a client sends none."""
-        env = config.anthropic_api_key_env
+    def configured_key(self, env: str | None) -> str | None:
+        """The key in the variable ``env`` (a model's ``api_key_env`` or
+        ``anthropic_api_key_env``), used only when a client sends none."""
         return (os.environ.get(env) or None) if env else None
 
 

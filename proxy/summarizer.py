@@ -1,4 +1,4 @@
-"""The ``llm`` summarizer: asks an OpenAI-compatible upstream for a summary.
+"""The ``llm`` summarizer: asks the upstream for a summary, in the request's own API.
 
 Used by the CLI (``compact --summarizer llm``) and by the server, which hands
 it the client's own credentials. The request follows DESIGN.md §6: no tools,
@@ -16,6 +16,7 @@ import orjson
 
 from compaction import Message, SummarizationError
 from proxy.dialects.base import Dialect, clean
+from proxy.dialects.chat import CHAT
 from proxy.transport import Transport, TransportError
 
 #: A summary reply above this is not a summary; reading stops there.
@@ -23,7 +24,12 @@ MAX_REPLY_BYTES = 4 << 20
 
 
 class UpstreamSummarizer:
-    """A :class:`compaction.types.Summarizer` backed by ``POST {base_url}/chat/completions``."""
+    """A :class:`compaction.types.Summarizer` asking ``POST {base_url}{dialect.path}``.
+
+    The summary is asked in the API of the request it serves (``dialect``:
+    Chat Completions by default; Anthropic Messages, OpenAI Responses), with
+    that request's own key — so a Claude-only or Responses-only key works.
+    """
 
     def __init__(
         self,
@@ -32,26 +38,22 @@ class UpstreamSummarizer:
         model: str,
         headers: Mapping[str, str] | None = None,
         *,
+        dialect: Dialect = CHAT,
         on_call: Callable[[], object] | None = None,
     ) -> None:
         self._transport = transport
-        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._url = base_url.rstrip("/") + dialect.path
         self._model = model
         self._headers = {**(headers or {}), "content-type": "application/json"}
+        self._dialect = dialect
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
         self.calls = 0
 
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "stream": False,
-        }
+        body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
         status, reply = await self._post(body)
-        if status == 400 and _rejects_classic_parameters(reply):
+        if status == 400 and self._dialect is CHAT and _rejects_classic_parameters(reply):
             # Reasoning models (o-series, gpt-5) refuse max_tokens and a
             # temperature other than the default; ask once more their way.
             del body["temperature"]
@@ -60,7 +62,11 @@ class UpstreamSummarizer:
         if status != 200:
             text = reply[:300].decode("utf-8", "replace")
             raise SummarizationError(f"summarizer upstream answered {status}: {text}")
-        return _summary_text(reply)
+        try:
+            payload = orjson.loads(reply)
+        except orjson.JSONDecodeError as exc:
+            raise SummarizationError("summarizer reply is not JSON") from exc
+        return self._dialect.summary_text(payload)
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
         self.calls += 1
@@ -75,69 +81,8 @@ class UpstreamSummarizer:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
 
 
-class DialectSummarizer:
-    """The ``llm`` summarizer for a request of another API (Anthropic Messages,
-    OpenAI Responses): the summary is asked in that API, at ``url``, with the
-    request's own key — so a Claude-only or Responses-only key works."""
-
-    def __init__(
-        self,
-        transport: Transport,
-        url: str,
-        model: str,
-        headers: Mapping[str, str],
-        dialect: Dialect,
-        *,
-        on_call: Callable[[], object] | None = None,
-    ) -> None:
-        self._transport = transport
-        self._url = url
-        self._model = model
-        self._headers = {**headers, "content-type": "application/json"}
-        self._dialect = dialect
-        self._on_call = on_call
-        self.calls = 0
-
-    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
-        body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
-        self.calls += 1
-        if self._on_call is not None:
-            self._on_call()
-        try:
-            response = await self._transport.request(
-                "POST", self._url, self._headers, orjson.dumps(body)
-            )
-            reply = await response.read(MAX_REPLY_BYTES)
-        except TransportError as exc:
-            raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
-        if response.status != 200:
-            text = reply[:300].decode("utf-8", "replace")
-            raise SummarizationError(f"summarizer upstream answered {response.status}: {text}")
-        try:
-            payload = orjson.loads(reply)
-        except orjson.JSONDecodeError as exc:
-            raise SummarizationError("summarizer reply is not JSON") from exc
-        return self._dialect.summary_text(payload)
-
-
 def _rejects_classic_parameters(reply: bytes) -> bool:
     text = reply.decode("utf-8", "replace")
     return "max_completion_tokens" in text or (
         "temperature" in text and "unsupported" in text.lower()
     )
-
-
-def _summary_text(reply: bytes) -> str:
-    try:
-        payload = orjson.loads(reply)
-        message = payload["choices"][0]["message"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise SummarizationError("summarizer reply is not a chat completion") from exc
-    if not isinstance(message, dict):
-        raise SummarizationError("summarizer reply has no message")
-    if message.get("tool_calls") or message.get("function_call"):
-        raise SummarizationError("summarizer replied with tool calls instead of text")
-    content = message.get("content")
-    if not isinstance(content, str) or not content.strip():
-        raise SummarizationError("summarizer reply is empty")
-    return content.strip()

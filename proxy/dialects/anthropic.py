@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from compaction import Message, SummarizationError, message_text
+from config import ModelConfig
 from proxy.dialects.anthropic_pairing import is_result, keep_pairing, pairing_problems
 from proxy.dialects.base import Mapped, origin_of, rebuild
 from proxy.errors import BadRequest
@@ -61,6 +62,11 @@ _ROLES = frozenset({"user", "assistant", "system"})
 class AnthropicDialect:
     name = "anthropic"
     path = "/messages"
+    key_header = "x-api-key"
+    cached_usage_apart = True
+
+    def route(self, config: ModelConfig) -> tuple[str, str | None]:
+        return config.anthropic_upstream, config.anthropic_api_key_env
 
     def check(self, body: dict[str, Any]) -> None:
         messages = body.get("messages")

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import orjson
 
 from compaction import ORIGIN_KEY, Message
+from config import ModelConfig
 
 #: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands
 #: for (the engine leaves it out of its counts).
@@ -162,6 +163,17 @@ class Dialect(Protocol):
     name: str
     #: The path under the upstream's base URL, e.g. ``"/messages"``.
     path: str
+    #: The header a configured key goes in when the client sends none
+    #: (``"authorization"``, as ``Bearer``; Anthropic's ``"x-api-key"``).
+    key_header: str
+    #: Whether the answer's ``usage`` counts cached prompt tokens apart from
+    #: ``input_tokens`` (Anthropic), so that the prompt is their sum.
+    cached_usage_apart: bool
+
+    def route(self, config: ModelConfig) -> tuple[str, str | None]:
+        """Where this API's requests for ``config``'s model go: the base URL, and
+        the variable holding the key used when the client sends none."""
+        ...
 
     def check(self, body: dict[str, Any]) -> None:
         """Raise :class:`proxy.errors.BadRequest` for a body this API would refuse

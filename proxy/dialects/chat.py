@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from compaction import Message, SummarizationError
+from config import ModelConfig
 from proxy import manual
 from proxy.dialects.base import Mapped
 
@@ -18,6 +19,11 @@ from proxy.dialects.base import Mapped
 class ChatDialect:
     name = "chat"
     path = "/chat/completions"
+    key_header = "authorization"
+    cached_usage_apart = False
+
+    def route(self, config: ModelConfig) -> tuple[str, str | None]:
+        return config.upstream, config.api_key_env
 
     def check(self, body: dict[str, Any]) -> None:
         """Checked by :func:`proxy.body.parse_chat_body` already."""
@@ -46,9 +52,14 @@ class ChatDialect:
 
     def summary_text(self, reply: Any) -> str:
         try:
-            content = reply["choices"][0]["message"]["content"]
+            message = reply["choices"][0]["message"]
         except (KeyError, IndexError, TypeError) as exc:
             raise SummarizationError("summarizer reply is not a chat completion") from exc
+        if not isinstance(message, dict):
+            raise SummarizationError("summarizer reply has no message")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise SummarizationError("summarizer replied with tool calls instead of text")
+        content = message.get("content")
         if not isinstance(content, str) or not content.strip():
             raise SummarizationError("summarizer reply is empty")
         return content.strip()

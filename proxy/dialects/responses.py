@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from compaction import Message, SummarizationError, message_text
+from config import ModelConfig
 from proxy.dialects.base import Mapped, clean, rebuild
 from proxy.dialects.responses_replies import response_events, response_object
 from proxy.errors import BadRequest
@@ -200,6 +201,11 @@ def _output_content(item: dict[str, Any]) -> Any:
 class ResponsesDialect:
     name = "responses"
     path = "/responses"
+    key_header = "authorization"
+    cached_usage_apart = False
+
+    def route(self, config: ModelConfig) -> tuple[str, str | None]:
+        return config.upstream, config.api_key_env
 
     def check(self, body: dict[str, Any]) -> None:
         instructions = body.get("instructions")
