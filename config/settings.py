@@ -144,8 +144,13 @@ class ServerSettings(BaseModel):
     )
     allowed_hosts: list[str] = Field(
         default_factory=list,
-        description="Host names accepted besides localhost when bound to loopback "
+        description="Host names accepted besides localhost when the Host check applies "
         "(other Host headers get 403, against DNS rebinding).",
+    )
+    check_host: bool = Field(
+        default=False,
+        description="Apply the Host check whatever the bind address (on in the Docker "
+        "image, which binds 0.0.0.0); otherwise it applies only when bound to loopback.",
     )
 
     @model_validator(mode="after")

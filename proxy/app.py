@@ -291,7 +291,7 @@ def create_app(
             ],
         )
     wrapped = OriginGuard(wrapped, server.cors_origins)
-    if is_loopback(server.host):
+    if server.check_host or is_loopback(server.host):
         wrapped = HostGuard(wrapped, server.allowed_hosts)
     return wrapped
 

@@ -1,8 +1,9 @@
 """Plain ASGI middleware guarding who may talk to the proxy.
 
-* :class:`HostGuard` — when bound to loopback, a request whose ``Host`` is not
-  a local name is refused (a web page cannot reach the proxy through DNS
-  rebinding).
+* :class:`HostGuard` — when bound to loopback (or, whatever the bind address,
+  with ``server.check_host``), a request whose ``Host`` is not a local name or
+  in ``server.allowed_hosts`` is refused (a web page cannot reach the proxy
+  through DNS rebinding).
 * :class:`OriginGuard` — a request with an ``Origin`` header (one a browser
   sends for a web page) is refused unless that origin is in
   ``server.cors_origins``: a page's "simple" cross-site POST needs no CORS
