@@ -55,7 +55,7 @@ from compaction.messages import (
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
-from compaction.types import Message, Reason, Stage, Summarizer, SummarizerMode
+from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [
     "ORIGIN_KEY",
@@ -77,6 +77,7 @@ __all__ = [
     "RetryBudget",
     "Span",
     "Stage",
+    "Strategy",
     "SummarizationError",
     "Summarizer",
     "SummarizerMode",

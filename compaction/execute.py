@@ -1,5 +1,7 @@
 """Carry out a compaction that :func:`compaction.decide.decide` asked for:
-prune → condense → truncate, on the whole middle (DESIGN.md §5).
+prune → condense → truncate, on the whole middle (DESIGN.md §5); with the
+``mask`` and ``hybrid`` strategies, mask → (condense) → truncate
+(:mod:`compaction.strategies`).
 
 ::
 
@@ -50,7 +52,7 @@ from compaction.messages import (
     validate_tool_pairing,
 )
 from compaction.profile import Budget, Profile
-from compaction.pruner import prune
+from compaction.strategies import condenses, shrink_middle
 from compaction.tokens import KeyMemo, TokenCounter
 from compaction.truncate import truncate
 from compaction.types import Message, Reason, Stage, Summarizer
@@ -233,16 +235,17 @@ async def _compact(
     if head_tokens > budget.input_limit:
         raise CannotFitError.head(sum(counts[:head]), run.overhead, budget.input_limit)
 
-    # Stage 1: prune the whole middle.
+    # Stage 1: prune the whole middle, or mask its tool outputs
+    # (compaction.strategies: the strategy decides).
     tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
     current: list[Message] = messages
     stage: Stage = "none"
-    pruned = prune(messages, head, tail, profile)
-    if pruned.pruned and _valid(pruned.messages, "prune", run.notes):
-        current, stage = pruned.messages, "pruned"
-    # What a checkpoint of a prune keeps as it is: the verbatim tail. The
-    # pruned briefs go into the checkpoint, so that later requests carry the
-    # same bytes even when the tail has moved on.
+    shrunk = shrink_middle(messages, head, tail, profile)
+    if shrunk.changed and _valid(shrunk.messages, shrunk.stage, run.notes):
+        current, stage = shrunk.messages, shrunk.stage
+    # What a checkpoint of a prune (or a mask) keeps as it is: the verbatim
+    # tail. The briefs (placeholders) go into the checkpoint, so that later
+    # requests carry the same bytes even when the tail has moved on.
     done = _Outcome(current, stage, len(messages) - tail)
     if run.reason == "threshold" and run.total(current) <= budget.trigger * profile.prune_target:
         return done
@@ -322,7 +325,7 @@ def _plan_room(
     """Where the tail starts and how large the summary may be, or ``None``
     when there is nothing to condense (see the module docstring)."""
     profile = run.profile
-    if profile.summarizer == "off":
+    if not condenses(profile):
         return None
     room = run.budget.input_limit - head_tokens - NOTE_ROOM
     minimum = profile.summary_min_tokens

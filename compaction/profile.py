@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from compaction.types import SummarizerMode
+from compaction.types import Strategy, SummarizerMode
 
 DEFAULT_CONTEXT_WINDOW = 32_000
 DEFAULT_RESERVE_TOKENS = 16_384
@@ -46,6 +46,9 @@ DEFAULT_ASSISTANT_KEEP_END = 400
 #: the request to this share of the trigger: a prune that leaves little room
 #: would be followed by another compaction a turn or two later.
 DEFAULT_PRUNE_TARGET = 0.7
+
+#: How the middle is made smaller (see :mod:`compaction.strategies`).
+DEFAULT_STRATEGY: Strategy = "summary"
 
 # Condenser.
 DEFAULT_SUMMARY_RATIO = 0.20
@@ -168,6 +171,13 @@ class Profile:
     summarizer: SummarizerMode = field(
         default="llm", metadata=_about("How the middle is summarized: llm, extractive or off.")
     )
+    strategy: Strategy = field(
+        default=DEFAULT_STRATEGY,
+        metadata=_about(
+            "How the middle is made smaller: summary (prune, then condense), mask (hide old "
+            "tool outputs, never summarize) or hybrid (mask, condense only if not enough)."
+        ),
+    )
     image_tokens: int = field(
         default=DEFAULT_IMAGE_TOKENS,
         metadata=_about("Tokens counted for each image.", NON_NEGATIVE),
@@ -260,6 +270,8 @@ class Profile:
             )
         if self.summarizer not in ("llm", "extractive", "off"):
             raise ValueError(f"summarizer must be llm, extractive or off, got {self.summarizer!r}")
+        if self.strategy not in ("summary", "mask", "hybrid"):
+            raise ValueError(f"strategy must be summary, mask or hybrid, got {self.strategy!r}")
 
 
 @dataclass(frozen=True)

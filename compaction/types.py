@@ -7,12 +7,21 @@ from typing import Any, Literal, Protocol
 #: One element of ``messages``, kept as a plain dict so unknown keys survive.
 Message = dict[str, Any]
 
-Stage = Literal["none", "reused", "pruned", "condensed", "truncated"]
+Stage = Literal["none", "reused", "pruned", "masked", "condensed", "truncated"]
 Reason = Literal["threshold", "overflow", "manual"]
 SummarizerMode = Literal["llm", "extractive", "off"]
+#: How the middle is made smaller; see :mod:`compaction.strategies`.
+Strategy = Literal["summary", "mask", "hybrid"]
 
 #: Stages ordered from weakest to strongest; the result reports the strongest that ran.
-STAGE_ORDER: tuple[Stage, ...] = ("none", "reused", "pruned", "condensed", "truncated")
+STAGE_ORDER: tuple[Stage, ...] = (
+    "none",
+    "reused",
+    "pruned",
+    "masked",
+    "condensed",
+    "truncated",
+)
 
 
 class Summarizer(Protocol):

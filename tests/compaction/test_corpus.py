@@ -1,16 +1,25 @@
-"""Every real conversation in ../shared/fixtures, compacted at 8k, 16k and 32k."""
+"""Every real conversation in ../shared/fixtures, compacted at 8k, 16k and 32k
+with each strategy."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import pytest
 
-from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
+from compaction import (
+    CannotFitError,
+    Profile,
+    Strategy,
+    TokenCounter,
+    compact,
+    validate_tool_pairing,
+)
 from compaction.calls import parse_arguments as parse_args
 from compaction.messages import SUMMARY_MARKER, group_messages, head_end, message_text, tool_calls
 from compaction.messages import call_name_and_arguments as call_parts
@@ -23,6 +32,7 @@ FILES = [
     if isinstance(orjson.loads(path.read_bytes()), dict)
 ]
 WINDOWS = (8_192, 16_384, 32_768)
+STRATEGIES = get_args(Strategy)
 COUNTER = TokenCounter("gpt-4o")
 
 if not FILES:
@@ -70,8 +80,8 @@ def test_fixture_compacts_within_limit_at_every_window(path: Path) -> None:
     body = _load(path)
     messages = body["messages"]
     head = head_end(messages, group_messages(messages), 2)
-    for window in WINDOWS:
-        profile = Profile(context_window=window, summarizer="extractive")
+    for window, strategy in itertools.product(WINDOWS, STRATEGIES):
+        profile = Profile(context_window=window, summarizer="extractive", strategy=strategy)
         try:
             result = asyncio.run(compact(body, profile, counter=COUNTER))
         except CannotFitError as exc:
@@ -86,6 +96,9 @@ def test_fixture_compacts_within_limit_at_every_window(path: Path) -> None:
         assert validate_tool_pairing(out) == []
         assert all(a is b for a, b in zip(out[:head], messages[:head], strict=True))
         assert out[-1] is messages[-1] or result.stage == "truncated"
+        if strategy == "mask":
+            assert result.summarizer_calls == 0 and result.summary is None
+            assert result.stage in ("none", "masked", "truncated"), result.stage
         if result.stage == "condensed":
             summaries = [m for m in out if message_text(m).startswith(SUMMARY_MARKER)]
             assert summaries, "condensed without a summary message"

@@ -33,6 +33,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "RetryBudget",
         "Span",
         "Stage",
+        "Strategy",
         "SummarizationError",
         "Summarizer",
         "SummarizerMode",

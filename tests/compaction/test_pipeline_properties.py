@@ -15,6 +15,7 @@ from compaction.decide import calibrated_budget, decide
 from compaction.execute import NOTE_ROOM, execute, new_checkpoint
 from compaction.messages import group_messages, head_end, tail_start
 from compaction.pruner import prune
+from compaction.strategies import PLACEHOLDER_PREFIX, mask
 from tests.synthetic import conversations
 
 COUNTER = TokenCounter("gpt-4o")
@@ -26,6 +27,7 @@ profiles = st.builds(
     keep_recent_tokens=st.sampled_from([500, 2_000, 20_000]),
     summarizer=st.sampled_from(["extractive", "off"]),
     threshold=st.one_of(st.none(), st.sampled_from([1_000, 3_000])),
+    strategy=st.sampled_from(["summary", "mask", "hybrid"]),
 )
 
 
@@ -33,7 +35,7 @@ def _run(request: dict[str, Any], profile: Profile, reason: Any) -> Any:
     return asyncio.run(compact(request, profile, reason=reason, counter=COUNTER))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     messages=conversations(),
     profile=profiles,
@@ -72,6 +74,9 @@ def test_compaction_invariants(
 
     if reason == "threshold" and result.tokens_before <= budget.trigger:
         assert out is messages and result.stage == "none" and not result.changed
+    if profile.strategy == "mask":
+        assert result.summarizer_calls == 0 and result.summary is None
+        assert result.stage in ("none", "masked", "truncated")
     if result.stage != "truncated":
         tail_budget = budget.tail_budget
         if reason == "manual":  # /compact condenses at least half of what follows the head
@@ -103,6 +108,22 @@ def test_pruning_is_idempotent_and_never_grows(messages: list[dict[str, Any]], d
     assert validate_tool_pairing(once.messages) == []
     for before, after in zip(messages, once.messages, strict=True):
         assert len(str(after)) <= len(str(before))
+
+
+@settings(max_examples=80, deadline=None)
+@given(messages=conversations(), data=st.data())
+def test_masking_is_idempotent_and_never_grows(messages: list[dict[str, Any]], data: Any) -> None:
+    start = data.draw(st.integers(0, len(messages)))
+    end = data.draw(st.integers(start, len(messages)))
+    once = mask(messages, start, end)
+    twice = mask(once.messages, start, end)
+    assert twice.messages == once.messages and twice.changed == 0
+    assert validate_tool_pairing(once.messages) == []
+    counts = COUNTER.count_messages(messages)
+    for before, after, tokens in zip(messages, once.messages, counts, strict=True):
+        if after is not before:
+            assert before["role"] == "tool" and after["content"].startswith(PLACEHOLDER_PREFIX)
+            assert COUNTER.count_messages([after])[0] < tokens
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
