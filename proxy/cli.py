@@ -3,6 +3,7 @@
     compaction-proxy serve              run the proxy (default http://127.0.0.1:8808/v1)
     compaction-proxy compact [FILE|-]   run the pipeline on a request body
     compaction-proxy inspect [FILE|-]   show why a conversation is large
+    compaction-proxy eval DIR           score what compaction keeps (evaluation/)
 
 Exit codes: 0 success; 2 unreadable or invalid input or configuration;
 3 the conversation cannot be made to fit.
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     look = commands.add_parser("inspect", help="show tokens by role and group, head and tail")
     _budget_flags(look)
     look.add_argument("--top", type=int, default=10, metavar="N", help="largest groups to list")
+
+    # Its options are read by evaluation/cli.py, so that nothing of the
+    # evaluation is imported unless asked for.
+    score = commands.add_parser(
+        "eval", help="score what compaction keeps, per strategy", add_help=False, prefix_chars="\0"
+    )
+    score.add_argument("options", nargs="*", help="see compaction-proxy eval --help")
     return parser
 
 
@@ -199,11 +207,23 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from evaluation.cli import EvalUsageError, run_eval
+
+    try:
+        print(asyncio.run(run_eval(args.options)))
+    except EvalUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "eval":
+            return _eval(args)
         request = read_request(args.file)
         config = _model_config(args, request.model)
         if args.command == "inspect":

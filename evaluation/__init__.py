@@ -1,0 +1,32 @@
+"""evaluation: how much a compacted request still tells a model (``compaction-proxy eval``).
+
+Offline and off the proxy's request path: nothing in ``proxy/`` or
+``compaction/`` imports it. :func:`evaluate` compacts request bodies
+(:mod:`evaluation.corpus`) with the engine's own :func:`compaction.compact`
+at each window and strategy, and scores probes drawn from each original
+conversation (:mod:`evaluation.probes`) by presence and, with a
+:class:`Judge`, by asking a model (:mod:`evaluation.judge`);
+:mod:`evaluation.report` prints the figures.
+"""
+
+from evaluation.corpus import Body, read_bodies
+from evaluation.judge import Judge
+from evaluation.probes import KINDS, Probe, generate_probes, request_text
+from evaluation.report import report_json, report_table
+from evaluation.run import Cell, CountingSummarizer, Tally, evaluate
+
+__all__ = [
+    "KINDS",
+    "Body",
+    "Cell",
+    "CountingSummarizer",
+    "Judge",
+    "Probe",
+    "Tally",
+    "evaluate",
+    "generate_probes",
+    "read_bodies",
+    "report_json",
+    "report_table",
+    "request_text",
+]

@@ -1,0 +1,62 @@
+"""The CI slice: eval on a few real conversations must not lose recall or artifacts.
+
+The slice is named in evaluation/baseline.json (the conversations stay in
+../shared/fixtures and are not copied here), with the scores measured when it
+was committed. A change that makes compaction keep less — or breaks the
+probes — fails here. After an intended improvement, rewrite the baseline:
+``python -m tests.evaluation.test_baseline``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from compaction import Profile
+from evaluation import read_bodies, report_json
+from evaluation.run import evaluate
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINE = ROOT / "evaluation" / "baseline.json"
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+GUARDED = ("recall", "artifacts")
+
+
+def measure(names: list[str], window: int) -> list[dict[str, Any]]:
+    cells = asyncio.run(
+        evaluate(
+            read_bodies(FIXTURES, set(names)),
+            (window,),
+            ("summary", "mask", "hybrid"),
+            lambda model: Profile(summarizer="extractive"),
+        )
+    )
+    return [
+        {key: cell[key] for key in ("strategy", "compacted", "scores", "probes")}
+        for cell in report_json(cells)["cells"]
+    ]
+
+
+@pytest.mark.corpus
+def test_the_slice_keeps_its_recall_and_artifact_scores() -> None:
+    if not FIXTURES.is_dir():
+        pytest.skip(f"eval slice skipped: no fixtures at {FIXTURES}")
+    baseline = orjson.loads(BASELINE.read_bytes())
+    measured = {cell["strategy"]: cell for cell in measure(baseline["names"], baseline["window"])}
+    assert set(measured) == {cell["strategy"] for cell in baseline["cells"]}
+    for expected in baseline["cells"]:
+        now = measured[expected["strategy"]]
+        assert now["compacted"] == expected["compacted"], "the slice changed"
+        for kind in GUARDED:
+            assert now["probes"][kind] == expected["probes"][kind], (expected["strategy"], kind)
+            assert now["scores"][kind] >= expected["scores"][kind], (expected["strategy"], kind)
+
+
+if __name__ == "__main__":  # pragma: no cover - rewrites the baseline
+    current = orjson.loads(BASELINE.read_bytes())
+    current["cells"] = measure(current["names"], current["window"])
+    BASELINE.write_bytes(orjson.dumps(current, option=orjson.OPT_INDENT_2) + b"\n")
