@@ -19,7 +19,7 @@ Everything a caller may use is named in ``__all__``.
 """
 
 from compaction.calls import key_argument
-from compaction.checkpoints import Checkpoint
+from compaction.checkpoints import Checkpoint, session_key
 from compaction.conversation import Conversation, read_conversation, read_conversation_async
 from compaction.decide import (
     Decision,
@@ -103,6 +103,7 @@ __all__ = [
     "repair_tool_pairing",
     "requested_output_tokens",
     "retry_budget",
+    "session_key",
     "tail_start",
     "text_size",
     "tool_calls",

@@ -241,6 +241,11 @@ class StoreSettings(BaseModel):
     store_originals: bool = Field(
         default=True, description="Keep the messages each compaction replaced."
     )
+    requests_retention_days: _PositiveFloat = Field(
+        default=7.0,
+        description="Days the per-request figures behind the dashboard (sizes, stage, "
+        "time; never content) are kept.",
+    )
     progress_min_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(
         default=DEFAULT_PROGRESS_MIN_RATIO,
         description="A compaction that shrinks the request by less than this share "
@@ -260,6 +265,10 @@ class StoreSettings(BaseModel):
     @property
     def retention_seconds(self) -> float:
         return self.retention_days * 86400.0
+
+    @property
+    def requests_retention_seconds(self) -> float:
+        return self.requests_retention_days * 86400.0
 
 
 def _profile_fields(*, inherit: bool) -> dict[str, Any]:

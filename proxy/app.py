@@ -42,9 +42,12 @@ from proxy.logs import REQUESTS
 from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics
 from proxy.paths import forward_url, raw_path_of
+from proxy.recorder import Recorder
 from proxy.state import ProxyState, build_transport
 from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.transport import Transport
+from proxy.ui import DashboardRoute
+from proxy.ui import install as install_dashboard
 from proxy.upstream import Relay, error_response, send, upstream_headers
 from proxy.usage import UsageTap
 
@@ -121,6 +124,7 @@ def create_app(
                 retention_seconds=settings.store.retention_seconds,
                 store_originals=settings.store.store_originals,
                 timeout=settings.store.timeout_seconds,
+                requests_retention_seconds=settings.store.requests_retention_seconds,
             )
         )
         metrics = Metrics()
@@ -143,6 +147,8 @@ def create_app(
         await state.store.purge()
         await asyncio.to_thread(state.warm)
         app.state.proxy = state
+        state.recorder = Recorder(state.store)
+        state.recorder.start()
         keeper = asyncio.create_task(_keep_alive(state, guarded, restored))
         try:
             yield
@@ -150,6 +156,7 @@ def create_app(
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
+            await state.recorder.stop()
             await state.store.close()
             if owned:
                 await upstream_transport.aclose()
@@ -213,6 +220,7 @@ def create_app(
         )
 
     app.include_router(state_routes())  # before the pass-through catches every /v1 path
+    install_dashboard(app, settings)  # the steering routes and /ui, likewise
 
     @app.api_route(
         "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
@@ -291,6 +299,7 @@ def create_app(
             ],
         )
     wrapped = OriginGuard(wrapped, server.cors_origins)
+    wrapped = DashboardRoute(wrapped, app)  # signs its visitors in itself (proxy/ui)
     if server.check_host or is_loopback(server.host):
         wrapped = HostGuard(wrapped, server.allowed_hosts)
     return wrapped

@@ -47,6 +47,7 @@ from compaction import (
     text_size,
 )
 from config import ModelConfig
+from proxy import steering
 from proxy.state import ProxyState
 from proxy.stores import Event, EventType
 
@@ -157,6 +158,7 @@ async def prepare(
         state, conversation, config, profile, budget, reason, summarizer, instructions, owner
     )
     decision = await job.decide()
+    job, decision = await steering.steer(job, decision)  # the session's own settings
     if not store:  # the preview: run everything, remember nothing
         result = await _execute(job, decision)
         return Prepared(

@@ -47,6 +47,7 @@ from proxy.errors import (
 )
 from proxy.logs import REQUESTS
 from proxy.overflow import detect_overflow
+from proxy.recorder import request_record
 from proxy.state import WINDOW_BOUNDS, ProxyState
 from proxy.transport import UpstreamResponse
 from proxy.upstream import (
@@ -373,6 +374,9 @@ def _finish(
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
+    if call.state.recorder is not None:  # queued for the dashboard; never waits
+        ms = (time.perf_counter() - started) * 1000
+        call.state.recorder.record(request_record(call, prepared, status, ms))
 
 
 def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
 from config import ModelConfig, ModelResolver, Settings
 from proxy.metrics import Metrics
+from proxy.recorder import Recorder
 from proxy.stores import Store
 from proxy.transport import Transport
 
@@ -46,6 +47,11 @@ class ProxyState:
     proven: dict[str, int] = field(default_factory=dict)
     #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
     ratios: dict[str, float] = field(default_factory=dict)
+    #: Per-request figures on their way to the store (set in the app's lifespan).
+    recorder: Recorder | None = None
+    #: (owner, session) asked to "compact now" from the dashboard: their next
+    #: request through this process is compacted as by ``/compact``.
+    compact_now: set[tuple[str, str]] = field(default_factory=set)
     #: Store writes of learned ratios still under way (kept so none is lost).
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
     _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)

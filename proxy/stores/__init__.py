@@ -35,6 +35,12 @@ from proxy.stores.base import (
     interrupted,
 )
 from proxy.stores.codec import to_dict
+from proxy.stores.figures import (
+    DEFAULT_REQUESTS_RETENTION_SECONDS,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+)
 from proxy.stores.memory import MemoryStore
 from proxy.stores.redis import DEFAULT_KEY_PREFIX, RedisStore
 from proxy.stores.resilient import (
@@ -58,6 +64,7 @@ def open_store(
     capacity: int = DEFAULT_CAPACITY,
     key_prefix: str = DEFAULT_KEY_PREFIX,
     timeout: float | None = None,
+    requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
 ) -> Store:
     """The store ``url`` names; nothing is opened or connected until first use.
 
@@ -71,11 +78,17 @@ def open_store(
     scheme = urlsplit(url).scheme.lower() if url else "sqlite"
     if scheme == "memory":
         return MemoryStore(
-            capacity, retention_seconds=retention_seconds, store_originals=store_originals
+            capacity,
+            retention_seconds=retention_seconds,
+            store_originals=store_originals,
+            requests_retention_seconds=requests_retention_seconds,
         )
     if scheme == "sqlite":
         return SQLiteStore(
-            sqlite_path(url), retention_seconds=retention_seconds, store_originals=store_originals
+            sqlite_path(url),
+            retention_seconds=retention_seconds,
+            store_originals=store_originals,
+            requests_retention_seconds=requests_retention_seconds,
         )
     if scheme in ("redis", "rediss"):
         return RedisStore.from_url(
@@ -84,6 +97,7 @@ def open_store(
             retention_seconds=retention_seconds,
             store_originals=store_originals,
             timeout=timeout,
+            requests_retention_seconds=requests_retention_seconds,
         )
     shown = f"{scheme!r}" if scheme else "none"
     raise StoreError(
@@ -118,8 +132,11 @@ __all__ = [
     "HealthReport",
     "MemoryStore",
     "RedisStore",
+    "RequestRecord",
     "ResilientStore",
     "SQLiteStore",
+    "SessionSettings",
+    "SessionSummary",
     "Store",
     "StoreError",
     "StoreHealth",

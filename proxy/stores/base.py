@@ -32,9 +32,20 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from compaction import Checkpoint, Message
+from proxy.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_SESSIONS_LIMIT,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+)
 
 EventType = Literal[
-    "compaction.queued", "compaction.started", "context.compacted", "compaction.failed"
+    "compaction.queued",
+    "compaction.started",
+    "context.compacted",
+    "compaction.failed",
+    "checkpoint.edited",
 ]
 
 #: Event types that leave a compaction unfinished.
@@ -85,6 +96,8 @@ class Event:
     notes: tuple[str, ...] = ()
     #: Whose conversation: a digest of the caller's credential (see the module doc).
     owner: str = ""
+    #: ``checkpoint.edited``: the summary text the edit replaced (kept, not lost).
+    previous_summary: str | None = None
     created_at: float = field(default_factory=time.time)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -181,8 +194,38 @@ class Store(Protocol):
         """
         ...
 
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        """Keep ``records`` (in the order they happened) and fold them into their
+        sessions' summaries and the hourly savings (:mod:`proxy.stores.figures`)."""
+        ...
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        """The last ``limit`` requests of ``session`` (of ``owner``, or anyone's), newest first."""
+        ...
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        """The ``limit`` sessions last active, newest first, of ``owner`` or of everyone."""
+        ...
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        """Tokens saved per hour (bucket start, tokens), oldest first."""
+        ...
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        """What was set for ``owner``'s ``session``; the defaults when nothing was."""
+        ...
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None: ...
+
     async def purge(self, now: float | None = None) -> int:
-        """Drop what is older than the retention; how many originals were dropped."""
+        """Drop what is older than the retention (per-request figures: their own
+        retention); how many originals were dropped."""
         ...
 
     async def close(self) -> None: ...

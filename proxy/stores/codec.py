@@ -16,8 +16,10 @@ import orjson
 
 from compaction import Checkpoint, Message
 from proxy.stores.base import Event
+from proxy.stores.figures import RequestRecord, SessionSettings, SessionSummary
 
-_T = TypeVar("_T", Checkpoint, Event)
+_T = TypeVar("_T", Checkpoint, Event, RequestRecord, SessionSummary, SessionSettings)
+_KINDS: Final = (Checkpoint, Event, RequestRecord, SessionSummary, SessionSettings)
 
 
 def _tuple_fields(cls: type[Any]) -> frozenset[str]:
@@ -27,13 +29,13 @@ def _tuple_fields(cls: type[Any]) -> frozenset[str]:
     )
 
 
-_NAMES: Final = {
-    cls: frozenset(field.name for field in dataclasses.fields(cls)) for cls in (Checkpoint, Event)
-}
-_TUPLES: Final = {cls: _tuple_fields(cls) for cls in (Checkpoint, Event)}
+_NAMES: Final = {cls: frozenset(field.name for field in dataclasses.fields(cls)) for cls in _KINDS}
+_TUPLES: Final = {cls: _tuple_fields(cls) for cls in _KINDS}
 
 
-def to_dict(value: Checkpoint | Event) -> dict[str, Any]:
+def to_dict(
+    value: Checkpoint | Event | RequestRecord | SessionSummary | SessionSettings,
+) -> dict[str, Any]:
     """The fields of a checkpoint or event as JSON-ready values (no deep copy)."""
     return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
 
@@ -62,6 +64,14 @@ def dump_event(event: Event) -> bytes:
 
 def load_event(raw: bytes | str) -> Event:
     return _from_dict(Event, orjson.loads(raw))
+
+
+def dump(value: RequestRecord | SessionSummary | SessionSettings) -> bytes:
+    return orjson.dumps(to_dict(value))
+
+
+def load(cls: type[_T], raw: bytes | str) -> _T:
+    return _from_dict(cls, orjson.loads(raw))
 
 
 def dump_messages(messages: Sequence[Message]) -> bytes:

@@ -23,7 +23,22 @@ from proxy.stores.base import (
     checked_ratio,
     interrupted,
 )
+from proxy.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_REQUESTS_RETENTION_SECONDS,
+    DEFAULT_SESSION_REQUESTS,
+    DEFAULT_SESSIONS_LIMIT,
+    SAVINGS_BUCKET_SECONDS,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+    by_session,
+    fold,
+    savings_of,
+)
 from proxy.stores.locks import LeaseLocks
+
+_Key = tuple[str, str]  #: (owner, session)
 
 
 class MemoryStore:
@@ -38,6 +53,7 @@ class MemoryStore:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store_originals: bool = True,
         max_events: int = DEFAULT_GLOBAL_EVENTS,
+        requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
     ) -> None:
         self._by_hash: OrderedDict[str, Checkpoint] = OrderedDict()
         self._by_id: dict[str, tuple[Checkpoint, str]] = {}  #: with its owner
@@ -50,6 +66,12 @@ class MemoryStore:
         self._capacity = capacity
         self._retention = retention_seconds
         self._store_originals = store_originals
+        self._requests_retention = requests_retention_seconds
+        self._requests: dict[_Key, deque[RequestRecord]] = {}
+        #: Least recently active first: past ``capacity`` sessions the oldest go.
+        self._sessions: OrderedDict[_Key, SessionSummary] = OrderedDict()
+        self._savings: dict[tuple[str, float], int] = {}
+        self._settings: dict[_Key, SessionSettings] = {}
 
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         found = {}
@@ -134,8 +156,58 @@ class MemoryStore:
     async def set_calibration(self, key: str, ratio: float) -> None:
         self._calibrations[key] = checked_ratio(ratio)
 
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        for key, found in by_session(records).items():
+            kept = self._requests.get(key)
+            if kept is None:
+                kept = self._requests[key] = deque(maxlen=DEFAULT_SESSION_REQUESTS)
+            kept.extend(found)
+            self._sessions[key] = fold(self._sessions.get(key), found)
+            self._sessions.move_to_end(key)
+        for bucket, saved in savings_of(records).items():
+            self._savings[bucket] = self._savings.get(bucket, 0) + saved
+        while len(self._sessions) > self._capacity:
+            evicted, _ = self._sessions.popitem(last=False)
+            self._requests.pop(evicted, None)
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        found = [
+            record
+            for (owned_by, name), kept in self._requests.items()
+            if name == session and (owner is None or owned_by == owner)
+            for record in kept
+        ]
+        found.sort(key=lambda record: record.created_at, reverse=True)
+        return found[: max(limit, 0)]
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        found = [s for (o, _), s in self._sessions.items() if owner is None or o == owner]
+        found.sort(key=lambda summary: summary.last_at, reverse=True)
+        return found[: max(limit, 0)]
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        totals: dict[float, int] = {}
+        for (owned_by, bucket), saved in self._savings.items():
+            if owner is None or owned_by == owner:
+                totals[bucket] = totals.get(bucket, 0) + saved
+        return sorted(totals.items())
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        return self._settings.get((owner, session), SessionSettings())
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None:
+        self._settings[(owner, session)] = settings
+
     async def purge(self, now: float | None = None) -> int:
-        cutoff = (time.time() if now is None else now) - self._retention
+        moment = time.time() if now is None else now
+        self._purge_requests(moment - self._requests_retention)
+        cutoff = moment - self._retention
         old = [cp for cp in self._by_hash.values() if cp.created_at < cutoff]
         for checkpoint in old:
             del self._by_hash[checkpoint.end_hash]
@@ -147,6 +219,19 @@ class MemoryStore:
         if len(kept) != len(self._events):
             self._events = deque(kept, maxlen=self._events.maxlen)
         return len(dropped)
+
+    def _purge_requests(self, cutoff: float) -> None:
+        for key in [key for key, s in self._sessions.items() if s.last_at < cutoff]:
+            del self._sessions[key]
+        for key, kept in list(self._requests.items()):
+            fresh = [record for record in kept if record.created_at >= cutoff]
+            if not fresh:
+                del self._requests[key]
+            elif len(fresh) != len(kept):
+                self._requests[key] = deque(fresh, maxlen=kept.maxlen)
+        old = [b for b in self._savings if b[1] + SAVINGS_BUCKET_SECONDS < cutoff]
+        for bucket in old:
+            del self._savings[bucket]
 
     async def close(self) -> None:
         return None

@@ -14,6 +14,13 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
     lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
     windows              hash model → learned context window
     calibrations         hash key → calibration ratio (a float's repr)
+    reqs:<owner>:<session>  newest requests' figures, capped   TTL = figures' retention
+    owners:<session>     set of the owners with that session   TTL = figures' retention
+    sess:<owner>:<session>  the session's summary JSON         TTL = figures' retention
+    recent               sorted set "<owner>:<session>" by last activity
+    recent:<owner>       sorted set session by last activity
+    saved, saved:<owner> hash hour → tokens saved (HINCRBY)
+    settings:<owner>:<session>  per-session settings JSON      TTL = retention
 
 An instance is alive while its heartbeat key exists; a lock whose holder died
 lapses after its ttl, and a waiter (polling with backoff) takes it.
@@ -45,6 +52,18 @@ from proxy.stores.base import (
     Event,
     checked_ratio,
     interrupted,
+)
+from proxy.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_REQUESTS_RETENTION_SECONDS,
+    DEFAULT_SESSION_REQUESTS,
+    DEFAULT_SESSIONS_LIMIT,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+    bucket_of,
+    by_session,
+    fold,
 )
 from proxy.stores.locks import MAX_HOLD, RENEW_EVERY
 
@@ -108,8 +127,10 @@ class RedisStore:
         store_originals: bool = True,
         session_events: int = DEFAULT_SESSION_EVENTS,
         global_events: int = DEFAULT_GLOBAL_EVENTS,
+        requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
     ) -> None:
         self._client = client
+        self._figures_ms = max(1, int(requests_retention_seconds * 1000))
         self._prefix = key_prefix
         self._retention_ms = max(1, int(retention_seconds * 1000))
         self._store_originals = store_originals
@@ -315,6 +336,99 @@ class RedisStore:
         # repr() is the shortest text that reads back as the same float.
         value = repr(checked_ratio(ratio))
         await _reply(self._client.hset(self._key("calibrations"), key, value))
+
+    # -- per-request figures and sessions ------------------------------------
+
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        if not records:
+            return
+        ttl = self._figures_ms
+        groups = by_session(records)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for (owner, session), found in groups.items():
+                key = self._key("reqs", owner, session)
+                pipe.lpush(key, *(codec.dump(record) for record in found))
+                pipe.ltrim(key, 0, DEFAULT_SESSION_REQUESTS - 1)
+                pipe.pexpire(key, ttl)
+                pipe.sadd(self._key("owners", session), owner)
+                pipe.pexpire(self._key("owners", session), ttl)
+            for record in records:
+                if record.saved:
+                    bucket = repr(bucket_of(record.created_at))
+                    pipe.hincrby(self._key("saved"), bucket, record.saved)
+                    pipe.hincrby(self._key("saved", record.owner), bucket, record.saved)
+            pipe.zremrangebyscore(self._key("recent"), "-inf", records[-1].created_at - ttl / 1000)
+            await pipe.execute()
+        for (owner, session), found in groups.items():
+            await self._fold(owner, session, found)
+
+    async def _fold(self, owner: str, session: str, found: list[RequestRecord]) -> None:
+        """Add ``found`` to the session's summary; another replica folding the same
+        session meanwhile makes this one read again (WATCH), so none is lost."""
+        key = self._key("sess", owner, session)
+
+        async def update(pipe: Any) -> None:
+            raw = await pipe.get(key)
+            summary = fold(None if raw is None else codec.load(SessionSummary, raw), found)
+            pipe.multi()
+            pipe.set(key, codec.dump(summary), px=self._figures_ms)
+            pipe.zadd(self._key("recent"), {f"{owner}:{session}": summary.last_at})
+            pipe.zadd(self._key("recent", owner), {session: summary.last_at})
+            pipe.pexpire(self._key("recent", owner), self._figures_ms)
+            oldest = summary.last_at - self._figures_ms / 1000
+            pipe.zremrangebyscore(self._key("recent", owner), "-inf", oldest)
+
+        await self._client.transaction(update, key)
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        if limit <= 0:
+            return []
+        if owner is None:
+            members = await _reply(self._client.smembers(self._key("owners", session)))
+            owners = sorted(member.decode() for member in members)
+        else:
+            owners = [owner]
+        found: list[RequestRecord] = []
+        for name in owners:
+            raws = await _reply(self._client.lrange(self._key("reqs", name, session), 0, limit - 1))
+            found.extend(codec.load(RequestRecord, raw) for raw in raws)
+        found.sort(key=lambda record: record.created_at, reverse=True)
+        return found[:limit]
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        if limit <= 0:
+            return []
+        if owner is None:
+            members = await _reply(self._client.zrevrange(self._key("recent"), 0, limit - 1))
+            pairs = [member.decode().split(":", 1) for member in members]
+        else:
+            recent = self._key("recent", owner)
+            members = await _reply(self._client.zrevrange(recent, 0, limit - 1))
+            pairs = [[owner, member.decode()] for member in members]
+        if not pairs:
+            return []
+        keys = [self._key("sess", name, session) for name, session in pairs]
+        raws = await _reply(self._client.mget(keys))
+        return [codec.load(SessionSummary, raw) for raw in raws if raw is not None]
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        key = self._key("saved") if owner is None else self._key("saved", owner)
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(key))
+        return sorted((float(bucket), int(saved)) for bucket, saved in entries.items())
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        raw = await _reply(self._client.get(self._key("settings", owner, session)))
+        return SessionSettings() if raw is None else codec.load(SessionSettings, raw)
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None:
+        key = self._key("settings", owner, session)
+        await _reply(self._client.set(key, codec.dump(settings), px=self._retention_ms))
 
     # -- lifecycle ---------------------------------------------------------
 

@@ -48,6 +48,13 @@ from typing import Any, Final, Literal, Protocol, TypeVar
 
 from compaction import Checkpoint, Message
 from proxy.stores.base import DEFAULT_EVENTS_LIMIT, INTERRUPTED, Event, Store, checked_ratio
+from proxy.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_SESSIONS_LIMIT,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+)
 
 logger = logging.getLogger("compaction_proxy.store")
 
@@ -290,6 +297,14 @@ class ResilientStore:
     async def purge(self, now: float | None = None) -> int:
         return await self._soft("purge", 0, lambda: self._store.purge(now), proves=False)
 
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        await self._soft("record_requests", None, lambda: self._store.record_requests(records))
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        # Read when about to compact: a store that cannot say means the defaults.
+        call = lambda: self._store.session_settings(session, owner)  # noqa: E731
+        return await self._soft("session_settings", SessionSettings(), call, "read")
+
     def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
         return self._lock(key, ttl)
 
@@ -341,6 +356,26 @@ class ResilientStore:
 
     async def learned_windows(self) -> dict[str, int]:
         return await self._hard("learned_windows", self._store.learned_windows)
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        call = lambda: self._store.requests(session, owner=owner, limit=limit)  # noqa: E731
+        return await self._hard("requests", call)
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        return await self._hard("sessions", lambda: self._store.sessions(owner=owner, limit=limit))
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        return await self._hard("savings", lambda: self._store.savings(owner=owner))
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None:
+        call = lambda: self._store.set_session_settings(session, owner, settings)  # noqa: E731
+        await self._hard("set_session_settings", call, "write")
 
     async def calibrations(self) -> dict[str, float]:
         return await self._hard("calibrations", self._store.calibrations)

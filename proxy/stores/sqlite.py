@@ -40,6 +40,18 @@ from proxy.stores.base import (
     checked_ratio,
     interrupted,
 )
+from proxy.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_REQUESTS_RETENTION_SECONDS,
+    DEFAULT_SESSIONS_LIMIT,
+    SAVINGS_BUCKET_SECONDS,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+    by_session,
+    fold,
+    savings_of,
+)
 from proxy.stores.locks import LeaseLocks
 
 _T = TypeVar("_T")
@@ -87,6 +99,39 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         # One caller's newest events without reading everyone else's: rowid
         # is implicitly the index's last column, so ORDER BY rowid walks it.
         "CREATE INDEX events_owner ON events (owner)",
+    ),
+    # Per-request figures, their sessions and hourly savings; per-session
+    # settings (issue 14).
+    (
+        """CREATE TABLE requests (
+            session TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            json BLOB NOT NULL
+        )""",
+        "CREATE INDEX requests_session ON requests (session, created_at)",
+        "CREATE INDEX requests_created_at ON requests (created_at)",
+        """CREATE TABLE sessions (
+            owner TEXT NOT NULL,
+            session TEXT NOT NULL,
+            last_at REAL NOT NULL,
+            json BLOB NOT NULL,
+            PRIMARY KEY (owner, session)
+        )""",
+        "CREATE INDEX sessions_last_at ON sessions (last_at)",
+        "CREATE INDEX sessions_owner ON sessions (owner, last_at)",
+        """CREATE TABLE savings (
+            owner TEXT NOT NULL,
+            bucket REAL NOT NULL,
+            saved INTEGER NOT NULL,
+            PRIMARY KEY (owner, bucket)
+        )""",
+        """CREATE TABLE session_settings (
+            owner TEXT NOT NULL,
+            session TEXT NOT NULL,
+            json BLOB NOT NULL,
+            PRIMARY KEY (owner, session)
+        )""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -147,8 +192,10 @@ class SQLiteStore:
         *,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store_originals: bool = True,
+        requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
     ) -> None:
         self.path = Path(path)
+        self._requests_retention = requests_retention_seconds
         self._retention = retention_seconds
         self._store_originals = store_originals
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compaction-store")
@@ -433,13 +480,114 @@ class SQLiteStore:
 
         await self._run(work)
 
+    # -- per-request figures and sessions ----------------------------------
+
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        if not records:
+            return
+
+        def work(connection: sqlite3.Connection) -> None:
+            def write() -> None:
+                connection.executemany(
+                    "INSERT INTO requests (session, owner, created_at, json) VALUES (?, ?, ?, ?)",
+                    [(r.session, r.owner, r.created_at, codec.dump(r)) for r in records],
+                )
+                for (owner, session), found in by_session(records).items():
+                    row = connection.execute(
+                        "SELECT json FROM sessions WHERE owner = ? AND session = ?",
+                        (owner, session),
+                    ).fetchone()
+                    old = None if row is None else codec.load(SessionSummary, row[0])
+                    summary = fold(old, found)
+                    connection.execute(
+                        "INSERT OR REPLACE INTO sessions (owner, session, last_at, json) "
+                        "VALUES (?, ?, ?, ?)",
+                        (owner, session, summary.last_at, codec.dump(summary)),
+                    )
+                connection.executemany(
+                    "INSERT INTO savings (owner, bucket, saved) VALUES (?, ?, ?) "
+                    "ON CONFLICT (owner, bucket) DO UPDATE SET saved = saved + excluded.saved",
+                    [(*key, saved) for key, saved in savings_of(records).items()],
+                )
+
+            self._write(connection, write)
+
+        await self._run(work)
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        def work(connection: sqlite3.Connection) -> list[RequestRecord]:
+            rows = connection.execute(
+                "SELECT json FROM requests WHERE session = ? AND (? IS NULL OR owner = ?) "
+                "ORDER BY created_at DESC LIMIT ?",
+                (session, owner, owner, max(limit, 0)),
+            )
+            return [codec.load(RequestRecord, raw) for (raw,) in rows]
+
+        return await self._run(work)
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        where = "1" if owner is None else "owner = ?"
+        values = () if owner is None else (owner,)
+
+        def work(connection: sqlite3.Connection) -> list[SessionSummary]:
+            rows = connection.execute(
+                f"SELECT json FROM sessions WHERE {where} ORDER BY last_at DESC LIMIT ?",
+                (*values, max(limit, 0)),
+            )
+            return [codec.load(SessionSummary, raw) for (raw,) in rows]
+
+        return await self._run(work)
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        def work(connection: sqlite3.Connection) -> list[tuple[float, int]]:
+            rows = connection.execute(
+                "SELECT bucket, SUM(saved) FROM savings WHERE (? IS NULL OR owner = ?) "
+                "GROUP BY bucket ORDER BY bucket",
+                (owner, owner),
+            )
+            return [(bucket, saved) for bucket, saved in rows]
+
+        return await self._run(work)
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        def work(connection: sqlite3.Connection) -> SessionSettings:
+            row = connection.execute(
+                "SELECT json FROM session_settings WHERE owner = ? AND session = ?",
+                (owner, session),
+            ).fetchone()
+            return SessionSettings() if row is None else codec.load(SessionSettings, row[0])
+
+        return await self._run(work)
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None:
+        def work(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT OR REPLACE INTO session_settings (owner, session, json) VALUES (?, ?, ?)",
+                (owner, session, codec.dump(settings)),
+            )
+
+        await self._run(work)
+
     # -- lifecycle ---------------------------------------------------------
 
     async def purge(self, now: float | None = None) -> int:
-        cutoff = (time.time() if now is None else now) - self._retention
+        moment = time.time() if now is None else now
+        cutoff = moment - self._retention
+        figures = moment - self._requests_retention
 
         def work(connection: sqlite3.Connection) -> int:
             def write() -> int:
+                connection.execute("DELETE FROM requests WHERE created_at < ?", (figures,))
+                connection.execute("DELETE FROM sessions WHERE last_at < ?", (figures,))
+                connection.execute(
+                    "DELETE FROM savings WHERE bucket + ? < ?", (SAVINGS_BUCKET_SECONDS, figures)
+                )
                 dropped = connection.execute(
                     "DELETE FROM originals WHERE created_at < ?", (cutoff,)
                 ).rowcount

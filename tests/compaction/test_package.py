@@ -59,6 +59,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "repair_tool_pairing",
         "requested_output_tokens",
         "retry_budget",
+        "session_key",
         "tail_start",
         "text_size",
         "tool_calls",

@@ -1,0 +1,112 @@
+"""Per-request figures, written off the request path.
+
+    recorder = Recorder(store)
+    task = recorder.start()          # in the app's lifespan
+    recorder.record(RequestRecord(…))  # on the request path: never waits, never raises
+    await recorder.stop()            # writes what is queued, then ends
+
+A request hands its figures to a bounded queue and goes on; one background
+task drains the queue in batches into the store (one write per batch). When
+the store is slower than the traffic and the queue is full, a figure is
+dropped and counted (:attr:`Recorder.dropped`) rather than making a request
+wait: the dashboard may miss a point, a user never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Final
+
+from compaction import session_key
+from proxy.stores import RequestRecord, Store
+
+if TYPE_CHECKING:
+    from proxy.call import Call
+    from proxy.conversation import Prepared
+
+logger = logging.getLogger("compaction_proxy.recorder")
+
+#: Figures waiting to be written; past this they are dropped.
+QUEUE_SIZE: Final = 10_000
+#: Figures written in one store call.
+BATCH_SIZE: Final = 500
+
+
+class Recorder:
+    """The bounded queue between the request path and the store."""
+
+    def __init__(self, store: Store, *, queue_size: int = QUEUE_SIZE) -> None:
+        self._store = store
+        self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=queue_size)
+        self._task: asyncio.Task[None] | None = None
+        #: Figures dropped because the queue was full.
+        self.dropped = 0
+        #: Figures handed to the store (whether it kept them is its business).
+        self.written = 0
+
+    def record(self, record: RequestRecord) -> None:
+        """Queue ``record`` for the writer; dropped (and counted) when the queue is full."""
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                logger.warning("dropped %d per-request figures: the store is behind", self.dropped)
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.create_task(self._drain(), name="compaction-recorder")
+        return self._task
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is written (tests, shutdown)."""
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        """Write what is queued, then end the writer."""
+        if self._task is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), timeout=5.0)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def _drain(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < BATCH_SIZE and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._store.record_requests(batch)
+                self.written += len(batch)
+            except Exception:  # the resilient store degrades; anything else is logged
+                logger.warning("could not write %d per-request figure(s)", len(batch))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+
+def request_record(call: Call, prepared: Prepared, status: int, ms: float) -> RequestRecord:
+    """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
+    result = prepared.result
+    conversation = call.identified
+    session = conversation.session if conversation is not None else session_key(call.messages)
+    return RequestRecord(
+        session=session,
+        owner=call.owner,
+        model=call.config.model,
+        api=call.dialect.name,
+        stage=result.stage,
+        reason=result.reason,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        input_limit=result.input_limit,
+        trigger=result.trigger,
+        status=status,
+        ms=ms,
+        summarizer_calls=result.summarizer_calls,
+        checkpoint_id=prepared.checkpoint.id if prepared.checkpoint is not None else None,
+    )

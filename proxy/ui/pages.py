@@ -1,0 +1,222 @@
+"""The dashboard's pages, rendered on the server (Jinja2, autoescaped).
+
+* ``GET  /ui`` — the overview; ``GET /ui/sessions/{session}`` — one conversation;
+* ``POST /ui/sessions/{session}/settings`` and ``/compact``,
+  ``POST /ui/checkpoints/{id}`` — the buttons (CSRF-checked, then back to the page);
+* ``GET/POST /ui/login``, ``POST /ui/logout``.
+
+No script, no build step, nothing fetched from elsewhere: the styles are
+inlined from ``templates/style.css`` and the charts are inline SVG.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+
+from proxy import steering
+from proxy.errors import ProxyError
+from proxy.state import ProxyState
+from proxy.stores.figures import SAVINGS_BUCKET_SECONDS
+from proxy.ui.auth import COOKIE, Signer, SignInRequired, Visitor
+from proxy.ui.charts import Mark, Rule, line_chart, tokens
+from proxy.ui.views import Overview, SessionView, read_overview, read_session
+
+#: Form bodies larger than this are refused (a summary is well below it).
+MAX_FORM_BYTES = 1 << 20
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("proxy.ui", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    # Raw HTML in a summary is shown as text, never run: html=False.
+    markdown = MarkdownIt("commonmark", {"html": False, "linkify": False})
+    env.filters["markdown"] = lambda text: Markup(markdown.render(text or ""))
+    env.filters["tokens"] = lambda n: f"{n:,}" if isinstance(n, int) else n
+    env.filters["short"] = tokens
+    env.filters["clock"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    env.filters["pct"] = lambda part, whole: f"{100 * part / whole:.0f}%" if whole else "–"
+    return env
+
+
+def _overview_chart(overview: Overview) -> str:
+    """Cumulative tokens saved: from zero at the first hour's start, each hour's
+    savings added at its end (or now, for the hour under way)."""
+    if not overview.savings:
+        return line_chart([], label="Tokens saved over time")
+    now = time.time()
+    running, points = 0, [(overview.savings[0][0], 0.0)]
+    for bucket, saved in overview.savings:
+        running += saved
+        points.append((min(bucket + SAVINGS_BUCKET_SECONDS, now), float(running)))
+    return line_chart(points, label="Tokens saved over time (cumulative)", css="saved")
+
+
+def _session_chart(view: SessionView) -> str:
+    requests = view.requests
+    points = [(r.created_at, float(r.tokens_after)) for r in requests]
+    marks = [
+        Mark(
+            r.created_at,
+            float(r.tokens_after),
+            f"{r.stage} ({r.reason}): {r.tokens_before:,} → {r.tokens_after:,} tokens",
+        )
+        for r in requests
+        if r.compacted
+    ]
+    rules = []
+    if requests:
+        latest = requests[-1]
+        rules = [
+            Rule("limit", float(latest.input_limit), "limit"),
+            Rule("trigger", float(latest.trigger), "trigger"),
+        ]
+    return line_chart(points, label="Context size of every request", rules=rules, marks=marks)
+
+
+def dashboard_routes(signer: Signer) -> APIRouter:
+    router = APIRouter(prefix="/ui")
+    env = _environment()
+
+    def state_of(request: Request) -> ProxyState:
+        state: ProxyState = request.app.state.proxy
+        return state
+
+    def page(name: str, visitor: Visitor, **values: Any) -> Response:
+        body = env.get_template(name).render(
+            csrf=signer.csrf(visitor.cookie), role=visitor.role, **values
+        )
+        response = HTMLResponse(body, headers=_SECURITY_HEADERS)
+        if visitor.fresh:
+            _set_cookie(response, visitor.cookie)
+        return response
+
+    def signed_in(request: Request) -> Visitor:
+        return signer.visitor(request)
+
+    async def form(request: Request, visitor: Visitor) -> dict[str, str]:
+        raw = await request.body()
+        if len(raw) > MAX_FORM_BYTES:
+            raise _FormError("The form is too large.")
+        fields = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+        # parse_qs drops blank values: a cleared field must still arrive.
+        for name in ("instructions", "summary", "key", "proxy_key"):
+            if f"{name}=".encode() in raw and name not in fields:
+                fields[name] = ""
+        signer.check_post(request, visitor.cookie, fields.get("csrf"))
+        return fields
+
+    @router.get("", response_class=HTMLResponse)
+    async def overview(request: Request) -> Response:
+        visitor = signed_in(request)
+        data = await read_overview(state_of(request).store, visitor.viewer)
+        return page("overview.html", visitor, overview=data, chart=Markup(_overview_chart(data)))
+
+    @router.get("/sessions/{session}", response_class=HTMLResponse)
+    async def session(session: str, request: Request) -> Response:
+        visitor = signed_in(request)
+        state = state_of(request)
+        owner = await steering.session_owner(state, session, visitor.viewer)
+        view = await read_session(state.store, session, visitor.viewer, owner)
+        pending = (owner, session) in state.compact_now
+        chart = Markup(_session_chart(view))
+        return page("session.html", visitor, view=view, chart=chart, pending=pending)
+
+    @router.post("/sessions/{session}/settings")
+    async def settings(session: str, request: Request) -> Response:
+        visitor = signed_in(request)
+        fields = await form(request, visitor)
+        state = state_of(request)
+        owner = await steering.session_owner(state, session, visitor.viewer)
+        await steering.update_settings(
+            state,
+            session,
+            owner,
+            enabled=fields.get("enabled") == "on",
+            instructions=fields.get("instructions", ""),
+        )
+        return _back(session)
+
+    @router.post("/sessions/{session}/compact")
+    async def compact(session: str, request: Request) -> Response:
+        visitor = signed_in(request)
+        await form(request, visitor)
+        state = state_of(request)
+        owner = await steering.session_owner(state, session, visitor.viewer)
+        steering.compact_now(state, session, owner)
+        return _back(session)
+
+    @router.post("/checkpoints/{checkpoint_id}")
+    async def edit(checkpoint_id: str, request: Request) -> Response:
+        visitor = signed_in(request)
+        fields = await form(request, visitor)
+        state = state_of(request)
+        edited = await steering.edit_summary(
+            state, checkpoint_id, fields.get("summary", ""), visitor.viewer
+        )
+        return _back(edited.session, f"checkpoint-{edited.id}")
+
+    @router.get("/login", response_class=HTMLResponse)
+    async def login_page(request: Request) -> Response:
+        cookie = request.cookies.get(COOKIE)
+        fresh = signer.role_of(cookie) is None or cookie is None
+        visitor = Visitor(None, "anon", signer.cookie("anon") if fresh else cookie or "", fresh)
+        return page("login.html", visitor, needs_proxy_key=signer.needs_proxy_key)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        cookie = request.cookies.get(COOKIE) or ""
+        visitor = Visitor(None, "anon", cookie, fresh=False)
+        fields = await form(request, visitor)
+        role = signer.sign_in(fields.get("key", ""), fields.get("proxy_key", ""))
+        response = RedirectResponse("/ui", status_code=303)
+        _set_cookie(response, signer.cookie(role))
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        cookie = request.cookies.get(COOKIE) or ""
+        await form(request, Visitor(None, "anon", cookie, fresh=False))
+        response = RedirectResponse("/ui/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/ui")
+        return response
+
+    return router
+
+
+class _FormError(ProxyError):
+    status = 413
+
+
+_SECURITY_HEADERS = {
+    # Nothing but this page's own inline styles; no script at all.
+    "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+def _set_cookie(response: Response, value: str) -> None:
+    response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path="/ui")
+
+
+def _back(session: str, anchor: str = "") -> Response:
+    target = f"/ui/sessions/{quote(session, safe='')}" + (f"#{anchor}" if anchor else "")
+    return RedirectResponse(target, status_code=303)
+
+
+def sign_in_redirect(exc: SignInRequired) -> Response:
+    return RedirectResponse("/ui/login", status_code=303)

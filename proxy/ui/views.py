@@ -1,0 +1,113 @@
+"""What the dashboard, its JSON routes and the CLI show: read from the store,
+as plain frozen data (no HTML, no terminal codes).
+
+    overview = await read_overview(store, viewer)          # /ui, `sessions`
+    session = await read_session(store, "3f2a…", viewer)   # /ui/sessions/…, `show`
+
+``viewer`` is the owner whose state is read (``None``: everyone's, the admin
+and the CLI), as for the state routes (:mod:`proxy.access`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Final
+
+from compaction import Checkpoint, Message
+from proxy.steering import summary_text
+from proxy.stores import Event, RequestRecord, SessionSettings, SessionSummary, Store
+
+#: The session page charts this many of the newest requests.
+CHART_REQUESTS: Final = 2_000
+#: Events and checkpoints listed on the session page.
+SESSION_EVENTS: Final = 200
+SESSION_CHECKPOINTS: Final = 10
+#: The newest checkpoints whose originals are read for the page (they can be
+#: hundreds of kilobytes each; the JSON route has every one).
+ORIGINALS_SHOWN: Final = 3
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The overview's sums over the sessions shown."""
+
+    sessions: int
+    requests: int
+    compactions: int
+    saved: int
+    summarizer_calls: int
+    upstream_errors: int
+    stages: dict[str, int]
+    reasons: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Overview:
+    sessions: list[SessionSummary]  #: newest first
+    totals: Totals
+    savings: list[tuple[float, int]]  #: tokens saved per hour, oldest first
+
+
+@dataclass(frozen=True)
+class ShownCheckpoint:
+    checkpoint: Checkpoint
+    summary: str | None  #: the summary's text alone; None when it holds none
+    originals: list[Message] | None  #: what it replaced, if kept
+
+
+@dataclass(frozen=True)
+class SessionView:
+    session: str
+    owner: str
+    summary: SessionSummary | None
+    requests: list[RequestRecord]  #: oldest first
+    events: list[Event]  #: newest first
+    checkpoints: list[ShownCheckpoint]  #: newest first
+    settings: SessionSettings
+
+
+def totals_of(sessions: list[SessionSummary]) -> Totals:
+    stages: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for summary in sessions:
+        stages.update(summary.stages)
+        reasons.update(summary.reasons)
+    return Totals(
+        sessions=len(sessions),
+        requests=sum(s.requests for s in sessions),
+        compactions=sum(s.compactions for s in sessions),
+        saved=sum(s.saved for s in sessions),
+        summarizer_calls=sum(s.summarizer_calls for s in sessions),
+        upstream_errors=sum(s.upstream_errors for s in sessions),
+        stages=dict(stages.most_common()),
+        reasons=dict(reasons.most_common()),
+    )
+
+
+async def read_overview(store: Store, viewer: str | None, *, limit: int = 1_000) -> Overview:
+    sessions = await store.sessions(owner=viewer, limit=limit)
+    return Overview(sessions, totals_of(sessions), await store.savings(owner=viewer))
+
+
+async def read_session(
+    store: Store, session: str, viewer: str | None, owner: str | None = None
+) -> SessionView:
+    """One session as ``viewer`` may see it; ``owner`` is whose settings to show
+    (the viewer's own, or — for the admin — the session's recorded owner)."""
+    requests = await store.requests(session, owner=viewer, limit=CHART_REQUESTS)
+    requests.reverse()
+    events = await store.events(session=session, owner=viewer, limit=SESSION_EVENTS)
+    summaries = [s for s in await store.sessions(owner=viewer) if s.session == session]
+    summary = summaries[0] if summaries else None
+    whose = owner if owner is not None else (summary.owner if summary else (viewer or ""))
+    ids = list(dict.fromkeys(e.checkpoint_id for e in events if e.checkpoint_id))
+    shown: list[ShownCheckpoint] = []
+    for checkpoint_id in ids[:SESSION_CHECKPOINTS]:
+        found = await store.get(checkpoint_id, owner=viewer)
+        if found is not None:
+            wanted = len(shown) < ORIGINALS_SHOWN
+            originals = await store.originals(checkpoint_id) if wanted else None
+            shown.append(ShownCheckpoint(found, summary_text(found), originals))
+    settings = await store.session_settings(session, whose)
+    return SessionView(session, whose, summary, requests, events, shown, settings)
