@@ -54,6 +54,11 @@ class Checkpoint:
     #: progress guard asks: the span is then not summarized again until new
     #: messages give the summarizer something to work on.
     progress_ok: bool = True
+    #: True for a compaction prepared ahead of need, in the background
+    #: (:func:`compaction.decide.ahead`): it is not applied while the
+    #: conversation stays under its trigger — the forwarded bytes do not change
+    #: between compactions — and becomes the next compaction when it crosses it.
+    precomputed: bool = False
     #: Drawn by the caller (the store's owner): the library draws no ids
     #: and reads no clock.
     id: str = field(kw_only=True)
@@ -154,12 +159,24 @@ def session_key(messages: Sequence[Message]) -> str:
     return "empty"
 
 
-def find_checkpoint(chain: Sequence[str], found: Mapping[str, Checkpoint]) -> Checkpoint | None:
+def find_checkpoint(
+    chain: Sequence[str],
+    found: Mapping[str, Checkpoint],
+    *,
+    precomputed: bool = False,
+    beyond: int = 0,
+) -> Checkpoint | None:
     """The newest checkpoint on the chain, among ``found`` (the store's answer
-    for the chain's hashes, fetched in one round trip)."""
-    for index in range(len(chain) - 1, -1, -1):
+    for the chain's hashes, fetched in one round trip): a compaction in use,
+    or with ``precomputed`` one prepared ahead of need, covering more than
+    ``beyond`` messages."""
+    for index in range(len(chain) - 1, beyond - 1, -1):
         checkpoint = found.get(chain[index])
-        if checkpoint is not None and checkpoint.covered == index + 1:
+        if (
+            checkpoint is not None
+            and checkpoint.covered == index + 1
+            and checkpoint.precomputed == precomputed
+        ):
             return checkpoint
     return None
 

@@ -24,6 +24,7 @@ pipeline moves on to hard truncation.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -186,11 +187,17 @@ async def condense(
             prefix_cap = min(wanted, left // 3)
             left -= prefix_cap
         main_cap = left
-    main_summary = await run.summarize(main, request=None, cap=main_cap) if main.messages else None
-    prefix_summary = None
+    # The two summaries do not depend on each other: asked at once, a split
+    # turn costs the time of one summarizer call, not two.
+    asked = []
+    if main.messages:
+        asked.append(run.summarize(main, request=None, cap=main_cap))
     if plan.turn_start is not None and prefix.messages:
         request = message_text(messages[plan.turn_start])
-        prefix_summary = await run.summarize(prefix, request=request, cap=prefix_cap)
+        asked.append(run.summarize(prefix, request=request, cap=prefix_cap))
+    answers = list(await asyncio.gather(*asked))
+    main_summary = answers.pop(0) if main.messages else None
+    prefix_summary = answers.pop(0) if answers else None
 
     replaced = run.tokens(main.messages) + run.tokens(prefix.messages)
     written = [m for m in (main_summary, prefix_summary) if m is not None]

@@ -31,6 +31,7 @@ from typing import Literal
 
 from compaction.checkpoints import Checkpoint, apply_checkpoint, find_checkpoint
 from compaction.conversation import Conversation
+from compaction.messages import PairingProblem
 from compaction.profile import Budget, Profile, compute_budget
 from compaction.types import Message, Reason
 
@@ -154,6 +155,15 @@ class Decision:
     tokens_before: int  #: the client's request, estimated
     tokens: int  #: ``messages`` with the rest of the request, estimated
     notes: tuple[str, ...] = ()
+    #: A forward past ``precompute_share`` of the trigger with nothing prepared
+    #: yet: time to prepare the next compaction in the background (:func:`ahead`).
+    prepare: bool = False
+    #: Messages after the head this compaction keeps as they are: the
+    #: replacement of a ``precomputed`` checkpoint, topped up behind it.
+    fixed: int = 0
+    #: Tokens expected to arrive before the compaction this plan prepares
+    #: (:func:`ahead`); 0 for a compaction needed now.
+    growth: int = 0
 
     @property
     def untouched(self) -> bool:
@@ -173,48 +183,130 @@ def decide(
     choose: forward, or compact to ``budget``.
 
     A checkpoint that would split a tool group is not applied (a note says
-    so) and the conversation is compacted afresh.
+    so) and the conversation is compacted afresh. Past the trigger, a
+    compaction prepared in the background for this conversation (newer than
+    the checkpoint in use) is applied instead, and what arrived since it was
+    prepared is compacted behind it without waiting for a model.
     """
-    messages, counts, used = conversation.messages, conversation.counts, None
-    problems = conversation.problems
     notes: list[str] = []
-    found = find_checkpoint(conversation.chain, stored) if stored else None
-    if found is not None and found.window not in (0, budget.context_window):
-        # Made for another window: its summary was sized for another budget.
-        notes.append(f"checkpoint {found.id} was made for another context window")
-        found = None
+    stored = stored or {}
+    state = _State(conversation.messages, conversation.counts, conversation.problems, None)
+    found = _usable(find_checkpoint(conversation.chain, stored), budget, notes)
     if found is not None:
-        applied = apply_checkpoint(messages, conversation.head, found, conversation.groups)
-        if applied is None:
-            notes.append(f"replay error: checkpoint {found.id} would split a message group")
-        else:
-            used = found
-            head, cut = conversation.head, conversation.head + found.covered
-            messages = applied.messages
-            counts = [
-                *counts[:head],
-                *conversation.counter.count_messages(list(found.replacement)),
-                *counts[cut:],
-            ]
-            # Pairing problems inside the replaced span are gone with it.
-            problems = tuple(p for p in problems if not head <= p.index < cut)
-    tokens = sum(counts) + conversation.overhead
+        state = _applied(conversation, found, notes) or state
+    covered = state.checkpoint.covered if state.checkpoint is not None else 0
+    tokens = sum(state.counts) + conversation.overhead
+    fixed, prepare = 0, False
     action: Action = "compact"
-    if reason == "threshold" and tokens <= budget.trigger and not problems:
+    if reason == "threshold" and tokens <= budget.trigger and not state.problems:
         action = "forward"
-    elif used is not None:
-        profile = _guarded(profile, budget, used, conversation, progress_min_ratio)
+        prepare = (
+            profile.summarizer == "llm"
+            and profile.precompute_share > 0
+            and tokens > profile.precompute_share * budget.trigger
+            and find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered)
+            is None
+        )
+    else:
+        ready = None
+        if reason == "threshold" and tokens > budget.trigger:
+            found = find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered)
+            ready = _applied(conversation, found, notes) if _usable(found, budget, notes) else None
+        if ready is not None and ready.fits_under(conversation, budget):
+            state, tokens = ready, sum(ready.counts) + conversation.overhead
+            fixed = len(ready.replacement) if tokens > budget.trigger else 0
+            if profile.summarizer == "llm":
+                # The model's summary is ready; what arrived since it was
+                # prepared is compacted without waiting for another one.
+                profile = dataclasses.replace(profile, summarizer="extractive")
+        elif state.checkpoint is not None:
+            profile = _guarded(profile, budget, state.checkpoint, conversation, progress_min_ratio)
     return Decision(
         action=action,
         reason=reason,
-        messages=messages,
-        counts=counts,
-        checkpoint=used,
+        messages=state.messages,
+        counts=state.counts,
+        checkpoint=state.checkpoint,
         budget=budget,
         profile=profile,
         tokens_before=conversation.tokens,
         tokens=tokens,
         notes=tuple(notes),
+        prepare=prepare,
+        fixed=fixed,
+    )
+
+
+def ahead(conversation: Conversation, decision: Decision) -> Decision:
+    """The plan of the compaction that ``decision`` (a forward with ``prepare``)
+    will need once ``conversation`` crosses its trigger, to run now.
+
+    It compacts the conversation as it stands, expecting ``growth`` more
+    tokens before that compaction: what is left below the trigger, or, when
+    more, the size of the newest message group (the request that crosses the
+    trigger overshoots it by about a turn). The verbatim tail is planned that
+    much shorter, so that when the prepared compaction is applied, the tail
+    it left plus what arrived meanwhile is about the tail a compaction at the
+    trigger would have kept.
+    """
+    groups, counts = conversation.groups, conversation.counts
+    newest = sum(counts[groups[-1].start : groups[-1].end]) if groups else 0
+    growth = max(decision.budget.trigger - decision.tokens, newest, 0)
+    return dataclasses.replace(decision, action="compact", prepare=False, growth=growth)
+
+
+@dataclass(frozen=True)
+class _State:
+    """The conversation with a stored compaction applied (or none)."""
+
+    messages: list[Message]
+    counts: list[int]
+    problems: tuple[PairingProblem, ...]
+    checkpoint: Checkpoint | None
+
+    @property
+    def replacement(self) -> tuple[Message, ...]:
+        return self.checkpoint.replacement if self.checkpoint is not None else ()
+
+    def fits_under(self, conversation: Conversation, budget: Budget) -> bool:
+        """Whether the head and the replacement leave room for a tail (a quarter
+        of its budget, the least a compaction prepared ahead keeps)."""
+        kept = conversation.head + len(self.replacement)
+        used = sum(self.counts[:kept]) + conversation.overhead
+        return used <= budget.input_limit - budget.tail_budget // 4
+
+
+def _usable(found: Checkpoint | None, budget: Budget, notes: list[str]) -> Checkpoint | None:
+    if found is not None and found.window not in (0, budget.context_window):
+        # Made for another window: its summary was sized for another budget.
+        notes.append(f"checkpoint {found.id} was made for another context window")
+        return None
+    return found
+
+
+def _applied(
+    conversation: Conversation, found: Checkpoint | None, notes: list[str]
+) -> _State | None:
+    """The client's conversation with ``found`` applied, or ``None`` when it
+    would split a group."""
+    if found is None:
+        return None
+    applied = apply_checkpoint(conversation.messages, conversation.head, found, conversation.groups)
+    if applied is None:
+        notes.append(f"replay error: checkpoint {found.id} would split a message group")
+        return None
+    head, cut = conversation.head, conversation.head + found.covered
+    counts = conversation.counts
+    return _State(
+        applied.messages,
+        [
+            *counts[:head],
+            *conversation.counter.count_messages(list(found.replacement)),
+            *counts[cut:],
+        ],
+        # Pairing problems inside the replaced span are gone with it.
+        tuple(p for p in conversation.problems if not head <= p.index < cut),
+        found,
     )
 
 

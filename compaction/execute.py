@@ -55,7 +55,7 @@ from compaction.profile import Budget, Profile
 from compaction.strategies import condenses, shrink_middle
 from compaction.tokens import KeyMemo, TokenCounter
 from compaction.truncate import truncate
-from compaction.types import Message, Reason, Stage, Summarizer
+from compaction.types import STAGE_ORDER, Message, Reason, Stage, Summarizer
 
 #: Share of the room left beside the head and the tail that a summary may
 #: take; the rest absorbs estimation error and the next turns.
@@ -104,6 +104,9 @@ class CompactionResult:
     #: What a checkpoint of this result would replace; ``None`` when nothing
     #: reusable was replaced.
     span: Span | None = None
+    #: The id of the compaction prepared in the background that this one
+    #: applied (:attr:`~compaction.checkpoints.Checkpoint.precomputed`).
+    precomputed: str | None = None
 
     @property
     def messages_after(self) -> int:
@@ -137,6 +140,8 @@ class _Run:
     profile: Profile
     reason: Reason
     notes: list[str]
+    #: Tokens expected before the compaction this run prepares (ahead of need).
+    growth: int = 0
 
     def counts(self, messages: Sequence[Message]) -> list[int]:
         return self.counter.count_messages(messages, self.keys.keys(messages))
@@ -168,24 +173,40 @@ async def execute(
         profile=decision.profile,
         reason=decision.reason,
         notes=list(decision.notes),
+        growth=decision.growth,
     )
     messages, counts = decision.messages, decision.counts
+    # A compaction prepared ahead (``decision.checkpoint.precomputed``) is this
+    # compaction: applied, it is kept as it is, and only what follows it is
+    # compacted further (``decision.fixed``).
+    ready = decision.checkpoint if decision.checkpoint and decision.checkpoint.precomputed else None
+    fixed = decision.fixed
+    if ready is not None:
+        run.notes.append(f"applied the compaction prepared ahead ({ready.id})")
     repair = repair_tool_pairing(messages)
     if repair.changed:
         messages = repair.messages
         counts = run.counts(messages)
         run.notes.extend(repair.notes)
+        fixed = 0  # the indices moved: the prepared summary is rolled up instead
     if messages is conversation.messages:
         groups, head = conversation.groups, conversation.head
     else:
         groups = group_messages(messages)
         head = head_end(messages, groups, run.profile.head_count)
-    if decision.reason == "threshold" and sum(counts) + run.overhead <= run.budget.trigger:
-        # Here only to be repaired: nothing to compact.
+    within = sum(counts) + run.overhead <= run.budget.trigger
+    if decision.reason == "threshold" and within and not decision.growth:
+        # Nothing (more) to compact: here to be repaired, or to apply a
+        # compaction prepared ahead.
         stage: Stage = "reused" if decision.checkpoint is not None else "none"
         outcome = _Outcome(messages, stage, len(messages))
+        if ready is not None and not repair.changed:
+            stage = next((known for known in STAGE_ORDER if known == ready.stage), "condensed")
+            outcome = _Outcome(messages, stage, len(messages) - head - len(ready.replacement))
     else:
-        outcome = await _compact(run, messages, counts, groups, head, summarizer, instructions)
+        outcome = await _compact(
+            run, messages, counts, groups, head + fixed, summarizer, instructions
+        )
 
     span = None
     if outcome.stage not in ("none", "reused"):
@@ -206,6 +227,7 @@ async def execute(
         changed=outcome.messages is not conversation.messages
         and outcome.messages != conversation.messages,
         span=span,
+        precomputed=ready.id if ready is not None and outcome.stage != "reused" else None,
     )
 
 
@@ -247,7 +269,8 @@ async def _compact(
     # tail. The briefs (placeholders) go into the checkpoint, so that later
     # requests carry the same bytes even when the tail has moved on.
     done = _Outcome(current, stage, len(messages) - tail)
-    if run.reason == "threshold" and run.total(current) <= budget.trigger * profile.prune_target:
+    pruned_total = run.total(current) + run.growth
+    if run.reason == "threshold" and pruned_total <= budget.trigger * profile.prune_target:
         return done
 
     # Stage 2: condense the middle into one summary. Manual and overflow
@@ -327,12 +350,16 @@ def _plan_room(
     profile = run.profile
     if not condenses(profile):
         return None
-    room = run.budget.input_limit - head_tokens - NOTE_ROOM
+    whole = run.budget.input_limit - head_tokens - NOTE_ROOM
     minimum = profile.summary_min_tokens
     # The tail takes at most half of the room beside the head: with a large
     # head (a long system prompt, many tool schemas) L // 2 alone would leave
-    # no room to grow, and the next turn would compact again.
-    tail_budget = min(_tail_budget(run, counts, head), max(room, 0) // 2)
+    # no room to grow, and the next turn would compact again. Ahead of need,
+    # the tokens still to come will join the tail: it is planned that much
+    # shorter (down to a quarter), and the summary's room that much smaller.
+    half = max(whole, 0) // 2
+    room = whole - run.growth
+    tail_budget = min(_tail_budget(run, counts, head), max(half - run.growth, half // 4))
     tail = tail_start(groups, counts, tail_budget, head)
     leftover = room - sum(counts[tail:])
     if leftover < minimum:
@@ -380,11 +407,14 @@ def _tail_budget(run: _Run, counts: Sequence[int], head: int) -> int:
 
     A user who types ``/compact`` expects something to be condensed even when
     the whole conversation would fit in the usual tail, so a manual
-    compaction keeps at most half of what follows the head.
+    compaction keeps at most half of what follows the head. Ahead of need,
+    the tail is shorter by the growth still expected (down to a quarter of
+    its budget): the messages that will arrive complete it.
     """
     if run.reason == "manual":
         return min(run.budget.tail_budget, sum(counts[head:]) // 2)
-    return run.budget.tail_budget
+    tail = run.budget.tail_budget
+    return max(tail - run.growth, tail // 4)
 
 
 def _span(
@@ -422,6 +452,7 @@ def new_checkpoint(
     progress_ok: bool,
     model: str = "",
     window: int = 0,
+    precomputed: bool = False,
 ) -> Checkpoint | None:
     """The checkpoint to store for ``result``, in the client's own terms, or
     ``None`` when the result replaced nothing that a later request can reuse.
@@ -451,6 +482,7 @@ def new_checkpoint(
         model=model,
         window=window,
         progress_ok=progress_ok,
+        precomputed=precomputed,
         id=id,
         created_at=created_at,
     )

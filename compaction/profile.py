@@ -47,6 +47,11 @@ DEFAULT_ASSISTANT_KEEP_END = 400
 #: would be followed by another compaction a turn or two later.
 DEFAULT_PRUNE_TARGET = 0.7
 
+#: With the llm summarizer, the summary the next compaction needs is prepared
+#: in the background once a request passes this share of its trigger, so that
+#: the turn crossing the trigger does not wait for a model (DESIGN.md §10).
+DEFAULT_PRECOMPUTE_SHARE = 0.8
+
 #: How the middle is made smaller (see :mod:`compaction.strategies`).
 DEFAULT_STRATEGY: Strategy = "summary"
 
@@ -221,6 +226,15 @@ class Profile:
             "Pruning alone ends a compaction only if it brings the request to this share of "
             "the trigger; otherwise the middle is condensed, to leave room for later turns.",
             RATIO,
+        ),
+    )
+
+    precompute_share: float = field(
+        default=DEFAULT_PRECOMPUTE_SHARE,
+        metadata=_about(
+            "With the llm summarizer, the next summary is prepared in the background once a "
+            "request passes this share of the trigger; 0 turns that off.",
+            Bounds(ge=0, lt=1),
         ),
     )
 

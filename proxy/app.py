@@ -54,6 +54,9 @@ from proxy.usage import UsageTap
 logger = logging.getLogger("compaction_proxy")
 requests_log = logging.getLogger(REQUESTS)
 
+#: Seconds the compactions still being prepared in the background get to
+#: finish at shutdown (after the requests drained), before they are cancelled.
+BACKGROUND_GRACE_SECONDS = 5.0
 #: Seconds a replica's heartbeat lives in a shared store; it is renewed at a
 #: third of that, so a live replica's compactions are never closed as interrupted.
 HEARTBEAT_TTL = 30.0
@@ -156,6 +159,7 @@ def create_app(
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
+            await state.background.close(BACKGROUND_GRACE_SECONDS)
             await state.recorder.stop()
             await state.store.close()
             if owned:

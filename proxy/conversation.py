@@ -13,11 +13,19 @@ the I/O around it:
    with ``compaction.queued → compaction.started → context.compacted`` (or
    ``compaction.failed``) events;
 5. the result is stored as a checkpoint with the messages it replaced.
+
+Ahead of need (the llm summarizer): a forward past ``precompute_share`` of
+the trigger starts :func:`_prepare_ahead` in the background
+(:mod:`proxy.background`): it stores the compaction the conversation will
+need as a *precomputed* checkpoint, which the request crossing the trigger
+applies instead of waiting for a model. That request waits only for a
+preparation still running for its span, never asks the model twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -36,6 +44,7 @@ from compaction import (
     Profile,
     Reason,
     Summarizer,
+    ahead,
     calibrated_budget,
     decide,
     execute,
@@ -84,6 +93,8 @@ class Prepared:
         }
         if self.checkpoint is not None:
             headers["x-compaction-id"] = self.checkpoint.id
+        if result.precomputed is not None:
+            headers["x-compaction-precomputed"] = result.precomputed
         return headers
 
 
@@ -165,13 +176,138 @@ async def prepare(
             result.messages, _untouched(conversation, result), result, decision.checkpoint
         )
     if decision.action == "forward":
+        span = _span_key(conversation, decision)
+        if decision.prepare and summarizer is not None and span is not None:
+            state.background.start(span, _prepare_ahead(job, span))
         return _forward(conversation, decision)
+    ttl = state.settings.store.lock_ttl_seconds
+    span = _span_key(conversation, decision)
+    ready = decision.checkpoint is not None and decision.checkpoint.precomputed
+    if span is not None and not ready and _prepares_ahead(job):
+        # A compaction being prepared for this span (here or by another
+        # replica, which holds the span's lock) is waited for, not redone.
+        await state.background.wait(span)
+        async with state.store.lock(span, ttl):
+            pass
+        decision = await job.decide()
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
-    async with state.store.lock(key, state.settings.store.lock_ttl_seconds):
+    async with state.store.lock(key, ttl):
         decision = await job.decide()  # another request may have just compacted it
         if decision.action == "forward":
             return _forward(conversation, decision)
-        return await _run(job, decision)
+        prepared = await _run(job, decision)
+    made = prepared.checkpoint
+    if made is not None and _prepares_ahead(job):
+        # Left near the trigger, the conversation may need its next compaction
+        # soon: the job asks the store and prepares it if so.
+        span = f"precompute:{made.end_hash}"
+        state.background.start(span, _prepare_ahead(job, span))
+    return prepared
+
+
+def _span_key(conversation: Conversation, decision: Decision) -> str | None:
+    """Names the span a compaction prepared ahead would cover: what follows the
+    checkpoint in use (or the head). The chain is seeded with the caller's
+    scope, so no two callers share a key."""
+    base = decision.checkpoint
+    if base is not None:
+        return f"precompute:{base.end_hash}"
+    return f"precompute:{conversation.chain[0]}" if conversation.chain else None
+
+
+def _prepares_ahead(job: _Job) -> bool:
+    """Whether compactions of ``job``'s conversation are prepared in the background."""
+    profile = job.profile
+    return (
+        job.reason == "threshold"
+        and job.summarizer is not None
+        and profile.summarizer == "llm"
+        and profile.precompute_share > 0
+    )
+
+
+async def _prepare_ahead(job: _Job, span: str) -> None:
+    """Prepare the compaction ``job``'s conversation will need at its trigger,
+    and store it as a precomputed checkpoint (see the module docstring).
+
+    Events are written only once the model is asked: when pruning will do at
+    the trigger, nothing is prepared and nothing recorded.
+    """
+    state = job.state
+    outcome = "cancelled"
+    try:
+        async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
+            decision = await job.decide()  # prepared or compacted meanwhile?
+            job, decision = await steering.steer(job, decision, ahead=True)
+            if decision.action != "forward" or not decision.prepare:
+                outcome = "superseded"
+                return
+            outcome = await _ahead(job, ahead(job.conversation, decision))
+    finally:
+        state.metrics.background.labels(outcome).inc()
+
+
+async def _ahead(job: _Job, plan: Decision) -> str:
+    """Run ``plan`` (:func:`compaction.ahead`) and store its result; the outcome's name."""
+    state, conversation = job.state, job.conversation
+    emit = _Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
+    announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
+    try:
+        result = await _execute(dataclasses.replace(job, summarizer=announcing), plan)
+    except asyncio.CancelledError:
+        if announcing is not None and announcing.called:
+            await emit("compaction.failed", error="cancelled at shutdown", background=True)
+        raise
+    except Exception as exc:
+        if announcing is not None and announcing.called:
+            await emit(
+                "compaction.failed",
+                error=f"{type(exc).__name__}: {exc}"[:1000],
+                background=True,
+            )
+        return "failed"
+    if announcing is None or not announcing.called:
+        return "not_needed"
+    # A summary the model failed to write fell back to extractive, as it would
+    # have at the trigger: kept too, so the model is not asked twice.
+    made = _checkpoint_of(job, result, precomputed=True) if result.stage == "condensed" else None
+    if made is None:
+        await emit(
+            "compaction.failed",
+            error=f"nothing to prepare: the compaction ended {result.stage}",
+            notes=tuple(note[:500] for note in result.notes[:20]),
+            background=True,
+        )
+        return "failed"
+    head = conversation.head
+    await state.store.put(made, conversation.messages[head : head + made.covered], owner=job.owner)
+    await emit(
+        "context.compacted",
+        stage=result.stage,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        replaced_hashes=tuple(conversation.chain[: made.covered]),
+        checkpoint_id=made.id,
+        notes=tuple(note[:500] for note in result.notes[:20]),
+        background=True,
+    )
+    return "prepared"
+
+
+class _Announcing:
+    """A summarizer that records the compaction's start when first called."""
+
+    def __init__(self, summarizer: Summarizer, emit: _Emitter) -> None:
+        self._summarizer = summarizer
+        self._emit = emit
+        self.called = False
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        if not self.called:
+            self.called = True
+            await self._emit("compaction.queued", background=True)
+            await self._emit("compaction.started", background=True)
+        return await self._summarizer(messages, max_tokens)
 
 
 def _forward(conversation: Conversation, decision: Decision) -> Prepared:
@@ -210,6 +346,22 @@ class _Job:
         return decision
 
 
+def _checkpoint_of(
+    job: _Job, result: CompactionResult, *, precomputed: bool = False
+) -> Checkpoint | None:
+    shrink = 1 - result.tokens_after / max(result.tokens_before, 1)
+    return new_checkpoint(
+        job.conversation,
+        result,
+        id=uuid.uuid4().hex,
+        created_at=time.time(),
+        progress_ok=shrink >= job.state.settings.store.progress_min_ratio,
+        model=job.config.model,
+        window=job.budget.context_window,
+        precomputed=precomputed,
+    )
+
+
 def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
     return result.messages is conversation.messages
 
@@ -227,16 +379,7 @@ async def _run(job: _Job, decision: Decision) -> Prepared:
         raise
     made = None
     if result.changed:
-        shrink = 1 - result.tokens_after / max(result.tokens_before, 1)
-        made = new_checkpoint(
-            conversation,
-            result,
-            id=uuid.uuid4().hex,
-            created_at=time.time(),
-            progress_ok=shrink >= state.settings.store.progress_min_ratio,
-            model=job.config.model,
-            window=job.budget.context_window,
-        )
+        made = _checkpoint_of(job, result)
         if made is not None:
             head = conversation.head
             originals = conversation.messages[head : head + made.covered]
@@ -297,7 +440,7 @@ class _Emitter:
         self, state: ProxyState, session: str, model: str, reason: str, owner: str
     ) -> None:
         self._state = state
-        self._base = {
+        self._base: dict[str, Any] = {
             "compaction_id": uuid.uuid4().hex,
             "session": session,
             "model": model,

@@ -58,6 +58,13 @@ class Metrics:
             "Compactions whose llm summary failed and fell back to extractive.",
             registry=r,
         )
+        self.background = Counter(
+            "compaction_proxy_background_jobs",
+            "Compactions prepared ahead of need, by outcome: prepared (a summary stored), "
+            "not_needed (pruning will do at the trigger), superseded, failed, cancelled.",
+            ["outcome"],
+            registry=r,
+        )
         self.overflow_retries = Counter(
             "compaction_proxy_overflow_retries",
             "Requests retried after an upstream context-length error.",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
 from config import ModelConfig, ModelResolver, Settings
+from proxy.background import Background
 from proxy.metrics import Metrics
 from proxy.recorder import Recorder
 from proxy.stores import Store
@@ -47,6 +48,8 @@ class ProxyState:
     proven: dict[str, int] = field(default_factory=dict)
     #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
     ratios: dict[str, float] = field(default_factory=dict)
+    #: Compactions prepared ahead of need, running off the request path.
+    background: Background = field(default_factory=Background)
     #: Per-request figures on their way to the store (set in the app's lifespan).
     recorder: Recorder | None = None
     #: (owner, session) asked to "compact now" from the dashboard: their next

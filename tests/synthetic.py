@@ -13,6 +13,7 @@ import json
 import random
 from typing import Any
 
+import orjson
 from hypothesis import strategies as st
 
 from compaction.messages import SUMMARY_MARKER
@@ -133,3 +134,31 @@ def conversations(draw: st.DrawFn, max_items: int = 30) -> list[Message]:
     for index in range(draw(st.integers(0, max_items))):
         messages.extend(draw(_item(index)))
     return messages
+
+
+def shell_step(rng: random.Random, i: int) -> list[Message]:
+    """One step of an agent loop as a client resends it: a shell call and its output
+    (a few hundred tokens), and every 25th step a word from the user."""
+    call_id = f"call_{i}"
+    command = rng.choice(["pytest -q", "git diff", f"cat src/mod{i % 7}.py", "ls -R src"])
+    output = "\n".join(f"line {k}: " + "x" * rng.randint(20, 90) for k in range(rng.randint(5, 60)))
+    turn: list[Message] = [
+        {
+            "role": "assistant",
+            "content": f"Step {i}: checking {command}.",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {
+                        "name": "bash",
+                        "arguments": orjson.dumps({"command": command}).decode(),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": output},
+    ]
+    if i % 25 == 24:
+        turn.append({"role": "user", "content": f"Progress check {i}: keep going."})
+    return turn

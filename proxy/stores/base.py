@@ -96,6 +96,9 @@ class Event:
     notes: tuple[str, ...] = ()
     #: Whose conversation: a digest of the caller's credential (see the module doc).
     owner: str = ""
+    #: True for a compaction prepared ahead of need, off the request path
+    #: (proxy/background.py); it is applied when the conversation crosses its trigger.
+    background: bool = False
     #: ``checkpoint.edited``: the summary text the edit replaced (kept, not lost).
     previous_summary: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -121,6 +124,7 @@ def interrupted(event: Event, instance: str, message: str = INTERRUPTED) -> Even
         replaced_hashes=event.replaced_hashes,
         error=message,
         owner=event.owner,
+        background=event.background,
     )
 
 

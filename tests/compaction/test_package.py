@@ -38,6 +38,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "Summarizer",
         "SummarizerMode",
         "TokenCounter",
+        "ahead",
         "calibrated_budget",
         "call_name_and_arguments",
         "check_messages",

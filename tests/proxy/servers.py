@@ -206,6 +206,8 @@ class Received:
     prompt_tokens: int | None = None
     #: The fake refused it as over its window (a 400, or an empty 200 stream).
     overflowed: bool = False
+    #: When it arrived (monotonic clock).
+    at: float = field(default_factory=time.monotonic)
 
     def json(self) -> Any:
         return orjson.loads(self.body)

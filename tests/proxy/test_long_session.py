@@ -18,36 +18,11 @@ import orjson
 from compaction import TokenCounter
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
+from tests.synthetic import shell_step
 
 TURNS = 300
 COUNTER = TokenCounter("agent-model")
 WINDOW = 16_384
-
-
-def _turn(rng: random.Random, i: int) -> list[dict[str, Any]]:
-    call_id = f"call_{i}"
-    command = rng.choice(["pytest -q", "git diff", f"cat src/mod{i % 7}.py", "ls -R src"])
-    output = "\n".join(f"line {k}: " + "x" * rng.randint(20, 90) for k in range(rng.randint(5, 60)))
-    turn: list[dict[str, Any]] = [
-        {
-            "role": "assistant",
-            "content": f"Step {i}: checking {command}.",
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": "bash",
-                        "arguments": orjson.dumps({"command": command}).decode(),
-                    },
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": output},
-    ]
-    if i % 25 == 24:
-        turn.append({"role": "user", "content": f"Progress check {i}: keep going."})
-    return turn
 
 
 def _messages_prefix_bytes(body: bytes) -> bytes:
@@ -65,7 +40,7 @@ def run_session(url: str) -> dict[str, Any]:
     tokens_after: list[int] = []
     with httpx.Client(timeout=60) as client:
         for i in range(TURNS):
-            history.extend(_turn(rng, i))
+            history.extend(shell_step(rng, i))
             response = client.post(
                 f"{url}/chat/completions", json={"model": "agent-model", "messages": history}
             )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +21,31 @@ MODELS = json.dumps({"gpt-4o": {"context_window": 8192}})
 DB = 7  # a database of its own: the replicas use the default key prefix
 
 
-@pytest.fixture
-def replicas(redis_url: str | None, tmp_path: Path) -> Any:
+@contextmanager
+def replica_pair(
+    redis_url: str | None, cwd: Path, models: str, summary_delay: float = 0.0
+) -> Iterator[tuple[FakeUpstream, ProxyProcess, ProxyProcess]]:
+    """A fake upstream and two ``compaction-proxy serve`` processes in front of
+    it, sharing a Redis database emptied first."""
     base = require_redis(redis_url).rsplit("/", 1)[0]
     url = f"{base}/{DB}"
     redis.Redis.from_url(url).flushdb()
-    upstream = FakeUpstream()
-    env = {"COMPACTION_PROXY_STORE__URL": url, "COMPACTION_PROXY_MODELS": MODELS}
+    upstream = FakeUpstream(summary_delay=summary_delay)
+    env = {"COMPACTION_PROXY_STORE__URL": url, "COMPACTION_PROXY_MODELS": models}
     with serve_in_thread(upstream.app()) as upstream_url:
-        first = ProxyProcess(upstream_url + "/v1", env, str(tmp_path))
-        second = ProxyProcess(upstream_url + "/v1", env, str(tmp_path))
+        first = ProxyProcess(upstream_url + "/v1", env, str(cwd))
+        second = ProxyProcess(upstream_url + "/v1", env, str(cwd))
         try:
             yield upstream, first, second
         finally:
             first.stop()
             second.stop()
+
+
+@pytest.fixture
+def replicas(redis_url: str | None, tmp_path: Path) -> Any:
+    with replica_pair(redis_url, tmp_path, MODELS) as pair:
+        yield pair
 
 
 def _post(url: str, messages: list[dict[str, Any]]) -> httpx.Response:

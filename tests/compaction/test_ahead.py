@@ -1,0 +1,198 @@
+"""Compactions prepared ahead of need: when the engine asks for one, how it is
+planned, and how a prepared one is applied at the trigger (compaction.decide)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from compaction import Profile, TokenCounter, ahead, execute
+from compaction.checkpoints import Checkpoint
+from compaction.conversation import Conversation, read_conversation
+from compaction.decide import Decision, calibrated_budget, decide
+from compaction.execute import CompactionResult, new_checkpoint
+from compaction.messages import validate_tool_pairing
+from compaction.prompts import summary_body
+from tests.conftest import system, tool_group, user
+
+COUNTER = TokenCounter("gpt-4o")
+#: No pruning: a compaction of these sessions condenses.
+PROFILE = Profile(context_window=16_384, tool_result_chars=1_000_000)
+BUDGET = calibrated_budget(PROFILE)
+SUMMARY = "\n".join(
+    [
+        "## Goal\n- Fix the bug.",
+        "## Constraints & Preferences\n- None.",
+        "## Progress\n- Listed the files.",
+        "## Key Decisions\n- None yet.",
+        "## Next Steps\n- Keep going.",
+        "## Critical Context\n- None.",
+    ]
+)
+
+
+def _conversation(messages: list[dict[str, Any]]) -> Conversation:
+    return read_conversation({"model": "gpt-4o", "messages": messages}, messages, COUNTER, 2)
+
+
+def _step(i: int) -> list[dict[str, Any]]:
+    return tool_group("bash", {"command": f"ls {i}"}, f"file_{i}.py " * 60)
+
+
+def _grown_to(share: float, start: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A session grown step by step to just past ``share`` of the trigger."""
+    messages = start or [system(), user("Fix the bug.")]
+    i = 0
+    while _conversation(messages).tokens <= share * BUDGET.trigger:
+        messages = [*messages, *_step(i)]
+        i += 1
+    return messages
+
+
+class _Model:
+    """A summarizer that answers at once, and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        self.calls += 1
+        return SUMMARY
+
+
+def _prepare(messages: list[dict[str, Any]], model: _Model) -> tuple[Checkpoint, CompactionResult]:
+    """What the proxy does in the background: plan ahead, run it, keep it as precomputed."""
+    conversation = _conversation(messages)
+    decision = decide(conversation, PROFILE, BUDGET)
+    assert decision.action == "forward" and decision.prepare
+    result = asyncio.run(execute(conversation, ahead(conversation, decision), model))
+    made = new_checkpoint(
+        conversation, result, id="p", created_at=0.0, progress_ok=True, precomputed=True
+    )
+    assert made is not None
+    return made, result
+
+
+def _stored(checkpoint: Checkpoint) -> dict[str, Checkpoint]:
+    return {checkpoint.end_hash: checkpoint}
+
+
+def test_preparing_is_asked_past_the_share_with_the_llm_summarizer_only() -> None:
+    below, past = _grown_to(0.5), _grown_to(0.85)
+    assert not decide(_conversation(below), PROFILE, BUDGET).prepare
+    decision = decide(_conversation(past), PROFILE, BUDGET)
+    assert decision.action == "forward" and decision.prepare
+    for other in (
+        dataclasses.replace(PROFILE, summarizer="extractive"),
+        dataclasses.replace(PROFILE, precompute_share=0.0),
+        dataclasses.replace(PROFILE, precompute_share=0.9),
+    ):
+        assert not decide(_conversation(past), other, BUDGET).prepare, other
+
+
+def _crossing(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` grown step by step until just past the trigger."""
+    while _conversation(messages).tokens <= BUDGET.trigger:
+        messages = [*messages, *_step(len(messages))]
+    return messages
+
+
+def test_a_prepared_compaction_applied_leaves_what_one_made_at_the_trigger_would() -> None:
+    messages = _grown_to(0.8)
+    conversation = _conversation(messages)
+    plan = ahead(conversation, decide(conversation, PROFILE, BUDGET))
+    assert plan.action == "compact" and plan.growth >= BUDGET.trigger - plan.tokens
+    prepared, _ = _prepare(messages, _Model())
+
+    crossing = _conversation(_crossing(messages))
+    applied = asyncio.run(
+        execute(crossing, decide(crossing, PROFILE, BUDGET, stored=_stored(prepared)), _Model())
+    )
+    at_the_trigger = asyncio.run(execute(crossing, decide(crossing, PROFILE, BUDGET), _Model()))
+    assert applied.precomputed == "p" and at_the_trigger.precomputed is None
+    # Had the tail not been planned shorter, the growth would sit on top.
+    slack = abs(applied.tokens_after - at_the_trigger.tokens_after)
+    assert slack <= BUDGET.tail_budget // 4, (applied.tokens_after, at_the_trigger.tokens_after)
+
+
+def test_a_prepared_compaction_changes_nothing_under_the_trigger() -> None:
+    messages = _grown_to(0.85)
+    prepared, _ = _prepare(messages, _Model())
+    later = [*messages, *_step(1000)]
+    decision = decide(_conversation(later), PROFILE, BUDGET, stored=_stored(prepared))
+    if decision.tokens <= BUDGET.trigger:
+        assert decision.action == "forward" and decision.messages is later
+        assert not decision.prepare  # one is ready: nothing more to prepare
+
+
+def test_at_the_trigger_the_prepared_compaction_is_applied_without_asking_the_model() -> None:
+    messages = _grown_to(0.85)
+    prepared, _ = _prepare(messages, _Model())
+    crossing = _crossing(messages)
+    conversation = _conversation(crossing)
+    decision = decide(conversation, PROFILE, BUDGET, stored=_stored(prepared))
+    assert decision.action == "compact" and decision.checkpoint is prepared
+    model = _Model()
+    result = asyncio.run(execute(conversation, decision, model))
+    assert model.calls == 0
+    assert result.stage == "condensed" and result.precomputed == "p"
+    assert result.tokens_after <= BUDGET.trigger
+    head = conversation.head
+    assert result.messages[head : head + len(prepared.replacement)] == list(prepared.replacement)
+    # The tail is the client's own messages, verbatim.
+    assert result.messages[-1] is crossing[-1]
+    # Stored again, it covers the same span: the prepared one, now in use.
+    made = new_checkpoint(conversation, result, id="c", created_at=1.0, progress_ok=True)
+    assert made is not None and made.covered == prepared.covered and not made.precomputed
+
+
+def test_what_arrived_since_is_compacted_behind_the_prepared_summary_without_a_model() -> None:
+    messages = _grown_to(0.8)
+    prepared, _ = _prepare(messages, _Model())
+    # Far more arrives than the preparation expected (huge tool outputs).
+    crossing = [*messages, *(m for i in range(30) for m in _step(2000 + i))]
+    conversation = _conversation(crossing)
+    decision = decide(conversation, PROFILE, BUDGET, stored=_stored(prepared))
+    assert decision.fixed == len(prepared.replacement)
+    assert decision.profile.summarizer == "extractive"
+    model = _Model()
+    result = asyncio.run(execute(conversation, decision, model))
+    assert model.calls == 0
+    assert result.tokens_after <= BUDGET.input_limit
+    assert not validate_tool_pairing(result.messages)
+    head = conversation.head
+    # The model's summary is kept word for word; the newer steps get a digest behind it.
+    assert result.messages[head : head + len(prepared.replacement)] == list(prepared.replacement)
+    assert result.stage in ("condensed", "truncated")
+
+
+def test_a_prepared_compaction_off_the_conversation_is_never_applied() -> None:
+    messages = _grown_to(0.85)
+    prepared, _ = _prepare(messages, _Model())
+    # The history was edited (a rewind, a changed tool output), then grew past the trigger.
+    edited = [*messages[:3], {**messages[3], "content": "redone"}, *messages[4:]]
+    while _conversation(edited).tokens <= BUDGET.trigger:
+        edited = [*edited, *_step(len(edited))]
+    decision = decide(_conversation(edited), PROFILE, BUDGET, stored=_stored(prepared))
+    assert decision.checkpoint is None and decision.action == "compact"
+    assert decision.profile.summarizer == "llm"
+
+
+def test_a_prepared_compaction_for_another_window_is_not_applied() -> None:
+    messages = _grown_to(0.85)
+    prepared, _ = _prepare(messages, _Model())
+    other = dataclasses.replace(prepared, window=8_192)
+    crossing = _crossing(messages)
+    decision: Decision = decide(_conversation(crossing), PROFILE, BUDGET, stored=_stored(other))
+    assert decision.checkpoint is None
+    assert any("another context window" in note for note in decision.notes)
+
+
+def test_the_prepared_summary_is_the_models() -> None:
+    messages = _grown_to(0.85)
+    model = _Model()
+    prepared, result = _prepare(messages, model)
+    assert model.calls == 1 and result.summarizer_used == "llm"
+    texts = [m.get("content") for m in prepared.replacement]
+    assert any(isinstance(t, str) and summary_body(t).startswith("## Goal") for t in texts)
