@@ -4,6 +4,8 @@
     compaction-proxy compact [FILE|-]   run the pipeline on a request body
     compaction-proxy inspect [FILE|-]   show why a conversation is large
     compaction-proxy eval DIR           score what compaction keeps (evaluation/)
+    compaction-proxy sessions           the dashboard's overview, as a table
+    compaction-proxy show SESSION       one session: timeline, summary, events
 
 Exit codes: 0 success; 2 unreadable or invalid input or configuration;
 3 the conversation cannot be made to fit.
@@ -103,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="score what compaction keeps, per strategy", add_help=False, prefix_chars="\0"
     )
     score.add_argument("options", nargs="*", help="see compaction-proxy eval --help")
+
+    listing = commands.add_parser("sessions", help="the dashboard's overview, as a table")
+    listing.add_argument("--config", help="TOML configuration file (for store.url)")
+    listing.add_argument("--limit", type=int, default=50, metavar="N", help="newest sessions")
+    show = commands.add_parser("show", help="one session: timeline, summary and events")
+    show.add_argument("session", help="the session id, or a unique start of it")
+    show.add_argument("--config", help="TOML configuration file (for store.url)")
     return parser
 
 
@@ -217,6 +226,20 @@ def _eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    from proxy.ui.terminal import UnknownSession, sessions_text, show_text
+
+    settings = load_settings(args.config)
+    try:
+        if args.command == "sessions":
+            print(asyncio.run(sessions_text(settings, args.limit)))
+        else:
+            print(asyncio.run(show_text(settings, args.session)))
+    except UnknownSession as exc:
+        raise UsageError(str(exc)) from exc
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -224,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command in ("sessions", "show"):
+            return _dashboard(args)
         request = read_request(args.file)
         config = _model_config(args, request.model)
         if args.command == "inspect":

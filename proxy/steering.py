@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from compaction import SUMMARY_MARKER, Checkpoint, Decision, Message, message_text
 from proxy.errors import BadRequest, NotFound
@@ -54,7 +54,8 @@ async def steer(job: _Job, decision: Decision, *, ahead: bool = False) -> tuple[
         return job, decision
     settings = await state.store.session_settings(session, job.owner)
     if not settings.enabled and job.reason != "manual":
-        off = {"prepare": False} if hasattr(decision, "prepare") else {}
+        # No compaction prepared ahead either (where decisions know of that).
+        off: dict[str, Any] = {"prepare": False} if hasattr(decision, "prepare") else {}
         return job, dataclasses.replace(decision, action="forward", **off)
     if settings.instructions:
         joined = "\n".join(part for part in (settings.instructions, job.instructions) if part)
@@ -95,6 +96,7 @@ async def edit_summary(
     state: ProxyState, checkpoint_id: str, text: str, viewer: str | None
 ) -> Checkpoint:
     """Replace the summary of ``viewer``'s checkpoint (anyone's for ``None``, the admin)."""
+    text = _plain_lines(text)
     if not text.strip():
         raise BadRequest("The summary must not be empty.", param="summary")
     if len(text) > MAX_SUMMARY_CHARS:
@@ -134,21 +136,24 @@ async def edit_summary(
 
 
 async def _owner_of_checkpoint(state: ProxyState, checkpoint: Checkpoint) -> str:
-    """Whose checkpoint the admin edits: it stays theirs."""
-    for summary in await state.store.sessions(limit=_OWNER_SEARCH):
-        if (
-            summary.session == checkpoint.session
-            and await state.store.get(checkpoint.id, owner=summary.owner) is not None
-        ):
-            return summary.owner
-    return ""
+    """Whose checkpoint the admin edits (it stays theirs): the owner of the
+    events that made it, written before the checkpoint was ever answered with."""
+    events = await state.store.events(session=checkpoint.session, limit=_OWNER_SEARCH)
+    for event in events:
+        if event.checkpoint_id == checkpoint.id:
+            return event.owner
+    return await session_owner(state, checkpoint.session, None)
 
 
 async def session_owner(state: ProxyState, session: str, viewer: str | None) -> str:
     """The owner whose ``session`` is steered: the viewer's own, or for the admin
-    the owner of the session as recorded (the anonymous owner if none is)."""
+    the owner of the session as its events or figures say (the anonymous owner
+    if nothing says)."""
     if viewer is not None:
         return viewer
+    events = await state.store.events(session=session, limit=1)
+    if events:
+        return events[0].owner
     for summary in await state.store.sessions(limit=_OWNER_SEARCH):
         if summary.session == session:
             return summary.owner
@@ -169,6 +174,8 @@ async def update_settings(
             f"The instructions are longer than {MAX_INSTRUCTIONS_CHARS:,} characters.",
             param="instructions",
         )
+    if instructions is not None:
+        instructions = _plain_lines(instructions)
     current = await state.store.session_settings(session, owner)
     changed = dataclasses.replace(
         current,
@@ -178,6 +185,11 @@ async def update_settings(
     )
     await state.store.set_session_settings(session, owner, changed)
     return changed
+
+
+def _plain_lines(text: str) -> str:
+    # A browser's form sends a textarea's lines ended with CR LF.
+    return text.replace("\r\n", "\n")
 
 
 def compact_now(state: ProxyState, session: str, owner: str) -> None:

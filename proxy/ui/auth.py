@@ -8,7 +8,7 @@ cookie** (HttpOnly, SameSite=Strict, path ``/ui``) naming the viewer:
 * ``owner:<digest>`` — whoever typed the API key their agent sends: the
   sessions of that credential (:func:`proxy.access.owner_digest`; the key
   itself is neither kept nor shown);
-* ``anon`` — everyone else: the anonymous owner's (keyless) sessions, as on
+* ``anon:<nonce>`` — everyone else: the anonymous owner's (keyless) sessions, as on
   the state routes. With ``server.api_key`` set, ``anon`` sees nothing and
   is sent to the login page, which then asks for the proxy key too.
 
@@ -75,6 +75,11 @@ class Signer:
     def cookie(self, role: str) -> str:
         return f"{role}.{self._mac('cookie', role)}"
 
+    def anonymous_cookie(self) -> str:
+        """A cookie of its own for each anonymous browser, so that a CSRF token
+        issued to one is worth nothing in another."""
+        return self.cookie(f"{ANONYMOUS}:{secrets.token_hex(8)}")
+
     def role_of(self, cookie: str | None) -> str | None:
         if not cookie or "." not in cookie:
             return None
@@ -89,7 +94,7 @@ class Signer:
         dashboard needs a sign-in first."""
         cookie = request.cookies.get(COOKIE)
         role = self.role_of(cookie)
-        if role is not None and cookie is not None and role != ANONYMOUS:
+        if role is not None and cookie is not None and not _anonymous(role):
             return Visitor(_viewer_of(role), role, cookie, fresh=False)
         # A client that is not a browser, with the headers of the state routes.
         keyed = self._has_proxy_key(request)
@@ -101,9 +106,9 @@ class Signer:
             return Visitor(seen, made, self.cookie(made), fresh=False)
         if self._proxy_key is not None:
             raise SignInRequired("Sign in to the dashboard first.")
-        if role == ANONYMOUS and cookie is not None:
+        if role is not None and cookie is not None:
             return Visitor(owner_digest(""), ANONYMOUS, cookie, fresh=False)
-        return Visitor(owner_digest(""), ANONYMOUS, self.cookie(ANONYMOUS), fresh=True)
+        return Visitor(owner_digest(""), ANONYMOUS, self.anonymous_cookie(), fresh=True)
 
     def _has_proxy_key(self, request: Request) -> bool:
         presented = request.headers.get(PROXY_KEY_HEADER)
@@ -127,7 +132,9 @@ class Signer:
             key.encode(), admin.get_secret_value().encode()
         ):
             return ADMIN
-        return f"owner:{owner_digest(key)}" if key.strip() else ANONYMOUS
+        return (
+            f"owner:{owner_digest(key)}" if key.strip() else f"{ANONYMOUS}:{secrets.token_hex(8)}"
+        )
 
     def check_post(self, request: Request, cookie: str, token: str | None) -> None:
         """Refuse a POST that is not from the dashboard's own pages."""
@@ -137,6 +144,10 @@ class Signer:
             raise Forbidden("This action must come from the dashboard's own page.")
         if token is None or not hmac.compare_digest(token, self.csrf(cookie)):
             raise Forbidden("The form has expired; reload the page and try again.")
+
+
+def _anonymous(role: str) -> bool:
+    return role == ANONYMOUS or role.startswith(f"{ANONYMOUS}:")
 
 
 def _viewer_of(role: str) -> str | None:

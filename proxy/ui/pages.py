@@ -171,7 +171,8 @@ def dashboard_routes(signer: Signer) -> APIRouter:
     async def login_page(request: Request) -> Response:
         cookie = request.cookies.get(COOKIE)
         fresh = signer.role_of(cookie) is None or cookie is None
-        visitor = Visitor(None, "anon", signer.cookie("anon") if fresh else cookie or "", fresh)
+        cookie = signer.anonymous_cookie() if fresh or cookie is None else cookie
+        visitor = Visitor(None, "anon", cookie, fresh)
         return page("login.html", visitor, needs_proxy_key=signer.needs_proxy_key)
 
     @router.post("/login")
@@ -204,7 +205,8 @@ _SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; "
     "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # Not no-referrer: with it a browser posts the forms with "Origin: null".
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 

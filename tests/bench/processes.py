@@ -186,11 +186,15 @@ def proxy_command() -> list[str]:
     return [str(Path(sys.executable).parent / "compaction-proxy"), "serve"]
 
 
-def start_proxy(upstream: Server, logs: Path, store: Path, name: str = "proxy") -> Server:
-    """``compaction-proxy serve`` with default logging, a SQLite store and extractive summaries."""
+def start_proxy(
+    upstream: Server, logs: Path, store: Path, name: str = "proxy", tree: Path | None = None
+) -> Server:
+    """``compaction-proxy serve`` with default logging, a SQLite store and extractive summaries;
+    the code of ``tree`` (an exported revision) instead of this one's, if given."""
     port = free_port()
     env = {
         **_base_env(),
+        **({"PYTHONPATH": str(tree)} if tree is not None else {}),
         "COMPACTION_PROXY_STORE__URL": f"sqlite:///{store}",
         "COMPACTION_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": upstream.base_url,
         "COMPACTION_PROXY_COMPACTION__SUMMARIZER": "extractive",

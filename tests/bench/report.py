@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tests.bench import clients
+from tests.bench import clients, dashboard
 from tests.bench.clients import ClientCost
 from tests.bench.large import CORPUS_WINDOW, WINDOW, Bucket, FirstCompaction
 from tests.bench.memory import Memory
@@ -39,6 +39,8 @@ class Results:
     #: Pass-through rounds of ``/messages`` and ``/responses`` (direct and the proxy).
     apis: dict[str, Rounds] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: The dashboard's pages over a large store, and the chat path beside them.
+    dashboard: dashboard.Dashboard | None = None
 
 
 @dataclass(frozen=True)
@@ -414,6 +416,8 @@ def render(r: Results) -> str:
     ]
     lines += ["## 4. Large conversations", "", *_large(r)]
     lines += ["## 5. Memory", "", *_memory(r)]
+    if r.dashboard is not None:
+        lines += dashboard.render(r.dashboard)
     if r.profiles:
         lines += ["## Where the proxy's CPU goes", "", *_profiles(r)]
     return "\n".join(lines).rstrip() + "\n"

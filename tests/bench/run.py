@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.bench import clients, large, memory, passthrough, peer, profiling, streaming
+from tests.bench import clients, dashboard, large, memory, passthrough, peer, profiling, streaming
 from tests.bench.client import Target, run, sequential
 from tests.bench.processes import (
     CLIENT_CORE,
@@ -189,6 +189,8 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         proxy.stop()
         with clock.phase("5. memory: idle, 10,000 requests, the corpus"):
             mem = memory.measure(upstream, logs, fixtures)
+        with clock.phase("6. the dashboard over 1,000 sessions, 100,000 requests"):
+            board = dashboard.measure(upstream, logs)
         profiles = []
         if not args.no_profile:
             with clock.phase("profiling a proxy process under load"):
@@ -263,6 +265,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         clients=client_costs,
         apis=apis,
         notes=notes,
+        dashboard=board,
     )
 
 

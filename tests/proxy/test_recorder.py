@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,7 @@ class BlockedStore(MemoryStore):
 
 async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
     store = BlockedStore()
-    recorder = Recorder(store, queue_size=2)
+    recorder = Recorder(store, queue_size=2, gather=0)
     for n in range(5):
         recorder.record(record(n))  # synchronous: nothing here can wait
     assert recorder.dropped == 3
@@ -67,7 +68,7 @@ async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
 
 async def test_the_writer_batches_what_queued_while_it_wrote() -> None:
     store = BlockedStore()
-    recorder = Recorder(store)
+    recorder = Recorder(store, gather=0)
     recorder.start()
     recorder.record(record(0))
     while store.started == 0:  # the writer took the first one and is blocked in the store
@@ -79,6 +80,21 @@ async def test_the_writer_batches_what_queued_while_it_wrote() -> None:
     assert [len(batch) for batch in store.batches] == [1, 3]
     assert recorder.written == 4
     await recorder.stop()
+
+
+async def test_figures_gather_into_one_write_until_stop() -> None:
+    store = BlockedStore()
+    store.gate.set()
+    recorder = Recorder(store, gather=3600)  # a pause no test outlives: stop cuts it short
+    recorder.start()
+    recorder.record(record(0))
+    while recorder._queue.qsize():  # the writer took the first and is gathering
+        await asyncio.sleep(0)
+    for n in range(1, 5):
+        recorder.record(record(n))
+        await asyncio.sleep(0)
+    await recorder.stop()
+    assert [len(batch) for batch in store.batches] == [5]
 
 
 async def test_stop_writes_what_is_queued() -> None:
@@ -104,13 +120,21 @@ def test_chat_requests_are_answered_while_the_store_is_blocked() -> None:
         settings = load_settings(None, **settings_sections)
         with serve_in_thread(create_app(settings, store=store)) as url:
             messages = agent_session(seed=9, steps=3, task="Recorder test.")
-            for _ in range(3):
+
+            def chat() -> None:
                 response = httpx.post(
                     f"{url}/v1/chat/completions",
                     json={"model": "gpt-4o", "messages": messages},
                     timeout=30,
                 )
                 assert response.status_code == 200
-            assert store.started >= 1  # the writer is inside the store, blocked
-            assert store.batches == []  # and nothing was written: no request waited for it
+
+            chat()
+            deadline = time.monotonic() + 10
+            while store.started == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the writer gathers for a second, then writes
+            assert store.started == 1  # the writer is inside the store, blocked
+            for _ in range(3):
+                chat()
+            assert store.batches == []  # nothing written yet: no request waited for it
             store.gate.set()

@@ -1,0 +1,130 @@
+"""The dashboard in a real browser: headless Chromium (Debian's ``chromium``),
+driven by Playwright, against the proxy and a fake upstream on loopback.
+
+A session compacts several times; the browser opens /ui, follows the session's
+link, finds the chart and the summary, edits the summary through the page;
+the next request of the conversation must carry the edit upstream.
+
+``.ci/run`` installs ``chromium``; where it is absent the test says so and
+skips. Set ``UI_SCREENSHOTS_DIR`` (an absolute path: the tests run in a
+temporary directory) to keep the pages' screenshots; the README's come from
+``UI_SCREENSHOTS_DIR=$PWD/docs pytest tests/proxy/ui/test_browser.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from compaction import SUMMARY_MARKER, session_key
+from tests.proxy.conftest import ProxyFactory
+from tests.proxy.servers import FakeUpstream
+from tests.synthetic import agent_session
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+EDITED = "## Goal\n- Ship the parser fix from the browser.\n\n## Next Steps\n- Run the suite."
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH: apt-get install chromium (as .ci/run does)"
+)
+
+
+def _chat(url: str, messages: list[dict[str, Any]]) -> httpx.Response:
+    body = {"model": "gpt-4o", "messages": messages}
+    response = httpx.post(f"{url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _session_that_compacts(url: str) -> list[dict[str, Any]]:
+    """A growing conversation sent turn after turn; returns its last state."""
+    compactions = 0
+    messages: list[dict[str, Any]] = []
+    for steps in range(8, 129, 8):
+        messages = agent_session(seed=21, steps=steps, task="Browser test: fix the parser.")
+        answered = _chat(url, messages)
+        compactions += answered.headers["x-compaction-stage"] not in ("none", "reused")
+    assert compactions >= 3, "the session compacts several times"
+    return messages
+
+
+def _shoot(page: Page, name: str, keep: Path | None) -> None:
+    """The top of the page, down to 1,800 pixels (a session's event log goes on)."""
+    if keep is not None:
+        height = min(1800, page.evaluate("document.body.scrollHeight"))
+        clip = {"x": 0, "y": 0, "width": 1280, "height": height}
+        page.screenshot(path=str(keep / name), full_page=True, clip=clip)
+
+
+def test_the_dashboard_shows_a_session_and_edits_its_summary(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], tmp_path: Path
+) -> None:
+    upstream, _ = fake
+    url = start_proxy(models={"gpt-4o": {"context_window": 8192}})
+    base = url.removesuffix("/v1")
+    for n, task in enumerate(("Browser test: a short chat.", "Browser test: another one.")):
+        _chat(url, agent_session(seed=30 + n, steps=40 + 20 * n, task=task))  # other rows
+    messages = _session_that_compacts(url)
+    session = session_key(messages)
+    keep = Path(os.environ["UI_SCREENSHOTS_DIR"]) if os.environ.get("UI_SCREENSHOTS_DIR") else None
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a fresh profile every run
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/ui")
+            link = page.locator(f"a.session-link:has-text('{session}')")
+            link.wait_for()  # the figures are written in the background
+            _shoot(page, "dashboard-overview.png", keep)
+            link.click()
+            page.wait_for_url(f"{base}/ui/sessions/{session}")
+
+            chart = page.locator("#context-chart svg")
+            assert chart.is_visible()
+            assert chart.locator("polyline").count() == 1
+            assert chart.locator("circle.mark").count() >= 3  # one per compaction
+            summary = page.locator(".rendered-summary").first
+            assert summary.is_visible()
+            assert summary.locator("h2", has_text="Goal").count() == 1  # Markdown, rendered
+            _shoot(page, "dashboard-session.png", keep)
+
+            newest = page.locator(".checkpoint").first
+            newest.locator("summary", has_text="Edit this summary").click()
+            newest.locator("textarea[name=summary]").fill(EDITED)
+            newest.locator("button", has_text="Save summary").click()
+            page.wait_for_load_state()
+            shown = page.locator(".rendered-summary").first
+            assert "Ship the parser fix from the browser." in shown.inner_text()
+        finally:
+            browser.close()
+
+    follow_up = [
+        *messages,
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "go"},
+    ]
+    _chat(url, follow_up)
+    sent = upstream.chat_requests[-1].json()["messages"]
+    summaries = [m["content"] for m in sent if str(m["content"]).startswith(SUMMARY_MARKER)]
+    assert summaries and summaries[0].endswith(EDITED)

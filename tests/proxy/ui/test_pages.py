@@ -1,0 +1,186 @@
+"""The dashboard's pages over real loopback servers: who sees what, the CSRF and
+Origin checks on its buttons, and that no key and no raw HTML ever shows."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from compaction import session_key
+from tests.proxy.conftest import ProxyFactory
+from tests.proxy.servers import FakeUpstream
+from tests.synthetic import agent_session
+
+MODELS = {"gpt-4o": {"context_window": 8192}}
+ALICE, BOB = "sk-alice-0123456789", "sk-bob-9876543210"
+ADMIN = "admin-secret-4242"
+PROXY_KEY = "proxy-secret-1717"
+
+
+def _chat(base: str, messages: list[dict[str, Any]], key: str, **headers: str) -> httpx.Response:
+    response = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": messages},
+        headers={"authorization": f"Bearer {key}", **headers},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _root(v1: str) -> str:
+    return v1.removesuffix("/v1")
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, "every form carries a CSRF token"
+    return found.group(1)
+
+
+def _wait_for_rows(client: httpx.Client, count: int) -> str:
+    """The overview once the background writer recorded ``count`` sessions."""
+    deadline = time.monotonic() + 10
+    while True:
+        page = client.get("/ui").text
+        if page.count('class="mono session-link"') >= count or time.monotonic() > deadline:
+            return page
+        time.sleep(0.05)
+
+
+def _sign_in(client: httpx.Client, key: str, proxy_key: str = "") -> httpx.Response:
+    token = _csrf(client.get("/ui/login").text)
+    return client.post("/ui/login", data={"csrf": token, "key": key, "proxy_key": proxy_key})
+
+
+def test_each_visitor_sees_their_own_sessions_and_never_a_key(
+    start_proxy: ProxyFactory,
+) -> None:
+    base = _root(start_proxy(models=MODELS, server={"admin_key": ADMIN}))
+    alice = agent_session(seed=11, steps=60, task="Pages: Alice's task.")
+    bob = agent_session(seed=12, steps=60, task="Pages: Bob's task.")
+    _chat(base, alice, ALICE)
+    _chat(base, bob, BOB)
+
+    with httpx.Client(base_url=base) as anonymous:
+        assert "No sessions recorded yet" in anonymous.get("/ui").text
+
+    with httpx.Client(base_url=base) as client:
+        assert _sign_in(client, ALICE).status_code == 303
+        page = _wait_for_rows(client, 1)
+        assert session_key(alice) in page and session_key(bob) not in page
+        session_page = client.get(f"/ui/sessions/{session_key(alice)}").text
+        assert "<svg" in session_page and "Edit this summary" in session_page
+        assert ALICE not in page + session_page
+        # Bob's session is not Alice's to see: an empty page, no figures.
+        theirs = client.get(f"/ui/sessions/{session_key(bob)}").text
+        assert "No checkpoints yet" in theirs and "No requests recorded yet" in theirs
+
+    with httpx.Client(base_url=base) as admin:
+        assert _sign_in(admin, ADMIN).status_code == 303
+        page = _wait_for_rows(admin, 2)
+        assert session_key(alice) in page and session_key(bob) in page
+        assert ADMIN not in page and ALICE not in page and BOB not in page
+
+
+def test_a_button_needs_the_pages_token_and_its_own_origin(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    base = _root(start_proxy(models=MODELS))
+    messages = agent_session(seed=13, steps=60, task="Pages: CSRF.")
+    # A keyless caller: its sessions are the anonymous visitor's.
+    response = httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=60
+    )
+    checkpoint_id = response.headers["x-compaction-id"]
+    session = session_key(messages)
+    with httpx.Client(base_url=base) as client:
+        page = client.get(f"/ui/sessions/{session}").text
+        token = _csrf(page)
+        target = f"/ui/checkpoints/{checkpoint_id}"
+        assert client.post(target, data={"summary": "forged"}).status_code == 403
+        assert client.post(target, data={"summary": "forged", "csrf": "0" * 32}).status_code == 403
+        evil = {"origin": "http://evil.example"}
+        forged = client.post(target, data={"summary": "forged", "csrf": token}, headers=evil)
+        assert forged.status_code == 403
+        # Another browser (another cookie) cannot use this page's token either.
+        with httpx.Client(base_url=base) as other:
+            other.get("/ui")
+            assert other.post(target, data={"summary": "x", "csrf": token}).status_code == 403
+
+        edited = "## Goal\n- <script>alert(1)</script> keep **bold**"
+        own = {"origin": base}
+        saved = client.post(target, data={"summary": edited, "csrf": token}, headers=own)
+        assert saved.status_code == 303
+        assert saved.headers["location"] == f"/ui/sessions/{session}#checkpoint-{checkpoint_id}"
+        page = client.get(f"/ui/sessions/{session}").text
+        assert "<script>" not in page  # shown as text, never run
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+        assert "<strong>bold</strong>" in page and "<h2>Goal</h2>" in page
+
+    follow_up = [
+        *messages,
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "?"},
+    ]
+    httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": follow_up}, timeout=60
+    ).raise_for_status()
+    forwarded = str(upstream.chat_requests[-1].json()["messages"])
+    assert "<script>alert(1)</script> keep **bold**" in forwarded  # the text, as typed
+
+
+def test_the_settings_and_compact_now_buttons(start_proxy: ProxyFactory) -> None:
+    base = _root(start_proxy(models=MODELS))
+    messages = agent_session(seed=14, steps=4, task="Pages: buttons.")
+    session = session_key(messages)
+    with httpx.Client(base_url=base) as client:
+        token = _csrf(client.get(f"/ui/sessions/{session}").text)
+        off = client.post(
+            f"/ui/sessions/{session}/settings", data={"csrf": token, "instructions": "Keep paths."}
+        )
+        assert off.status_code == 303  # the box unticked: compaction off
+        page = client.get(f"/ui/sessions/{session}").text
+        assert "compaction off" in page and "Keep paths.</textarea>" in page
+        now = client.post(f"/ui/sessions/{session}/compact", data={"csrf": token})
+        assert now.status_code == 303
+        assert "pending: the next request compacts" in client.get(f"/ui/sessions/{session}").text
+    # Off does not stop a compaction asked for: compact now is manual, like /compact.
+    answered = httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=60
+    )
+    assert answered.headers["x-compaction-reason"] == "manual"
+
+
+def test_with_a_proxy_key_the_dashboard_asks_for_it(start_proxy: ProxyFactory) -> None:
+    base = _root(start_proxy(models=MODELS, server={"api_key": PROXY_KEY}))
+    with httpx.Client(base_url=base) as client:
+        first = client.get("/ui")
+        assert first.status_code == 303 and first.headers["location"] == "/ui/login"
+        assert 'name="proxy_key"' in client.get("/ui/login").text
+        assert _sign_in(client, ALICE, proxy_key="wrong").status_code == 403
+        assert client.get("/ui").status_code == 303
+        assert _sign_in(client, ALICE, proxy_key=PROXY_KEY).status_code == 303
+        page = client.get("/ui")
+        assert page.status_code == 200 and PROXY_KEY not in page.text
+        # Signing out needs the page's token too, then the key is asked for again.
+        token = _csrf(page.text)
+        assert client.post("/ui/logout", data={"csrf": token}).status_code == 303
+        assert client.get("/ui").status_code == 303
+    # The JSON routes keep the proxy key guard.
+    assert httpx.get(f"{base}/v1/compaction/sessions").status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/ui", "/ui/login", "/ui/sessions/abc"])
+def test_pages_forbid_scripts_and_framing(start_proxy: ProxyFactory, path: str) -> None:
+    base = _root(start_proxy(models=MODELS))
+    response = httpx.get(base + path)
+    assert response.status_code == 200
+    policy = response.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+    assert "<script" not in response.text
