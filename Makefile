@@ -3,31 +3,38 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The runtime dependencies alone for install/run; test/lint/bench add the
+# test extras (pytest, hypothesis, ruff, mypy, the SDKs, …) on top.
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install run test lint bench eval clean
+.PHONY: install run test lint bench eval docker-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
 
 install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/compaction-proxy serve $(ARGS)
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check compaction config evaluation proxy tests
 	$(BIN)/ruff format --check compaction config evaluation proxy tests
 	$(BIN)/mypy
 
 # Benchmarks against a direct connection and LiteLLM (installed once into
 # .bench-venv/); writes tests/bench/RESULTS.md. BENCH_ARGS: --quick, --no-peer, --no-profile.
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	BENCH_COMMAND="make bench" $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 # Scores what compaction keeps of every fixture at 8k/16k/32k for each
@@ -35,6 +42,11 @@ bench: $(STAMP)
 EVAL_FIXTURES ?= ../shared/fixtures
 eval: $(STAMP)
 	$(BIN)/compaction-proxy eval $(EVAL_FIXTURES) --output evaluation/RESULTS.md $(EVAL_ARGS)
+
+# Builds the Docker image and checks it runs as the README says (needs a
+# Docker engine; says "skipped" and succeeds without one).
+docker-check:
+	docker/check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
