@@ -47,7 +47,7 @@ from proxy.errors import (
 )
 from proxy.logs import REQUESTS
 from proxy.overflow import detect_overflow
-from proxy.recorder import request_record
+from proxy.request_figures import request_record
 from proxy.state import WINDOW_BOUNDS, ProxyState
 from proxy.transport import UpstreamResponse
 from proxy.upstream import (

@@ -19,14 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from compaction import session_key
 from proxy.stores import RequestRecord, Store
-
-if TYPE_CHECKING:
-    from proxy.call import Call
-    from proxy.conversation import Prepared
 
 logger = logging.getLogger("compaction_proxy.recorder")
 
@@ -102,26 +97,3 @@ class Recorder:
             finally:
                 for _ in batch:
                     self._queue.task_done()
-
-
-def request_record(call: Call, prepared: Prepared, status: int, ms: float) -> RequestRecord:
-    """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
-    result = prepared.result
-    conversation = call.identified
-    session = conversation.session if conversation is not None else session_key(call.messages)
-    return RequestRecord(
-        session=session,
-        owner=call.owner,
-        model=call.config.model,
-        api=call.dialect.name,
-        stage=result.stage,
-        reason=result.reason,
-        tokens_before=result.tokens_before,
-        tokens_after=result.tokens_after,
-        input_limit=result.input_limit,
-        trigger=result.trigger,
-        status=status,
-        ms=ms,
-        summarizer_calls=result.summarizer_calls,
-        checkpoint_id=prepared.checkpoint.id if prepared.checkpoint is not None else None,
-    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from compaction import SUMMARY_MARKER, Checkpoint, Decision, Message, message_text
 from proxy.errors import BadRequest, NotFound
@@ -49,14 +49,13 @@ async def steer(job: _Job, decision: Decision, *, ahead: bool = False) -> tuple[
         state.compact_now.discard((job.owner, session))
         job = dataclasses.replace(job, reason="manual")
         decision = await job.decide()
-    wanted = getattr(decision, "prepare", False) if ahead else decision.action == "compact"
+    wanted = decision.prepare if ahead else decision.action == "compact"
     if not wanted:
         return job, decision
     settings = await state.store.session_settings(session, job.owner)
     if not settings.enabled and job.reason != "manual":
-        # No compaction prepared ahead either (where decisions know of that).
-        off: dict[str, Any] = {"prepare": False} if hasattr(decision, "prepare") else {}
-        return job, dataclasses.replace(decision, action="forward", **off)
+        # Nor is one prepared ahead for it.
+        return job, dataclasses.replace(decision, action="forward", prepare=False)
     if settings.instructions:
         joined = "\n".join(part for part in (settings.instructions, job.instructions) if part)
         job = dataclasses.replace(job, instructions=joined)

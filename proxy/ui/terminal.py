@@ -139,7 +139,13 @@ async def show_text(settings: Settings, wanted: str) -> str:
             newest.summary or "",
         ]
     events = [
-        (_clock(e.created_at), e.type, e.reason, e.stage or "", e.error or "")
+        (
+            _clock(e.created_at),
+            e.type + (" (background)" if e.background else ""),
+            e.reason,
+            e.stage or "",
+            e.error or "",
+        )
         for e in view.events[:EVENT_ROWS]
     ]
     if events:

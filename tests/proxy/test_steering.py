@@ -4,6 +4,7 @@ instructions to its summaries; compact it now. Real servers on loopback."""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from compaction import SUMMARY_MARKER, session_key
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
-from tests.synthetic import agent_session
+from tests.synthetic import agent_session, shell_step
 
 MODELS = {"gpt-4o": {"context_window": 8192}}
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-9876543210"
@@ -235,3 +236,72 @@ def test_every_request_leaves_its_figures_for_its_owner(start_proxy: ProxyFactor
     records = detail.json()["requests"]
     assert [r["stage"] for r in records] == ["none", "condensed"]  # oldest first
     assert all("content" not in r for r in records)
+
+
+#: A profile whose compactions all condense with the llm summarizer, and are
+#: prepared in the background once past 80 % of the trigger (the default).
+BACKGROUND_MODEL = {"agent-model": {"context_window": 16_384, "tool_result_chars": 1_000_000}}
+
+
+def _agent_turns(task: str, turns: int) -> list[list[dict[str, Any]]]:
+    """The successive requests of a tool-using agent session."""
+    rng = random.Random(task)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": task},
+    ]
+    requests = []
+    for i in range(turns):
+        history = [*history, *shell_step(rng, i)]
+        requests.append(history)
+    return requests
+
+
+def _send_all(url: str, requests: list[list[dict[str, Any]]], key: str) -> list[str]:
+    stages = []
+    with httpx.Client(headers=_auth(key), timeout=60) as client:
+        for messages in requests:
+            body = {"model": "agent-model", "messages": messages}
+            response = client.post(f"{url}/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            stages.append(response.headers["x-compaction-stage"])
+    return stages
+
+
+def test_a_session_switched_off_is_not_prepared_in_the_background_either(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    url = start_proxy(models=BACKGROUND_MODEL)
+    requests = _agent_turns("Off test: background.", 120)
+    httpx.put(
+        f"{url}/compaction/sessions/{session_key(requests[0])}/settings",
+        json={"enabled": False},
+        headers=_auth(ALICE),
+    ).raise_for_status()
+    assert set(_send_all(url, requests, ALICE)) == {"none"}
+    assert upstream.summary_requests == []  # nothing prepared ahead, nothing compacted
+    assert _events(url, ALICE) == []
+    # Bob's same conversation, not switched off, is prepared and compacted: the
+    # session did cross the zone where preparing starts, and the trigger.
+    assert set(_send_all(url, requests, BOB)) != {"none"}
+    assert any(e["background"] for e in _events(url, BOB))
+    assert upstream.summary_requests
+
+
+def test_session_instructions_reach_a_summary_prepared_in_the_background(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    url = start_proxy(models=BACKGROUND_MODEL)
+    requests = _agent_turns("Instructions test: background.", 120)
+    httpx.put(
+        f"{url}/compaction/sessions/{session_key(requests[0])}/settings",
+        json={"instructions": "Name the file KIWI-88 first."},
+        headers=_auth(ALICE),
+    ).raise_for_status()
+    _send_all(url, requests, ALICE)
+    events = _events(url, ALICE)
+    assert any(e["background"] for e in events), "a summary was prepared in the background"
+    assert upstream.summary_prompts
+    assert all("KIWI-88" in prompt for prompt in upstream.summary_prompts)
