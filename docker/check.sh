@@ -9,6 +9,7 @@
 # The base is $BASE_IMAGE (default python:3.12-slim) if present or pullable,
 # else a local Debian one (docker/make-base.sh; needs root and debootstrap).
 # Needs curl and python3 on the host. Leaves the images, removes the rest.
+# With docker compose (or docker-compose), also checks the compose files parse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +59,7 @@ else
 fi
 
 cleanup() {
-    docker rm -f "$run-proxy" "$run-upstream" >/dev/null 2>&1 || true
+    docker rm -f -v "$run-proxy" "$run-upstream" >/dev/null 2>&1 || true
     docker network rm "$run" >/dev/null 2>&1 || true
     docker volume rm "$run-state" >/dev/null 2>&1 || true
 }
@@ -177,5 +178,20 @@ rm -f "$out" "$out.status"
     || fail "docker stop with a ${slow_seconds} s request in flight: client got $status, exit code $exit_code"
 say "docker stop with a ${slow_seconds} s request in flight: the client got its 200 answer," \
     "the proxy exited 0 after $stopped s (Docker's default would have killed it at 10 s)"
+
+# --- the compose files parse ------------------------------------------------------
+if docker compose version >/dev/null 2>&1; then
+    compose=(docker compose)
+elif command -v docker-compose >/dev/null 2>&1; then
+    compose=(docker-compose)
+else
+    compose=()
+fi
+if [ ${#compose[@]} -gt 0 ]; then
+    for file in docker/compose.yaml docker/compose.replicas.yaml; do
+        "${compose[@]}" -f "$file" config -q || fail "$file: ${compose[*]} config refuses it"
+    done
+    say "compose files accepted by ${compose[*]} ($("${compose[@]}" version --short 2>/dev/null || true))"
+fi
 
 say "passed"
