@@ -33,6 +33,7 @@ from compaction.checkpoints import Checkpoint, apply_checkpoint, find_checkpoint
 from compaction.conversation import Conversation
 from compaction.messages import PairingProblem
 from compaction.profile import Budget, Profile, compute_budget
+from compaction.strategies import condenses
 from compaction.types import Message, Reason
 
 #: Bounds of a learned ratio: beyond them a sample is a misreading (a
@@ -202,6 +203,7 @@ def decide(
         action = "forward"
         prepare = (
             profile.summarizer == "llm"
+            and condenses(profile)
             and profile.precompute_share > 0
             and tokens > profile.precompute_share * budget.trigger
             and find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered)

@@ -142,6 +142,7 @@ def create_app(
             resolver=ModelResolver(settings),
             metrics=metrics,
         )
+        metrics.background_running.set_function(lambda: len(state.background))
         await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
         closed = await state.store.fail_interrupted(state.instance)
         if closed:

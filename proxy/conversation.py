@@ -55,6 +55,7 @@ from compaction import (
     requested_output_tokens,
     text_size,
 )
+from compaction.strategies import condenses
 from config import ModelConfig
 from proxy import steering
 from proxy.state import ProxyState
@@ -176,12 +177,12 @@ async def prepare(
             result.messages, _untouched(conversation, result), result, decision.checkpoint
         )
     if decision.action == "forward":
-        span = _span_key(conversation, decision)
+        span = _span_key(conversation, decision.checkpoint)
         if decision.prepare and summarizer is not None and span is not None:
             state.background.start(span, _prepare_ahead(job, span))
         return _forward(conversation, decision)
     ttl = state.settings.store.lock_ttl_seconds
-    span = _span_key(conversation, decision)
+    span = _span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed
     if span is not None and not ready and _prepares_ahead(job):
         # A compaction being prepared for this span (here or by another
@@ -196,23 +197,24 @@ async def prepare(
         if decision.action == "forward":
             return _forward(conversation, decision)
         prepared = await _run(job, decision)
-    made = prepared.checkpoint
-    if made is not None and _prepares_ahead(job):
+    span = _span_key(conversation, prepared.checkpoint)
+    if prepared.checkpoint is not None and span is not None and _prepares_ahead(job):
         # Left near the trigger, the conversation may need its next compaction
         # soon: the job asks the store and prepares it if so.
-        span = f"precompute:{made.end_hash}"
         state.background.start(span, _prepare_ahead(job, span))
     return prepared
 
 
-def _span_key(conversation: Conversation, decision: Decision) -> str | None:
+def _span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
     """Names the span a compaction prepared ahead would cover: what follows the
-    checkpoint in use (or the head). The chain is seeded with the caller's
+    checkpoint in use (or the head), in this session (the chain starts after
+    the head, which holds the task). The chain is seeded with the caller's
     scope, so no two callers share a key."""
-    base = decision.checkpoint
     if base is not None:
-        return f"precompute:{base.end_hash}"
-    return f"precompute:{conversation.chain[0]}" if conversation.chain else None
+        return f"precompute:{conversation.session}:{base.end_hash}"
+    if not conversation.chain:
+        return None
+    return f"precompute:{conversation.session}:{conversation.chain[0]}"
 
 
 def _prepares_ahead(job: _Job) -> bool:
@@ -222,6 +224,7 @@ def _prepares_ahead(job: _Job) -> bool:
         job.reason == "threshold"
         and job.summarizer is not None
         and profile.summarizer == "llm"
+        and condenses(profile)
         and profile.precompute_share > 0
     )
 

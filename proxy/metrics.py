@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from compaction import CompactionResult
@@ -63,6 +63,11 @@ class Metrics:
             "Compactions prepared ahead of need, by outcome: prepared (a summary stored), "
             "not_needed (pruning will do at the trigger), superseded, failed, cancelled.",
             ["outcome"],
+            registry=r,
+        )
+        self.background_running = Gauge(
+            "compaction_proxy_background_running",
+            "Compactions being prepared ahead of need right now.",
             registry=r,
         )
         self.overflow_retries = Counter(

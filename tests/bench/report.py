@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tests.bench import clients, dashboard
+from tests.bench import background, clients, dashboard
 from tests.bench.clients import ClientCost
 from tests.bench.large import CORPUS_WINDOW, WINDOW, Bucket, FirstCompaction
 from tests.bench.memory import Memory
@@ -41,6 +41,8 @@ class Results:
     notes: list[str] = field(default_factory=list)
     #: The dashboard's pages over a large store, and the chat path beside them.
     dashboard: dashboard.Dashboard | None = None
+    #: Who waits for a slow summarizer with and without preparing ahead (issue 12).
+    background: background.Background | None = None
 
 
 @dataclass(frozen=True)
@@ -418,6 +420,9 @@ def render(r: Results) -> str:
     lines += ["## 5. Memory", "", *_memory(r)]
     if r.dashboard is not None:
         lines += dashboard.render(r.dashboard)
+    if r.background is not None:
+        lines += ["## 7. Compactions prepared in the background (issue 12)", ""]
+        lines += [*background.report(r.background), ""]
     if r.profiles:
         lines += ["## Where the proxy's CPU goes", "", *_profiles(r)]
     return "\n".join(lines).rstrip() + "\n"

@@ -21,7 +21,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.bench import clients, dashboard, large, memory, passthrough, peer, profiling, streaming
+from tests.bench import (
+    background,
+    clients,
+    dashboard,
+    large,
+    memory,
+    passthrough,
+    peer,
+    profiling,
+    streaming,
+)
 from tests.bench.client import Target, run, sequential
 from tests.bench.processes import (
     CLIENT_CORE,
@@ -191,6 +201,8 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
             mem = memory.measure(upstream, logs, fixtures)
         with clock.phase("6. the dashboard over 1,000 sessions, 100,000 requests"):
             board = dashboard.measure(upstream, logs)
+        with clock.phase("7. compactions prepared in the background (a 4 s summarizer)"):
+            ahead = background.measure(logs)
         profiles = []
         if not args.no_profile:
             with clock.phase("profiling a proxy process under load"):
@@ -266,6 +278,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         apis=apis,
         notes=notes,
         dashboard=board,
+        background=ahead,
     )
 
 

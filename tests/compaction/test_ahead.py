@@ -87,6 +87,7 @@ def test_preparing_is_asked_past_the_share_with_the_llm_summarizer_only() -> Non
         dataclasses.replace(PROFILE, summarizer="extractive"),
         dataclasses.replace(PROFILE, precompute_share=0.0),
         dataclasses.replace(PROFILE, precompute_share=0.9),
+        dataclasses.replace(PROFILE, strategy="mask"),
     ):
         assert not decide(_conversation(past), other, BUDGET).prepare, other
 

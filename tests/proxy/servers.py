@@ -272,6 +272,13 @@ class FakeUpstream:
             if r.path.endswith("/chat/completions") and _is_summary_request(r.json())
         ]
 
+    def summary_rounds(self, gap: float) -> int:
+        """How many times a summary was asked for: a compaction whose tail starts
+        inside a turn asks for two at once (the summary, and a note on the
+        turn's first steps); calls less than ``gap`` seconds apart count once."""
+        times = [r.at for r in self.summary_requests]
+        return sum(1 for i, at in enumerate(times) if i == 0 or at - times[i - 1] > gap)
+
     @property
     def summary_prompts(self) -> list[str]:
         """The text of every summary request, exactly as the summarizer read it."""

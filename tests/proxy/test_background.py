@@ -35,14 +35,6 @@ WAITED = SUMMARY_DELAY / 2
 COMPACTED = ("pruned", "condensed", "truncated")
 
 
-def _rounds(upstream: FakeUpstream) -> int:
-    """How many times a summary was asked for. A compaction whose tail starts
-    inside a turn asks for two at once (the summary, and a note on the turn's
-    first steps): calls that arrive together count once."""
-    times = [r.at for r in upstream.summary_requests]
-    return sum(1 for i, at in enumerate(times) if i == 0 or at - times[i - 1] > SUMMARY_DELAY / 4)
-
-
 def _start(messages: str = "Make the test suite pass.") -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": "You are a coding agent."},
@@ -98,7 +90,7 @@ def test_a_100_turn_session_waits_for_the_summarizer_at_most_once(
     compactions = [i for i, stage in enumerate(stages) if stage in COMPACTED]
     waited = [i for i, seconds in enumerate(took) if seconds >= WAITED]
     calls = len(upstream.summary_requests)
-    summaries = _rounds(upstream)
+    summaries = upstream.summary_rounds(gap=SUMMARY_DELAY / 4)
     prepared = [i for i in compactions if precomputed[i]]
     print(
         f"\n100 turns, summarizer {SUMMARY_DELAY} s: {len(compactions)} compactions at "
