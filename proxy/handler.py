@@ -324,11 +324,13 @@ async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key:
         "checkpoint": prepared.checkpoint.id if prepared.checkpoint else None,
         "notes": list(result.notes),
     }
-    return Response(
-        orjson.dumps({"messages": prepared.messages, "report": report}),
-        media_type="application/json",
-        headers=prepared.headers(),
-    )
+    try:
+        # The messages sit a level deeper here than in the request: a body
+        # nested to the parser's limit cannot be written back.
+        answer = orjson.dumps({"messages": prepared.messages, "report": report})
+    except orjson.JSONEncodeError as exc:
+        raise too_deep(exc) from exc
+    return Response(answer, media_type="application/json", headers=prepared.headers())
 
 
 async def _send(call: Call, body: bytes) -> UpstreamResponse:

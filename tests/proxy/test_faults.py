@@ -488,6 +488,11 @@ def test_bad_bodies_never_get_a_5xx(fake: tuple[FakeUpstream, str]) -> None:
         @example(
             raw=b'{"messages": [{"role": "user", "content": ' + b"[" * 300 + b"]" * 300 + b"}]}"
         )
+        # Just inside the parser's nesting limit: the preview, which writes the
+        # messages a level deeper, answered a 500 (found by this test).
+        @example(
+            raw=b'{"messages": [{"role": "user", "content": ' + b"[" * 252 + b"]" * 252 + b"}]}"
+        )
         @example(raw=b'{"messages": [{"role": "tool", "tool_call_id": 1, "content": "x"}]}')
         @example(raw=b'{"model": "tiny", "max_tokens": 100000000000000000000, "messages": []}')
         def post(raw: bytes) -> None:
