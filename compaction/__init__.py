@@ -55,6 +55,7 @@ from compaction.messages import (
 )
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
+from compaction.strategies import condenses
 from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
@@ -89,6 +90,7 @@ __all__ = [
     "check_messages",
     "compact",
     "compute_budget",
+    "condenses",
     "decide",
     "encoding_for_model",
     "execute",

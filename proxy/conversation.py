@@ -46,6 +46,7 @@ from compaction import (
     Summarizer,
     ahead,
     calibrated_budget,
+    condenses,
     decide,
     execute,
     forwarded,
@@ -55,7 +56,6 @@ from compaction import (
     requested_output_tokens,
     text_size,
 )
-from compaction.strategies import condenses
 from config import ModelConfig
 from proxy import steering
 from proxy.state import ProxyState
