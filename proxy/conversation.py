@@ -170,7 +170,7 @@ async def prepare(
         state, conversation, config, profile, budget, reason, summarizer, instructions, owner
     )
     decision = await job.decide()
-    job, decision = await steering.steer(job, decision)  # the session's own settings
+    job, decision = await steering.steer(job, decision, preview=not store)  # its settings
     if not store:  # the preview: run everything, remember nothing
         result = await _execute(job, decision)
         return Prepared(

@@ -39,14 +39,18 @@ MAX_INSTRUCTIONS_CHARS: Final = 4_000
 _OWNER_SEARCH: Final = 1_000
 
 
-async def steer(job: _Job, decision: Decision, *, ahead: bool = False) -> tuple[_Job, Decision]:
+async def steer(
+    job: _Job, decision: Decision, *, ahead: bool = False, preview: bool = False
+) -> tuple[_Job, Decision]:
     """``job`` and ``decision`` as the session's settings have them (module doc).
 
-    ``ahead``: ``decision`` is a compaction prepared in the background.
+    ``ahead``: ``decision`` is a compaction prepared in the background;
+    ``preview``: nothing will be done (a pending "compact now" stays pending).
     """
     state, session = job.state, job.conversation.session
     if not ahead and state.compact_now and (job.owner, session) in state.compact_now:
-        state.compact_now.discard((job.owner, session))
+        if not preview:
+            state.compact_now.discard((job.owner, session))
         job = dataclasses.replace(job, reason="manual")
         decision = await job.decide()
     wanted = decision.prepare if ahead else decision.action == "compact"

@@ -197,6 +197,14 @@ def test_compact_now_compacts_the_next_request_as_compact_would(
     response = httpx.post(f"{url}/compaction/sessions/{session}/compact", headers=_auth(ALICE))
     assert response.status_code == 202
     later = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
+    # A preview shows it and leaves it pending.
+    preview = httpx.post(
+        f"{url}/compaction/preview",
+        json={"model": "gpt-4o", "messages": later},
+        headers=_auth(ALICE),
+        timeout=60,
+    )
+    assert preview.json()["report"]["reason"] == "manual"
     compacted = _chat(url, later)
     assert compacted.headers["x-compaction-reason"] == "manual"
     assert compacted.headers["x-compaction-stage"] != "none"
