@@ -59,6 +59,10 @@ class Checkpoint:
     #: conversation stays under its trigger — the forwarded bytes do not change
     #: between compactions — and becomes the next compaction when it crosses it.
     precomputed: bool = False
+    #: For a precomputed one: :func:`replacement_digest` of the checkpoint it
+    #: was prepared over. If that one has changed since (its summary edited),
+    #: the preparation is stale and never applied.
+    prepared_over: str = ""
     #: Drawn by the caller (the store's owner): the library draws no ids
     #: and reads no clock.
     id: str = field(kw_only=True)
@@ -157,6 +161,14 @@ def session_key(messages: Sequence[Message]) -> str:
         if message.get("role") not in HEAD_ROLES:
             return hashlib.blake2b(normalize(message), digest_size=8).hexdigest()
     return "empty"
+
+
+def replacement_digest(checkpoint: Checkpoint | None) -> str:
+    """Identifies what ``checkpoint`` replaces its span with ("" for none)."""
+    if checkpoint is None:
+        return ""
+    raw = orjson.dumps(list(checkpoint.replacement), default=repr)
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def find_checkpoint(

@@ -29,7 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from compaction.checkpoints import Checkpoint, apply_checkpoint, find_checkpoint
+from compaction.checkpoints import (
+    Checkpoint,
+    apply_checkpoint,
+    find_checkpoint,
+    replacement_digest,
+)
 from compaction.conversation import Conversation
 from compaction.messages import PairingProblem
 from compaction.profile import Budget, Profile, compute_budget
@@ -196,6 +201,14 @@ def decide(
     if found is not None:
         state = _applied(conversation, found, notes) or state
     covered = state.checkpoint.covered if state.checkpoint is not None else 0
+    prepared = _usable(
+        find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered),
+        budget,
+        notes,
+    )
+    if prepared is not None and prepared.prepared_over != replacement_digest(state.checkpoint):
+        notes.append(f"checkpoint {prepared.id} was prepared over an earlier version")
+        prepared = None
     tokens = sum(state.counts) + conversation.overhead
     fixed, prepare = 0, False
     action: Action = "compact"
@@ -206,14 +219,12 @@ def decide(
             and condenses(profile)
             and profile.precompute_share > 0
             and tokens > profile.precompute_share * budget.trigger
-            and find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered)
-            is None
+            and prepared is None
         )
     else:
         ready = None
         if reason == "threshold" and tokens > budget.trigger:
-            found = find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered)
-            ready = _applied(conversation, found, notes) if _usable(found, budget, notes) else None
+            ready = _applied(conversation, prepared, notes)
         if ready is not None and ready.fits_under(conversation, budget):
             state, tokens = ready, sum(ready.counts) + conversation.overhead
             fixed = len(ready.replacement) if tokens > budget.trigger else 0

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction.checkpoints import Checkpoint
+from compaction.checkpoints import Checkpoint, replacement_digest
 from compaction.condenser import condense, plan_condense, summary_budget
 from compaction.conversation import Conversation
 from compaction.decide import Decision
@@ -453,6 +453,7 @@ def new_checkpoint(
     model: str = "",
     window: int = 0,
     precomputed: bool = False,
+    base: Checkpoint | None = None,
 ) -> Checkpoint | None:
     """The checkpoint to store for ``result``, in the client's own terms, or
     ``None`` when the result replaced nothing that a later request can reuse.
@@ -461,6 +462,8 @@ def new_checkpoint(
     with an applied checkpoint's replacement or hold results a repair
     added; it is found in the client's messages by the first message it
     keeps, which must be the client's own (not an earlier replacement's).
+    A ``precomputed`` one (prepared ahead) records which version of ``base``,
+    the checkpoint in use, it was prepared over.
     """
     span = result.span
     if span is None:
@@ -483,6 +486,7 @@ def new_checkpoint(
         window=window,
         progress_ok=progress_ok,
         precomputed=precomputed,
+        prepared_over=replacement_digest(base) if precomputed else "",
         id=id,
         created_at=created_at,
     )

@@ -273,7 +273,9 @@ async def _ahead(job: _Job, plan: Decision) -> str:
         return "not_needed"
     # A summary the model failed to write fell back to extractive, as it would
     # have at the trigger: kept too, so the model is not asked twice.
-    made = _checkpoint_of(job, result, precomputed=True) if result.stage == "condensed" else None
+    made = None
+    if result.stage == "condensed":
+        made = _checkpoint_of(job, result, precomputed=True, base=plan.checkpoint)
     if made is None:
         await emit(
             "compaction.failed",
@@ -350,7 +352,11 @@ class _Job:
 
 
 def _checkpoint_of(
-    job: _Job, result: CompactionResult, *, precomputed: bool = False
+    job: _Job,
+    result: CompactionResult,
+    *,
+    precomputed: bool = False,
+    base: Checkpoint | None = None,
 ) -> Checkpoint | None:
     shrink = 1 - result.tokens_after / max(result.tokens_before, 1)
     return new_checkpoint(
@@ -362,6 +368,7 @@ def _checkpoint_of(
         model=job.config.model,
         window=job.budget.context_window,
         precomputed=precomputed,
+        base=base,
     )
 
 

@@ -40,13 +40,18 @@ def _step(i: int) -> list[dict[str, Any]]:
     return tool_group("bash", {"command": f"ls {i}"}, f"file_{i}.py " * 60)
 
 
-def _grown_to(share: float, start: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """A session grown step by step to just past ``share`` of the trigger."""
+def _grown_to(
+    share: float,
+    start: list[dict[str, Any]] | None = None,
+    stored: dict[str, Checkpoint] | None = None,
+) -> list[dict[str, Any]]:
+    """A session grown step by step to just past ``share`` of the trigger (with
+    ``stored`` applied)."""
     messages = start or [system(), user("Fix the bug.")]
-    i = 0
-    while _conversation(messages).tokens <= share * BUDGET.trigger:
-        messages = [*messages, *_step(i)]
-        i += 1
+    while decide(_conversation(messages), PROFILE, BUDGET, stored=stored).tokens <= (
+        share * BUDGET.trigger
+    ):
+        messages = [*messages, *_step(len(messages))]
     return messages
 
 
@@ -92,11 +97,11 @@ def test_preparing_is_asked_past_the_share_with_the_llm_summarizer_only() -> Non
         assert not decide(_conversation(past), other, BUDGET).prepare, other
 
 
-def _crossing(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _crossing(
+    messages: list[dict[str, Any]], stored: dict[str, Checkpoint] | None = None
+) -> list[dict[str, Any]]:
     """``messages`` grown step by step until just past the trigger."""
-    while _conversation(messages).tokens <= BUDGET.trigger:
-        messages = [*messages, *_step(len(messages))]
-    return messages
+    return _grown_to(1.0, messages, stored)
 
 
 def test_a_prepared_compaction_applied_leaves_what_one_made_at_the_trigger_would() -> None:
@@ -197,3 +202,36 @@ def test_the_prepared_summary_is_the_models() -> None:
     assert model.calls == 1 and result.summarizer_used == "llm"
     texts = [m.get("content") for m in prepared.replacement]
     assert any(isinstance(t, str) and summary_body(t).startswith("## Goal") for t in texts)
+
+
+def test_a_preparation_over_a_summary_since_edited_is_never_applied() -> None:
+    # A first compaction, in use; then a preparation over it.
+    messages = _grown_to(0.85)
+    first, _ = _prepare(messages, _Model())
+    in_use = dataclasses.replace(first, precomputed=False, prepared_over="", id="c")
+    grown = _grown_to(0.85, messages, _stored(in_use))
+    conversation = _conversation(grown)
+    decision = decide(conversation, PROFILE, BUDGET, stored=_stored(in_use))
+    assert decision.checkpoint is in_use and decision.prepare
+    result = asyncio.run(execute(conversation, ahead(conversation, decision), _Model()))
+    second = new_checkpoint(
+        conversation,
+        result,
+        id="p2",
+        created_at=1.0,
+        progress_ok=True,
+        precomputed=True,
+        base=in_use,
+    )
+    assert second is not None and second.covered > in_use.covered
+    # The user edits the summary in use (the dashboard's PUT).
+    edited = dataclasses.replace(
+        in_use, replacement=({"role": "user", "content": "edited by hand"},)
+    )
+    crossing = _conversation(_crossing(grown, _stored(in_use)))
+    for base, applied in ((in_use, True), (edited, False)):
+        stored = {**_stored(base), **_stored(second)}
+        decision = decide(crossing, PROFILE, BUDGET, stored=stored)
+        assert (decision.checkpoint is second) is applied
+    under = decide(conversation, PROFILE, BUDGET, stored={**_stored(edited), **_stored(second)})
+    assert under.prepare, "a stale preparation does not stop a new one"

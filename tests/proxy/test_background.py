@@ -114,15 +114,20 @@ def test_a_100_turn_session_waits_for_the_summarizer_at_most_once(
 
 
 def _into_the_zone(
-    send: Any, upstream: FakeUpstream, rng: random.Random, history: list[dict[str, Any]]
+    send: Any,
+    upstream: FakeUpstream,
+    rng: random.Random,
+    history: list[dict[str, Any]],
+    asked: int = 0,
 ) -> None:
     """Grow ``history`` a turn at a time (``send`` posts it) until the proxy
-    starts preparing a compaction: the upstream is asked for a summary."""
+    starts preparing a compaction: the upstream is asked for a summary (more
+    than ``asked`` in all)."""
     for i in range(200):
-        history.extend(shell_step(rng, i))
+        history.extend(shell_step(rng, len(history) + i))
         send(history)
         time.sleep(0.05)  # the agent's own pause; the preparation starts meanwhile
-        if upstream.summary_requests:
+        if len(upstream.summary_requests) > asked:
             return
     raise AssertionError("the conversation never came near its trigger")
 
@@ -130,8 +135,8 @@ def _into_the_zone(
 def _over_the_trigger(
     client: httpx.Client, url: str, rng: random.Random, history: list[dict[str, Any]]
 ) -> httpx.Response:
-    for i in range(200, 400):
-        history.extend(shell_step(rng, i))
+    for i in range(200):
+        history.extend(shell_step(rng, len(history) + i))
         response = _post(client, url, history)
         if response.headers["x-compaction-stage"] != "none":
             return response
@@ -236,3 +241,30 @@ def test_a_client_leaving_does_not_cancel_the_preparation(
     _into_the_zone(abandon, upstream, random.Random(6), _start())
     _wait_for(lambda: _prepared(url))
     assert len(upstream.summary_requests) == 1
+
+
+def test_a_summary_edited_after_a_preparation_is_not_lost_to_it(
+    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+) -> None:
+    upstream, url, rng, history = _prepared_session(fake, start_proxy, 9)
+    with httpx.Client(timeout=60) as client:
+        first = _over_the_trigger(client, url, rng, history)
+        in_use = first.headers["x-compaction-id"]
+        # The next compaction is prepared over the summary in use…
+        before = len(upstream.summary_requests)
+        _into_the_zone(lambda h: _post(client, url, h), upstream, rng, history, before)
+        _wait_for(
+            lambda: (
+                sum(e["background"] and e["type"] == "context.compacted" for e in _events(url)) == 2
+            )
+        )
+        stale = [e for e in _events(url) if e["type"] == "context.compacted"][-1]
+        # …then the user corrects that summary.
+        edit = client.put(
+            f"{url}/compaction/checkpoints/{in_use}", json={"summary": "EDITED BY HAND"}
+        )
+        assert edit.status_code == 200, edit.text
+        response = _over_the_trigger(client, url, rng, history)
+
+    assert response.headers.get("x-compaction-precomputed") != stale["checkpoint_id"]
+    assert "EDITED BY HAND" in upstream.summary_prompts[-1]
