@@ -1,10 +1,6 @@
-"""Work started by a request that outlives it: compactions prepared ahead of need.
-
-With the llm summarizer, the turn that crosses the trigger would wait for a
-model's summary, seconds with real models. Instead, once a forwarded request
-passes ``precompute_share`` of its trigger (:attr:`compaction.Decision.prepare`),
-:mod:`proxy.conversation` starts the compaction the conversation will need,
-here, in a task of its own. This module keeps those tasks:
+"""Work started by a request that outlives it: the compactions prepared ahead
+of need (:mod:`proxy.ahead`), each in a task of its own. This module keeps
+those tasks:
 
 * **single flight** — at most one task per conversation span in this process
   (:meth:`Background.start` refuses a second); across replicas the task takes

@@ -15,21 +15,18 @@ the I/O around it:
 5. the result is stored as a checkpoint with the messages it replaced.
 
 Ahead of need (the llm summarizer): a forward past ``precompute_share`` of
-the trigger starts :func:`_prepare_ahead` in the background
-(:mod:`proxy.background`): it stores the compaction the conversation will
-need as a *precomputed* checkpoint, which the request crossing the trigger
-applies instead of waiting for a model. That request waits only for a
-preparation still running for its span, never asks the model twice.
+the trigger starts :func:`proxy.ahead.prepare_ahead` in the background: it
+stores the compaction the conversation will need as a *precomputed*
+checkpoint, which the request crossing the trigger applies instead of waiting
+for a model. That request waits only for a preparation still running for its
+span, never asks the model twice. :mod:`proxy.compacting` runs a compaction
+for both.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import hashlib
 import logging
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,25 +38,19 @@ from compaction import (
     Conversation,
     Decision,
     Message,
-    Profile,
     Reason,
     Summarizer,
-    ahead,
     calibrated_budget,
-    condenses,
-    decide,
-    execute,
     forwarded,
-    new_checkpoint,
     read_conversation,
     read_conversation_async,
     requested_output_tokens,
-    text_size,
 )
 from config import ModelConfig
 from proxy import steering
+from proxy.ahead import prepare_ahead, prepares_ahead, span_key
+from proxy.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
 from proxy.state import ProxyState
-from proxy.stores import Event, EventType
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
@@ -166,25 +157,23 @@ async def prepare(
         )
     if budget is None:
         budget = calibrated_budget(profile, requested_output_tokens(body), state.ratio(config))
-    job = _Job(
-        state, conversation, config, profile, budget, reason, summarizer, instructions, owner
-    )
+    job = Job(state, conversation, config, profile, budget, reason, summarizer, instructions, owner)
     decision = await job.decide()
     job, decision = await steering.steer(job, decision, preview=not store)  # its settings
     if not store:  # the preview: run everything, remember nothing
-        result = await _execute(job, decision)
+        result = await run_plan(job, decision)
         return Prepared(
             result.messages, _untouched(conversation, result), result, decision.checkpoint
         )
     if decision.action == "forward":
-        span = _span_key(conversation, decision.checkpoint)
+        span = span_key(conversation, decision.checkpoint)
         if decision.prepare and summarizer is not None and span is not None:
-            state.background.start(span, _prepare_ahead(job, span))
+            state.background.start(span, prepare_ahead(job, span))
         return _forward(conversation, decision)
     ttl = state.settings.store.lock_ttl_seconds
-    span = _span_key(conversation, decision.checkpoint)
+    span = span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed
-    if span is not None and not ready and _prepares_ahead(job):
+    if span is not None and not ready and prepares_ahead(job):
         # A compaction being prepared for this span (here or by another
         # replica, which holds the span's lock) is waited for, not redone.
         await state.background.wait(span)
@@ -197,122 +186,12 @@ async def prepare(
         if decision.action == "forward":
             return _forward(conversation, decision)
         prepared = await _run(job, decision)
-    span = _span_key(conversation, prepared.checkpoint)
-    if prepared.checkpoint is not None and span is not None and _prepares_ahead(job):
+    span = span_key(conversation, prepared.checkpoint)
+    if prepared.checkpoint is not None and span is not None and prepares_ahead(job):
         # Left near the trigger, the conversation may need its next compaction
         # soon: the job asks the store and prepares it if so.
-        state.background.start(span, _prepare_ahead(job, span))
+        state.background.start(span, prepare_ahead(job, span))
     return prepared
-
-
-def _span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
-    """Names the span a compaction prepared ahead would cover: what follows the
-    checkpoint in use (or the head), in this session (the chain starts after
-    the head, which holds the task). The chain is seeded with the caller's
-    scope, so no two callers share a key."""
-    if base is not None:
-        return f"precompute:{conversation.session}:{base.end_hash}"
-    if not conversation.chain:
-        return None
-    return f"precompute:{conversation.session}:{conversation.chain[0]}"
-
-
-def _prepares_ahead(job: _Job) -> bool:
-    """Whether compactions of ``job``'s conversation are prepared in the background."""
-    profile = job.profile
-    return (
-        job.reason == "threshold"
-        and job.summarizer is not None
-        and profile.summarizer == "llm"
-        and condenses(profile)
-        and profile.precompute_share > 0
-    )
-
-
-async def _prepare_ahead(job: _Job, span: str) -> None:
-    """Prepare the compaction ``job``'s conversation will need at its trigger,
-    and store it as a precomputed checkpoint (see the module docstring).
-
-    Events are written only once the model is asked: when pruning will do at
-    the trigger, nothing is prepared and nothing recorded.
-    """
-    state = job.state
-    outcome = "cancelled"
-    try:
-        async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
-            decision = await job.decide()  # prepared or compacted meanwhile?
-            job, decision = await steering.steer(job, decision, ahead=True)
-            if decision.action != "forward" or not decision.prepare:
-                outcome = "superseded"
-                return
-            outcome = await _ahead(job, ahead(job.conversation, decision))
-    finally:
-        state.metrics.background.labels(outcome).inc()
-
-
-async def _ahead(job: _Job, plan: Decision) -> str:
-    """Run ``plan`` (:func:`compaction.ahead`) and store its result; the outcome's name."""
-    state, conversation = job.state, job.conversation
-    emit = _Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
-    announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
-    try:
-        result = await _execute(dataclasses.replace(job, summarizer=announcing), plan)
-    except asyncio.CancelledError:
-        if announcing is not None and announcing.called:
-            await emit("compaction.failed", error="cancelled at shutdown", background=True)
-        raise
-    except Exception as exc:
-        if announcing is not None and announcing.called:
-            await emit(
-                "compaction.failed",
-                error=f"{type(exc).__name__}: {exc}"[:1000],
-                background=True,
-            )
-        return "failed"
-    if announcing is None or not announcing.called:
-        return "not_needed"
-    # A summary the model failed to write fell back to extractive, as it would
-    # have at the trigger: kept too, so the model is not asked twice.
-    made = None
-    if result.stage == "condensed":
-        made = _checkpoint_of(job, result, precomputed=True, base=plan.checkpoint)
-    if made is None:
-        await emit(
-            "compaction.failed",
-            error=f"nothing to prepare: the compaction ended {result.stage}",
-            notes=tuple(note[:500] for note in result.notes[:20]),
-            background=True,
-        )
-        return "failed"
-    head = conversation.head
-    await state.store.put(made, conversation.messages[head : head + made.covered], owner=job.owner)
-    await emit(
-        "context.compacted",
-        stage=result.stage,
-        tokens_before=result.tokens_before,
-        tokens_after=result.tokens_after,
-        replaced_hashes=tuple(conversation.chain[: made.covered]),
-        checkpoint_id=made.id,
-        notes=tuple(note[:500] for note in result.notes[:20]),
-        background=True,
-    )
-    return "prepared"
-
-
-class _Announcing:
-    """A summarizer that records the compaction's start when first called."""
-
-    def __init__(self, summarizer: Summarizer, emit: _Emitter) -> None:
-        self._summarizer = summarizer
-        self._emit = emit
-        self.called = False
-
-    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
-        if not self.called:
-            self.called = True
-            await self._emit("compaction.queued", background=True)
-            await self._emit("compaction.started", background=True)
-        return await self._summarizer(messages, max_tokens)
 
 
 def _forward(conversation: Conversation, decision: Decision) -> Prepared:
@@ -321,75 +200,24 @@ def _forward(conversation: Conversation, decision: Decision) -> Prepared:
     return Prepared(result.messages, decision.untouched, result, decision.checkpoint)
 
 
-@dataclass(frozen=True)
-class _Job:
-    """What stays the same for one request while it is being prepared."""
-
-    state: ProxyState
-    conversation: Conversation
-    config: ModelConfig
-    profile: Profile
-    budget: Budget
-    reason: Reason
-    summarizer: Summarizer | None
-    instructions: str | None
-    owner: str
-
-    async def decide(self) -> Decision:
-        chain = self.conversation.chain
-        stored = await self.state.store.lookup(chain) if chain else {}
-        decision = decide(
-            self.conversation,
-            self.profile,
-            self.budget,
-            reason=self.reason,
-            stored=stored,
-            progress_min_ratio=self.state.settings.store.progress_min_ratio,
-        )
-        for note in decision.notes:
-            logger.warning("%s", note)
-        return decision
-
-
-def _checkpoint_of(
-    job: _Job,
-    result: CompactionResult,
-    *,
-    precomputed: bool = False,
-    base: Checkpoint | None = None,
-) -> Checkpoint | None:
-    shrink = 1 - result.tokens_after / max(result.tokens_before, 1)
-    return new_checkpoint(
-        job.conversation,
-        result,
-        id=uuid.uuid4().hex,
-        created_at=time.time(),
-        progress_ok=shrink >= job.state.settings.store.progress_min_ratio,
-        model=job.config.model,
-        window=job.budget.context_window,
-        precomputed=precomputed,
-        base=base,
-    )
-
-
 def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
     return result.messages is conversation.messages
 
 
-async def _run(job: _Job, decision: Decision) -> Prepared:
+async def _run(job: Job, decision: Decision) -> Prepared:
     """Compact with events, and store the result as a checkpoint."""
     state, conversation = job.state, job.conversation
-    emit = _Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
+    emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
     await emit("compaction.queued")
     await emit("compaction.started")
     try:
-        result = await _execute(job, decision)
+        result = await run_plan(job, decision)
     except Exception as exc:
         await emit("compaction.failed", error=f"{type(exc).__name__}: {exc}"[:1000])
         raise
     made = None
     if result.changed:
-        made = _checkpoint_of(job, result)
+        made = checkpoint_of(job, result)
         if made is not None:
             head = conversation.head
             originals = conversation.messages[head : head + made.covered]
@@ -401,7 +229,7 @@ async def _run(job: _Job, decision: Decision) -> Prepared:
         tokens_after=result.tokens_after,
         replaced_hashes=tuple(conversation.chain[: made.covered]) if made else (),
         checkpoint_id=made.id if made else None,
-        notes=tuple(note[:500] for note in result.notes[:20]),
+        notes=event_notes(result),
     )
     return Prepared(
         messages=result.messages,
@@ -409,56 +237,3 @@ async def _run(job: _Job, decision: Decision) -> Prepared:
         result=result,
         checkpoint=made or decision.checkpoint,
     )
-
-
-#: A conversation with more text than this (about 40k tokens) is compacted in
-#: a worker thread: pruning and condensing a few hundred thousand tokens is
-#: hundreds of milliseconds of CPU, during which the event loop would serve
-#: no one — with the thread, the GIL hands it back every few milliseconds.
-COMPACT_OFF_LOOP_CHARS = 160_000
-
-
-async def _execute(job: _Job, decision: Decision) -> CompactionResult:
-    summarizer = job.summarizer
-    off_loop = text_size(decision.messages) > COMPACT_OFF_LOOP_CHARS
-    if off_loop and summarizer is not None:
-        # The worker runs its own event loop; the summarizer's HTTP client
-        # belongs to this one, so its calls are sent back here to run.
-        summarizer = _OnLoop(summarizer, asyncio.get_running_loop())
-    work = execute(job.conversation, decision, summarizer, instructions=job.instructions)
-    if off_loop:
-        return await asyncio.to_thread(asyncio.run, work)
-    return await work
-
-
-class _OnLoop:
-    """A summarizer called from another thread's event loop, run on ``loop``."""
-
-    def __init__(self, summarizer: Summarizer, loop: asyncio.AbstractEventLoop) -> None:
-        self._summarizer = summarizer
-        self._loop = loop
-
-    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
-        done = asyncio.run_coroutine_threadsafe(self._summarizer(messages, max_tokens), self._loop)
-        return await asyncio.wrap_future(done)
-
-
-class _Emitter:
-    """Appends the lifecycle events of one compaction."""
-
-    def __init__(
-        self, state: ProxyState, session: str, model: str, reason: str, owner: str
-    ) -> None:
-        self._state = state
-        self._base: dict[str, Any] = {
-            "compaction_id": uuid.uuid4().hex,
-            "session": session,
-            "model": model,
-            "reason": reason,
-            "instance": state.instance,
-            "owner": owner,
-        }
-
-    async def __call__(self, kind: EventType, **fields: Any) -> None:
-        event = Event(type=kind, **self._base, **fields)
-        await self._state.store.add_event(event)

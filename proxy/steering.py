@@ -30,7 +30,7 @@ from proxy.state import ProxyState
 from proxy.stores import Event, SessionSettings
 
 if TYPE_CHECKING:
-    from proxy.conversation import _Job
+    from proxy.compacting import Job
 
 #: A summary longer than this is not a summary.
 MAX_SUMMARY_CHARS: Final = 200_000
@@ -40,8 +40,8 @@ _OWNER_SEARCH: Final = 1_000
 
 
 async def steer(
-    job: _Job, decision: Decision, *, ahead: bool = False, preview: bool = False
-) -> tuple[_Job, Decision]:
+    job: Job, decision: Decision, *, ahead: bool = False, preview: bool = False
+) -> tuple[Job, Decision]:
     """``job`` and ``decision`` as the session's settings have them (module doc).
 
     ``ahead``: ``decision`` is a compaction prepared in the background;

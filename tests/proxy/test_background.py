@@ -138,7 +138,7 @@ def _over_the_trigger(
     for i in range(200):
         history.extend(shell_step(rng, len(history) + i))
         response = _post(client, url, history)
-        if response.headers["x-compaction-stage"] != "none":
+        if response.headers["x-compaction-stage"] in COMPACTED:
             return response
     raise AssertionError("the conversation never crossed its trigger")
 
@@ -264,7 +264,10 @@ def test_a_summary_edited_after_a_preparation_is_not_lost_to_it(
             f"{url}/compaction/checkpoints/{in_use}", json={"summary": "EDITED BY HAND"}
         )
         assert edit.status_code == 200, edit.text
+        asked = len(upstream.summary_prompts)
         response = _over_the_trigger(client, url, rng, history)
 
     assert response.headers.get("x-compaction-precomputed") != stale["checkpoint_id"]
-    assert "EDITED BY HAND" in upstream.summary_prompts[-1]
+    # The summary made since folds in the edited text (a turn's note, asked
+    # at the same time, may arrive after it).
+    assert any("EDITED BY HAND" in prompt for prompt in upstream.summary_prompts[asked:])

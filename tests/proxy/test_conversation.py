@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import proxy.conversation
+import proxy.compacting
 from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_model, execute
 from compaction.checkpoints import chain_hashes, session_key
 from compaction.messages import group_messages
@@ -200,7 +200,7 @@ def _compact_recording_threads(
         compacted_in.append(threading.get_ident())
         return await execute(*args, **kwargs)
 
-    monkeypatch.setattr(proxy.conversation, "execute", recording_execute)
+    monkeypatch.setattr(proxy.compacting, "execute", recording_execute)
 
     async def run() -> _Compacted:
         state, config = _state()
