@@ -56,9 +56,14 @@ class _Loop:
     def stop(self, server: asyncio.Server) -> None:
         async def close() -> None:
             server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            # Each connection's handler closes its writer as it ends; the loop
+            # must run on until the transports have let their sockets go, or
+            # they are collected later, during another test, as unclosed.
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(0.01)
 
         self.run(close())
         self.loop.call_soon_threadsafe(self.loop.stop)
