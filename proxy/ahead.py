@@ -29,6 +29,7 @@ import dataclasses
 from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead, condenses
 from proxy import steering
 from proxy.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
+from proxy.stores import RequestRecord
 
 
 def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
@@ -81,6 +82,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
     state, conversation = job.state, job.conversation
     emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
     announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
+    spent = _tokens(job.summarizer)
     try:
         result = await run_plan(dataclasses.replace(job, summarizer=announcing), plan)
     except asyncio.CancelledError:
@@ -97,6 +99,25 @@ async def _ahead(job: Job, plan: Decision) -> str:
         return "failed"
     if announcing is None or not announcing.called:
         return "not_needed"
+    if state.recorder is not None:  # what the model was asked, for the dashboard
+        state.recorder.record(
+            RequestRecord(
+                session=conversation.session,
+                owner=job.owner,
+                model=job.config.model,
+                stage=result.stage,
+                reason=job.reason,
+                tokens_before=0,
+                tokens_after=0,
+                input_limit=0,
+                trigger=0,
+                status=0,
+                ms=0.0,
+                summarizer_calls=result.summarizer_calls,
+                summarizer_tokens=_tokens(job.summarizer) - spent,
+                background=True,
+            )
+        )
     # A summary the model failed to write fell back to extractive, as it would
     # have at the trigger: kept too, so the model is not asked twice.
     made = None
@@ -123,6 +144,12 @@ async def _ahead(job: Job, plan: Decision) -> str:
         background=True,
     )
     return "prepared"
+
+
+def _tokens(summarizer: Summarizer | None) -> int:
+    """What the proxy's summarizer (:class:`proxy.summarizer.UpstreamSummarizer`)
+    has counted so far; the request that started this job is done with it."""
+    return int(getattr(summarizer, "tokens", 0))
 
 
 class _Announcing:

@@ -49,6 +49,9 @@ class UpstreamSummarizer:
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
         self.calls = 0
+        #: Tokens the upstream's ``usage`` reported for the summaries so far
+        #: (prompt and reply), for the dashboard's figures.
+        self.tokens = 0
 
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
         body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
@@ -66,6 +69,7 @@ class UpstreamSummarizer:
             payload = orjson.loads(reply)
         except orjson.JSONDecodeError as exc:
             raise SummarizationError("summarizer reply is not JSON") from exc
+        self.tokens += reported_tokens(payload)
         return self._dialect.summary_text(payload)
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -79,6 +83,18 @@ class UpstreamSummarizer:
             return response.status, await response.read(MAX_REPLY_BYTES)
         except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+
+
+def reported_tokens(payload: Any) -> int:
+    """The tokens a reply's ``usage`` reports, prompt and reply: ``prompt_tokens`` and
+    ``completion_tokens`` (Chat Completions), ``input_tokens`` and ``output_tokens``
+    (Messages, Responses); 0 when it reports none."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    names = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
+    counts = (usage.get(name) for name in names)
+    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
 
 
 def _rejects_classic_parameters(reply: bytes) -> bool:

@@ -51,8 +51,14 @@ class RequestRecord:
     ms: float
     api: str = "chat"
     summarizer_calls: int = 0
+    #: What the upstream reported those calls cost (prompt and reply).
+    summarizer_tokens: int = 0
     checkpoint_id: str | None = None
     owner: str = ""
+    #: Not a request: a compaction prepared in the background for this session.
+    #: Its summarizer calls and tokens count; it is no request and moves no
+    #: figure of the context.
+    background: bool = False
     created_at: float = field(default_factory=time.time)
 
     @property
@@ -62,7 +68,7 @@ class RequestRecord:
 
     @property
     def saved(self) -> int:
-        return max(0, self.tokens_before - self.tokens_after)
+        return 0 if self.background else max(0, self.tokens_before - self.tokens_after)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class SessionSummary:
     compactions: int = 0
     saved: int = 0  #: tokens not sent, over all requests
     summarizer_calls: int = 0
+    summarizer_tokens: int = 0
     upstream_errors: int = 0
     #: The latest request's: the context as it stands, and its limits.
     tokens_before: int = 0
@@ -115,17 +122,24 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
                 first_at=record.created_at,
                 last_at=record.created_at,
             )
+        summary = replace(
+            summary,
+            summarizer_calls=summary.summarizer_calls + record.summarizer_calls,
+            summarizer_tokens=summary.summarizer_tokens + record.summarizer_tokens,
+        )
+        if record.background:
+            continue
         stages, reasons = dict(summary.stages), dict(summary.reasons)
         if record.compacted:
             stages[record.stage] = stages.get(record.stage, 0) + 1
             reasons[record.reason] = reasons.get(record.reason, 0) + 1
-        newest = record.created_at >= summary.last_at
+        # The first request of a session first seen through its preparation is its newest.
+        newest = summary.requests == 0 or record.created_at >= summary.last_at
         summary = replace(
             summary,
             requests=summary.requests + 1,
             compactions=summary.compactions + record.compacted,
             saved=summary.saved + record.saved,
-            summarizer_calls=summary.summarizer_calls + record.summarizer_calls,
             upstream_errors=summary.upstream_errors + (record.status >= 400),
             first_at=min(summary.first_at, record.created_at),
             stages=stages,

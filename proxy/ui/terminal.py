@@ -81,7 +81,8 @@ async def sessions_text(settings: Settings, limit: int) -> str:
     footer = (
         f"\n{totals.sessions:,} sessions, {totals.requests:,} requests, "
         f"{totals.compactions:,} compactions, {totals.saved:,} tokens saved, "
-        f"{totals.summarizer_calls:,} summarizer calls, {totals.upstream_errors:,} upstream errors"
+        f"{totals.summarizer_calls:,} summarizer calls ({totals.summarizer_tokens:,} tokens), "
+        f"{totals.upstream_errors:,} upstream errors"
     )
     return render_sessions(overview.sessions) + (footer if overview.sessions else "")
 

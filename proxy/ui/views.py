@@ -37,6 +37,7 @@ class Totals:
     compactions: int
     saved: int
     summarizer_calls: int
+    summarizer_tokens: int
     upstream_errors: int
     stages: dict[str, int]
     reasons: dict[str, int]
@@ -79,6 +80,7 @@ def totals_of(sessions: list[SessionSummary]) -> Totals:
         compactions=sum(s.compactions for s in sessions),
         saved=sum(s.saved for s in sessions),
         summarizer_calls=sum(s.summarizer_calls for s in sessions),
+        summarizer_tokens=sum(s.summarizer_tokens for s in sessions),
         upstream_errors=sum(s.upstream_errors for s in sessions),
         stages=dict(stages.most_common()),
         reasons=dict(reasons.most_common()),
@@ -96,7 +98,8 @@ async def read_session(
     """One session as ``viewer`` may see it; ``owner`` is whose settings to show
     (the viewer's own, or — for the admin — the session's recorded owner)."""
     requests = await store.requests(session, owner=viewer, limit=CHART_REQUESTS)
-    requests.reverse()
+    # The chart is of requests: a compaction prepared in the background is none.
+    requests = [r for r in reversed(requests) if not r.background]
     events = await store.events(session=session, owner=viewer, limit=SESSION_EVENTS)
     summaries = [s for s in await store.sessions(owner=viewer) if s.session == session]
     summary = summaries[0] if summaries else None

@@ -271,3 +271,26 @@ def test_a_summary_edited_after_a_preparation_is_not_lost_to_it(
     # The summary made since folds in the edited text (a turn's note, asked
     # at the same time, may arrive after it).
     assert any("EDITED BY HAND" in prompt for prompt in upstream.summary_prompts[asked:])
+
+
+def test_the_dashboard_counts_what_preparations_cost_and_no_request_for_them(
+    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+) -> None:
+    upstream, url, rng, history = _prepared_session(fake, start_proxy, 10)
+    with httpx.Client(timeout=60) as client:
+        _over_the_trigger(client, url, rng, history)
+    asked = upstream.summary_requests
+    # What the fake upstream's usage said each summary cost: its prompt count + 5.
+    cost = sum((r.prompt_tokens or 0) + 5 for r in asked)
+    sent = len(upstream.chat_requests)
+
+    def totals() -> dict[str, Any]:
+        answer = httpx.get(f"{url}/compaction/sessions", timeout=10).json()
+        sessions: list[dict[str, Any]] = answer["data"]
+        return sessions[0] if sessions else {}
+
+    _wait_for(lambda: totals().get("requests") == sent)  # the figures are written in batches
+    session = totals()
+    assert session["summarizer_calls"] == len(asked) >= 1
+    assert session["summarizer_tokens"] == cost > 0
+    assert session["requests"] == sent  # the preparation is no request

@@ -103,3 +103,20 @@ def test_reasoning_models_are_asked_again_with_max_completion_tokens() -> None:
 def test_unusable_answers_are_summarization_errors(response: Reply) -> None:
     with pytest.raises(SummarizationError):
         _summarize(lambda request, n: response)
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        ({"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}, 1500),  # Chat
+        ({"input_tokens": 900, "output_tokens": 250}, 1150),  # Messages, Responses
+        ({"input_tokens": 900, "output_tokens": 250, "total_tokens": 1150}, 1150),
+        ({"prompt_tokens": "many", "completion_tokens": True}, 0),  # not counts
+        (None, 0),
+    ],
+)
+def test_the_tokens_a_summary_cost_are_read_from_its_usage(usage: Any, tokens: int) -> None:
+    from proxy.summarizer import reported_tokens
+
+    assert reported_tokens({"usage": usage} if usage is not None else {}) == tokens
+    assert reported_tokens([]) == 0

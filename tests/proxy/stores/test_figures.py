@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from proxy.stores.figures import (
@@ -29,6 +29,8 @@ records = st.builds(
     status=st.sampled_from([200, 400, 429, 500]),
     ms=st.floats(0, 1e4),
     summarizer_calls=st.integers(0, 5),
+    summarizer_tokens=st.integers(0, 10**5),
+    background=st.booleans(),
     created_at=st.floats(1e9, 2e9),
 )
 
@@ -44,7 +46,12 @@ def test_folding_in_batches_is_folding_at_once(
 
 @given(st.lists(records, min_size=1, max_size=30))
 def test_a_summary_adds_up_its_requests(batch: list[RequestRecord]) -> None:
+    assume(not batch[0].background)  # a session starts with a request
     summary = fold(None, batch)
+    # A compaction prepared in the background costs summarizer calls, and is no request.
+    assert summary.summarizer_calls == sum(r.summarizer_calls for r in batch)
+    assert summary.summarizer_tokens == sum(r.summarizer_tokens for r in batch)
+    batch = [r for r in batch if not r.background]
     compacted = [r for r in batch if r.stage not in ("none", "reused", "untouched")]
     assert summary.requests == len(batch)
     assert summary.compactions == len(compacted) == sum(summary.stages.values())

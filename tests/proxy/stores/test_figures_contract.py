@@ -93,6 +93,35 @@ async def test_sessions_add_up_their_requests(store: Store) -> None:
     assert (summary.input_limit, summary.trigger) == (100_000, 80_000)
 
 
+async def test_a_preparation_costs_summarizer_calls_and_is_no_request(store: Store) -> None:
+    now = time.time()
+    await store.record_requests(
+        [
+            record(created_at=now - 30, summarizer_tokens=0),
+            record(
+                created_at=now - 20,
+                stage="condensed",
+                tokens_before=0,
+                tokens_after=0,
+                status=0,
+                summarizer_calls=2,
+                summarizer_tokens=4_321,
+                background=True,
+            ),
+        ]
+    )
+    await store.record_requests(
+        [record(created_at=now - 10, summarizer_calls=1, summarizer_tokens=900)]
+    )
+    [summary] = await store.sessions()
+    assert summary.requests == 2 and summary.compactions == 0
+    assert (summary.summarizer_calls, summary.summarizer_tokens) == (3, 5_221)
+    assert summary.last_at == pytest.approx(now - 10)
+    assert (summary.tokens_before, summary.tokens_after) == (1_000, 1_000)
+    kept = await store.requests("s1")
+    assert [r.background for r in kept] == [False, True, False]  # newest first
+
+
 async def test_sessions_newest_first_per_owner_with_limit(store: Store) -> None:
     now = time.time()
     await store.record_requests(
