@@ -63,6 +63,9 @@ class Call:
     original: dict[str, Any] | None = None
     mapped: Mapped | None = None
     untouchable: str | None = None
+    #: What the summarizer's calls made for this request cost, as the upstream
+    #: reported it (those of a compaction it started in the background not included).
+    summarizer_tokens: int = 0
 
     @property
     def base_url(self) -> str:

@@ -265,6 +265,11 @@ async def _prepare(
         raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
     except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
         raise too_deep(exc) from exc
+    finally:
+        # Read before anything else runs: a compaction this request started in
+        # the background uses the same summarizer, and is recorded on its own.
+        if summarizer is not None:
+            call.summarizer_tokens += summarizer.tokens
 
 
 async def _manual(call: Call, instructions: str, started: float) -> Response:

@@ -31,5 +31,6 @@ def request_record(call: Call, prepared: Prepared, status: int, ms: float) -> Re
         status=status,
         ms=ms,
         summarizer_calls=result.summarizer_calls,
+        summarizer_tokens=call.summarizer_tokens,
         checkpoint_id=prepared.checkpoint.id if prepared.checkpoint is not None else None,
     )

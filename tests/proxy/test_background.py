@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
@@ -273,10 +274,16 @@ def test_a_summary_edited_after_a_preparation_is_not_lost_to_it(
     assert any("EDITED BY HAND" in prompt for prompt in upstream.summary_prompts[asked:])
 
 
-def test_the_dashboard_counts_what_preparations_cost_and_no_request_for_them(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+@pytest.mark.parametrize("ahead", [True, False], ids=["prepared", "on-the-request-path"])
+def test_the_dashboard_counts_what_summaries_cost_and_no_request_for_a_preparation(
+    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory, ahead: bool
 ) -> None:
-    upstream, url, rng, history = _prepared_session(fake, start_proxy, 10)
+    if ahead:
+        upstream, url, rng, history = _prepared_session(fake, start_proxy, 10)
+    else:
+        upstream = fake[0]
+        url = start_proxy(models={MODEL: {**PROFILE, "precompute_share": 0}})
+        rng, history = random.Random(10), _start()
     with httpx.Client(timeout=60) as client:
         _over_the_trigger(client, url, rng, history)
     asked = upstream.summary_requests
