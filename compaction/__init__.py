@@ -39,7 +39,7 @@ from compaction.errors import (
     InvalidMessagesError,
     SummarizationError,
 )
-from compaction.execute import CompactionResult, Span, execute, forwarded, new_checkpoint
+from compaction.execute import execute
 from compaction.messages import (
     SUMMARY_MARKER,
     PairingProblem,
@@ -55,6 +55,7 @@ from compaction.messages import (
 )
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
+from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
 from compaction.strategies import condenses
 from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode

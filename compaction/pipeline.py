@@ -14,9 +14,10 @@ from typing import Any
 
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
-from compaction.execute import CompactionResult, execute
+from compaction.execute import execute
 from compaction.messages import check_messages
 from compaction.profile import Profile, requested_output_tokens
+from compaction.results import CompactionResult
 from compaction.tokens import TokenCounter, count_messages_off_loop, message_keys
 from compaction.types import Reason, Summarizer
 

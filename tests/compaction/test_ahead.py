@@ -11,9 +11,9 @@ from compaction import Profile, TokenCounter, ahead, execute
 from compaction.checkpoints import Checkpoint
 from compaction.conversation import Conversation, read_conversation
 from compaction.decide import Decision, calibrated_budget, decide
-from compaction.execute import CompactionResult, new_checkpoint
 from compaction.messages import validate_tool_pairing
 from compaction.prompts import summary_body
+from compaction.results import CompactionResult, new_checkpoint
 from tests.conftest import system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

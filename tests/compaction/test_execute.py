@@ -8,8 +8,9 @@ from typing import Any
 from compaction import Profile, TokenCounter
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
-from compaction.execute import NOTE_ROOM, execute, new_checkpoint
+from compaction.execute import NOTE_ROOM, execute
 from compaction.messages import SUMMARY_MARKER, is_summary, message_text, validate_tool_pairing
+from compaction.results import new_checkpoint
 from tests.conftest import assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

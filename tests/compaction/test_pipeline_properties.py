@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
-from compaction.execute import NOTE_ROOM, execute, new_checkpoint
+from compaction.execute import NOTE_ROOM, execute
 from compaction.messages import group_messages, head_end, tail_start
 from compaction.pruner import prune
+from compaction.results import new_checkpoint
 from compaction.strategies import PLACEHOLDER_PREFIX, mask
 from tests.synthetic import conversations
 
