@@ -56,7 +56,6 @@ from compaction.messages import (
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
-from compaction.strategies import condenses
 from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
@@ -91,7 +90,6 @@ __all__ = [
     "check_messages",
     "compact",
     "compute_budget",
-    "condenses",
     "decide",
     "encoding_for_model",
     "execute",

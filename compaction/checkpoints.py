@@ -181,16 +181,23 @@ def find_checkpoint(
     """The newest checkpoint on the chain, among ``found`` (the store's answer
     for the chain's hashes, fetched in one round trip): a compaction in use,
     or with ``precomputed`` one prepared ahead of need, covering more than
-    ``beyond`` messages."""
-    for index in range(len(chain) - 1, beyond - 1, -1):
-        checkpoint = found.get(chain[index])
+    ``beyond`` messages.
+
+    One that covers ``covered`` messages is on the chain when its hash is
+    ``chain[covered - 1]``; the store's few answers are looked at, not the
+    chain's every link (a request with no checkpoint costs nothing here).
+    """
+    newest: Checkpoint | None = None
+    for end_hash, checkpoint in found.items():
+        covered = checkpoint.covered
         if (
-            checkpoint is not None
-            and checkpoint.covered == index + 1
-            and checkpoint.precomputed == precomputed
+            checkpoint.precomputed == precomputed
+            and beyond < covered <= len(chain)
+            and chain[covered - 1] == end_hash
+            and (newest is None or covered > newest.covered)
         ):
-            return checkpoint
-    return None
+            newest = checkpoint
+    return newest
 
 
 def apply_checkpoint(

@@ -38,7 +38,6 @@ from compaction.checkpoints import (
 from compaction.conversation import Conversation
 from compaction.messages import PairingProblem
 from compaction.profile import Budget, Profile, compute_budget
-from compaction.strategies import condenses
 from compaction.types import Message, Reason
 
 #: Bounds of a learned ratio: beyond them a sample is a misreading (a
@@ -215,9 +214,7 @@ def decide(
     if reason == "threshold" and tokens <= budget.trigger and not state.problems:
         action = "forward"
         prepare = (
-            profile.summarizer == "llm"
-            and condenses(profile)
-            and profile.precompute_share > 0
+            profile.prepares_ahead
             and tokens > profile.precompute_share * budget.trigger
             and prepared is None
         )

@@ -270,6 +270,13 @@ class Profile:
         metadata=_about("Tool-name words that mean a file was modified (for the file lists)."),
     )
 
+    @property
+    def prepares_ahead(self) -> bool:
+        """Whether its compactions are prepared in the background: the llm
+        summarizer (the others never make a turn wait), a strategy that
+        summarizes (``mask`` never does) and a ``precompute_share``."""
+        return self.summarizer == "llm" and self.strategy != "mask" and self.precompute_share > 0
+
     def __post_init__(self) -> None:
         for declared in fields(self):
             bounds: Bounds | None = declared.metadata["bounds"]

@@ -39,7 +39,7 @@ from pydantic import SecretStr
 
 from proxy.errors import NotFound, Unauthorized
 from proxy.guards import KEY_IN_AUTHORIZATION
-from proxy.state import ProxyState
+from proxy.state import state_of
 from proxy.stores import DEFAULT_EVENTS_LIMIT, to_dict
 from proxy.upstream import ADMIN_KEY_HEADER, AUTH_HEADERS
 
@@ -95,18 +95,13 @@ def viewer(request: Request, admin_key: SecretStr | None) -> str | None:
     return None
 
 
-def _state(request: Request) -> ProxyState:
-    state: ProxyState = request.app.state.proxy
-    return state
-
-
 def state_routes() -> APIRouter:
     """The routes that read the store, each answering with the caller's own state."""
     router = APIRouter(prefix="/v1/compaction")
 
     @router.get("/checkpoints/{checkpoint_id}")
     async def checkpoint(checkpoint_id: str, request: Request) -> Response:
-        state = _state(request)
+        state = state_of(request)
         owner = viewer(request, state.settings.server.admin_key)
         found = await state.store.get(checkpoint_id, owner=owner)
         if found is None:  # also another owner's: its existence is not revealed
@@ -121,7 +116,7 @@ def state_routes() -> APIRouter:
         session: str | None = None,
         limit: int = Query(DEFAULT_EVENTS_LIMIT, ge=1, le=MAX_EVENTS_LIMIT),
     ) -> Response:
-        state = _state(request)
+        state = state_of(request)
         owner = viewer(request, state.settings.server.admin_key)
         found = await state.store.events(session=session, limit=limit, owner=owner)
         body = {"object": "list", "data": [to_dict(event) for event in found]}

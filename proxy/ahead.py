@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead, condenses
+from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
 from proxy import steering
 from proxy.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
 from proxy.stores import RequestRecord
@@ -46,14 +46,7 @@ def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
 
 def prepares_ahead(job: Job) -> bool:
     """Whether compactions of ``job``'s conversation are prepared in the background."""
-    profile = job.profile
-    return (
-        job.reason == "threshold"
-        and job.summarizer is not None
-        and profile.summarizer == "llm"
-        and condenses(profile)
-        and profile.precompute_share > 0
-    )
+    return job.reason == "threshold" and job.summarizer is not None and job.profile.prepares_ahead
 
 
 async def prepare_ahead(job: Job, span: str) -> None:

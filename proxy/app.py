@@ -43,7 +43,7 @@ from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.metrics import Metrics
 from proxy.paths import forward_url, raw_path_of
 from proxy.recorder import Recorder
-from proxy.state import ProxyState, build_transport
+from proxy.state import ProxyState, build_transport, state_of
 from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.transport import Transport
 from proxy.ui import DashboardRoute
@@ -173,10 +173,6 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
     )
-
-    def state_of(request: Request) -> ProxyState:
-        proxy_state: ProxyState = request.app.state.proxy
-        return proxy_state
 
     def key_in_authorization(request: Request) -> bool:
         return bool(request.scope.get(KEY_IN_AUTHORIZATION, False))

@@ -64,6 +64,7 @@ class Prepared:
     untouched: bool
     result: CompactionResult
     checkpoint: Checkpoint | None  #: made or used
+    session: str  #: which conversation (:attr:`compaction.Conversation.session`)
 
     @property
     def stage(self) -> str:
@@ -162,13 +163,15 @@ async def prepare(
     job, decision = await steering.steer(job, decision, preview=not store)  # its settings
     if not store:  # the preview: run everything, remember nothing
         result = await run_plan(job, decision)
+        untouched = _untouched(conversation, result)
         return Prepared(
-            result.messages, _untouched(conversation, result), result, decision.checkpoint
+            result.messages, untouched, result, decision.checkpoint, conversation.session
         )
     if decision.action == "forward":
-        span = span_key(conversation, decision.checkpoint)
-        if decision.prepare and summarizer is not None and span is not None:
-            state.background.start(span, prepare_ahead(job, span))
+        if decision.prepare and summarizer is not None:
+            span = span_key(conversation, decision.checkpoint)
+            if span is not None:
+                state.background.start(span, prepare_ahead(job, span))
         return _forward(conversation, decision)
     ttl = state.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
@@ -179,7 +182,6 @@ async def prepare(
         await state.background.wait(span)
         async with state.store.lock(span, ttl):
             pass
-        decision = await job.decide()
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with state.store.lock(key, ttl):
         decision = await job.decide()  # another request may have just compacted it
@@ -197,7 +199,9 @@ async def prepare(
 def _forward(conversation: Conversation, decision: Decision) -> Prepared:
     """A request forwarded as it is, or over its stored compaction: no lock, no write."""
     result = forwarded(conversation, decision)
-    return Prepared(result.messages, decision.untouched, result, decision.checkpoint)
+    return Prepared(
+        result.messages, decision.untouched, result, decision.checkpoint, conversation.session
+    )
 
 
 def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
@@ -236,4 +240,5 @@ async def _run(job: Job, decision: Decision) -> Prepared:
         untouched=_untouched(conversation, result),
         result=result,
         checkpoint=made or decision.checkpoint,
+        session=conversation.session,
     )

@@ -6,7 +6,6 @@ handler's types, which the state must not import.
 
 from __future__ import annotations
 
-from compaction import session_key
 from proxy.call import Call
 from proxy.conversation import Prepared
 from proxy.stores import RequestRecord
@@ -15,10 +14,8 @@ from proxy.stores import RequestRecord
 def request_record(call: Call, prepared: Prepared, status: int, ms: float) -> RequestRecord:
     """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
     result = prepared.result
-    conversation = call.identified
-    session = conversation.session if conversation is not None else session_key(call.messages)
     return RequestRecord(
-        session=session,
+        session=prepared.session,
         owner=call.owner,
         model=call.config.model,
         api=call.dialect.name,

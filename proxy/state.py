@@ -12,6 +12,8 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
+from starlette.requests import HTTPConnection
+
 from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
 from config import ModelConfig, ModelResolver, Settings
 from proxy.background import Background
@@ -145,6 +147,12 @@ class ProxyState:
         """The key in the variable ``env`` (a model's ``api_key_env`` or
         ``anthropic_api_key_env``), used only when a client sends none."""
         return (os.environ.get(env) or None) if env else None
+
+
+def state_of(request: HTTPConnection) -> ProxyState:
+    """The running proxy's state, from a request to its app (set in the lifespan)."""
+    state: ProxyState = request.app.state.proxy
+    return state
 
 
 def calibration_key(config: ModelConfig) -> str:

@@ -48,7 +48,13 @@ import orjson
 
 from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
-from proxy.dialects.anthropic_pairing import is_result, keep_pairing, pairing_problems
+from proxy.dialects.anthropic_pairing import (
+    as_json,
+    is_result,
+    keep_pairing,
+    pairing_problems,
+    text_block,
+)
 from proxy.dialects.base import Mapped, origin_of, rebuild
 from proxy.errors import BadRequest
 
@@ -268,7 +274,7 @@ def _assistant(content: Any) -> Message:
             {
                 "id": b.get("id"),
                 "type": "function",
-                "function": {"name": b.get("name"), "arguments": _json(b.get("input", {}))},
+                "function": {"name": b.get("name"), "arguments": as_json(b.get("input", {}))},
             }
             for b in content
             if isinstance(b, dict) and b.get("type") == "tool_use"
@@ -344,12 +350,8 @@ def _uncut(content: Any) -> str:
         elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
             texts.append(block["data"])
         else:
-            texts.append(_json(block))
+            texts.append(as_json(block))
     return "\n".join(texts)
-
-
-def _json(value: Any) -> str:
-    return orjson.dumps(value, default=repr).decode()
 
 
 # --- engine → request --------------------------------------------------------
@@ -426,7 +428,7 @@ def _assistant_content(content: Any, message: Message) -> Any:
 def _tool_use(block: dict[str, Any], call: dict[str, Any] | None) -> dict[str, Any]:
     function = call.get("function") if call else None
     arguments = function.get("arguments") if isinstance(function, dict) else None
-    if not isinstance(arguments, str) or arguments == _json(block.get("input", {})):
+    if not isinstance(arguments, str) or arguments == as_json(block.get("input", {})):
         return block
     try:
         parsed = orjson.loads(arguments)
@@ -459,14 +461,10 @@ def _rewrite(content: Any, new: Any) -> Any:
     out = []
     for i, block in enumerate(content):
         if i == seen[0] and text:
-            out.append({**block, "text": text} if _kind(block) == "text" else _text(text))
+            out.append({**block, "text": text} if _kind(block) == "text" else text_block(text))
         elif _kind(block) == "uncut":
             out.append(block)
     return out
-
-
-def _text(text: str) -> dict[str, Any]:
-    return {"type": "text", "text": text}
 
 
 def _created(messages: list[Message]) -> list[Any]:
@@ -477,7 +475,7 @@ def _created(messages: list[Message]) -> list[Any]:
         if message.get("role") in ("tool", "function"):
             text = f"[tool result: {text}]" if text else ""
         if text:
-            out.append({"role": "user", "content": [_text(text)]})
+            out.append({"role": "user", "content": [text_block(text)]})
     return out
 
 

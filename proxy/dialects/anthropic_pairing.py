@@ -22,11 +22,13 @@ def is_result(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_result"
 
 
-def _text(text: str) -> dict[str, Any]:
+def text_block(text: str) -> dict[str, Any]:
+    """A text block of the Messages API."""
     return {"type": "text", "text": text}
 
 
-def _json(value: Any) -> str:
+def as_json(value: Any) -> str:
+    """``value`` as JSON text (what a tool call's arguments are in the engine's terms)."""
     return orjson.dumps(value, default=repr).decode()
 
 
@@ -133,12 +135,12 @@ def _as_text(message: dict[str, Any], which: Any, names: dict[Any, Any] | None =
         if not which(block):
             content.append(block)
         elif block.get("type") == "tool_use":
-            call = f"{block.get('name')}({_json(block.get('input', {}))})"
-            content.append(_text(f"[tool call {call}]"))
+            call = f"{block.get('name')}({as_json(block.get('input', {}))})"
+            content.append(text_block(f"[tool call {call}]"))
         else:
             name = (names or {}).get(block.get("tool_use_id")) or "a tool"
             text = message_text({"content": block.get("content")}) or "(empty)"
-            content.append(_text(f"[tool result for {name}: {text}]"))
+            content.append(text_block(f"[tool result for {name}: {text}]"))
     return {**message, "content": content}
 
 

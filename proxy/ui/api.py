@@ -20,16 +20,11 @@ from fastapi.responses import Response
 from proxy import steering
 from proxy.access import viewer
 from proxy.errors import BadRequest
-from proxy.state import ProxyState
+from proxy.state import state_of
 from proxy.stores import to_dict
 from proxy.ui.views import read_overview, read_session
 
 MAX_SESSIONS: Final = 1_000
-
-
-def _state(request: Request) -> ProxyState:
-    state: ProxyState = request.app.state.proxy
-    return state
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -58,7 +53,7 @@ def api_routes() -> APIRouter:
 
     @router.put("/checkpoints/{checkpoint_id}")
     async def edit_checkpoint(checkpoint_id: str, request: Request) -> Response:
-        state = _state(request)
+        state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
         summary = _field(await _json_object(request), "summary", str)
         if summary is None:
@@ -70,7 +65,7 @@ def api_routes() -> APIRouter:
     async def sessions(
         request: Request, limit: int = Query(MAX_SESSIONS, ge=1, le=MAX_SESSIONS)
     ) -> Response:
-        state = _state(request)
+        state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
         overview = await read_overview(state.store, seen, limit=limit)
         return _json(
@@ -83,7 +78,7 @@ def api_routes() -> APIRouter:
 
     @router.get("/sessions/{session}")
     async def session(session: str, request: Request) -> Response:
-        state = _state(request)
+        state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
         owner = await steering.session_owner(state, session, seen)
         view = await read_session(state.store, session, seen, owner)
@@ -99,7 +94,7 @@ def api_routes() -> APIRouter:
 
     @router.put("/sessions/{session}/settings")
     async def settings(session: str, request: Request) -> Response:
-        state = _state(request)
+        state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
         body = await _json_object(request)
         enabled = _field(body, "enabled", bool)
@@ -112,7 +107,7 @@ def api_routes() -> APIRouter:
 
     @router.post("/sessions/{session}/compact")
     async def compact(session: str, request: Request) -> Response:
-        state = _state(request)
+        state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
         owner = await steering.session_owner(state, session, seen)
         steering.compact_now(state, session, owner)

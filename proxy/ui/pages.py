@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from proxy import steering
 from proxy.errors import ProxyError
-from proxy.state import ProxyState
+from proxy.state import state_of
 from proxy.stores.figures import SAVINGS_BUCKET_SECONDS
 from proxy.ui.auth import COOKIE, Signer, SignInRequired, Visitor
 from proxy.ui.charts import Mark, Rule, line_chart, tokens
@@ -88,10 +88,6 @@ def _session_chart(view: SessionView) -> str:
 def dashboard_routes(signer: Signer) -> APIRouter:
     router = APIRouter(prefix="/ui")
     env = _environment()
-
-    def state_of(request: Request) -> ProxyState:
-        state: ProxyState = request.app.state.proxy
-        return state
 
     def page(name: str, visitor: Visitor, **values: Any) -> Response:
         body = env.get_template(name).render(

@@ -44,7 +44,6 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "check_messages",
         "compact",
         "compute_budget",
-        "condenses",
         "decide",
         "encoding_for_model",
         "execute",
