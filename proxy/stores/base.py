@@ -215,6 +215,10 @@ class Store(Protocol):
         """The ``limit`` sessions last active, newest first, of ``owner`` or of everyone."""
         ...
 
+    async def session_count(self, *, owner: str | None = None) -> int:
+        """How many sessions have figures kept, of ``owner`` or of everyone."""
+        ...
+
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         """Tokens saved per hour (bucket start, tokens), oldest first."""
         ...

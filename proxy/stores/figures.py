@@ -31,6 +31,11 @@ DEFAULT_REQUESTS_LIMIT: Final = 1_000
 DEFAULT_SESSIONS_LIMIT: Final = 1_000
 #: Width of a bucket of :meth:`Store.savings`.
 SAVINGS_BUCKET_SECONDS: Final = 3600.0
+#: The status recorded for an upstream stream that ended before its first
+#: event: an answer that was no answer, as a gateway would call it (502). The
+#: record's ``error`` says which (``"upstream_empty"``), and it counts among
+#: the upstream errors.
+EMPTY_STREAM_STATUS: Final = 502
 #: Stages that mean "nothing was compacted by this request".
 _QUIET_STAGES: Final = frozenset({"none", "reused", "untouched"})
 
@@ -47,7 +52,9 @@ class RequestRecord:
     tokens_after: int
     input_limit: int
     trigger: int
-    status: int  #: the upstream's, or the proxy's own for ``/compact``
+    #: The upstream's, or the proxy's own for ``/compact``; an upstream stream
+    #: that ended before its first event is :data:`EMPTY_STREAM_STATUS`.
+    status: int
     ms: float
     api: str = "chat"
     summarizer_calls: int = 0
@@ -55,6 +62,19 @@ class RequestRecord:
     summarizer_tokens: int = 0
     checkpoint_id: str | None = None
     owner: str = ""
+    #: The model's whole window, in the upstream's tokens (``input_limit`` and
+    #: ``trigger`` are the proxy's estimate of what fits in it); 0: not recorded.
+    context_window: int = 0
+    #: Error answers the upstream gave this request: the one it was retried
+    #: after (an overflow), an empty stream, the error relayed — as
+    #: ``compaction_proxy_upstream_errors_total`` counts them.
+    upstream_errors: int = 0
+    #: What went wrong when a status cannot say it (``"upstream_empty"``).
+    error: str = ""
+    #: The first words of the conversation's task and the client's
+    #: ``User-Agent``: how its owner tells their sessions apart.
+    task: str = ""
+    user_agent: str = ""
     #: Not a request: a compaction prepared in the background for this session.
     #: Its summarizer calls and tokens count; it is no request and moves no
     #: figure of the context.
@@ -69,6 +89,12 @@ class RequestRecord:
     @property
     def saved(self) -> int:
         return 0 if self.background else max(0, self.tokens_before - self.tokens_after)
+
+    @property
+    def errors(self) -> int:
+        """The upstream's error answers to this request (figures written before
+        they were counted have only their status to say it)."""
+        return max(self.upstream_errors, int(self.status >= 400))
 
 
 @dataclass(frozen=True)
@@ -87,13 +113,25 @@ class SessionSummary:
     summarizer_calls: int = 0
     summarizer_tokens: int = 0
     upstream_errors: int = 0
+    #: Requests retried, smaller, after the upstream's context-length error.
+    overflow_retries: int = 0
     #: The latest request's: the context as it stands, and its limits.
     tokens_before: int = 0
     tokens_after: int = 0
     input_limit: int = 0
     trigger: int = 0
+    context_window: int = 0
     stages: Mapping[str, int] = field(default_factory=dict)  #: compactions by stage
     reasons: Mapping[str, int] = field(default_factory=dict)  #: compactions by reason
+    #: The task's first words (its first request's), the latest client's user agent.
+    task: str = ""
+    user_agent: str = ""
+
+    @property
+    def label(self) -> str:
+        """A name its owner knows the session by: the task's first words, else
+        the client and the model."""
+        return self.task or " · ".join(part for part in (self.user_agent, self.model) if part)
 
 
 @dataclass(frozen=True)
@@ -140,8 +178,10 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
             requests=summary.requests + 1,
             compactions=summary.compactions + record.compacted,
             saved=summary.saved + record.saved,
-            upstream_errors=summary.upstream_errors + (record.status >= 400),
+            upstream_errors=summary.upstream_errors + record.errors,
+            overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
             first_at=min(summary.first_at, record.created_at),
+            task=summary.task or record.task,
             stages=stages,
             reasons=reasons,
         )
@@ -155,6 +195,8 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
                 tokens_after=record.tokens_after,
                 input_limit=record.input_limit,
                 trigger=record.trigger,
+                context_window=record.context_window or summary.context_window,
+                user_agent=record.user_agent or summary.user_agent,
             )
     if summary is None:
         raise ValueError("nothing to fold")

@@ -189,6 +189,11 @@ class MemoryStore:
         found.sort(key=lambda summary: summary.last_at, reverse=True)
         return found[: max(limit, 0)]
 
+    async def session_count(self, *, owner: str | None = None) -> int:
+        if owner is None:
+            return len(self._sessions)
+        return sum(1 for owned_by, _ in self._sessions if owned_by == owner)
+
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         totals: dict[float, int] = {}
         for (owned_by, bucket), saved in self._savings.items():

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
@@ -414,6 +415,13 @@ class RedisStore:
         keys = [self._key("sess", name, session) for name, session in pairs]
         raws = await _reply(self._client.mget(keys))
         return [codec.load(SessionSummary, raw) for raw in raws if raw is not None]
+
+    async def session_count(self, *, owner: str | None = None) -> int:
+        key = self._key("recent") if owner is None else self._key("recent", owner)
+        # The index outlives a summary by up to a write (its expiry is the
+        # summary's own): counted as the sessions that would be listed.
+        oldest = time.time() - self._figures_ms / 1000
+        return int(await _reply(self._client.zcount(key, oldest, "+inf")))
 
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         key = self._key("saved") if owner is None else self._key("saved", owner)

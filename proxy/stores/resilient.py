@@ -368,6 +368,9 @@ class ResilientStore:
     ) -> list[SessionSummary]:
         return await self._hard("sessions", lambda: self._store.sessions(owner=owner, limit=limit))
 
+    async def session_count(self, *, owner: str | None = None) -> int:
+        return await self._hard("session_count", lambda: self._store.session_count(owner=owner))
+
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         return await self._hard("savings", lambda: self._store.savings(owner=owner))
 

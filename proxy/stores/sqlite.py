@@ -542,6 +542,18 @@ class SQLiteStore:
 
         return await self._run(work)
 
+    async def session_count(self, *, owner: str | None = None) -> int:
+        def work(connection: sqlite3.Connection) -> int:
+            if owner is None:
+                row = connection.execute("SELECT COUNT(*) FROM sessions").fetchone()
+            else:
+                row = connection.execute(
+                    "SELECT COUNT(*) FROM sessions WHERE owner = ?", (owner,)
+                ).fetchone()
+            return int(row[0])
+
+        return await self._run(work)
+
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         def work(connection: sqlite3.Connection) -> list[tuple[float, int]]:
             rows = connection.execute(

@@ -30,6 +30,7 @@ records = st.builds(
     ms=st.floats(0, 1e4),
     summarizer_calls=st.integers(0, 5),
     summarizer_tokens=st.integers(0, 10**5),
+    upstream_errors=st.integers(0, 2),
     background=st.booleans(),
     created_at=st.floats(1e9, 2e9),
 )
@@ -57,7 +58,9 @@ def test_a_summary_adds_up_its_requests(batch: list[RequestRecord]) -> None:
     assert summary.compactions == len(compacted) == sum(summary.stages.values())
     assert sum(summary.reasons.values()) == len(compacted)
     assert summary.saved == sum(max(0, r.tokens_before - r.tokens_after) for r in batch)
-    assert summary.upstream_errors == sum(r.status >= 400 for r in batch)
+    # An error answer counts once, whether its status or its count says it.
+    assert summary.upstream_errors == sum(max(r.upstream_errors, r.status >= 400) for r in batch)
+    assert summary.overflow_retries == sum(r.reason == "overflow" for r in batch)
     assert summary.first_at == min(r.created_at for r in batch)
     assert summary.last_at == max(r.created_at for r in batch)
     newest = max(batch, key=lambda r: r.created_at)

@@ -198,3 +198,43 @@ async def test_figures_survive_reopening(backend: Backend) -> None:
     assert await second.requests("s1") == [made]
     assert [s.requests for s in await second.sessions()] == [1]
     assert (await second.session_settings("s1", "ann")).enabled is False
+
+
+async def test_sessions_are_counted_per_owner_and_in_all(store: Store) -> None:
+    now = time.time()
+    await store.record_requests(
+        [
+            record("s1", owner="ann", created_at=now - 3),
+            record("s2", owner="ann", created_at=now - 2),
+            record("s1", owner="bob", created_at=now - 1),
+            record("s2", owner="ann", created_at=now),
+        ]
+    )
+    assert await store.session_count() == 3
+    assert await store.session_count(owner="ann") == 2
+    assert await store.session_count(owner="bob") == 1
+    assert await store.session_count(owner="eve") == 0
+
+
+async def test_a_session_keeps_its_label_window_and_every_upstream_error(store: Store) -> None:
+    now = time.time()
+    await store.record_requests(
+        [
+            record(created_at=now - 3, task="Fix the flaky test", user_agent="agent/1"),
+            # Retried after an overflow, then relayed a 500: two error answers.
+            record(created_at=now - 2, reason="overflow", status=500, upstream_errors=2),
+            # An empty stream: its own status and error.
+            record(created_at=now - 1, status=502, error="upstream_empty", upstream_errors=1),
+        ]
+    )
+    await store.record_requests(
+        [record(created_at=now, task="Later words", user_agent="agent/2", context_window=128_000)]
+    )
+    [summary] = await store.sessions()
+    assert summary.task == "Fix the flaky test"  # the task's, not a later request's
+    assert summary.user_agent == "agent/2" and summary.context_window == 128_000
+    assert summary.upstream_errors == 3 and summary.overflow_retries == 1
+    assert summary.label == "Fix the flaky test"
+    [latest, empty, *_] = await store.requests("s1")
+    assert (empty.status, empty.error) == (502, "upstream_empty")
+    assert latest.context_window == 128_000
