@@ -1,7 +1,8 @@
 """Small inline SVG charts: pure functions from numbers to markup.
 
-No script and no library: a polyline, a few labelled rules, and circles with
-a ``<title>`` (the browser shows it on hover). Every text is escaped here.
+No script and no library: a polyline per series (with a legend when there are
+several), a few labelled rules, and circles with a ``<title>`` (the browser
+shows it on hover). Every text is escaped here.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Series:
+    """One line of the chart: its legend, its points (x: wall-clock seconds,
+    y: tokens) and its class (the colour, in style.css)."""
+
+    label: str
+    points: Sequence[tuple[float, float]]
+    css: str = "series"
+
+
+@dataclass(frozen=True)
 class Mark:
     """A point to call out (a compaction), with the text shown on hover."""
 
@@ -49,14 +60,14 @@ def _clock(moment: float) -> str:
 
 
 def line_chart(
-    points: Sequence[tuple[float, float]],
+    series: Sequence[Series],
     *,
     label: str,
     rules: Sequence[Rule] = (),
     marks: Sequence[Mark] = (),
-    css: str = "series",
 ) -> str:
-    """An SVG line chart of ``points`` (x: wall-clock seconds, y: tokens)."""
+    """An SVG line chart of ``series``, on one time axis and one token axis."""
+    points = [point for line in series for point in line.points]
     if not points:
         return '<p class="empty">No requests recorded yet.</p>'
     xs = [x for x, _ in points]
@@ -100,8 +111,17 @@ def line_chart(
             f'x="{x}" y="{y - 4:.1f}" text-anchor="{anchor}">'
             f"{html.escape(rule.label)} {tokens(rule.value)}</text>"
         )
-    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-    parts.append(f'<polyline class="{html.escape(css)}" points="{path}"/>')
+    for line in series:
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line.points)
+        parts.append(f'<polyline class="{html.escape(line.css)}" points="{path}"/>')
+    if len(series) > 1:
+        for number, line in enumerate(series):
+            y = _TOP + 6 + 16 * number
+            parts.append(
+                f'<line class="key {html.escape(line.css)}" x1="{_LEFT + 10}" '
+                f'x2="{_LEFT + 34}" y1="{y}" y2="{y}"/><text class="legend" '
+                f'x="{_LEFT + 40}" y="{y + 4}">{html.escape(line.label)}</text>'
+            )
     for mark in marks:
         parts.append(
             f'<circle class="mark" cx="{sx(mark.x):.1f}" cy="{sy(mark.y):.1f}" r="5">'

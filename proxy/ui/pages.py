@@ -3,7 +3,12 @@
 * ``GET  /ui`` — the overview; ``GET /ui/sessions/{session}`` — one conversation;
 * ``POST /ui/sessions/{session}/settings`` and ``/compact``,
   ``POST /ui/checkpoints/{id}`` — the buttons (CSRF-checked, then back to the page);
+  ``GET /ui/checkpoints/{id}`` — to the checkpoint on its session's page;
 * ``GET/POST /ui/login``, ``POST /ui/logout``.
+
+A session or checkpoint the visitor has nothing of — none such, or another
+caller's — is a 404 page, the same in both cases, so that it tells nobody
+whether another caller's exists.
 
 No script, no build step, nothing fetched from elsewhere: the styles are
 inlined from ``templates/style.css`` and the charts are inline SVG.
@@ -22,12 +27,18 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from proxy import steering
-from proxy.errors import ProxyError
+from proxy.errors import NotFound, ProxyError
 from proxy.state import state_of
 from proxy.stores.figures import SAVINGS_BUCKET_SECONDS
-from proxy.ui.auth import COOKIE, Signer, SignInRequired, Visitor
-from proxy.ui.charts import Mark, Rule, line_chart, tokens
-from proxy.ui.views import Overview, SessionView, read_overview, read_session
+from proxy.ui.auth import ANONYMOUS, COOKIE, Signer, SignInRequired, Visitor
+from proxy.ui.charts import Mark, Rule, Series, line_chart, tokens
+from proxy.ui.views import (
+    Overview,
+    SessionView,
+    read_overview,
+    read_session,
+    session_exists,
+)
 
 #: Form bodies larger than this are refused (a summary is well below it).
 MAX_FORM_BYTES = 1 << 20
@@ -60,12 +71,18 @@ def _overview_chart(overview: Overview) -> str:
     for bucket, saved in overview.savings:
         running += saved
         points.append((min(bucket + SAVINGS_BUCKET_SECONDS, now), float(running)))
-    return line_chart(points, label="Tokens saved over time (cumulative)", css="saved")
+    saved = Series("tokens saved", points, css="saved")
+    return line_chart([saved], label="Tokens saved over time (cumulative)")
 
 
 def _session_chart(view: SessionView) -> str:
+    """Every request's context as received and as sent, the latest trigger and
+    limit, and a circle where a compaction was made."""
     requests = view.requests
-    points = [(r.created_at, float(r.tokens_after)) for r in requests]
+    received = Series(
+        "received", [(r.created_at, float(r.tokens_before)) for r in requests], "received"
+    )
+    sent = Series("sent", [(r.created_at, float(r.tokens_after)) for r in requests])
     marks = [
         Mark(
             r.created_at,
@@ -82,24 +99,32 @@ def _session_chart(view: SessionView) -> str:
             Rule("limit", float(latest.input_limit), "limit"),
             Rule("trigger", float(latest.trigger), "trigger"),
         ]
-    return line_chart(points, label="Context size of every request", rules=rules, marks=marks)
+    return line_chart(
+        [received, sent], label="Context size of every request", rules=rules, marks=marks
+    )
 
 
 def dashboard_routes(signer: Signer) -> APIRouter:
     router = APIRouter(prefix="/ui")
     env = _environment()
 
-    def page(name: str, visitor: Visitor, **values: Any) -> Response:
+    def page(name: str, visitor: Visitor, status: int = 200, **values: Any) -> Response:
         body = env.get_template(name).render(
             csrf=signer.csrf(visitor.cookie), role=visitor.role, **values
         )
-        response = HTMLResponse(body, headers=_SECURITY_HEADERS)
+        response = HTMLResponse(body, status_code=status, headers=_SECURITY_HEADERS)
         if visitor.fresh:
             _set_cookie(response, visitor.cookie)
         return response
 
     def signed_in(request: Request) -> Visitor:
         return signer.visitor(request)
+
+    def missing(visitor: Visitor, what: str) -> Response:
+        return page("missing.html", visitor, status=404, what=what)
+
+    async def known(request: Request, visitor: Visitor, session: str) -> bool:
+        return await session_exists(state_of(request).store, session, visitor.viewer)
 
     async def form(request: Request, visitor: Visitor) -> dict[str, str]:
         raw = await request.body()
@@ -116,13 +141,19 @@ def dashboard_routes(signer: Signer) -> APIRouter:
     @router.get("", response_class=HTMLResponse)
     async def overview(request: Request) -> Response:
         visitor = signed_in(request)
-        data = await read_overview(state_of(request).store, visitor.viewer)
+        # Who is not signed in sees the keyless callers' sessions, and how many
+        # of those that send a key there are (their number, nothing of theirs).
+        data = await read_overview(
+            state_of(request).store, visitor.viewer, count_hidden=visitor.role == ANONYMOUS
+        )
         return page("overview.html", visitor, overview=data, chart=Markup(_overview_chart(data)))
 
     @router.get("/sessions/{session}", response_class=HTMLResponse)
     async def session(session: str, request: Request) -> Response:
         visitor = signed_in(request)
         state = state_of(request)
+        if not await known(request, visitor, session):
+            return missing(visitor, "session")
         owner = await steering.session_owner(state, session, visitor.viewer)
         view = await read_session(state.store, session, visitor.viewer, owner)
         pending = (owner, session) in state.compact_now
@@ -134,6 +165,8 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         visitor = signed_in(request)
         fields = await form(request, visitor)
         state = state_of(request)
+        if not await known(request, visitor, session):
+            return missing(visitor, "session")
         owner = await steering.session_owner(state, session, visitor.viewer)
         await steering.update_settings(
             state,
@@ -149,6 +182,8 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         visitor = signed_in(request)
         await form(request, visitor)
         state = state_of(request)
+        if not await known(request, visitor, session):
+            return missing(visitor, "session")
         owner = await steering.session_owner(state, session, visitor.viewer)
         steering.compact_now(state, session, owner)
         return _back(session)
@@ -158,10 +193,21 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         visitor = signed_in(request)
         fields = await form(request, visitor)
         state = state_of(request)
-        edited = await steering.edit_summary(
-            state, checkpoint_id, fields.get("summary", ""), visitor.viewer
-        )
+        try:
+            edited = await steering.edit_summary(
+                state, checkpoint_id, fields.get("summary", ""), visitor.viewer
+            )
+        except NotFound:
+            return missing(visitor, "checkpoint")
         return _back(edited.session, f"checkpoint-{edited.id}")
+
+    @router.get("/checkpoints/{checkpoint_id}", response_class=HTMLResponse)
+    async def checkpoint(checkpoint_id: str, request: Request) -> Response:
+        visitor = signed_in(request)
+        found = await state_of(request).store.get(checkpoint_id, owner=visitor.viewer)
+        if found is None:
+            return missing(visitor, "checkpoint")
+        return _back(found.session, f"checkpoint-{found.id}")
 
     @router.get("/login", response_class=HTMLResponse)
     async def login_page(request: Request) -> Response:
@@ -188,6 +234,10 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         response = RedirectResponse("/ui/login", status_code=303)
         response.delete_cookie(COOKIE, path="/ui")
         return response
+
+    @router.get("/{anything:path}", response_class=HTMLResponse)
+    async def elsewhere(anything: str, request: Request) -> Response:
+        return missing(signed_in(request), "page")
 
     return router
 

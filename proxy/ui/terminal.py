@@ -58,17 +58,43 @@ def render_sessions(sessions: Sequence[SessionSummary]) -> str:
     rows = [
         (
             s.session,
+            _label(s),
             s.model,
             f"{s.requests:,}",
             f"{s.compactions:,}",
-            f"{s.tokens_after:,} / {s.input_limit:,}",
+            f"{s.tokens_after:,} / {_window(s)}",
+            f"{s.input_limit:,} / {s.trigger:,}",
             f"{s.saved:,}",
             _clock(s.last_at),
         )
         for s in sessions
     ]
-    header = ("SESSION", "MODEL", "REQUESTS", "COMPACTIONS", "CONTEXT / WINDOW", "SAVED", "LAST")
-    return table(header, rows, right=(2, 3, 4, 5))
+    header = (
+        "SESSION",
+        "LABEL",
+        "MODEL",
+        "REQUESTS",
+        "COMPACTIONS",
+        "CONTEXT / WINDOW",
+        "LIMIT / TRIGGER",
+        "SAVED",
+        "LAST",
+    )
+    return table(header, rows, right=(3, 4, 5, 6, 7))
+
+
+#: A label in the table is cut to this many characters.
+LABEL_CHARS = 40
+
+
+def _label(summary: SessionSummary) -> str:
+    label = summary.label
+    return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"
+
+
+def _window(summary: SessionSummary) -> str:
+    """The model's window; ``?`` for figures recorded before it was."""
+    return f"{summary.context_window:,}" if summary.context_window else "?"
 
 
 async def sessions_text(settings: Settings, limit: int) -> str:
@@ -105,9 +131,12 @@ async def show_text(settings: Settings, wanted: str) -> str:
     if s is not None:
         out.append(
             f"model {s.model} ({s.api}) · {s.requests:,} requests · {s.compactions:,} "
-            f"compactions · context {s.tokens_after:,} / {s.input_limit:,} "
-            f"(trigger {s.trigger:,}) · {s.saved:,} tokens saved"
+            f"compactions · context {s.tokens_after:,} / {_window(s)} window "
+            f"(limit {s.input_limit:,}, trigger {s.trigger:,}) · {s.saved:,} tokens saved · "
+            f"{s.upstream_errors:,} upstream error answers"
         )
+        if s.label:
+            out.insert(1, s.label)
     settings_now = view.settings
     out.append(
         "compaction: "

@@ -38,7 +38,11 @@ class Totals:
     saved: int
     summarizer_calls: int
     summarizer_tokens: int
+    #: The upstream's error answers (as ``compaction_proxy_upstream_errors_total``
+    #: counts those to chat requests: an overflow retried, an empty stream, an
+    #: error relayed).
     upstream_errors: int
+    overflow_retries: int
     stages: dict[str, int]
     reasons: dict[str, int]
 
@@ -48,6 +52,9 @@ class Overview:
     sessions: list[SessionSummary]  #: newest first
     totals: Totals
     savings: list[tuple[float, int]]  #: tokens saved per hour, oldest first
+    #: Sessions kept for other callers than the viewer, which it may not see
+    #: (counted only when asked: only their number is ever shown).
+    hidden: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,14 +89,31 @@ def totals_of(sessions: list[SessionSummary]) -> Totals:
         summarizer_calls=sum(s.summarizer_calls for s in sessions),
         summarizer_tokens=sum(s.summarizer_tokens for s in sessions),
         upstream_errors=sum(s.upstream_errors for s in sessions),
+        overflow_retries=sum(s.overflow_retries for s in sessions),
         stages=dict(stages.most_common()),
         reasons=dict(reasons.most_common()),
     )
 
 
-async def read_overview(store: Store, viewer: str | None, *, limit: int = 1_000) -> Overview:
+async def read_overview(
+    store: Store, viewer: str | None, *, limit: int = 1_000, count_hidden: bool = False
+) -> Overview:
+    """``count_hidden``: also count the sessions of other callers (the number
+    alone), so that a visitor who is not signed in learns there is more to see."""
     sessions = await store.sessions(owner=viewer, limit=limit)
-    return Overview(sessions, totals_of(sessions), await store.savings(owner=viewer))
+    hidden = 0
+    if count_hidden and viewer is not None:
+        everyone = await store.session_count()
+        hidden = max(everyone - await store.session_count(owner=viewer), 0)
+    return Overview(sessions, totals_of(sessions), await store.savings(owner=viewer), hidden)
+
+
+async def session_exists(store: Store, session: str, viewer: str | None) -> bool:
+    """Whether ``viewer`` has anything of ``session`` (figures, or events):
+    a session of another caller's does not exist for them."""
+    if await store.requests(session, owner=viewer, limit=1):
+        return True
+    return bool(await store.events(session=session, owner=viewer, limit=1))
 
 
 async def read_session(

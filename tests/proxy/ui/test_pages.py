@@ -52,6 +52,16 @@ def _wait_for_rows(client: httpx.Client, count: int) -> str:
         time.sleep(0.05)
 
 
+def _wait_for(client: httpx.Client, path: str, text: str) -> str:
+    """The page at ``path`` once it says ``text`` (the figures are written in batches)."""
+    deadline = time.monotonic() + 10
+    while True:
+        page = client.get(path).text
+        if text in page or time.monotonic() > deadline:
+            return page
+        time.sleep(0.05)
+
+
 def _sign_in(client: httpx.Client, key: str, proxy_key: str = "") -> httpx.Response:
     token = _csrf(client.get("/ui/login").text)
     return client.post("/ui/login", data={"csrf": token, "key": key, "proxy_key": proxy_key})
@@ -67,7 +77,13 @@ def test_each_visitor_sees_their_own_sessions_and_never_a_key(
     _chat(base, bob, BOB)
 
     with httpx.Client(base_url=base) as anonymous:
-        assert "No sessions recorded yet" in anonymous.get("/ui").text
+        # Nothing of theirs, but how many there are and how to see them.
+        page = _wait_for(anonymous, "/ui", "2 sessions of callers that send an API key")
+        assert "2 sessions of callers that send an API key are not shown" in page
+        assert "Sign in with the key your agent sends" in page
+        assert "No sessions recorded yet" not in page
+        assert "Alice" not in page and "Bob" not in page  # no label of theirs
+        assert session_key(alice) not in page and session_key(bob) not in page
 
     with httpx.Client(base_url=base) as client:
         assert _sign_in(client, ALICE).status_code == 303
@@ -76,9 +92,13 @@ def test_each_visitor_sees_their_own_sessions_and_never_a_key(
         session_page = client.get(f"/ui/sessions/{session_key(alice)}").text
         assert "<svg" in session_page and "Edit this summary" in session_page
         assert ALICE not in page + session_page
-        # Bob's session is not Alice's to see: an empty page, no figures.
-        theirs = client.get(f"/ui/sessions/{session_key(bob)}").text
-        assert "No checkpoints yet" in theirs and "No requests recorded yet" in theirs
+        # Her sessions are named by their task; Bob's name is nowhere.
+        assert "Pages: Alice&#39;s task." in page and "Bob" not in page + session_page
+        # Bob's session is not Alice's to see: the page of a session that does not exist.
+        theirs = client.get(f"/ui/sessions/{session_key(bob)}")
+        assert theirs.status_code == 404 and "No such session" in theirs.text
+        assert "Bob" not in theirs.text and "Edit this summary" not in theirs.text
+        assert "hidden-sessions" not in page  # a signed-in owner is not told of others' sessions
 
     with httpx.Client(base_url=base) as admin:
         assert _sign_in(admin, ADMIN).status_code == 303
@@ -139,8 +159,11 @@ def test_the_settings_and_compact_now_buttons(start_proxy: ProxyFactory) -> None
     base = _root(start_proxy(models=MODELS))
     messages = agent_session(seed=14, steps=4, task="Pages: buttons.")
     session = session_key(messages)
+    httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=60
+    ).raise_for_status()
     with httpx.Client(base_url=base) as client:
-        token = _csrf(client.get(f"/ui/sessions/{session}").text)
+        token = _csrf(_wait_for(client, f"/ui/sessions/{session}", "Compact now"))
         off = client.post(
             f"/ui/sessions/{session}/settings", data={"csrf": token, "instructions": "Keep paths."}
         )
@@ -176,11 +199,89 @@ def test_with_a_proxy_key_the_dashboard_asks_for_it(start_proxy: ProxyFactory) -
     assert httpx.get(f"{base}/v1/compaction/sessions").status_code == 401
 
 
-@pytest.mark.parametrize("path", ["/ui", "/ui/login", "/ui/sessions/abc"])
-def test_pages_forbid_scripts_and_framing(start_proxy: ProxyFactory, path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [("/ui", 200), ("/ui/login", 200), ("/ui/sessions/abc", 404), ("/ui/nothing/here", 404)],
+)
+def test_pages_forbid_scripts_and_framing(
+    start_proxy: ProxyFactory, path: str, status: int
+) -> None:
     base = _root(start_proxy(models=MODELS))
     response = httpx.get(base + path)
-    assert response.status_code == 200
+    assert response.status_code == status
     policy = response.headers["content-security-policy"]
     assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
     assert "<script" not in response.text
+
+
+def test_a_session_or_checkpoint_the_visitor_has_nothing_of_is_a_404_page(
+    start_proxy: ProxyFactory,
+) -> None:
+    base = _root(start_proxy(models=MODELS, server={"admin_key": ADMIN}))
+    bob = agent_session(seed=15, steps=60, task="Pages: a session of Bob.")
+    checkpoint_id = _chat(base, bob, BOB).headers["x-compaction-id"]
+    session = session_key(bob)
+    with httpx.Client(base_url=base) as client:
+        assert _sign_in(client, ALICE).status_code == 303
+        token = _csrf(client.get("/ui").text)
+        own = {"origin": base}
+        nowhere = client.get("/ui/sessions/0123456789abcdef")
+        theirs = client.get(f"/ui/sessions/{session}")
+        assert nowhere.status_code == theirs.status_code == 404
+        # The same page either way: it tells nobody whether another caller's exists.
+        assert nowhere.text == theirs.text and "No such session" in theirs.text
+        for action in ("settings", "compact"):
+            posted = client.post(
+                f"/ui/sessions/{session}/{action}", data={"csrf": token}, headers=own
+            )
+            assert posted.status_code == 404, action
+        assert client.get(f"/ui/checkpoints/{checkpoint_id}").status_code == 404
+        edit = client.post(
+            f"/ui/checkpoints/{checkpoint_id}", data={"csrf": token, "summary": "x"}, headers=own
+        )
+        assert edit.status_code == 404 and "No such checkpoint" in edit.text
+        assert client.get("/ui/checkpoints/not-a-checkpoint").status_code == 404
+    with httpx.Client(base_url=base) as owner:
+        assert _sign_in(owner, BOB).status_code == 303
+        found = owner.get(f"/ui/checkpoints/{checkpoint_id}")
+        assert found.status_code == 303
+        assert found.headers["location"] == f"/ui/sessions/{session}#checkpoint-{checkpoint_id}"
+        page = _wait_for(owner, f"/ui/sessions/{session}", "Pages: a session of Bob.")
+        assert "Pages: a session of Bob." in page and "Edit this summary" in page
+
+
+def test_a_session_shows_its_label_window_and_tokens_received_and_sent(
+    start_proxy: ProxyFactory,
+) -> None:
+    base = _root(start_proxy(models=MODELS))
+    messages = agent_session(seed=16, steps=60, task="Rename the config loader and fix its tests")
+    session = session_key(messages)
+    response = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": messages},
+        headers={"user-agent": "my-agent/2.1"},
+        timeout=60,
+    )
+    received = int(response.headers["x-compaction-tokens-before"])
+    sent = int(response.headers["x-compaction-tokens-after"])
+    assert received > sent, "precondition: the request was compacted"
+    with httpx.Client(base_url=base) as client:
+        overview = _wait_for(client, "/ui", "session-link")
+        page = client.get(f"/ui/sessions/{session}").text
+    # Named by the task's first words (cut between words), and the client.
+    assert "Rename the config loader and fix its tests" in overview
+    assert "my-agent/2.1" in overview and "my-agent/2.1" in page
+    # The window is the model's (8,192), the limit and trigger are apart from it.
+    row = overview.split('class="context"', 1)[1].split("</td>", 1)[0]
+    limit = int((8192 - 2048) * 0.98)
+    assert f"/ 8k · limit {limit / 1000:.0f}k · trigger {limit / 1000:.0f}k" in row
+    assert f"of a 8,192-token window; limit {limit:,}, trigger {limit:,}" in row
+    chart = page.split('id="context-chart"', 1)[1].split("</svg>", 1)[0]
+    # Two lines: as received (higher) and as sent, with the trigger and the limit.
+    assert chart.count("<polyline") == 2
+    assert 'class="received"' in chart and 'class="series"' in chart
+    assert ">received</text>" in chart and ">sent</text>" in chart
+    assert "limit 6k" in chart and "trigger 6k" in chart
+    heights = re.findall(r'<polyline class="(\w+)" points="[\d.]+,([\d.]+)', chart)
+    y = {css: float(top) for css, top in heights}
+    assert y["received"] < y["series"]  # SVG's y grows downwards: received is above

@@ -68,9 +68,20 @@ async def _fill(url: str) -> str:
     )
     await store.record_requests(
         [
-            _record("aaa111", now - 60, tokens_before=70_000, tokens_after=70_000),
             _record(
-                "aaa111", now - 50, stage="condensed", tokens_before=90_000, tokens_after=9_000
+                "aaa111",
+                now - 60,
+                tokens_before=70_000,
+                tokens_after=70_000,
+                task="Ship the parser",
+            ),
+            _record(
+                "aaa111",
+                now - 50,
+                stage="condensed",
+                tokens_before=90_000,
+                tokens_after=9_000,
+                context_window=128_000,
             ),
             _record("bbb222", now - 10, model="claude-x", api="anthropic"),
         ]
@@ -95,9 +106,12 @@ def test_sessions_lists_the_newest_first_with_totals(
     assert main(["sessions", "--config", str(config)]) == EXIT_OK
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split()[:3] == ["SESSION", "MODEL", "REQUESTS"]
+    assert lines[0].split()[:4] == ["SESSION", "LABEL", "MODEL", "REQUESTS"]
     assert lines[2].startswith("bbb222") and lines[3].startswith("aaa111")
-    assert "9,000 / 100,000" in lines[3]  # the context now, against the window
+    assert "Ship the parser" in lines[3]  # the task's first words
+    # The context now against the model's window, and the limit and trigger apart.
+    assert "9,000 / 128,000" in lines[3] and "100,000 / 80,000" in lines[3]
+    assert "5,000 / ?" in lines[2]  # a window not recorded is not made up
     assert "81,000" in lines[3]  # tokens saved
     assert "2 sessions, 3 requests, 1 compactions, 81,000 tokens saved" in out
 
@@ -107,7 +121,10 @@ def test_show_prints_the_timeline_summary_settings_and_events(
 ) -> None:
     assert main(["show", "aaa", "--config", str(config)]) == EXIT_OK  # a unique prefix
     out = capsys.readouterr().out
-    assert out.startswith("session aaa111\nmodel gpt-4o (chat) · 2 requests · 1 compactions")
+    assert out.startswith(
+        "session aaa111\nShip the parser\nmodel gpt-4o (chat) · 2 requests · 1 compactions"
+    )
+    assert "context 9,000 / 128,000 window (limit 100,000, trigger 80,000)" in out
     assert "compaction: on · instructions: Keep paths." in out
     assert re.search(r"\n\S+ \S+ +condensed +threshold +90,000 +9,000 +200 +42\n", out)
     assert "## Goal\n- Ship the parser." in out
