@@ -20,6 +20,21 @@ document, whatever its length). What the engine must neither cut nor drop —
 the string field :data:`UNCUT`: thinking by its text, the rest by its JSON.
 The engine counts strings it does not know and never edits them.
 
+**Blocks beside tool results are the user's.** Claude Code adds text to the
+message answering tool calls when the user types while a tool runs or a hook
+adds a reminder, and a client may add images or documents. The engine sees
+them as chat would send the same conversation: a user message after the tool
+messages, which the pruner never briefs (it briefs tool results only) and
+the summarizer reads as the user's words. In the newest message alone they
+ride on its last tool message instead: the newest group is kept whole, so
+the results the request answers stay with them (as a user message of their
+own, they would be the newest group, and the results could be condensed away
+from it). The newest group is never pruned; should the engine give that tool
+message one string all the same, the string stands for the result, and the
+blocks beside it are forwarded as the client sent them. An item is the newest
+on one request only, and never inside the span a checkpoint covers, so the
+two forms never meet in a stored compaction.
+
 The way back (:func:`proxy.dialects.base.rebuild`): unchanged items are the
 client's objects; a changed item gets the engine's text in its text blocks
 and results, everything else as it was (signed blocks, ``cache_control``,
@@ -31,6 +46,15 @@ messages of one text block. A last pass keeps the API's pairing rule — every
 break it into text (``anthropic_pairing.keep_pairing``); the engine keeps
 tool groups whole, so this is a safety net.
 
+**Cache breakpoints.** A ``cache_control`` marker on a block that is sent
+stays on it. A marker on a block the engine condensed or dropped moves to
+the summary (or truncation note) standing where that block was: the prefix
+it marked now ends there, and the next request, carrying the same summary,
+reads it from the cache. Where blocks inside a tool result give way to one
+brief, their marker moves to the brief. Markers only ever merge, so a
+request never carries more of them than the client sent (the API allows
+four).
+
 A request holding an API compaction block (``{"type": "compaction"}``, beta
 ``compact-2026-01-12``) is compacted only after it: the API drops everything
 before that block, so the messages before the message holding it are
@@ -41,7 +65,7 @@ head (kept verbatim).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -55,11 +79,13 @@ from proxy.dialects.anthropic_pairing import (
     pairing_problems,
     text_block,
 )
-from proxy.dialects.base import Mapped, origin_of, rebuild
+from proxy.dialects.base import ORIGIN, Mapped, origin_of, rebuild
 from proxy.errors import BadRequest
 
 #: Key on an engine message: the text of the blocks the engine must count but not edit.
 UNCUT = "_anthropic_uncut"
+#: Key on a new engine message (a summary): the ``cache_control`` its text block takes.
+_MARKER = "_anthropic_cache_control"
 #: Document sources whose size the engine cannot read: counted as an image.
 _BINARY_SOURCES = frozenset({"base64", "url", "file"})
 _ROLES = frozenset({"user", "assistant", "system"})
@@ -108,7 +134,7 @@ class AnthropicDialect:
             mapped.add(system, [_engine_message("system", system)], salt="system")
         messages: list[Any] = body["messages"]
         for item in messages[_compaction_start(messages) :]:
-            mapped.add(item, _to_engine(item))
+            mapped.add(item, _to_engine(item, newest=item is messages[-1]))
         return mapped
 
     def from_engine(
@@ -117,8 +143,8 @@ class AnthropicDialect:
         system = body.get("system")
         items = rebuild(
             mapped,
-            messages,
-            changed=_changed,
+            _markers_moved(mapped, messages),
+            changed=lambda item, group: _changed(mapped, item, group),
             created=_created,
             skip=lambda origin: system is not None and mapped.items.get(origin) is system,
         )
@@ -237,7 +263,7 @@ def _compaction_start(messages: list[Any]) -> int:
     return 0
 
 
-def _to_engine(item: dict[str, Any]) -> list[Message]:
+def _to_engine(item: dict[str, Any], *, newest: bool) -> list[Message]:
     role = item.get("role")
     content = item.get("content")
     if role == "assistant":
@@ -246,10 +272,9 @@ def _to_engine(item: dict[str, Any]) -> list[Message]:
         results = [b for b in content if is_result(b)]
         out = [_tool(b) for b in results]
         rest = [b for b in content if not is_result(b)]
-        if rest:
-            # The other blocks ride on the last result, so the engine keeps them in
-            # the tool group: a user message of their own would open a new turn and
-            # let the condenser take the results the newest request answers.
+        if rest and not newest:
+            out.append(_engine_message("user", rest))
+        elif rest:  # the newest request: kept with the results (see the module doc)
             last = out[-1]
             last["content"] = _result_parts(results[-1]) + _parts(rest)
             uncut = "\n".join(t for t in (last.get(UNCUT, ""), _uncut(rest)) if t)
@@ -357,21 +382,32 @@ def _uncut(content: Any) -> str:
 # --- engine → request --------------------------------------------------------
 
 
-def _changed(item: Any, group: list[Message]) -> Any:
+def _changed(mapped: Mapped, item: Any, group: list[Message]) -> Any:
     """``item`` rebuilt from the engine messages that came back for it (some cut, some gone)."""
     role = item.get("role")
     content = item.get("content")
     if role == "assistant":
         return {**item, "content": _assistant_content(content, group[0])}
     if role == "user" and isinstance(content, list) and _has_results(content):
-        return _user_with_results(item, content, group)
+        found = origin_of(group[0])
+        parts = len(mapped.parts.get(found[0], ())) if found else 0
+        return _user_with_results(item, content, group, parts)
     new = _rewrite(content, group[0].get("content"))
     return {**item, "content": new} if new else None
 
 
 def _user_with_results(
-    item: dict[str, Any], content: list[Any], group: list[Message]
+    item: dict[str, Any], content: list[Any], group: list[Message], parts: int
 ) -> dict[str, Any] | None:
+    """The blocks of a user message answering tool calls that came back, in their
+    order: part ``k`` is the ``k``-th result; the other blocks are the part after
+    the results, or ride on the last result when the item was made of ``parts``
+    results alone (see :func:`_to_engine`).
+
+    When the engine gave a result one string (the pruner's brief, a masking
+    placeholder), that string stands for the result alone: blocks riding on it
+    come back as the client sent them.
+    """
     results = [b for b in content if is_result(b)]
     rest = [b for b in content if not is_result(b)]
     back = {}
@@ -379,20 +415,32 @@ def _user_with_results(
         found = origin_of(message)
         if found is not None:
             back[found[1]] = message
+    new = {part: back[part].get("content") for part in back}
+    others: list[Any] = []
+    last = len(results) - 1
+    if rest and parts > len(results):
+        beside = new.pop(len(results), None)
+        others = [] if beside is None else _rewrite(rest, beside)
+    elif rest and last in new:
+        size = len(_result_parts(results[last]))
+        cut = new[last]
+        if isinstance(cut, list) and len(cut) == size + len(_parts(rest)):
+            new[last], others = cut[:size], _rewrite(rest, cut[size:])
+        else:
+            others = rest
+    aligned = len(others) == len(rest)  # one to one: each goes back to its place
     blocks: list[Any] = []
-    extra: list[Any] = []
-    for part, block in enumerate(results):
-        if part not in back:
-            continue
-        new = back[part].get("content")
-        if rest and part == len(results) - 1:
-            size = len(_result_parts(block))
-            if isinstance(new, list) and len(new) == size + len(_parts(rest)):
-                new, extra = new[:size], _rewrite(rest, new[size:])
-            else:  # one brief for the result and the blocks that rode on it
-                extra = [b for b in rest if _kind(b) == "uncut"]
-        blocks.append(_result(block, new))
-    blocks.extend(extra)
+    part = other = 0
+    for block in content:
+        if is_result(block):
+            if part in new:
+                blocks.append(_result(block, new[part]))
+            part += 1
+        elif aligned and others:
+            blocks.append(others[other])
+            other += 1
+    if not aligned:
+        blocks.extend(others)
     return {**item, "content": blocks} if blocks else None
 
 
@@ -458,13 +506,76 @@ def _rewrite(content: Any, new: Any) -> Any:
     if not seen:
         return content
     text = new if isinstance(new, str) else message_text({"content": new})
+    # The blocks the text stands for end where it ends: their last marker is its own.
+    marker = _last_marker(content[i] for i in seen)
     out = []
     for i, block in enumerate(content):
         if i == seen[0] and text:
-            out.append({**block, "text": text} if _kind(block) == "text" else text_block(text))
+            brief = {**block, "text": text} if _kind(block) == "text" else text_block(text)
+            if marker is not None:
+                brief["cache_control"] = marker
+            out.append(brief)
         elif _kind(block) == "uncut":
             out.append(block)
     return out
+
+
+def _last_marker(blocks: Iterable[Any]) -> Any:
+    """The ``cache_control`` of the last of ``blocks`` that has one (``None`` if none)."""
+    marker = None
+    for block in blocks:
+        if isinstance(block, dict) and block.get("cache_control") is not None:
+            marker = block["cache_control"]
+    return marker
+
+
+def _markers_moved(mapped: Mapped, messages: list[Message]) -> list[Message]:
+    """``messages`` with the ``cache_control`` of each block that is not among them
+    given to the new message (summary, truncation note) standing in its place.
+
+    A block's place in the output is between the messages kept from before it
+    and those kept from after it; of the new messages there, the last ends the
+    prefix the marker marked. ``messages`` itself when no marked block is gone.
+    """
+    position = {m.get(ORIGIN): q for q, m in enumerate(mapped.messages)}
+    kept = {m.get(ORIGIN) for m in messages} & position.keys()
+    lost = [
+        (q, marker)
+        for q, m in enumerate(mapped.messages)
+        if m.get(ORIGIN) not in kept and (marker := _marker_of(mapped, m)) is not None
+    ]
+    if not lost:
+        return messages
+    at = [position.get(m.get(ORIGIN)) for m in messages]
+    given: dict[int, Any] = {}
+    for q, marker in lost:
+        start = max((j + 1 for j, p in enumerate(at) if p is not None and p < q), default=0)
+        end = next((j for j, p in enumerate(at) if p is not None and p > q), len(at))
+        new = [j for j in range(start, end) if at[j] is None]
+        if new:  # in position order, so the last marker of a span wins
+            given[new[-1]] = marker
+    return [{**m, _MARKER: given[j]} if j in given else m for j, m in enumerate(messages)]
+
+
+def _marker_of(mapped: Mapped, message: Message) -> Any:
+    """The last ``cache_control`` among the client's blocks ``message`` stands for."""
+    found = origin_of(message)
+    item = mapped.items.get(found[0]) if found else None
+    content = item.get("content") if isinstance(item, dict) else None
+    if not isinstance(content, list) or found is None:
+        return None
+    blocks: list[Any] = content
+    if item is not None and item.get("role") == "user" and _has_results(content):
+        results = [b for b in content if is_result(b)]
+        rest = [b for b in content if not is_result(b)]
+        if found[1] >= len(results):  # the part after the results: the other blocks
+            return _last_marker(rest)
+        inner = results[found[1]].get("content")
+        blocks = [*(inner if isinstance(inner, list) else ()), results[found[1]]]
+        riding = len(mapped.parts.get(found[0], ())) == len(results)
+        if riding and found[1] == len(results) - 1:
+            blocks += rest
+    return _last_marker(blocks)
 
 
 def _created(messages: list[Message]) -> list[Any]:
@@ -475,7 +586,10 @@ def _created(messages: list[Message]) -> list[Any]:
         if message.get("role") in ("tool", "function"):
             text = f"[tool result: {text}]" if text else ""
         if text:
-            out.append({"role": "user", "content": [text_block(text)]})
+            block = text_block(text)
+            if message.get(_MARKER) is not None:
+                block["cache_control"] = message[_MARKER]
+            out.append({"role": "user", "content": [block]})
     return out
 
 

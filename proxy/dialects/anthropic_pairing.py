@@ -129,18 +129,23 @@ def keep_pairing(messages: list[Any]) -> list[Any]:
 
 
 def _as_text(message: dict[str, Any], which: Any, names: dict[Any, Any] | None = None) -> Any:
-    """``message`` with the blocks ``which`` picks written as text blocks."""
+    """``message`` with the blocks ``which`` picks written as text blocks (a block's
+    ``cache_control`` goes with its text: the prefix it marks ends there still)."""
     content = []
     for block in message["content"]:
         if not which(block):
             content.append(block)
-        elif block.get("type") == "tool_use":
+            continue
+        if block.get("type") == "tool_use":
             call = f"{block.get('name')}({as_json(block.get('input', {}))})"
-            content.append(text_block(f"[tool call {call}]"))
+            text = text_block(f"[tool call {call}]")
         else:
             name = (names or {}).get(block.get("tool_use_id")) or "a tool"
-            text = message_text({"content": block.get("content")}) or "(empty)"
-            content.append(text_block(f"[tool result for {name}: {text}]"))
+            result = message_text({"content": block.get("content")}) or "(empty)"
+            text = text_block(f"[tool result for {name}: {result}]")
+        if block.get("cache_control") is not None:
+            text["cache_control"] = block["cache_control"]
+        content.append(text)
     return {**message, "content": content}
 
 

@@ -143,10 +143,12 @@ def test_the_engine_sees_the_shape_of_each_item() -> None:
     assert body["messages"][1]["content"][1]["thinking"] in assistant[UNCUT]
     assert all(p["type"] == "text" for p in assistant["content"])
     assert result["tool_call_id"] == tool_use["id"]
-    # The result's other blocks (the image) ride on its tool message: the engine
-    # keeps them in the tool group.
-    assert result["content"][-1] == {"type": "image"}
-    assert [m["role"] for m in mapped.messages[4:6]] == ["assistant", "tool"]
+    # The result's other blocks (the image) are a user message after it, as chat
+    # would send them: the pruner never briefs them with the result.
+    beside = mapped.messages[4]
+    assert beside["role"] == "user" and beside["content"][-1] == {"type": "image"}
+    assert "tool_call_id" not in beside
+    assert [m["role"] for m in mapped.messages[5:7]] == ["assistant", "tool"]
     assert mapped.request["max_tokens"] == 64_000 and mapped.request["tools"] is body["tools"]
 
 
@@ -232,25 +234,131 @@ def _with_text_after_results() -> tuple[dict[str, Any], Any, dict[str, Any]]:
     return body, mapped, tool
 
 
-def test_text_after_results_is_cut_with_them_and_kept_in_place() -> None:
+def test_in_the_newest_message_the_blocks_beside_results_ride_on_the_last_one() -> None:
+    body = claude_code_request(2)
+    body["messages"][-1]["content"].append(_PNG)
+    mapped = ANTHROPIC.to_engine(body)
+    # One tool group, the newest: the engine keeps the results with what is beside them.
+    assert mapped.messages[-1]["role"] == "tool"
+    assert mapped.messages[-1]["content"][-1] == {"type": "image"}
+
+
+def test_text_after_results_is_cut_in_place() -> None:
     body, mapped, tool = _with_text_after_results()
-    cut = {**tool, "content": [tool["content"][0], {"type": "text", "text": "Also…"}]}
-    out = ANTHROPIC.from_engine(body, mapped, [cut if m is tool else m for m in mapped.messages])
+    beside = mapped.messages[mapped.messages.index(tool) + 1]
+    cut = {**beside, "content": [{"type": "text", "text": "Also…"}]}
+    out = ANTHROPIC.from_engine(body, mapped, [cut if m is beside else m for m in mapped.messages])
     rebuilt = out["messages"][2]["content"]
     assert rebuilt[0] is body["messages"][2]["content"][0]
     assert rebuilt[1] == {"type": "text", "text": "Also…"}
     assert pairing_problems(out["messages"]) == []
 
 
-def test_a_brief_stands_for_the_result_and_the_text_riding_on_it() -> None:
+def test_a_result_condensed_away_leaves_the_text_beside_it() -> None:
+    body, mapped, tool = _with_text_after_results()
+    call = mapped.messages[mapped.messages.index(tool) - 1]
+    summary = {"role": "user", "content": SUMMARY_MARKER + "\nthe summary"}
+    kept = [summary if m is call else m for m in mapped.messages if m is not tool]
+    out = ANTHROPIC.from_engine(body, mapped, kept)
+    assert out["messages"][2]["content"] == [body["messages"][2]["content"][1]]
+    assert pairing_problems(out["messages"]) == []
+
+
+def test_a_brief_of_a_result_leaves_the_blocks_beside_it_as_they_were() -> None:
     body, mapped, tool = _with_text_after_results()
     brief = {**tool, "content": "[Read] src/app.py (3,000 chars)"}
     out = ANTHROPIC.from_engine(body, mapped, [brief if m is tool else m for m in mapped.messages])
-    original = body["messages"][2]["content"][0]
+    original = body["messages"][2]["content"]
     assert out["messages"][2]["content"] == [
-        {**original, "content": "[Read] src/app.py (3,000 chars)"}
+        {**original[0], "content": "[Read] src/app.py (3,000 chars)"},
+        original[1],
     ]
+    assert out["messages"][2]["content"][1] is original[1]
     assert out["messages"][2]["content"][0]["is_error"] is True
+
+
+_PDF = {
+    "type": "document",
+    "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"},
+}
+_PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iV"}}
+
+
+def test_the_users_blocks_beside_a_pruned_result_reach_the_upstream() -> None:
+    """The user types while a tool runs: their text (with its marker), an image and
+    a document sit beside a 50k-character result that the pruner briefs."""
+    body = claude_code_request(30, output_chars=6_000)
+    body["max_tokens"] = 4_096
+    answer = body["messages"][4]["content"]
+    call = body["messages"][3]["content"][-1]
+    assert answer[0]["tool_use_id"] == call["id"]
+    call["name"], call["input"] = "Read", {"path": "m1.py"}
+    answer[0]["content"] = "x = 1\n" * 8_485
+    beside = [
+        {"type": "text", "text": "USER-INSTRUCTION-1", "cache_control": CACHE},
+        _PNG,
+        _PDF,
+        {"type": "text", "text": "<system-reminder>Todo list updated.</system-reminder>"},
+    ]
+    answer[1:] = beside
+    result, out = _compact(body, 200_000, threshold=18_000, keep_recent_tokens=2_000)
+    assert result.stage == "pruned"
+    sent = next(m for m in out["messages"] if m["content"][-1] is beside[-1])
+    assert sent["content"][0]["content"] == "[Read] m1.py (50,910 chars)"
+    assert all(a is b for a, b in zip(sent["content"][1:], beside, strict=True))
+    assert len(sent["content"]) == 1 + len(beside)
+    assert pairing_problems(out["messages"]) == [] and SCRIPTED.refusal(out) is None
+
+
+def test_a_marker_inside_a_briefed_result_moves_to_the_brief() -> None:
+    body, mapped, tool = _with_text_after_results()
+    result = body["messages"][2]["content"][0]
+    result["content"] = [{"type": "text", "text": "x" * 900}, {**_PNG, "cache_control": CACHE}]
+    mapped = ANTHROPIC.to_engine(body)
+    tool = next(m for m in mapped.messages if m["role"] == "tool")
+    brief = {**tool, "content": "[Read] src/app.py (900 chars, 1 image)"}
+    out = ANTHROPIC.from_engine(body, mapped, [brief if m is tool else m for m in mapped.messages])
+    assert out["messages"][2]["content"][0]["content"] == [
+        {"type": "text", "text": "[Read] src/app.py (900 chars, 1 image)", "cache_control": CACHE}
+    ]
+
+
+def test_a_marker_on_a_condensed_block_moves_to_the_summary() -> None:
+    body = claude_code_request(40, output_chars=8_000)
+    marked = body["messages"][6]["content"]
+    marked[-1] = {**marked[-1], "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    markers = sum(
+        1
+        for m in body["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if "cache_control" in b
+    )
+    result, out = _compact(body, 90_000)
+    assert result.stage == "condensed", result.notes
+    assert not any(m is body["messages"][6] for m in out["messages"])
+    summary = out["messages"][1]["content"][0]
+    assert summary["text"].startswith(SUMMARY_MARKER)
+    assert summary["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+    sent = sum(
+        1
+        for m in out["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if "cache_control" in b
+    )
+    assert sent <= markers
+
+
+def test_a_block_written_as_text_keeps_its_marker() -> None:
+    body = claude_code_request(2)
+    body["messages"][2]["content"][0]["cache_control"] = CACHE
+    mapped = ANTHROPIC.to_engine(body)
+    messages = [m for m in mapped.messages if m is not mapped.messages[2]]
+    out = ANTHROPIC.from_engine(body, mapped, messages)
+    block = out["messages"][1]["content"][0]
+    assert block["text"].startswith("[tool result for a tool: ")
+    assert block["cache_control"] == CACHE
 
 
 def test_the_summary_becomes_a_user_message_of_one_text_block() -> None:
