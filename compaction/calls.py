@@ -79,7 +79,13 @@ def call_for_result(messages: Sequence[Message], index: int) -> dict[str, Any] |
         if message.get("role") in RESULT_ROLES:
             continue
         if message.get("role") != "assistant":
+            if result.get("role") == "tool":
+                continue  # a message inside the group, between the call and this result
             return None
+        if result.get("role") == "tool" and not any(
+            call.get("id") == call_id for call in tool_calls(message)
+        ):
+            continue  # a later call of the same group (compaction.messages)
         for call in tool_calls(message):
             if call.get("id") == call_id:
                 return call

@@ -6,12 +6,27 @@ A **group** is the unit every stage keeps or removes whole: an assistant
 message with ``tool_calls`` (or a legacy ``function_call``) together with all
 the results answering it; any other message is a group of its own. A **turn**
 is a user message and the groups after it up to the next user message.
+
+Results usually follow their call directly, but clients put other messages
+between them: Codex sent the image a ``view_image`` call returned as a user
+message after that call's output, before the outputs of the calls made beside
+it. A group therefore runs to the last result answering one of its calls, and
+the messages between are part of it — cutting anywhere inside would send a
+result without its call, which every API refuses. An assistant message met
+on the way adds its calls to the group; one that issues an id of the group
+again starts a new round (some clients reuse ids) and ends the search.
+
+A **pinned** message is a system or developer message after the head (an
+instruction the client inserted mid-conversation: Claude Code's
+``{"role": "system"}`` messages, a Responses ``developer`` item). It is an
+instruction, not history: no stage prunes, summarizes, cuts or drops it.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +45,8 @@ _TRUNCATION_NOTE = re.compile(re.escape(TRUNCATION_NOTE).replace(re.escape("{cou
 
 HEAD_ROLES = frozenset({"system", "developer"})
 RESULT_ROLES = frozenset({"tool", "function"})
+#: Roles of the messages kept verbatim wherever they sit (see the module doc).
+PINNED_ROLES = HEAD_ROLES
 
 
 @dataclass(frozen=True, slots=True)  # slots: made for every message of every request
@@ -187,6 +204,17 @@ def is_truncation_note(message: Message) -> bool:
     return truncation_note_count(message) is not None
 
 
+def is_pinned(message: Message) -> bool:
+    """Whether the message is an instruction every stage keeps verbatim (a
+    system or developer message; after the head, see the module doc)."""
+    return message.get("role") in PINNED_ROLES
+
+
+def pinned_in(messages: Sequence[Message], start: int, end: int) -> list[int]:
+    """The indices of the pinned messages among ``messages[start:end]``."""
+    return [i for i in range(max(start, 0), min(end, len(messages))) if is_pinned(messages[i])]
+
+
 # --- groups ----------------------------------------------------------------
 
 
@@ -216,8 +244,9 @@ def _opened_call_ids(message: Message) -> list[str] | None:
 def group_messages(messages: Sequence[Message]) -> tuple[Group, ...]:
     """Split ``messages`` into groups, in order, covering every index once.
 
-    Results belonging to a call are the consecutive ``tool`` messages right
-    after it whose ``tool_call_id`` it issued (a legacy ``function_call`` takes
+    Results belonging to a call are the ``tool`` messages after it whose
+    ``tool_call_id`` it issued, up to the last one answering it, with whatever
+    lies between them (see the module doc; a legacy ``function_call`` takes
     the one ``function`` message after it). A result that answers nothing
     before it forms an ``orphan_result`` group; :func:`repair_tool_pairing`
     removes those.
@@ -278,6 +307,7 @@ def _scan(messages: Sequence[Message], problems: list[PairingProblem] | None) ->
     """The groups of ``messages``; their pairing problems added to ``problems`` if given."""
     groups: list[Group] = []
     i, n = 0, len(messages)
+    later: _LaterResults | None = None  # built the first time a group reaches past its results
     while i < n:
         message = messages[i]
         role = message.get("role")
@@ -286,12 +316,16 @@ def _scan(messages: Sequence[Message], problems: list[PairingProblem] | None) ->
             end = i + 1
             if ids:
                 issued = set(ids)
-                while (
-                    end < n
-                    and messages[end].get("role") == "tool"
-                    and (messages[end].get("tool_call_id") in issued)
-                ):
+                pending = set(ids)
+                while end < n and messages[end].get("role") == "tool":
+                    call_id = messages[end].get("tool_call_id")
+                    if call_id not in issued:
+                        break
+                    pending.discard(call_id)
                     end += 1
+                if pending:
+                    later = later or _LaterResults(messages)
+                    end = _reach(messages, end, issued, pending, later)
             elif end < n and messages[end].get("role") == "function":
                 end += 1
             if problems is not None:
@@ -307,6 +341,72 @@ def _scan(messages: Sequence[Message], problems: list[PairingProblem] | None) ->
             groups.append(Group(i, i + 1, "message"))
             i += 1
     return tuple(groups)
+
+
+class _LaterResults:
+    """Where the ``tool`` results answering each call id sit, for groups whose
+    results do not all follow their call directly."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self._at: dict[Any, list[int]] = {}
+        for index, message in enumerate(messages):
+            if message.get("role") == "tool":
+                self._at.setdefault(message.get("tool_call_id"), []).append(index)
+
+    def first(self, call_ids: Iterable[str], start: int) -> int:
+        """The furthest of the first results at or after ``start`` answering each
+        of ``call_ids``; ``-1`` when none is answered there."""
+        furthest = -1
+        for call_id in call_ids:
+            at = self._at.get(call_id, ())
+            found = bisect.bisect_left(at, start)
+            if found < len(at):
+                furthest = max(furthest, at[found])
+        return furthest
+
+
+def _reach(
+    messages: Sequence[Message],
+    start: int,
+    issued: set[str],
+    pending: set[str],
+    later: _LaterResults,
+) -> int:
+    """One past the last result answering the group's ``pending`` calls, looking
+    from ``start`` over the messages in between (see the module doc); ``start``
+    when none answers them there. ``issued`` and ``pending`` grow with the calls
+    of assistant messages met on the way."""
+    end = start
+    target = later.first(pending, start)
+    j = start
+    while j <= target:
+        message = messages[j]
+        role = message.get("role")
+        if role == "assistant":
+            opened = _opened_call_ids(message)
+            if opened is not None:
+                if not opened or not issued.isdisjoint(opened):
+                    break  # a legacy call, or a new round reusing the ids
+                issued.update(opened)
+                pending.update(opened)
+                target = max(target, later.first(opened, j))
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id in pending:
+                pending.discard(call_id)
+                end = j + 1
+                if not pending:
+                    break
+        j += 1
+    return end
+
+
+def group_of(groups: Sequence[Group], index: int) -> Group:
+    """The group holding ``messages[index]``."""
+    found = bisect.bisect_right([g.start for g in groups], index) - 1
+    if found < 0 or not groups[found].start <= index < groups[found].end:
+        raise IndexError(index)
+    return groups[found]
 
 
 def _orphan(messages: Sequence[Message], index: int, problems: list[PairingProblem]) -> None:
@@ -325,16 +425,34 @@ def _check_results(
         if end - start == 1:
             problems.append(PairingProblem(start, "missing_result", None))
         return
-    answered = [messages[j].get("tool_call_id") for j in range(start + 1, end)]
-    if answered == ids and len(set(ids)) == len(ids):
-        return  # the usual case, checked on every request: one result per call, in order
+    if end - start - 1 == len(ids):
+        answered = [messages[j].get("tool_call_id") for j in range(start + 1, end)]
+        if answered == ids and len(set(ids)) == len(ids):
+            return  # the usual case, checked on every request: one result per call, in order
+    # Results reaching past other messages, or not one per call: in order, each
+    # answers a call made before it in the group.
+    calls = [(call_id, start) for call_id in ids]  # (id, index of the message issuing it)
+    issued = set(ids)
     seen: set[Any] = set()
-    for j, call_id in enumerate(answered, start + 1):
-        if call_id in seen:
-            problems.append(PairingProblem(j, "duplicate_result", call_id))
-        seen.add(call_id)
+    for j in range(start + 1, end):
+        message = messages[j]
+        role = message.get("role")
+        if role == "assistant":
+            more = _opened_call_ids(message) or []
+            calls.extend((call_id, j) for call_id in more)
+            issued.update(more)
+        elif role in RESULT_ROLES:
+            call_id = message.get("tool_call_id")
+            if role != "tool" or call_id not in issued:
+                _orphan(messages, j, problems)
+            elif call_id in seen:
+                problems.append(PairingProblem(j, "duplicate_result", call_id))
+            else:
+                seen.add(call_id)
     problems.extend(
-        PairingProblem(start, "missing_result", call_id) for call_id in ids if call_id not in seen
+        PairingProblem(at, "missing_result", call_id)
+        for call_id, at in calls
+        if call_id not in seen
     )
 
 
@@ -354,7 +472,6 @@ def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
     for p in problems:
         if p.kind == "missing_result":
             missing.setdefault(p.index, []).append(p.tool_call_id)
-    group_end = {g.start: g.end for g in groups}
     inserts: dict[int, list[Message]] = {}
     for start, call_ids in missing.items():
         opener = messages[start]
@@ -367,7 +484,9 @@ def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
                 placeholders.append(
                     {"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT}
                 )
-        inserts[group_end[start]] = placeholders
+        # After the results the group has: an opener inside a group that
+        # reaches past other messages is not where its group ends.
+        inserts.setdefault(group_of(groups, start).end, []).extend(placeholders)
 
     repaired: list[Message] = []
     for i, message in enumerate(messages):

@@ -23,9 +23,21 @@ message with the ``tool`` messages answering it) keeps the outputs with them.
 themselves are objects), :func:`~proxy.dialects.base.rebuild` hands that list
 back, and :meth:`ResponsesDialect.from_engine` splices it into ``input``.
 
-Only a call answered by the outputs right after its run becomes an engine tool
-call; any other call rides in the run as content and its output stands alone,
-so the engine neither invents an output nor drops one the client sent.
+A call some later output answers becomes an engine tool call, wherever that
+output sits: clients put other items between the outputs of parallel calls
+(Codex sent the image of a ``view_image`` call as a user message after its
+output, before the outputs of the calls beside it), and the engine's group
+runs from the call to its last output over whatever lies between, so no
+stage can forward an output without its call. A call no output answers
+rides in the run as content (the engine would invent an output for it), and
+an output answering no call before it stands alone; either way the API's own
+error about it is kept.
+
+``system`` / ``developer`` message items after the head are instructions the
+engine keeps verbatim wherever they sit (``compaction.messages``: pinned): a
+condensed span around one comes back as the summary with the item right
+after it, the client's own object. So does a ``compaction`` item: its
+encrypted summary cannot be read, so condensing it would lose what it holds.
 
 Parts the engine may cut carry ``text``: ``input_text`` / ``output_text``
 parts go in as they are (the same objects), so a rebuilt message is the item
@@ -326,6 +338,7 @@ class ResponsesDialect:
 
 def _map_items(mapped: Mapped, items: list[Any]) -> None:
     """Add every input item to ``mapped``, model turns as one message each."""
+    calls, outputs = _answered(items)
     i, n = 0, len(items)
     while i < n:
         item = items[i]
@@ -335,36 +348,44 @@ def _map_items(mapped: Mapped, items: list[Any]) -> None:
             while end < n and _kind(items[end]) == "model":
                 end += 1
             run = items[i:end]
-            issued = {
-                call_id
-                for call in run
-                if call.get("type") != "reasoning"
-                and isinstance(call_id := call.get("call_id"), str)
-            }
-            answered: set[str] = set()
-            outputs = end
-            while outputs < n and _kind(items[outputs]) == "output":
-                call_id = _call_id(items[outputs])
-                if call_id not in issued:
-                    break
-                answered.add(call_id)
-                outputs += 1
+            answered = {items[k]["call_id"] for k in range(i, end) if k in calls}
             mapped.add(run, [_run_message(run, answered)])
-            for output in items[end:outputs]:
-                tool = {"role": "tool", "tool_call_id": _call_id(output)}
-                tool["content"] = _output_content(output)
-                mapped.add(output, [tool])
-            i = outputs
+            i = end
             continue
-        if kind in ("user", "system"):
-            content = item.get("content")
-            message: Message = {"role": kind, "content": content}
+        if i in outputs:
+            message: Message = {"role": "tool", "tool_call_id": _call_id(item)}
+            message["content"] = _output_content(item)
+        elif kind in ("user", "system"):
+            message = {"role": kind, "content": item.get("content")}
         elif kind == "compaction":
             message = {"role": "system", "content": [_opaque(item)]}
-        else:  # an output answering no call just before it, or an item the engine cannot read
+        else:  # an output answering no call before it, or an item the engine cannot read
             message = {"role": "user", "content": [_opaque(item)]}
         mapped.add(item, [message])
         i += 1
+
+
+def _answered(items: list[Any]) -> tuple[set[int], set[int]]:
+    """The indices of the calls some output answers, and of those outputs.
+
+    An output answers the nearest call before it with its ``call_id``, however
+    many items lie between (see the module doc).
+    """
+    latest: dict[str, int] = {}
+    calls: set[int] = set()
+    outputs: set[int] = set()
+    for index, item in enumerate(items):
+        kind = _kind(item)
+        if kind == "model" and item.get("type") != "reasoning":
+            call_id = item.get("call_id")
+            if isinstance(call_id, str):
+                latest[call_id] = index
+        elif kind == "output":
+            call = latest.get(_call_id(item) or "")
+            if call is not None:
+                calls.add(call)
+                outputs.add(index)
+    return calls, outputs
 
 
 # --- the way back --------------------------------------------------------------

@@ -61,11 +61,59 @@ def test_orphan_result_and_missing_result_are_reported() -> None:
     assert kinds == ["missing_result", "orphan_result"]
 
 
-def test_result_separated_from_its_call_by_a_user_message_is_an_orphan() -> None:
+def test_a_message_between_a_call_and_its_result_stays_inside_the_group() -> None:
+    # Codex put the image a view_image call returned in a user message right
+    # after that call's output, before the outputs of the calls made beside it.
+    opener = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "view_image", "arguments": "{}"}},
+            {"id": "b", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+        ],
+    }
+    msgs = [
+        user("q"),
+        opener,
+        {"role": "tool", "tool_call_id": "a", "content": "attached"},
+        user("<image>"),
+        {"role": "system", "content": "mind the image"},
+        {"role": "tool", "tool_call_id": "b", "content": "src"},
+        user("next"),
+    ]
+    assert [(g.start, g.end) for g in group_messages(msgs)] == [(0, 1), (1, 6), (6, 7)]
+    assert validate_tool_pairing(msgs) == []
+    assert repair_tool_pairing(msgs).messages == msgs
+
+
+def test_an_assistant_message_reusing_an_id_ends_the_search_for_a_result() -> None:
     group = tool_group("ls", {"path": "."}, "out")
-    msgs = [group[0], user("interrupt"), group[1]]
-    kinds = sorted(p.kind for p in validate_tool_pairing(msgs))
-    assert kinds == ["missing_result", "orphan_result"]
+    again = tool_group("ls", {"path": "."}, "out")  # the same call id, a new round
+    msgs = [group[0], user("interrupt"), again[0], again[1]]
+    assert [(g.start, g.end) for g in group_messages(msgs)] == [(0, 1), (1, 2), (2, 4)]
+    assert [p.kind for p in validate_tool_pairing(msgs)] == ["missing_result"]
+
+
+def test_a_missing_result_is_filled_in_after_the_results_of_its_group() -> None:
+    opener = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "b", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        ],
+    }
+    later = {
+        "role": "assistant",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}],
+    }
+    msgs = [
+        opener,
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        later,
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+    ]
+    repaired = repair_tool_pairing(msgs)
+    assert [m.get("tool_call_id") for m in repaired.messages] == [None, "a", None, "b", "c"]
+    assert validate_tool_pairing(repaired.messages) == []
 
 
 def test_repair_drops_orphans_and_fills_missing_results_without_mutating() -> None:
@@ -223,8 +271,31 @@ def _reference_opens(message: dict) -> bool:
     )
 
 
+def _reference_reach(messages: list[dict], end: int, issued: set, pending: set) -> int:
+    """Past the results right after a call: the group runs to the last result
+    answering one of its calls, taking in the calls of assistant messages met
+    on the way, until an assistant message issues one of its ids again."""
+    last = end
+    j = end
+    while pending and any(
+        m.get("role") == "tool" and m.get("tool_call_id") in pending for m in messages[j:]
+    ):
+        message = messages[j]
+        if _reference_opens(message):
+            more = set(_reference_ids(message))
+            if not more or more & issued:
+                break
+            issued |= more
+            pending |= more
+        elif message.get("role") == "tool" and message.get("tool_call_id") in pending:
+            pending.discard(message["tool_call_id"])
+            last = j + 1
+        j += 1
+    return last
+
+
 def _reference_groups(messages: list[dict]) -> list[tuple[int, int, str]]:
-    """group_messages as first written: one helper call per question."""
+    """group_messages written plainly: one helper call per question."""
     groups, i = [], 0
     while i < len(messages):
         if _reference_opens(messages[i]):
@@ -236,6 +307,8 @@ def _reference_groups(messages: list[dict]) -> list[tuple[int, int, str]]:
                     and messages[end].get("tool_call_id") in ids
                 ):
                     end += 1
+                answered = {m.get("tool_call_id") for m in messages[i + 1 : end]}
+                end = _reference_reach(messages, end, set(ids), ids - answered)
             elif end < len(messages) and messages[end].get("role") == "function":
                 end += 1
             groups.append((i, end, "tool_call"))
@@ -259,13 +332,22 @@ def _reference_problems(messages: list[dict]) -> list[tuple[int, str, object]]:
             if end - start == 1:
                 problems.append((start, "missing_result", None))
             continue
+        # In order, each result answers a call made before it in the group.
+        calls = [(c, start) for c in ids]
         seen: set[object] = set()
         for j in range(start + 1, end):
-            call_id = messages[j].get("tool_call_id")
-            if call_id in seen:
-                problems.append((j, "duplicate_result", call_id))
-            seen.add(call_id)
-        problems.extend((start, "missing_result", c) for c in ids if c not in seen)
+            message = messages[j]
+            if message.get("role") == "assistant":
+                calls.extend((c, j) for c in _reference_ids(message))
+            elif message.get("role") in ("tool", "function"):
+                call_id = message.get("tool_call_id")
+                if message["role"] == "function" or call_id not in {c for c, _ in calls}:
+                    problems.append((j, "orphan_result", call_id))
+                elif call_id in seen:
+                    problems.append((j, "duplicate_result", call_id))
+                else:
+                    seen.add(call_id)
+        problems.extend((at, "missing_result", c) for c, at in calls if c not in seen)
     return problems
 
 
@@ -297,6 +379,7 @@ def _calls_then_results(calls: str, results: str) -> list[dict]:
 @example(_calls_then_results("ab", "ba"))  # answered out of order: fine
 @example(_calls_then_results("ab", "a"))
 @example(_calls_then_results("ab", "aab"))
+@example([*_calls_then_results("ab", "a"), user("u"), *_calls_then_results("", "b")[1:]])
 def test_groups_and_pairing_problems_follow_their_definitions(messages: list[dict]) -> None:
     groups = group_messages(messages)
     assert [(g.start, g.end, g.kind) for g in groups] == _reference_groups(messages)

@@ -3,10 +3,9 @@
 :func:`pairing_errors` enforces what the Responses API refuses in ``input``,
 with its wording: an output whose call is not earlier ("No tool call found for
 function call output with call_id …"), a call with no output ("No tool output
-found for function call …"), an output after the next user message, and a
-``function_call`` sent without the ``reasoning`` item that was produced with
-it ("Item 'fc_…' of type 'function_call' was provided without its required
-'reasoning' item: 'rs_…'.").
+found for function call …"), and a ``function_call`` sent without the
+``reasoning`` item that was produced with it ("Item 'fc_…' of type
+'function_call' was provided without its required 'reasoning' item: 'rs_…'.").
 
 :class:`ResponsesUpstream` answers ``POST /v1/responses`` like the API does
 for Codex and the Agents SDK: a reasoning item (with ``encrypted_content``)
@@ -89,13 +88,13 @@ def pairing_errors(
                 errors.append(f"Duplicate tool output for call_id {call_id}.")
             else:
                 answered[call_id] = index
+    # An output may come after other items, a user message too: Codex sent the
+    # image of a view_image call as a user message between the outputs of
+    # parallel calls, and the API answered it.
     user_at = [i for i, item in enumerate(items) if _is_user(item)]
-    for call_id, index in calls.items():
-        output = answered.get(call_id)
-        if output is None:
+    for call_id in calls:
+        if call_id not in answered:
             errors.append(f"No tool output found for function call {call_id}.")
-        elif any(index < u < output for u in user_at):
-            errors.append(f"Tool output for call_id {call_id} comes after the next user message.")
     present = {item.get("id"): i for i, item in enumerate(items) if item.get("id")}
     for call_item, reasoning in (required_reasoning or {}).items():
         at = present.get(call_item)
