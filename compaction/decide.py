@@ -16,6 +16,11 @@ plan (:func:`compaction.execute.execute`); the policy lives here:
 * **the trigger** — a request within it is forwarded (over its checkpoint);
 * **the progress guard** — a span whose last compaction barely shrank the
   request is not summarized again until new messages outgrow the tail;
+* **a manual compaction** (``/compact``, "compact now") is never held back by
+  the guard, and folds the stored summary with what came after it — unless
+  nothing but the newest group came after it (or less than the summary
+  itself), in which case the summary is made afresh from the client's own
+  messages, so the user's instructions have something to work on;
 * **the retry rule** — after an upstream overflow, the retry aims below the
   window the error states, below ``failed × limit ÷ stated count``, and never
   above 90 % of what failed: it can never resend the same bytes.
@@ -36,7 +41,7 @@ from compaction.checkpoints import (
     replacement_digest,
 )
 from compaction.conversation import Conversation
-from compaction.messages import PairingProblem
+from compaction.messages import PairingProblem, tail_start
 from compaction.profile import Budget, Profile, compute_budget
 from compaction.types import Message, Reason
 
@@ -197,6 +202,12 @@ def decide(
     stored = stored or {}
     state = _State(conversation.messages, conversation.counts, conversation.problems, None)
     found = _usable(find_checkpoint(conversation.chain, stored), budget, notes)
+    if found is not None and reason == "manual" and _nothing_after(conversation, found, budget):
+        notes.append(
+            f"manual compaction: only the newest messages follow checkpoint {found.id}; "
+            "summarizing the messages it covered again"
+        )
+        found = None
     if found is not None:
         state = _applied(conversation, found, notes) or state
     covered = state.checkpoint.covered if state.checkpoint is not None else 0
@@ -229,7 +240,8 @@ def decide(
                 # The model's summary is ready; what arrived since it was
                 # prepared is compacted without waiting for another one.
                 profile = dataclasses.replace(profile, summarizer="extractive")
-        elif state.checkpoint is not None:
+        elif state.checkpoint is not None and reason != "manual":
+            # The user asked for this one: the guard does not stand in the way.
             profile = _guarded(profile, budget, state.checkpoint, conversation, progress_min_ratio)
     return Decision(
         action=action,
@@ -284,6 +296,30 @@ class _State:
         kept = conversation.head + len(self.replacement)
         used = sum(self.counts[:kept]) + conversation.overhead
         return used <= budget.input_limit - budget.tail_budget // 4
+
+
+def _nothing_after(conversation: Conversation, found: Checkpoint, budget: Budget) -> bool:
+    """Whether a manual compaction over ``found`` would keep every message after
+    it as its tail, leaving only the earlier summary to condense.
+
+    Judged with the largest tail a manual compaction keeps (half of what
+    follows the head, see :func:`compaction.execute.execute`): a room plan
+    that shortens the tail only ever leaves more to condense.
+    """
+    cut = conversation.head + found.covered
+    if cut > len(conversation.messages):
+        return False  # not on this chain: not applied anyway
+    counts = conversation.counts
+    replacement = sum(conversation.counter.count_messages(list(found.replacement)))
+    after = replacement + sum(counts[cut:])
+    messages = conversation.messages
+    tail = tail_start(conversation.groups, counts, min(budget.tail_budget, after // 2), cut)
+    if tail <= cut:
+        return True
+    # A tail that starts inside a turn keeps the user message opening it
+    # verbatim: when that message is all that lies between, nothing is left.
+    opens_turn = messages[cut].get("role") == "user" and messages[tail].get("role") != "user"
+    return tail - cut == 1 and opens_turn
 
 
 def _usable(found: Checkpoint | None, budget: Budget, notes: list[str]) -> Checkpoint | None:

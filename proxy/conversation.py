@@ -65,6 +65,10 @@ class Prepared:
     result: CompactionResult
     checkpoint: Checkpoint | None  #: made or used
     session: str  #: which conversation (:attr:`compaction.Conversation.session`)
+    #: The checkpoint this request's compaction made (``None`` when it made none).
+    made: Checkpoint | None = None
+    #: The stored checkpoint the compaction started from (its summary folded in).
+    base: Checkpoint | None = None
 
     @property
     def stage(self) -> str:
@@ -74,13 +78,20 @@ class Prepared:
     def tokens_before(self) -> int:
         return self.result.tokens_before
 
+    @property
+    def reason(self) -> str:
+        """Why it was compacted: ``none`` for a request merely forwarded. A
+        manual compaction says so even when it found nothing to do."""
+        result = self.result
+        if result.stage not in ("none", "reused") or result.reason == "manual":
+            return result.reason
+        return "none"
+
     def headers(self) -> dict[str, str]:
         result = self.result
         headers = {
             "x-compaction-stage": result.stage,
-            "x-compaction-reason": result.reason
-            if result.stage not in ("none", "reused")
-            else "none",
+            "x-compaction-reason": self.reason,
             "x-compaction-tokens-before": str(result.tokens_before),
             "x-compaction-tokens-after": str(result.tokens_after),
         }
@@ -241,4 +252,6 @@ async def _run(job: Job, decision: Decision) -> Prepared:
         result=result,
         checkpoint=made or decision.checkpoint,
         session=conversation.session,
+        made=made,
+        base=decision.checkpoint,
     )

@@ -47,8 +47,9 @@ from proxy.errors import (
 )
 from proxy.logs import REQUESTS
 from proxy.overflow import detect_overflow
-from proxy.request_figures import request_record
+from proxy.request_figures import empty_stream, request_record
 from proxy.state import WINDOW_BOUNDS, ProxyState
+from proxy.stores import EMPTY_STREAM_STATUS
 from proxy.transport import UpstreamResponse
 from proxy.upstream import (
     Relay,
@@ -125,6 +126,7 @@ async def _forward(call: Call, started: float) -> Response:
             )
         upstream = await _send(call, retry)
         if upstream.status == 200 and call.streamed and not await _first_bytes(call, upstream):
+            empty_stream(call)
             return _empty_stream_error(call, prepared, upstream, started)
     try:
         _finish(call, prepared, upstream.status, started)
@@ -161,6 +163,7 @@ async def _overflow(
     if upstream.status != 200 or not call.streamed or await _first_bytes(call, upstream):
         return None
     result = prepared.result
+    empty_stream(call)
     if result.tokens_after >= EMPTY_STREAM_NEAR_LIMIT * result.input_limit:
         upstream.release()
         return OverflowReport()
@@ -184,7 +187,8 @@ def _empty_stream_error(
     """The answer to an upstream stream that ended empty: a stream that carries
     one error event, never a clean empty answer."""
     upstream.release()
-    _finish(call, prepared, upstream.status, started)
+    # An error, not the 200 its headers said: counted and logged as one.
+    _finish(call, prepared, EMPTY_STREAM_STATUS, started, error="upstream_empty")
     message = "The upstream ended the stream before sending anything."
     return Response(
         stream_error_event(call.dialect.name, message, "upstream_empty"),
@@ -270,16 +274,14 @@ async def _prepare(
         # the background uses the same summarizer, and is recorded on its own.
         if summarizer is not None:
             call.summarizer_tokens += summarizer.tokens
+            call.summarizer_calls += summarizer.calls
 
 
 async def _manual(call: Call, instructions: str, started: float) -> Response:
     history = call.messages[:-1]
     call.messages = history
     prepared = await _prepare(call, reason="manual", instructions=instructions or None)
-    replaced = prepared.checkpoint.covered if prepared.checkpoint else 0
-    text = manual.reply_text(
-        prepared.tokens_before, prepared.result.tokens_after, replaced, prepared.result.changed
-    )
+    text = manual.reply_text(manual.outcome_of(prepared))
     _finish(call, prepared, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"
     headers = prepared.headers()
@@ -352,11 +354,19 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
         metrics.record_upstream("chat", 0.0, None, "unreachable")
         raise
     metrics.record_upstream("chat", time.perf_counter() - started, response.status)
+    if response.status >= 400:
+        call.upstream_errors += 1
     return response
 
 
 def _finish(
-    call: Call, prepared: Prepared, status: int, started: float, *, upstream: bool = True
+    call: Call,
+    prepared: Prepared,
+    status: int,
+    started: float,
+    *,
+    upstream: bool = True,
+    error: str = "",
 ) -> None:
     """Metrics and the one log line of a chat request (no content, no secrets).
 
@@ -370,12 +380,14 @@ def _finish(
     fields: dict[str, object] = {
         "model": call.config.model or "-",
         "stage": stage,
-        "reason": prepared.result.reason if stage not in ("none", "reused") else "none",
+        "reason": prepared.reason,
         "tokens_before": prepared.tokens_before,
         "tokens_after": prepared.result.tokens_after,
         "upstream_status" if upstream else "status": status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
+    if error:
+        fields["error"] = error
     if call.dialect is not CHAT:
         fields = {"api": call.dialect.name, **fields}
     if call.state.settings.server.log_content and call.messages:
@@ -383,7 +395,7 @@ def _finish(
     logger.info("chat", extra={"fields": fields})
     if call.state.recorder is not None:  # queued for the dashboard; never waits
         ms = (time.perf_counter() - started) * 1000
-        call.state.recorder.record(request_record(call, prepared, status, ms))
+        call.state.recorder.record(request_record(call, prepared, status, ms, error=error))
 
 
 def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:

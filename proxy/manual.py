@@ -12,11 +12,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from compaction import Message, message_text
+from compaction import SUMMARY_MARKER, Message, message_text
+
+if TYPE_CHECKING:
+    from proxy.conversation import Prepared
 
 COMMAND = "/compact"
 #: Every synthetic reply starts with one of these; how later requests find it.
@@ -58,13 +62,68 @@ def strip_commands(messages: list[Message]) -> list[Message]:
     return [m for i, m in enumerate(messages) if i not in drop]
 
 
-def reply_text(tokens_before: int, tokens_after: int, condensed: int, changed: bool) -> str:
-    if not changed:
-        return f"Nothing to compact: the conversation is {tokens_before:,} tokens."
-    return (
-        f"Context compacted: {tokens_before:,} → {tokens_after:,} tokens "
-        f"({condensed} messages condensed)."
+@dataclass(frozen=True)
+class Outcome:
+    """What one manual compaction did, in the terms its reply states.
+
+    Every figure is this compaction's, the same the response headers and the
+    log line give: ``tokens_before`` is the client's conversation as it came,
+    ``tokens_after`` what is sent for it from now on, ``messages`` how many of
+    the client's messages the checkpoint made now stands for.
+    """
+
+    stage: str
+    tokens_before: int
+    tokens_after: int
+    messages: int | None  #: ``None`` when no reusable checkpoint was made
+    #: A new summary was written with the earlier one folded into it.
+    folded: bool
+    #: An earlier compaction is still what is sent (nothing was done now).
+    earlier: bool
+
+
+def outcome_of(prepared: Prepared) -> Outcome:
+    result, made, base = prepared.result, prepared.made, prepared.base
+    folded = (
+        result.summary is not None
+        and base is not None
+        and any(message_text(m).startswith(SUMMARY_MARKER) for m in base.replacement)
     )
+    return Outcome(
+        stage=result.stage,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        messages=made.covered if made is not None else None,
+        folded=folded,
+        earlier=prepared.checkpoint is not None and made is None,
+    )
+
+
+#: How each stage is told, after the count of messages it stands for.
+_DONE = {
+    "pruned": "shortened (older tool results and long texts briefed)",
+    "condensed": "condensed",
+    "truncated": "condensed or removed to fit",
+}
+
+
+def reply_text(outcome: Outcome) -> str:
+    """The synthetic reply: what was done now, or that nothing could be."""
+    before, after = outcome.tokens_before, outcome.tokens_after
+    if outcome.stage in ("none", "reused"):
+        text = f"Nothing to compact: the conversation is {before:,} tokens"
+        if outcome.earlier:
+            text += f", sent as {after:,} tokens over the compaction already made"
+        return text + "; nothing more could be condensed."
+    text = f"Context compacted: {before:,} → {after:,} tokens"
+    done = _DONE.get(outcome.stage, outcome.stage)
+    if outcome.messages is not None:
+        text += f" ({outcome.messages} messages {done})."
+    else:
+        text += f" ({done})."
+    if outcome.folded:
+        text += " The previous summary was folded into the new one."
+    return text
 
 
 def completion(model: str, text: str) -> dict[str, Any]:

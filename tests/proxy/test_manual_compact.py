@@ -1,0 +1,287 @@
+"""``/compact [instructions]`` and "compact now" after an automatic compaction,
+in all three APIs, against real upstreams on loopback.
+
+A chat client (``llm -c``) keeps talking after the proxy compacted its
+conversation on its own; then the user types ``/compact focus on …``. The
+proxy must ask the summarizer again — the focus in its prompt, the earlier
+summary folded in — and its reply must state this compaction's figures, the
+same ones its headers, its log line and its event give.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from compaction import session_key
+from config import load_settings
+from proxy.app import create_app
+from proxy.logs import REQUESTS
+from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
+from tests.proxy.dialects.responses_upstream import ResponsesUpstream
+from tests.proxy.servers import FakeUpstream, serve_in_thread
+
+MODEL = "manual-model"
+#: A small window, so that a few long answers cross the trigger; answers
+#: longer than the verbatim tail, so that the automatic compaction keeps only
+#: the newest question — where ``/compact`` used to find nothing to do.
+PROFILE = {
+    "context_window": 8_192,
+    "summarizer": "llm",
+    "keep_recent_tokens": 1_000,
+    # Compacted by the request that crosses the trigger, not prepared ahead.
+    "precompute_share": 0,
+    # Long answers are condensed, not briefed.
+    "assistant_text_chars": 1_000_000,
+}
+FOCUS = "focus on the err= numbers"
+KEY = "sk-manual-0123456789"
+_WORDS = "the window header parser returns a string where the caller wants a number".split()
+_FIGURES = re.compile(r"Context compacted: ([\d,]+) → ([\d,]+) tokens \((\d+) messages condensed\)")
+
+
+def _answer(turn: int) -> str:
+    """A long assistant answer that mentions its own error number."""
+    words = " ".join(_WORDS[(turn + i) % len(_WORDS)] for i in range(2_400))
+    return f"Turn {turn}: the run failed with err={1000 + turn}. {words}"
+
+
+def _turns(count: int) -> list[tuple[str, str]]:
+    """(role, text) of a plain chat: a task, then answers and short questions."""
+    turns = [("system", "You are a helpful assistant."), ("user", "Why does the parser fail?")]
+    for turn in range(count):
+        turns += [("assistant", _answer(turn)), ("user", f"And what about case {turn}?")]
+    return turns
+
+
+@dataclass
+class Api:
+    """One API as a client speaks it: its path, its body, where its
+    summarizer's prompts and its answers' texts are found."""
+
+    name: str
+    path: str
+    body: Callable[[list[tuple[str, str]]], dict[str, Any]]
+    reply_text: Callable[[dict[str, Any]], str]
+    summary_prompts: Callable[[], list[str]]
+
+
+def _chat_body(turns: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": r, "content": t} for r, t in turns]}
+
+
+def _anthropic_body(turns: list[tuple[str, str]]) -> dict[str, Any]:
+    system = [t for r, t in turns if r == "system"]
+    messages = [{"role": r, "content": t} for r, t in turns if r != "system"]
+    return {"model": MODEL, "max_tokens": 512, "system": system[0], "messages": messages}
+
+
+def _responses_body(turns: list[tuple[str, str]]) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    for role, text in turns:
+        if role == "assistant":
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            )
+        else:
+            items.append({"role": "developer" if role == "system" else role, "content": text})
+    return {"model": MODEL, "input": items}
+
+
+def _texts(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+    elif isinstance(value, dict):
+        for key in ("text", "content", "system", "instructions", "input", "messages"):
+            if key in value:
+                yield from _texts(value[key])
+
+
+@contextmanager
+def _api(name: str) -> Iterator[tuple[Api, str]]:
+    """The API's upstream and a proxy in front of it; the proxy's /v1 URL."""
+    if name == "chat":
+        chat = FakeUpstream()
+        upstream_app, prompts = chat.app(), lambda: chat.summary_prompts
+        api = Api(
+            name,
+            "/chat/completions",
+            _chat_body,
+            lambda r: str(r["choices"][0]["message"]["content"]),
+            lambda: prompts(),
+        )
+    elif name == "anthropic":
+        claude = AnthropicUpstream()
+        upstream_app = claude.app()
+        api = Api(
+            name,
+            "/messages",
+            _anthropic_body,
+            lambda r: str(r["content"][0]["text"]),
+            lambda: ["\n".join(_texts(s.json())) for s in claude.summary_requests],
+        )
+    else:
+        responses = ResponsesUpstream()
+        upstream_app = responses.app()
+        api = Api(
+            name,
+            "/responses",
+            _responses_body,
+            lambda r: "".join(_texts(r["output"])),
+            lambda: ["\n".join(_texts(s.json())) for s in responses.summary_requests],
+        )
+    with serve_in_thread(upstream_app) as upstream_url:
+        settings = load_settings(
+            None,
+            upstream={
+                "base_url": upstream_url + "/v1",
+                "anthropic_base_url": upstream_url + "/v1",
+                "trust_env": False,
+            },
+            store={"url": "memory://"},
+            models={MODEL: PROFILE},
+        )
+        with serve_in_thread(create_app(settings)) as proxy_url:
+            yield api, proxy_url + "/v1"
+
+
+def _post(url: str, api: Api, turns: list[tuple[str, str]]) -> httpx.Response:
+    response = httpx.post(
+        f"{url}{api.path}",
+        json=api.body(turns),
+        headers={"authorization": f"Bearer {KEY}", "x-api-key": KEY},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _until_compacted(url: str, api: Api) -> list[tuple[str, str]]:
+    """Talk until the proxy compacts on its own: the request it compacted."""
+    for count in range(1, 12):
+        turns = _turns(count)
+        if _post(url, api, turns).headers["x-compaction-stage"] == "condensed":
+            return turns
+    raise AssertionError("the conversation never crossed the trigger")
+
+
+def _events(url: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{url}/compaction/events", headers={"authorization": f"Bearer {KEY}"})
+    data: list[dict[str, Any]] = response.json()["data"]
+    return data
+
+
+@pytest.mark.parametrize("name", ["chat", "anthropic", "responses"])
+def test_compact_after_an_automatic_compaction_summarizes_again_with_the_focus(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _api(name) as (api, url):
+        compacted = _until_compacted(url, api)
+        # Its long answer is all that follows the automatic summary's span.
+        history = [*compacted, ("assistant", _answer(len(compacted)))]
+        asked = len(api.summary_prompts())
+        with caplog.at_level(logging.INFO, logger=REQUESTS):
+            response = _post(url, api, [*history, ("user", f"/compact {FOCUS}")])
+        prompts = api.summary_prompts()[asked:]
+        assert prompts, "the summarizer was asked again"
+        assert all(FOCUS in prompt for prompt in prompts)
+        # Nothing but the newest answer follows the automatic summary's span:
+        # the summary is made again from the messages it covered, where the
+        # numbers the user asks about are.
+        assert any("err=1000" in prompt for prompt in prompts)
+
+        headers = response.headers
+        assert (headers["x-compaction-stage"], headers["x-compaction-reason"]) == (
+            "condensed",
+            "manual",
+        )
+        figures = _FIGURES.search(api.reply_text(response.json()))
+        assert figures is not None, api.reply_text(response.json())
+        before, after, condensed = (int(g.replace(",", "")) for g in figures.groups())
+        assert before == int(headers["x-compaction-tokens-before"])
+        assert after == int(headers["x-compaction-tokens-after"])
+        assert after < before
+        [line] = [r for r in caplog.records if r.name == REQUESTS]
+        fields = line.fields  # type: ignore[attr-defined]
+        assert (fields["stage"], fields["reason"]) == ("condensed", "manual")
+        assert (fields["tokens_before"], fields["tokens_after"]) == (before, after)
+
+        [event] = [e for e in _events(url) if e["type"] == "context.compacted"][:1]
+        assert (event["reason"], event["tokens_after"]) == ("manual", after)
+        assert event["checkpoint_id"] == headers["x-compaction-id"]
+        # The count is the messages the new checkpoint stands for: more than the
+        # automatic one covered (it folded that one and what came after it).
+        checkpoint = httpx.get(
+            f"{url}/compaction/checkpoints/{headers['x-compaction-id']}",
+            headers={"authorization": f"Bearer {KEY}"},
+        ).json()
+        assert condensed == checkpoint["covered"]
+
+
+def test_compact_folds_the_earlier_summary_with_what_came_after_it() -> None:
+    with _api("chat") as (api, url):
+        compacted = _until_compacted(url, api)
+        count = len(compacted)
+        history = [*compacted, ("assistant", _answer(count)), ("user", "And then?")]
+        history += [("assistant", _answer(count + 1))]
+        asked = len(api.summary_prompts())
+        response = _post(url, api, [*history, ("user", f"/compact {FOCUS}")])
+        prompts = api.summary_prompts()[asked:]
+        assert prompts and all(FOCUS in prompt for prompt in prompts)
+        # The automatic summary (the fake's text) travels as the one to update.
+        folded = [p for p in prompts if "<previous-summary>" in p]
+        assert folded and "parse_window_header" in folded[0].split("<previous-summary>")[1]
+        text = api.reply_text(response.json())
+        assert text.endswith("The previous summary was folded into the new one.")
+        figures = _FIGURES.search(text)
+        assert figures is not None
+        assert int(figures.group(2).replace(",", "")) == int(
+            response.headers["x-compaction-tokens-after"]
+        )
+
+
+def test_compact_with_nothing_to_condense_says_so() -> None:
+    with _api("chat") as (api, url):
+        response = _post(url, api, [("user", "hello"), ("user", "/compact")])
+        text = api.reply_text(response.json())
+        assert text.startswith("Nothing to compact:")
+        assert f"{int(response.headers['x-compaction-tokens-before']):,} tokens" in text
+        assert response.headers["x-compaction-reason"] == "manual"
+
+
+def test_compact_now_after_an_automatic_compaction_summarizes_again() -> None:
+    with _api("chat") as (api, url):
+        compacted = _until_compacted(url, api)
+        # Less has come since the automatic compaction than its summary holds.
+        later = [*compacted, ("assistant", "Let me check."), ("user", "Go on.")]
+        session = session_key(api.body(later)["messages"])
+        queued = httpx.post(
+            f"{url}/compaction/sessions/{session}/compact",
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+        assert queued.status_code == 202
+        asked = len(api.summary_prompts())
+        response = _post(url, api, later)
+        assert len(api.summary_prompts()) > asked
+        headers = response.headers
+        assert (headers["x-compaction-stage"], headers["x-compaction-reason"]) == (
+            "condensed",
+            "manual",
+        )
+        [event] = [e for e in _events(url) if e["type"] == "context.compacted"][:1]
+        assert (event["reason"], event["checkpoint_id"]) == ("manual", headers["x-compaction-id"])
+        assert event["tokens_after"] == int(headers["x-compaction-tokens-after"])
