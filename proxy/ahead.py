@@ -75,7 +75,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
     state, conversation = job.state, job.conversation
     emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
     announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
-    spent = _tokens(job.summarizer)
+    spent, asked = _tokens(job.summarizer), _calls(job.summarizer)
     try:
         result = await run_plan(dataclasses.replace(job, summarizer=announcing), plan)
     except asyncio.CancelledError:
@@ -92,6 +92,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
         return "failed"
     if announcing is None or not announcing.called:
         return "not_needed"
+    state.metrics.record_summary(result)
     if state.recorder is not None:  # what the model was asked, for the dashboard
         state.recorder.record(
             RequestRecord(
@@ -106,7 +107,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
                 trigger=0,
                 status=0,
                 ms=0.0,
-                summarizer_calls=result.summarizer_calls,
+                summarizer_calls=_calls(job.summarizer) - asked,
                 summarizer_tokens=_tokens(job.summarizer) - spent,
                 background=True,
             )
@@ -143,6 +144,11 @@ def _tokens(summarizer: Summarizer | None) -> int:
     """What the proxy's summarizer (:class:`proxy.summarizer.UpstreamSummarizer`)
     has counted so far; the request that started this job is done with it."""
     return int(getattr(summarizer, "tokens", 0))
+
+
+def _calls(summarizer: Summarizer | None) -> int:
+    """The requests the proxy's summarizer has sent so far, as /metrics counts them."""
+    return int(getattr(summarizer, "calls", 0))
 
 
 class _Announcing:

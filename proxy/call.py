@@ -66,6 +66,10 @@ class Call:
     #: What the summarizer's calls made for this request cost, as the upstream
     #: reported it (those of a compaction it started in the background not included).
     summarizer_tokens: int = 0
+    #: The summarizer's requests made for this request, and the upstream's error
+    #: answers to it (an overflow retried, an empty stream), for its figures.
+    summarizer_calls: int = 0
+    upstream_errors: int = 0
 
     @property
     def base_url(self) -> str:

@@ -55,7 +55,9 @@ class Metrics:
         )
         self.summarizer_failures = Counter(
             "compaction_proxy_summarizer_failures",
-            "Compactions whose llm summary failed and fell back to extractive.",
+            "Compactions (on the request path or prepared in the background) that asked "
+            "the llm summarizer and could not use its answer (the call failed, or the "
+            "reply was no summary), so fell back to extractive.",
             registry=r,
         )
         self.background = Counter(
@@ -85,7 +87,8 @@ class Metrics:
         )
         self.upstream_errors = Counter(
             "compaction_proxy_upstream_errors",
-            "Upstream failures: HTTP status class, or unreachable / timeout.",
+            "Upstream failures: HTTP status class of an error answer, empty (a stream "
+            "that ended before its first event), unreachable, timeout.",
             ["kind"],
             registry=r,
         )
@@ -141,8 +144,20 @@ class Metrics:
         if result.stage in ("none", "reused"):
             return
         self.compactions.labels(result.reason, result.stage).inc()
-        if llm_mode and result.summarizer_used == "extractive":
+        if llm_mode:
+            self.record_summary(result)
+
+    def record_summary(self, result: CompactionResult) -> None:
+        """A compaction that may have asked the llm summarizer: a failure only if
+        the model was asked and its answer not used. A digest written without
+        asking it (a prepared summary applied, no room for a model's summary) is
+        no failure."""
+        if result.summarizer_calls > 0 and result.summarizer_used == "extractive":
             self.summarizer_failures.inc()
+
+    def record_empty_stream(self) -> None:
+        """An upstream stream that ended before its first event: an error answer."""
+        self.upstream_errors.labels("empty").inc()
 
     def record_upstream(
         self, route: str, seconds: float, status: int | None, kind: str = ""

@@ -37,6 +37,7 @@ from proxy.stores.base import (
 from proxy.stores.codec import to_dict
 from proxy.stores.figures import (
     DEFAULT_REQUESTS_RETENTION_SECONDS,
+    EMPTY_STREAM_STATUS,
     RequestRecord,
     SessionSettings,
     SessionSummary,
@@ -124,6 +125,7 @@ def sqlite_path(url: str) -> Path:
 __all__ = [
     "DEFAULT_EVENTS_LIMIT",
     "DEFAULT_KEY_PREFIX",
+    "EMPTY_STREAM_STATUS",
     "INTERRUPTED",
     "OPEN_EVENT_TYPES",
     "Event",

@@ -71,8 +71,8 @@ def _overview_chart(overview: Overview) -> str:
     for bucket, saved in overview.savings:
         running += saved
         points.append((min(bucket + SAVINGS_BUCKET_SECONDS, now), float(running)))
-    saved = Series("tokens saved", points, css="saved")
-    return line_chart([saved], label="Tokens saved over time (cumulative)")
+    line = Series("tokens saved", points, css="saved")
+    return line_chart([line], label="Tokens saved over time (cumulative)")
 
 
 def _session_chart(view: SessionView) -> str:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import time
+from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from compaction import TokenCounter, session_key
 from proxy.logs import REQUESTS, JsonFormatter, TextFormatter
+from proxy.stores import EMPTY_STREAM_STATUS
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
-from tests.synthetic import agent_session
+from tests.proxy.test_background import _post, _prepared_session
+from tests.synthetic import agent_session, shell_step
 
 
 def _metric(text: str, line_start: str) -> float:
@@ -118,3 +125,182 @@ def test_every_chat_request_gets_its_log_line_whoever_answered_it(
 
 def _command() -> dict[str, str]:
     return {"role": "user", "content": "/compact keep the file names"}
+
+
+# --- the dashboard's totals and /metrics, over one scripted run ---------------
+
+AGENT, PLAIN, SMALL = "agent-model", "plain-model", "small-model"
+#: No pruning: every compaction condenses, so each asks the summarizer.
+PROFILE = {"context_window": 16_384, "tool_result_chars": 1_000_000}
+
+
+def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample of /metrics by its name."""
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return found
+
+
+def _sum(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> int:
+    return int(
+        sum(
+            value
+            for found, value in samples.get(name, [])
+            if all(found.get(k) == v for k, v in labels.items())
+        )
+    )
+
+
+def _by(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, label: str) -> dict:
+    counts: dict[str, int] = {}
+    for found, value in samples.get(name, []):
+        if value:
+            counts[found[label]] = counts.get(found[label], 0) + int(value)
+    return counts
+
+
+def _grown(counter: TokenCounter, rng: random.Random, low: int) -> list[dict[str, Any]]:
+    """A fresh tool session of at least ``low`` tokens, a step at a time."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"Task {rng.random()}: make the build green."},
+    ]
+    while counter.count_request({"messages": messages}) < low:
+        messages.extend(shell_step(rng, len(messages)))
+    return messages
+
+
+def test_the_overview_and_metrics_count_the_same_run(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    """Errors, an overflow, a compaction prepared in the background and applied,
+    one made on the request path and a /compact: every total the overview shows
+    is the figure /metrics gives for the same run."""
+    upstream, _ = fake
+    url = start_proxy(
+        models={
+            AGENT: PROFILE,
+            PLAIN: {**PROFILE, "precompute_share": 0},
+            SMALL: {"context_window": 8192, "precompute_share": 0},
+        }
+    )
+    root = url.removesuffix("/v1")
+    rng = random.Random(19)
+    counter = TokenCounter("gpt-4o")
+
+    def post(model: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+        body = {"model": model, "messages": messages, **extra}
+        return httpx.post(f"{url}/chat/completions", json=body, timeout=60)
+
+    # A session whose compaction is prepared in the background, then applied.
+    history = _grown(counter, rng, 0)
+    for step in range(300):
+        history.extend(shell_step(rng, step))
+        if post(AGENT, history).headers.get("x-compaction-precomputed"):
+            break
+        time.sleep(0.03)  # the agent's pause: the preparation runs meanwhile
+    else:
+        raise AssertionError("no compaction prepared ahead was applied")
+    # A compaction on the request path, then a /compact of it.
+    foreground = agent_session(seed=62, steps=60)
+    assert post(PLAIN, foreground).headers["x-compaction-stage"] == "condensed"
+    command = [*foreground, {"role": "user", "content": "/compact"}]
+    assert post(PLAIN, command).headers["x-compaction-reason"] == "manual"
+    # An overflow: the upstream's window is smaller than the proxy was told.
+    upstream.window = 3_000
+    overflowing = _grown(counter, rng, 4_000)
+    retried = post(SMALL, overflowing)
+    assert retried.status_code == 200 and retried.headers["x-compaction-reason"] == "overflow"
+    upstream.window = None
+    # An error relayed, and a stream that ends before its first event.
+    small = [{"role": "user", "content": "hi"}]
+    upstream.behaviours = ["500"]
+    assert post(AGENT, small).status_code == 500
+    upstream.behaviours = ["empty-stream"]
+    assert "upstream_empty" in post(AGENT, small, stream=True).text
+
+    samples = _samples(httpx.get(f"{root}/metrics").text)
+    requests = _sum(samples, "compaction_proxy_requests_total")
+    deadline = time.monotonic() + 10
+    while True:  # the figures are written in batches, off the request path
+        totals = httpx.get(f"{url}/compaction/sessions", timeout=10).json()["totals"]
+        if totals["requests"] == requests or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+    assert _sum(samples, "compaction_proxy_background_jobs_total", outcome="prepared") >= 1
+    assert totals["requests"] == requests
+    assert totals["compactions"] == _sum(samples, "compaction_proxy_compactions_total")
+    assert totals["stages"] == _by(samples, "compaction_proxy_compactions_total", "stage")
+    assert totals["reasons"] == _by(samples, "compaction_proxy_compactions_total", "reason")
+    assert set(totals["reasons"]) == {"threshold", "overflow", "manual"}
+    errors = _by(samples, "compaction_proxy_upstream_errors_total", "kind")
+    # The overflow answer (retried), the 500, the empty stream: each once, in both.
+    assert errors == {"4xx": 1, "5xx": 1, "empty": 1}
+    assert totals["upstream_errors"] == sum(errors.values())
+    assert totals["overflow_retries"] == _sum(samples, "compaction_proxy_overflow_retries_total")
+    assert totals["overflow_retries"] == 1
+    assert totals["summarizer_calls"] == _sum(samples, "compaction_proxy_summarizer_calls_total")
+    assert totals["summarizer_calls"] == len(upstream.summary_requests)
+    sent = _sum(samples, "compaction_proxy_tokens_after_total")
+    assert totals["saved"] == _sum(samples, "compaction_proxy_tokens_before_total") - sent > 0
+
+
+def test_an_empty_stream_is_counted_logged_and_recorded_as_an_upstream_error(
+    start_proxy: ProxyFactory,
+    fake: tuple[FakeUpstream, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upstream, _ = fake
+    url = start_proxy()
+    messages = [{"role": "user", "content": "An empty stream, please."}]
+    upstream.behaviours = ["empty-stream"]
+    with caplog.at_level(logging.INFO, logger=REQUESTS):
+        answer = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": "gpt-4o", "messages": messages, "stream": True},
+            timeout=30,
+        )
+    assert "upstream_empty" in answer.text
+    [line] = [getattr(r, "fields", {}) for r in caplog.records if r.name == REQUESTS]
+    assert line["upstream_status"] == EMPTY_STREAM_STATUS and line["error"] == "upstream_empty"
+    text = httpx.get(f"{url.removesuffix('/v1')}/metrics").text
+    assert _metric(text, 'compaction_proxy_upstream_errors_total{kind="empty"}') == 1
+    session = session_key(messages)
+    deadline = time.monotonic() + 10
+    while True:
+        found = httpx.get(f"{url}/compaction/sessions/{session}", timeout=10).json()
+        if found["requests"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    [record] = found["requests"]
+    assert (record["status"], record["error"], record["upstream_errors"]) == (
+        EMPTY_STREAM_STATUS,
+        "upstream_empty",
+        1,
+    )
+    assert found["summary"]["upstream_errors"] == 1
+
+
+def test_summarizer_failures_count_only_summaries_the_model_was_asked_for_and_failed(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, url, rng, history = _prepared_session(fake, start_proxy, 3)
+    # Far past the prepared span: what follows it is digested without the model.
+    for step in range(20):
+        history.extend(shell_step(rng, len(history) + step))
+    with httpx.Client(timeout=60) as client:
+        applied = _post(client, url, history)
+    assert applied.headers.get("x-compaction-precomputed"), "precondition: prepared and applied"
+    metrics = f"{url.removesuffix('/v1')}/metrics"
+    assert _metric(httpx.get(metrics).text, "compaction_proxy_summarizer_failures_total") == 0
+    # A model that answers 500: a failure, counted once.
+    upstream.summary_reply = "error"
+    failing = agent_session(seed=64, steps=60)
+    asked = len(upstream.summary_requests)
+    with httpx.Client(timeout=60) as client:
+        assert _post(client, url, failing).headers["x-compaction-stage"] == "condensed"
+    assert len(upstream.summary_requests) > asked
+    assert _metric(httpx.get(metrics).text, "compaction_proxy_summarizer_failures_total") == 1

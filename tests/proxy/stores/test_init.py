@@ -25,6 +25,7 @@ def test_public_surface_is_pinned() -> None:
     assert proxy.stores.__all__ == [
         "DEFAULT_EVENTS_LIMIT",
         "DEFAULT_KEY_PREFIX",
+        "EMPTY_STREAM_STATUS",
         "INTERRUPTED",
         "OPEN_EVENT_TYPES",
         "Event",
