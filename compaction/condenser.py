@@ -13,7 +13,17 @@ what the summary covers and whether the tail starts inside a turn;
     before  [ head ][ ..... ][ U ][ steps of U's turn ][ tail ]
     after   [ head ][ summary ][ U ][ turn-prefix summary ][ tail ]
 
-Head, tail and U come out as the very same objects. Each summary is a user
+Head, tail and U come out as the very same objects. A pinned message (a
+system or developer message inside the span: an instruction, not history) is
+not summarized: it comes out as the same object right after the summary of
+the part it sat in, in its original order::
+
+    before  [ head ][ a b P c ][ tail ]      after  [ head ][ summary ][ P ][ tail ]
+
+There, and not in front of the summary, it always follows a user message
+(Anthropic accepts a mid-conversation system message only there), and a
+later compaction, which summarizes the summary again, finds it in the same
+place: the forwarded bytes change only where the summary does. Each summary is a user
 message starting with :data:`~compaction.messages.SUMMARY_MARKER` and ending
 with the ``<read-files>`` / ``<modified-files>`` blocks. Earlier summaries in
 the middle are updated (rolling), never summarized as ordinary text. An LLM
@@ -32,10 +42,11 @@ from typing import Literal
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import collect_files
-from compaction.messages import group_messages, is_summary, message_text
+from compaction.messages import group_messages, is_summary, message_text, pinned_in
 from compaction.profile import Profile
 from compaction.prompts import (
     serialize_messages,
+    stands_for,
     summary_body,
     summary_message,
     summary_problem,
@@ -73,6 +84,8 @@ class CondensePlan:
     tail_start: int
     turn_start: int | None
     previous_summaries: tuple[int, ...]
+    #: The pinned messages in the span, kept verbatim (see the module doc).
+    pinned: tuple[int, ...] = ()
 
     @property
     def split_turn(self) -> bool:
@@ -115,7 +128,8 @@ def plan_condense(messages: Sequence[Message], head_end: int, tail_start: int) -
                 opener = i
                 break
     previous = tuple(i for i in range(head_end, tail_start) if is_summary(messages[i]))
-    return CondensePlan(head_end, tail_start, opener, previous)
+    pinned = tuple(pinned_in(messages, head_end, tail_start))
+    return CondensePlan(head_end, tail_start, opener, previous, pinned)
 
 
 def summary_budget(tokens: int, profile: Profile, *, turn_prefix: bool = False) -> int:
@@ -163,10 +177,11 @@ async def condense(
         raise SummarizationError("nothing to condense: the middle is empty")
     if profile.summarizer == "off":
         raise SummarizationError("the summarizer is off")
-    main = _Span.of(messages, originals, plan.head_end, plan.main_end)
+    pinned = set(plan.pinned)
+    main = _Span.of(messages, originals, plan.head_end, plan.main_end, pinned)
     prefix = _Span([], [])
     if plan.turn_start is not None:
-        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start)
+        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start, pinned)
     if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
         raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
 
@@ -211,10 +226,12 @@ async def condense(
     out = list(messages[: plan.head_end])
     if main_summary is not None:
         out.append(main_summary)
+    out.extend(messages[i] for i in plan.pinned if i < plan.main_end)
     if plan.turn_start is not None:
         out.append(messages[plan.turn_start])
         if prefix_summary is not None:
             out.append(prefix_summary)
+        out.extend(messages[i] for i in plan.pinned if i > plan.turn_start)
     out.extend(messages[plan.tail_start :])
     return CondenseResult(
         messages=out,
@@ -236,9 +253,16 @@ class _Span:
 
     @classmethod
     def of(
-        cls, messages: Sequence[Message], originals: Sequence[Message], start: int, end: int
+        cls,
+        messages: Sequence[Message],
+        originals: Sequence[Message],
+        start: int,
+        end: int,
+        pinned: set[int],
     ) -> _Span:
-        return cls(list(messages[start:end]), list(originals[start:end]))
+        """``[start, end)`` without the pinned messages (kept, not summarized)."""
+        kept = [i for i in range(start, end) if i not in pinned]
+        return cls([messages[i] for i in kept], [originals[i] for i in kept])
 
 
 @dataclass
@@ -274,7 +298,9 @@ class _Run:
         files = collect_files(whole.originals, self.profile)
 
         def wrap(body: str) -> Message:
-            return summary_message(body, condensed=len(span), files=files, turn_prefix=turn_prefix)
+            # The client's messages it stands for: an earlier summary folded in counts its own.
+            condensed = stands_for(span)
+            return summary_message(body, condensed=condensed, files=files, turn_prefix=turn_prefix)
 
         frame = self.counter.count_message(wrap(""))
         if cap is not None:

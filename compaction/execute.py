@@ -45,6 +45,7 @@ from compaction.messages import (
     Group,
     group_messages,
     head_end,
+    pinned_in,
     repair_tool_pairing,
     tail_start,
     validate_tool_pairing,
@@ -216,7 +217,7 @@ async def _compact(
     # proved the estimate optimistic.
     # Planned on the counts before pruning: the tail must not reach into the
     # pruned middle (pruned messages are smaller, and not verbatim).
-    room = _plan_room(run, counts, groups, head, head_tokens)
+    room = _plan_room(run, messages, counts, groups, head, head_tokens)
     if room is not None:
         if not room.llm and profile.summarizer == "llm":
             run.notes.append(
@@ -281,10 +282,18 @@ class _Room:
 
 
 def _plan_room(
-    run: _Run, counts: Sequence[int], groups: Sequence[Group], head: int, head_tokens: int
+    run: _Run,
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    groups: Sequence[Group],
+    head: int,
+    head_tokens: int,
 ) -> _Room | None:
     """Where the tail starts and how large the summary may be, or ``None``
-    when there is nothing to condense (see the module docstring)."""
+    when there is nothing to condense (see the module docstring).
+
+    The pinned messages of the condensed span are kept beside the summary
+    (:mod:`compaction.condenser`): they take their room before it does."""
     profile = run.profile
     if not condenses(profile):
         return None
@@ -298,16 +307,21 @@ def _plan_room(
     half = max(whole, 0) // 2
     room = whole - run.growth
     tail_budget = min(_tail_budget(run, counts, head), max(half - run.growth, half // 4))
+
+    def kept(tail: int) -> int:
+        """The tokens that stay: the tail, and the pinned messages before it."""
+        return sum(counts[tail:]) + sum(counts[i] for i in pinned_in(messages, head, tail))
+
     tail = tail_start(groups, counts, tail_budget, head)
-    leftover = room - sum(counts[tail:])
+    leftover = room - kept(tail)
     if leftover < minimum:
         # The tail gives way before the summary does.
         tail = tail_start(groups, counts, max(room - minimum, 0), head)
-        leftover = room - sum(counts[tail:])
+        leftover = room - kept(tail)
     if tail <= head:
         return None
     if leftover >= minimum:
-        wanted = summary_budget(sum(counts[head:tail]), profile)
+        wanted = summary_budget(sum(counts[head:tail]) + sum(counts[tail:]) - kept(tail), profile)
         ceiling = max(minimum, min(wanted, int(leftover * SUMMARY_ROOM_SHARE)))
         return _Room(tail, leftover, _with_ceiling(profile, ceiling), llm=True)
     # The tail is the newest group alone now, and no model is asked.

@@ -11,8 +11,14 @@ Whatever comes in leaves at or below ``limit`` tokens, or
      whole   if it     dropped messages were      the suffix    suffix, whole
              fits                                 answers       groups only
 
-Space is handed out in this order: the head (never cut: CannotFitError
-``"head"`` when it alone is too large), the newest group (what the model must
+Pinned messages (system or developer messages after the head:
+instructions, not history) are never dropped or cut. One among the dropped
+messages stands right after the note, in its original order, as the
+condenser keeps one right after the summary; one inside a kept group stays
+where it is.
+
+Space is handed out in this order: the head and the pinned messages (never
+cut: CannotFitError ``"head"`` when they alone are too large), the newest group (what the model must
 answer), the newest summary, the user message that opened the newest group's
 turn when it was dropped, then older groups newest-first until the first one
 that does not fit. The opener goes before older groups because the model needs
@@ -37,6 +43,7 @@ from compaction.messages import (
     is_summary,
     is_truncation_note,
     message_text,
+    pinned_in,
     truncation_note,
     truncation_note_count,
 )
@@ -99,20 +106,32 @@ def truncate(
 
     groups = group_messages(messages)
     head_end = _group_boundary(groups, head_end)
+    pinned = frozenset(pinned_in(messages, head_end, len(messages)))
     head_tokens = sum(counts[:head_end]) + overhead
     if head_tokens > limit:
         raise CannotFitError("head", head_tokens, limit)
+    if pinned:
+        # What is never dropped counts as the head's: the rest shares what is left.
+        head_tokens += sum(counts[i] for i in pinned)
+        if head_tokens > limit:
+            raise CannotFitError(
+                "head", head_tokens, limit, detail=" (with the system messages after it)"
+            )
+        counts = [0 if i in pinned else c for i, c in enumerate(counts)]
     body = [g for g in groups if g.start >= head_end]
 
     reserve = counter.count_message(truncation_note(len(messages)))
     while True:
-        plan = _select(messages, counts, body, head_end, limit - head_tokens - reserve, counter)
+        room = limit - head_tokens - reserve
+        plan = _select(messages, counts, body, head_end, room, counter, pinned)
         if plan is None:
-            return _shrink_newest(messages, counts, body, head_end, head_tokens, limit, counter)
-        out, dropped = _assemble(messages, head_end, plan)
+            return _shrink_newest(
+                messages, counts, body, head_end, head_tokens, limit, counter, pinned
+            )
+        out, dropped, removed = _assemble(messages, head_end, plan, pinned)
         total = sum(counter.count_messages(out)) + overhead
         if total <= limit:
-            notes = [f"removed {dropped} earlier messages to fit {limit:,} tokens"]
+            notes = [f"removed {removed} earlier messages to fit {limit:,} tokens"]
             if plan.excerpt is not None:
                 notes.append(f"excerpted {len(plan.excerpt[1])} older messages to fit")
             suffix = len(messages) - plan.suffix_start
@@ -137,6 +156,7 @@ def _select(
     head_end: int,
     budget: int,
     counter: TokenCounter,
+    pinned: frozenset[int],
 ) -> _Plan | None:
     """What to keep after the head within ``budget``; ``None`` if the newest group does not fit."""
 
@@ -167,7 +187,7 @@ def _select(
     for group in reversed(body[:-1]):
         if group.start not in (summary, opener):
             if used + tokens(group) > budget:
-                excerpt = _excerpt(messages, group, budget - used, counter)
+                excerpt = _excerpt(messages, group, budget - used, counter, pinned)
                 break
             used += tokens(group)
         suffix_start = group.start
@@ -175,7 +195,11 @@ def _select(
 
 
 def _excerpt(
-    messages: Sequence[Message], group: Group, room: int, counter: TokenCounter
+    messages: Sequence[Message],
+    group: Group,
+    room: int,
+    counter: TokenCounter,
+    pinned: frozenset[int],
 ) -> tuple[int, list[Message]] | None:
     """``group`` cut to ``room`` tokens, or ``None`` when too little is left or
     it is a note or summary (nothing to learn from a piece of those)."""
@@ -183,8 +207,9 @@ def _excerpt(
     if room < EXCERPT_MIN_TOKENS or is_summary(first) or is_truncation_note(first):
         return None
     whole = list(messages[group.start : group.end])
-    cut = _shrink_group(whole, room, counter)
-    if sum(counter.count_messages(cut)) > room:
+    inside = frozenset(i - group.start for i in range(group.start, group.end) if i in pinned)
+    cut = _shrink_group(whole, room, counter, inside)
+    if sum(c for i, c in enumerate(counter.count_messages(cut)) if i not in inside) > room:
         return None
     # Fresh objects throughout: only the verbatim suffix shares the caller's.
     return group.start, [dict(m) if m is o else m for m, o in zip(cut, whole, strict=True)]
@@ -204,7 +229,11 @@ def _turn_opener(messages: Sequence[Message], floor: int, start: int) -> int | N
     return None
 
 
-def _assemble(messages: Sequence[Message], head_end: int, plan: _Plan) -> tuple[list[Message], int]:
+def _assemble(
+    messages: Sequence[Message], head_end: int, plan: _Plan, pinned: frozenset[int]
+) -> tuple[list[Message], int, int]:
+    """The messages kept, how many were dropped, and how many of the client's
+    messages those stood for (what the note says)."""
     out = list(messages[:head_end])
     if plan.summary is not None and plan.summary < plan.suffix_start:
         out.append(messages[plan.summary])
@@ -218,15 +247,15 @@ def _assemble(messages: Sequence[Message], head_end: int, plan: _Plan) -> tuple[
     if plan.excerpt is not None:
         start, cut = plan.excerpt
         spared.update(range(start, start + len(cut)))
-    dropped = [
-        m for i, m in enumerate(messages[head_end : plan.suffix_start], head_end) if i not in spared
-    ]
+    before = range(head_end, plan.suffix_start)
+    dropped = [messages[i] for i in before if i not in spared and i not in pinned]
     if dropped:
         out.append(truncation_note(removed_count(dropped)))
+    out.extend(messages[i] for i in before if i in pinned and i not in spared)
     for index in sorted(kept):
         out.extend(kept[index])
     out.extend(messages[plan.suffix_start :])
-    return out, len(dropped)
+    return out, len(dropped), removed_count(dropped)
 
 
 def removed_count(dropped: Sequence[Message]) -> int:
@@ -253,40 +282,43 @@ def _shrink_newest(
     head_tokens: int,
     limit: int,
     counter: TokenCounter,
+    pinned: frozenset[int],
 ) -> TruncateResult:
     """Keep the head, the newest summary if the newest group can be cut to
     leave room for it (a summary is worth more than the excess of one group),
-    and the newest group cut to what is left."""
+    the pinned messages, and the newest group cut to what is left."""
     newest = body[-1]
     summary = next(
         (i for i in range(newest.start - 1, head_end - 1, -1) if is_summary(messages[i])), None
     )
     group = list(messages[newest.start : newest.end])
+    # Pinned messages inside the group are counted with the head already.
+    inside = [i - newest.start for i in range(newest.start, newest.end) if i in pinned]
     before = sum(counts[newest.start : newest.end])
     failure: CannotFitError | None = None
     for keep in ((summary,) if summary is not None else ()) + (None,):
         kept = [messages[keep]] if keep is not None else []
-        dropped = [
-            m for i, m in enumerate(messages[head_end : newest.start], head_end) if i != keep
-        ]
+        older = range(head_end, newest.start)
+        dropped = [messages[i] for i in older if i != keep and i not in pinned]
         note = [truncation_note(removed_count(dropped))] if dropped else []
+        kept_pinned = [messages[i] for i in older if i in pinned]
         extra = sum(counter.count_messages([*kept, *note]))
         room = limit - head_tokens - extra
-        cut = _shrink_group(group, room, counter)
-        after = sum(counter.count_messages(cut))
+        cut = _shrink_group(group, room, counter, frozenset(inside))
+        after = sum(c for i, c in enumerate(counter.count_messages(cut)) if i not in inside)
         if after > room:
             failure = CannotFitError("newest group", after, limit, room=room)
             continue
         shrunk = sum(1 for new, old in zip(cut, group, strict=True) if new is not old)
         notes = []
         if dropped:
-            notes.append(f"removed {len(dropped)} earlier messages to fit {limit:,} tokens")
+            notes.append(f"removed {removed_count(dropped)} earlier messages to fit {limit:,} tokens")
         if shrunk:
             notes.append(
                 f"cut {shrunk} messages of the newest group to fit {limit:,} tokens "
                 f"({before:,} → {after:,} tokens)"
             )
-        out = [*messages[:head_end], *kept, *note, *cut]
+        out = [*messages[:head_end], *kept, *note, *kept_pinned, *cut]
         return TruncateResult(out, len(dropped), shrunk, tuple(notes), suffix=len(cut))
     assert failure is not None
     raise failure
@@ -308,12 +340,15 @@ class _Field:
         self.current = self.original
 
 
-def _shrink_group(group: list[Message], room: int, counter: TokenCounter) -> list[Message]:
+def _shrink_group(
+    group: list[Message], room: int, counter: TokenCounter, pinned: frozenset[int] = frozenset()
+) -> list[Message]:
     """``group`` with its biggest texts cut until it fits ``room`` tokens, or as far as
-    cutting goes. Untouched messages stay the same objects."""
+    cutting goes. Untouched messages stay the same objects. The messages at
+    ``pinned`` are never cut and ``room`` is for the others."""
     work = [_editable(m) for m in group]
-    fields = [f for i, m in enumerate(work) for f in _fields(i, m, counter)]
-    counts = counter.count_messages(work)
+    fields = [f for i, m in enumerate(work) if i not in pinned for f in _fields(i, m, counter)]
+    counts = [0 if i in pinned else c for i, c in enumerate(counter.count_messages(work))]
     touched: set[int] = set()
     while True:
         excess = sum(counts) - room

@@ -21,6 +21,23 @@ from tests.synthetic import conversations
 
 COUNTER = TokenCounter("gpt-4o")
 
+
+@st.composite
+def with_pinned(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A conversation with system and developer messages inserted after the task,
+    anywhere: between turns, and between a call and its results."""
+    messages = draw(conversations())
+    for k in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(2, len(messages)))
+        role = draw(st.sampled_from(["system", "developer"]))
+        size = draw(st.sampled_from([1, 1, 1, 40, 400]))
+        messages.insert(at, {"role": role, "content": f"pinned {k}: " + "keep this " * size})
+    return messages
+
+
+def _pinned(messages: list[dict[str, Any]], head: int) -> list[dict[str, Any]]:
+    return [m for m in messages[head:] if m["role"] in ("system", "developer")]
+
 profiles = st.builds(
     Profile,
     context_window=st.sampled_from([2_048, 4_096, 8_192, 16_000, 32_000]),
@@ -38,7 +55,7 @@ def _run(request: dict[str, Any], profile: Profile, reason: Any) -> Any:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    messages=conversations(),
+    messages=st.one_of(conversations(), with_pinned()),
     profile=profiles,
     reason=st.sampled_from(["threshold", "overflow", "manual"]),
     max_tokens=st.one_of(st.none(), st.integers(1, 3_000)),
@@ -59,8 +76,10 @@ def test_compaction_invariants(
     try:
         result = _run(request, profile, reason)
     except CannotFitError as exc:
-        # Only what is never dropped may be too large.
+        # Only what is never dropped may be too large: the head and the
+        # system messages after it, or the newest group.
         head_tokens = sum(counts[:head]) + overhead
+        head_tokens += sum(COUNTER.count_messages(_pinned(messages, head)))
         assert exc.part == "newest group" or head_tokens > budget.input_limit, exc
         assert messages == snapshot
         return
@@ -72,6 +91,10 @@ def test_compaction_invariants(
     assert result.tokens_after == COUNTER.count_request({**request, "messages": out})
     assert result.tokens_after <= result.tokens_before, "a stage grew the request"
     assert all(a is b for a, b in zip(out[:head], messages[:head], strict=True)), "head changed"
+    # Every system message after the head is forwarded as it came, in its order.
+    pinned = _pinned(messages, head)
+    assert [m for m in _pinned(out, head) if any(m is p for p in pinned)] == pinned
+    assert all(any(m is p for m in out) for p in pinned), "a pinned message was lost"
 
     if reason == "threshold" and result.tokens_before <= budget.trigger:
         assert out is messages and result.stage == "none" and not result.changed
@@ -88,7 +111,8 @@ def test_compaction_invariants(
         if result.stage == "condensed":  # a condensing plan keeps half the room for growth
             tail_budget = min(tail_budget, max(room, 0) // 2)
         tail = tail_start(groups, counts, tail_budget, head)
-        if room - sum(counts[tail:]) < profile.summary_min_tokens and groups:
+        kept_before = sum(COUNTER.count_messages(_pinned(messages[:tail], head)))
+        if room - sum(counts[tail:]) - kept_before < profile.summary_min_tokens and groups:
             tail = max(tail, groups[-1].start)
         kept = len(messages) - tail
         if kept:
@@ -128,7 +152,7 @@ def test_masking_is_idempotent_and_never_grows(messages: list[dict[str, Any]], d
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(messages=conversations(), profile=profiles)
+@given(messages=st.one_of(conversations(), with_pinned()), profile=profiles)
 def test_a_checkpoint_of_a_result_gives_the_next_request_the_same_bytes(
     messages: list[dict[str, Any]], profile: Profile
 ) -> None:
