@@ -20,8 +20,10 @@ from compaction.files import FileLists, render_file_lists, strip_file_lists
 from compaction.messages import (
     SUMMARY_MARKER,
     call_name_and_arguments,
+    is_summary,
     message_text,
     tool_calls,
+    truncation_note_count,
 )
 from compaction.text import clip, one_line
 from compaction.types import Message
@@ -242,8 +244,38 @@ def summary_body(text: str) -> str:
     return strip_file_lists(text).strip()
 
 
+#: A summary's heading, as :func:`summary_message` writes it: the count of the
+#: client's messages it stands for.
+_HEADING_COUNT = re.compile(r"Summary of (?:the first )?(\d+) ")
+
+
+def summary_count(message: Message) -> int | None:
+    """How many of the client's messages a summary stands for, as its heading
+    says; ``None`` for any other message."""
+    if not is_summary(message):
+        return None
+    found = _HEADING_COUNT.search(message_text(message)[:200])
+    return int(found.group(1)) if found else None
+
+
+def stands_for(messages: Sequence[Message]) -> int:
+    """How many of the client's messages ``messages`` stand for: an earlier
+    summary or truncation note for the messages it replaced, any other message
+    for itself. What a summary's heading and a removal note count, so that a
+    summary folding an earlier one states the whole span (39 messages, not the
+    13 it read)."""
+    total = 0
+    for message in messages:
+        count = truncation_note_count(message)
+        if count is None:
+            count = summary_count(message)
+        total += count or 1
+    return total
+
+
 def summary_message(body: str, *, condensed: int, files: FileLists, turn_prefix: bool) -> Message:
-    """The user message that stands in for ``condensed`` messages."""
+    """The user message that stands in for ``condensed`` of the client's messages
+    (:func:`stands_for` the span it replaces)."""
     noun = "message" if condensed == 1 else "messages"
     if turn_prefix:
         header = (

@@ -312,7 +312,8 @@ def _shrink_newest(
         shrunk = sum(1 for new, old in zip(cut, group, strict=True) if new is not old)
         notes = []
         if dropped:
-            notes.append(f"removed {removed_count(dropped)} earlier messages to fit {limit:,} tokens")
+            removed = removed_count(dropped)
+            notes.append(f"removed {removed} earlier messages to fit {limit:,} tokens")
         if shrunk:
             notes.append(
                 f"cut {shrunk} messages of the newest group to fit {limit:,} tokens "
