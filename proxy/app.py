@@ -259,7 +259,9 @@ def create_app(
         watch = None if isinstance(body, AsyncIterator) else ClientWatch(request.receive)
         try:
             with watch.waiting() if watch else contextlib.nullcontext():
-                upstream = await send(state.transport, request.method, url, headers, body)
+                upstream = await send(
+                    state.transport, request.method, url, headers, body, upstream=base
+                )
         except asyncio.CancelledError:
             if watch is None or not watch.gone:
                 raise

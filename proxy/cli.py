@@ -71,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="TOML configuration file")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8808)")
-    serve.add_argument("--upstream", metavar="URL", help="OpenAI-compatible upstream base URL")
+    serve.add_argument(
+        "--upstream", metavar="URL", help="OpenAI-compatible upstream base URL (chat, responses)"
+    )
+    serve.add_argument(
+        "--anthropic-upstream",
+        metavar="URL",
+        help="Anthropic Messages upstream base URL (POST /v1/messages)",
+    )
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.add_argument(
         "--log-format", choices=("text", "json"), help="text (default) or one JSON object a line"
@@ -210,7 +217,7 @@ def _serve(args: argparse.Namespace) -> int:
             "log_format": args.log_format,
             "log_content": args.log_content,
         },
-        upstream={"base_url": args.upstream},
+        upstream={"base_url": args.upstream, "anthropic_base_url": args.anthropic_upstream},
     )
     serve(settings, log_level=args.log_level)
     return EXIT_OK

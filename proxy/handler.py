@@ -56,6 +56,7 @@ from proxy.upstream import (
     read_whole,
     relay_bytes,
     send,
+    shown_url,
     stream_error_event,
 )
 from proxy.usage import UsageTap
@@ -346,7 +347,9 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
     started = time.perf_counter()
     try:
         with call.watch.waiting() if call.watch else contextlib.nullcontext():
-            response = await send(call.state.transport, "POST", call.url, call.headers, body)
+            response = await send(
+                call.state.transport, "POST", call.url, call.headers, body, upstream=call.base_url
+            )
     except UpstreamTimeout:
         metrics.record_upstream("chat", 0.0, None, "timeout")
         raise
@@ -406,4 +409,7 @@ def _log_refusal(state: ProxyState, call: Call | None, status: int, started: flo
         "status": status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
+    if call is not None and status in (502, 504):
+        # Which upstream failed, when there are several (chat and Anthropic).
+        fields["upstream"] = shown_url(call.base_url)
     logger.info("chat refused", extra={"fields": fields})

@@ -9,19 +9,34 @@ import uvicorn
 from config import Settings
 from proxy import logs
 from proxy.app import create_app
+from proxy.upstream import shown_url
 
 #: Seconds open streams get to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_SECONDS = 30
 
 
+def startup_line(settings: Settings) -> str:
+    """Where the proxy listens and every upstream it sends to (no secrets)."""
+    server, upstream = settings.server, settings.upstream
+    line = (
+        f"compaction-proxy on http://{server.host}:{server.port}/v1 → "
+        f"chat and responses {shown_url(upstream.base_url)}, "
+        f"anthropic {shown_url(upstream.anthropic_base_url)}"
+    )
+    own = [
+        f"{name} {shown_url(url)}"
+        for name, model in settings.models.items()
+        for url in (model.upstream, model.anthropic_upstream)
+        if url is not None
+    ]
+    if own:
+        line += "; models: " + ", ".join(own)
+    return line
+
+
 def serve(settings: Settings, *, log_level: str = "info") -> None:
     logs.configure(log_level, settings.server.log_format)
-    logging.getLogger("compaction_proxy").info(
-        "compaction-proxy on http://%s:%d/v1 → %s",
-        settings.server.host,
-        settings.server.port,
-        settings.upstream.base_url,
-    )
+    logging.getLogger("compaction_proxy").info("%s", startup_line(settings))
     uvicorn.run(
         create_app(settings),
         host=settings.server.host,

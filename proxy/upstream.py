@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from starlette.responses import Response
@@ -31,6 +32,27 @@ from proxy.transport import (
 from proxy.usage import UsageTap
 
 logger = logging.getLogger(__name__)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a log line may name it: no user, password, query or fragment
+    (a base URL may carry a key in any of them)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(unparsable URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _log_failure(error: ProxyError, upstream: str, what: str) -> None:
+    fields = {"status": error.status, "upstream": upstream, "code": error.code}
+    logger.warning("%s", what, extra={"fields": fields})
+
 
 #: Never forwarded in either direction: they describe one connection, or a
 #: body the proxy re-encodes.
@@ -130,12 +152,20 @@ async def send(
     url: str,
     headers: Mapping[str, str],
     content: bytes | AsyncIterator[bytes] | None,
+    *,
+    upstream: str | None = None,
 ) -> UpstreamResponse:
-    """Send and return the response once its head is in, its body unread."""
+    """Send and return the response once its head is in, its body unread.
+
+    ``upstream`` is the base URL ``url`` was built on: what the log line of a
+    failure names (by default ``url`` itself, shown without secrets).
+    """
     try:
         return await transport.request(method, url, headers, content)
     except TransportError as exc:
-        raise upstream_error(exc) from exc
+        error = upstream_error(exc)
+        _log_failure(error, shown_url(upstream or url), "upstream not reached")
+        raise error from exc
     except ValueError as exc:
         raise BadRequest(f"The request cannot be forwarded: {exc}.") from exc
 
@@ -145,7 +175,9 @@ async def read_whole(upstream: UpstreamResponse) -> bytes:
     try:
         return await upstream.read()
     except BodyLost as exc:
-        raise upstream_error(exc) from exc
+        error = upstream_error(exc)
+        _log_failure(error, shown_url(upstream.url), "upstream answer broke")
+        raise error from exc
 
 
 def stream_error_event(api: str, message: str, code: str) -> bytes:
@@ -208,8 +240,9 @@ class Relay(Response):
                 try:
                     body = await upstream.read()
                 except BodyLost as exc:
-                    logger.warning("upstream answer broke: %s", exc)
-                    await error_response(upstream_error(exc))(scope, receive, send)
+                    error = upstream_error(exc)
+                    _log_failure(error, shown_url(upstream.url), f"upstream answer broke: {exc}")
+                    await error_response(error)(scope, receive, send)
                     return
                 await self._whole(body, scope, send)
                 return
@@ -261,7 +294,11 @@ class Relay(Response):
             watcher.cancel()
 
     async def _broken(self, exc: BodyLost, send: Send) -> None:
-        logger.warning("upstream stream broke: %s", exc)
+        logger.warning(
+            "upstream stream broke: %s",
+            exc,
+            extra={"fields": {"upstream": shown_url(self.upstream.url)}},
+        )
         if self.upstream.length is None and (self.upstream.header("content-type") or "").startswith(
             "text/event-stream"
         ):

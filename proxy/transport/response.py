@@ -17,11 +17,13 @@ class UpstreamResponse:
     gives the connection back to the pool.
     """
 
-    __slots__ = ("_ahead", "_closing", "_response", "length", "raw_headers", "status")
+    __slots__ = ("_ahead", "_closing", "_response", "length", "raw_headers", "status", "url")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status = response.status
+        #: Where it came from (for log lines; may hold a query, never printed raw).
+        self.url = str(response.url)
         #: As received, names lower-cased (ASGI's form); repeated headers kept.
         self.raw_headers = [(name.lower(), value) for name, value in response.raw_headers]
         #: The declared ``Content-Length``; ``None`` for chunked or read-until-close.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -318,3 +319,137 @@ def test_serve_runs_the_proxy_until_sigterm(tmp_path: Path) -> None:
     assert process.returncode in (0, -signal.SIGTERM), err
     assert b"Application shutdown complete" in err
     assert b"127.0.0.1:9/v1" in err  # the start-up line names the upstream
+
+
+# --- serve with an upstream per API --------------------------------------------
+
+
+class _Recorder:
+    """An upstream that answers every POST with its own name and remembers the paths."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.paths: list[str] = []
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def answer(request: Request) -> JSONResponse:
+            self.paths.append(request.url.path)
+            return JSONResponse({"id": "x", "served_by": self.name})
+
+        return Starlette(routes=[Route("/{path:path}", answer, methods=["POST"])])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
+    """``compaction-proxy serve`` with ``flags``; its /v1 URL, then its stderr lines."""
+    import signal
+    import time
+
+    import httpx
+
+    port = _free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+    clean["ANTHROPIC_API_KEY"] = clean["OPENAI_API_KEY"] = ""
+    process = subprocess.Popen(
+        [str(SCRIPT), "serve", "--port", str(port), *flags],
+        cwd=tmp_path,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz")
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/v1", lines
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+        lines.extend(err.decode().splitlines())
+
+
+_CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+_MESSAGES = {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+_RESPONSES = {"model": "gpt-4o", "input": [{"role": "user", "content": "hi"}]}
+
+
+def test_serve_sends_each_api_to_its_own_upstream(tmp_path: Path) -> None:
+    import httpx
+
+    from tests.proxy.servers import serve_in_thread
+
+    openai_side, anthropic_side = _Recorder("openai"), _Recorder("anthropic")
+    with (
+        serve_in_thread(openai_side.app()) as openai_url,
+        serve_in_thread(anthropic_side.app()) as anthropic_url,
+    ):
+        flags = ("--upstream", openai_url + "/v1", "--anthropic-upstream", anthropic_url + "/v1")
+        with _serving(tmp_path, *flags) as (proxy, lines):
+            served = {
+                path: httpx.post(f"{proxy}{path}", json=body, timeout=30).json()["served_by"]
+                for path, body in (
+                    ("/chat/completions", _CHAT),
+                    ("/responses", _RESPONSES),
+                    ("/messages", _MESSAGES),
+                    ("/messages/count_tokens", _MESSAGES),
+                )
+            }
+    assert served == {
+        "/chat/completions": "openai",
+        "/responses": "openai",
+        "/messages": "anthropic",
+        "/messages/count_tokens": "anthropic",
+    }
+    assert openai_side.paths == ["/v1/chat/completions", "/v1/responses"]
+    assert anthropic_side.paths == ["/v1/messages", "/v1/messages/count_tokens"]
+    [startup] = [line for line in lines if "compaction-proxy on" in line]
+    assert f"chat and responses {openai_url}/v1" in startup
+    assert f"anthropic {anthropic_url}/v1" in startup
+
+
+def test_a_502_log_line_names_the_upstream_that_could_not_be_reached(tmp_path: Path) -> None:
+    import httpx
+
+    openai_url = f"http://127.0.0.1:{_free_port()}/v1"
+    # A key in the URL's user part is never printed.
+    anthropic_url = f"http://user:sk-secret-in-url@127.0.0.1:{_free_port()}/v1"
+    flags = ("--upstream", openai_url, "--anthropic-upstream", anthropic_url)
+    with _serving(tmp_path, *flags) as (proxy, lines):
+        for path, body in (
+            ("/chat/completions", _CHAT),
+            ("/messages", _MESSAGES),
+            ("/models", None),
+        ):
+            if body is None:
+                assert httpx.get(f"{proxy}{path}", timeout=30).status_code == 502
+            else:
+                assert httpx.post(f"{proxy}{path}", json=body, timeout=30).status_code == 502
+    shown_anthropic = anthropic_url.replace("user:sk-secret-in-url@", "")
+    failures = [line for line in lines if "status=502" in line]
+    assert failures
+    named = (f"upstream={openai_url}", f"upstream={shown_anthropic}")
+    assert all(any(name in f for name in named) for f in failures)
+    assert any(f"upstream={shown_anthropic}" in f for f in failures)
+    assert sum(f"upstream={openai_url}" in f for f in failures) >= 2  # chat, and /v1/models
+    assert not any("sk-secret-in-url" in line for line in lines)
