@@ -96,13 +96,19 @@ def test_the_dashboard_shows_a_session_and_edits_its_summary(
             page.goto(f"{base}/ui")
             link = page.locator(f"a.session-link:has-text('{session}')")
             link.wait_for()  # the figures are written in the background
+            row = page.locator("#sessions tr", has=link)
+            # Named by its task, for its owner (here: a keyless caller, as the visitor).
+            assert row.locator("a.session-label").inner_text() == "Browser test: fix the parser."
+            assert "/ 8k · limit 6k · trigger 6k" in row.locator("td.context").inner_text()
             _shoot(page, "dashboard-overview.png", keep)
             link.click()
             page.wait_for_url(f"{base}/ui/sessions/{session}")
 
             chart = page.locator("#context-chart svg")
             assert chart.is_visible()
-            assert chart.locator("polyline").count() == 1
+            # The context as received and as sent, with the trigger and the limit.
+            assert chart.locator("polyline").count() == 2
+            assert chart.locator("line.rule").count() == 2
             assert chart.locator("circle.mark").count() >= 3  # one per compaction
             summary = page.locator(".rendered-summary").first
             assert summary.is_visible()
