@@ -102,7 +102,9 @@ def pairing_problems(messages: list[Any]) -> list[str]:
 
 def keep_pairing(messages: list[Any]) -> list[Any]:
     """``messages`` with every tool_use/tool_result that would break the pairing rule
-    turned into text; the same list when nothing does (the usual case)."""
+    turned into text, and the system messages where the API takes them
+    (:func:`keep_system_placement`); the same list when nothing breaks (the usual case)."""
+    messages = keep_system_placement(messages)
     if not pairing_problems(messages):
         return messages
     names = {b.get("id"): b.get("name") for m in messages for b in _tool_uses(m)}
@@ -153,3 +155,55 @@ def _results_first(message: dict[str, Any]) -> dict[str, Any]:
     content = message["content"]
     ordered = [b for b in content if is_result(b)] + [b for b in content if not is_result(b)]
     return {**message, "content": ordered}
+
+
+def keep_system_placement(messages: list[Any]) -> list[Any]:
+    """``messages`` with each mid-conversation ``{"role": "system"}`` message where
+    the API accepts one: right after a user message (or an assistant message
+    ending in a server tool use), followed by an assistant message or last, never
+    next to another. The engine keeps them verbatim but puts those of a
+    condensed span right after the summary, where the next message may be a user
+    message or another one of them: such a message moves on to the next place
+    that takes it, and the ones meeting there are merged into one (their blocks
+    in order). The same list when every one is in a place the API takes (what a
+    client sends).
+    """
+    if not any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+        return messages
+    out: list[Any] = []
+    waiting: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "system":
+            waiting.append(message)
+            continue
+        if waiting and role == "assistant" and out and _takes_system(out[-1]):
+            out.append(_merged(waiting))
+            waiting = []
+        out.append(message)
+    if waiting:  # last: where the API takes one too
+        out.append(_merged(waiting))
+    same = len(out) == len(messages) and all(a is b for a, b in zip(out, messages, strict=True))
+    return messages if same else out
+
+
+def _takes_system(message: Any) -> bool:
+    """Whether a mid-conversation system message may come right after ``message``."""
+    if not isinstance(message, dict):
+        return False
+    if message.get("role") == "user":
+        return True
+    content = message.get("content")
+    last = content[-1] if message.get("role") == "assistant" and isinstance(content, list) else None
+    return isinstance(last, dict) and last.get("type") == "server_tool_use"
+
+
+def _merged(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system message for ``messages`` (the message itself when alone)."""
+    if len(messages) == 1:
+        return messages[0]
+    blocks: list[Any] = []
+    for message in messages:
+        content = message.get("content")
+        blocks.extend(content if isinstance(content, list) else [text_block(str(content))])
+    return {"role": "system", "content": blocks}

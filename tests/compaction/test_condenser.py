@@ -513,3 +513,59 @@ def test_originals_must_match_the_messages() -> None:
                 originals=messages[:-1],
             )
         )
+
+
+# --- pinned messages ------------------------------------------------------------
+
+
+def test_a_system_message_in_the_middle_is_kept_verbatim_right_after_the_summary() -> None:
+    messages = conversation()
+    agents = {"role": "system", "content": "Available agent types: general, explore, plan."}
+    messages.insert(5, agents)
+    tail = last_user(messages)
+    fake = RecordingSummarizer()
+    plan = plan_condense(messages, 2, tail)
+    assert plan.pinned == (5,)
+    result = run(messages, plan, fake=fake)
+    out = result.messages
+    assert is_summary(out[2]) and out[3] is agents
+    assert all(a is b for a, b in zip(out[4:], messages[tail:], strict=True))
+    # Not history: the summarizer never reads it, and it is not counted as replaced.
+    assert "Available agent types" not in fake.prompt_text()
+    assert f"Summary of {tail - 3} earlier messages" in message_text(out[2])
+    assert result.replaced_tokens == sum(COUNTER.count_messages(messages[2:tail])) - (
+        COUNTER.count_message(agents)
+    )
+
+
+def test_a_condensed_summary_with_its_pinned_message_condenses_to_the_same_layout() -> None:
+    """Rolling over the previous summary leaves the pinned message where it was:
+    the forwarded bytes change only where the summary does."""
+    messages = conversation()
+    messages.insert(5, {"role": "developer", "content": "Answer in French."})
+    first = run(messages, plan_condense(messages, 2, last_user(messages)), mode="extractive")
+    later = [*first.messages, *conversation(steps=6)[2:]]
+    second = run(later, plan_condense(later, 2, last_user(later)), mode="extractive")
+    assert [m["role"] for m in second.messages[:4]] == ["system", "user", "user", "developer"]
+    assert second.messages[3] is messages[5]
+
+
+def test_pinned_messages_of_a_split_turn_follow_the_summary_of_their_part() -> None:
+    messages = split_conversation()
+    before_turn = {"role": "system", "content": "Plan mode is on."}
+    inside_turn = {"role": "system", "content": "Plan mode is off."}
+    messages.insert(8, inside_turn)  # among the steps of the turn the tail starts inside
+    messages.insert(4, before_turn)  # before the turn's opener
+    plan = plan_condense(messages, 2, 12)
+    assert plan.turn_start == 6 and plan.pinned == (4, 9)
+    out = run(messages, plan, fake=RecordingSummarizer()).messages
+    assert is_summary(out[2]) and out[3] is before_turn
+    assert out[4] is messages[6] and is_summary(out[5]) and out[6] is inside_turn
+    assert all(a is b for a, b in zip(out[7:], messages[12:], strict=True))
+    assert validate_tool_pairing(out) == []
+
+
+def test_a_middle_of_pinned_messages_only_has_nothing_to_condense() -> None:
+    messages = [system(), user("go"), {"role": "system", "content": "x"}, user("now")]
+    with pytest.raises(SummarizationError, match="nothing to condense"):
+        run(messages, plan_condense(messages, 2, 3), mode="extractive")
