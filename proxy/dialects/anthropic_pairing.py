@@ -11,11 +11,15 @@ it only fires on output that split one).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
-from compaction import message_text
+from compaction import SUMMARY_MARKER, message_text
+
+#: The engine's truncation note (compaction.messages.TRUNCATION_NOTE) as the dialect sends it.
+_NOTE = re.compile(r"\[\d+ earlier messages were removed to fit the context window\.\]")
 
 
 def is_result(block: Any) -> bool:
@@ -158,33 +162,51 @@ def _results_first(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def keep_system_placement(messages: list[Any]) -> list[Any]:
-    """``messages`` with each mid-conversation ``{"role": "system"}`` message where
-    the API accepts one: right after a user message (or an assistant message
-    ending in a server tool use), followed by an assistant message or last, never
-    next to another. The engine keeps them verbatim but puts those of a
-    condensed span right after the summary, where the next message may be a user
-    message or another one of them: such a message moves on to the next place
-    that takes it, and the ones meeting there are merged into one (their blocks
-    in order). The same list when every one is in a place the API takes (what a
-    client sends).
+    """``messages`` with the mid-conversation ``{"role": "system"}`` messages the
+    engine moved put where the API accepts one: right after a user message (or
+    an assistant message ending in a server tool use), followed by an assistant
+    message or last, never next to another.
+
+    The engine keeps them verbatim, those of a condensed (or dropped) span right
+    after the summary (or the truncation note), where the next message may be a
+    user message or another of them. Those — the run right after a summary or a
+    note — move on to just before the next assistant message that follows a
+    user message, merged into one (their blocks in order). A run that meets a
+    system message the client placed, or the end, first stays where it is; a
+    system message the client placed is never moved. The same list when nothing
+    moves (what a client sends).
     """
     if not any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
         return messages
     out: list[Any] = []
     waiting: list[dict[str, Any]] = []
+    taken_at = 0  # where the waiting run was taken out
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
-        if role == "system":
+        follows = len(out) == taken_at if waiting else bool(out) and _stands_for_span(out[-1])
+        if role == "system" and follows:  # the run right after a summary or a note
+            if not waiting:
+                taken_at = len(out)
             waiting.append(message)
             continue
-        if waiting and role == "assistant" and out and _takes_system(out[-1]):
+        if waiting and role == "assistant" and _takes_system(out[-1]):
             out.append(_merged(waiting))
             waiting = []
+        elif waiting and role == "system":  # one the client placed: the run stays
+            out[taken_at:taken_at] = waiting
+            waiting = []
         out.append(message)
-    if waiting:  # last: where the API takes one too
-        out.append(_merged(waiting))
+    out[taken_at:taken_at] = waiting  # met the end first: stays
     same = len(out) == len(messages) and all(a is b for a, b in zip(out, messages, strict=True))
     return messages if same else out
+
+
+def _stands_for_span(message: Any) -> bool:
+    """Whether ``message`` is a summary or a truncation note the engine wrote."""
+    if not isinstance(message, dict) or message.get("role") != "user":
+        return False
+    text = message_text(message)
+    return text.startswith(SUMMARY_MARKER) or bool(_NOTE.fullmatch(text))
 
 
 def _takes_system(message: Any) -> bool:

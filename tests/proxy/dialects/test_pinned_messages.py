@@ -169,3 +169,12 @@ def test_system_messages_meeting_after_a_summary_are_merged_before_the_next_answ
         },
         answer,
     ]
+
+
+def test_system_messages_after_a_summary_that_meet_no_answer_stay_where_they_are() -> None:
+    summary = {"role": "user", "content": [{"type": "text", "text": SUMMARY_MARKER}]}
+    moved = {"role": "system", "content": "Plan mode is on."}
+    request = {"role": "user", "content": "go on"}
+    clients = {"role": "system", "content": "The clock says noon."}
+    for messages in ([summary, moved, request], [summary, moved, request, clients]):
+        assert keep_system_placement(messages) is messages
