@@ -4,7 +4,9 @@ Pure functions and data; the proxy's store does the I/O (DESIGN.md §7).
 
 A client resends its whole history on every request. A checkpoint records
 that the first ``covered`` messages after the head were replaced by
-``replacement`` (a summary, pruned briefs, a truncation note…). It is found
+``replacement`` (a summary, pruned briefs, a truncation note…, and the system
+messages of the span, which no stage drops: stored with the rest, so that the
+next request forwards them in the same place). It is found
 again through a **hash chain** over the normalized messages after the head::
 
     h_0 = H(m_0),  h_i = H(h_{i-1} ‖ m_i)
