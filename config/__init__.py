@@ -11,7 +11,15 @@
 from config.errors import ConfigError, ConfigIssue
 from config.loading import find_config_file, load_settings
 from config.model_table import builtin_context_window
-from config.profiles import ModelConfig, ModelResolver, find_override, resolve_model
+from config.profiles import (
+    BETA_WINDOW,
+    ModelConfig,
+    ModelResolver,
+    beta_window,
+    find_override,
+    resolve_model,
+    with_client_window,
+)
 from config.reference import SettingDoc, settings_reference
 from config.settings import (
     CompactionSettings,
@@ -23,6 +31,7 @@ from config.settings import (
 )
 
 __all__ = [
+    "BETA_WINDOW",
     "CompactionSettings",
     "ConfigError",
     "ConfigIssue",
@@ -34,10 +43,12 @@ __all__ = [
     "Settings",
     "StoreSettings",
     "UpstreamSettings",
+    "beta_window",
     "builtin_context_window",
     "find_config_file",
     "find_override",
     "load_settings",
     "resolve_model",
     "settings_reference",
+    "with_client_window",
 ]

@@ -25,10 +25,21 @@ _K128: Final = 128_000
 _K200: Final = 200_000
 _LLAMA: Final = 131_072
 _GEMINI: Final = 1_048_576
+_M1: Final = 1_000_000
+_GPT_1M: Final = 1_050_000
 
 # (glob, window). Order does not matter: the most specific match wins.
 _TABLE: Final[tuple[tuple[str, int], ...]] = (
-    # OpenAI
+    # OpenAI — platform.openai.com/docs/models (each model's page); gpt-5.4 and
+    # gpt-5.5 as OpenRouter (openrouter.ai/openai/gpt-5.4) and Vercel AI
+    # Gateway (vercel.com/ai-gateway/models/openai/gpt-5.5) list them, 1,050,000;
+    # their mini and nano variants stay with gpt-5* until a page says otherwise.
+    ("gpt-5.4", _GPT_1M),
+    ("gpt-5.4-2*", _GPT_1M),
+    ("gpt-5.4-pro*", _GPT_1M),
+    ("gpt-5.5", _GPT_1M),
+    ("gpt-5.5-2*", _GPT_1M),
+    ("gpt-5.5-pro*", _GPT_1M),
     ("gpt-5*", 400_000),
     ("gpt-5*-chat*", _K128),
     ("gpt-4.1*", 1_047_576),
@@ -48,15 +59,31 @@ _TABLE: Final[tuple[tuple[str, int], ...]] = (
     ("o3*", _K200),
     ("o4-mini*", _K200),
     ("gpt-oss*", 131_072),
-    # Anthropic (also Bedrock's "anthropic.claude-…" names)
+    # Anthropic (also Bedrock's "anthropic.claude-…" names) — Claude Platform
+    # docs, "Models overview" and each model's page
+    # (platform.claude.com/docs/en/models/opus-4-8/overview: "Context window:
+    # 1M tokens"; the same for opus-4-6, opus-4-7, sonnet-4-6, sonnet-5 and
+    # the 5.x lineup; 200K for opus-4-5, sonnet-4-5, haiku-4-5 and older).
+    # Sonnet 4 and 4.5 reach 1M only with the context-1m beta header, which
+    # config.profiles.with_client_window reads.
+    ("*claude-opus-4-6*", _M1),
+    ("*claude-opus-4-7*", _M1),
+    ("*claude-opus-4-8*", _M1),
+    ("*claude-sonnet-4-6*", _M1),
+    ("*claude-opus-5*", _M1),
+    ("*claude-sonnet-5*", _M1),
+    ("*claude-fable-*", _M1),
+    ("*claude-haiku-*", _K200),
     ("*claude-3*", _K200),
     ("*claude-*-4*", _K200),
     ("*claude-4*", _K200),
     ("*claude-2.1*", _K200),
     ("*claude-2.0*", 100_000),
-    # Google
+    # Google — ai.google.dev/gemini-api/docs/models (gemini-3-pro-preview,
+    # gemini-3.1-pro-preview: input token limit 1,048,576)
     ("gemini-1.5*", _GEMINI),
     ("gemini-2*", _GEMINI),
+    ("gemini-3*", _GEMINI),
     ("gemini-1.0*", 32_760),
     ("gemini-pro", 32_760),
     ("gemma2*", 8_192),
@@ -65,7 +92,8 @@ _TABLE: Final[tuple[tuple[str, int], ...]] = (
     ("gemma-3*", 131_072),
     ("gemma3:1b*", 32_768),
     ("gemma-3-1b*", 32_768),
-    # Meta: 3.1 and later are 128k; 3 is 8k; 2 is 4k
+    # Meta — the Llama model cards (llama.com/docs/model-cards-and-prompt-formats):
+    # 3.1 and later are 128k; 3 is 8k; 2 is 4k
     ("*llama-3.1*", _LLAMA),
     ("*llama3.1*", _LLAMA),
     ("*llama-3.2*", _LLAMA),
@@ -78,7 +106,9 @@ _TABLE: Final[tuple[tuple[str, int], ...]] = (
     ("*llama-3-*", 8_192),
     ("llama2*", 4_096),
     ("*llama-2-*", 4_096),
-    # Qwen: 2.5 is 32k as configured (128k only with YaRN); 3 is 40k as shipped
+    # Qwen — the model cards on huggingface.co/Qwen (config.json
+    # max_position_embeddings; "Processing Long Texts"): 2.5 is 32k as
+    # configured (128k only with YaRN); 3 is 40k as shipped
     ("qwen2*", 32_768),
     ("qwen2.5*", 32_768),
     ("qwen-2.5*", 32_768),
@@ -86,7 +116,7 @@ _TABLE: Final[tuple[tuple[str, int], ...]] = (
     ("qwen3*", 40_960),
     ("qwen3-*2507*", 262_144),
     ("qwen3-coder*", 262_144),
-    # Mistral
+    # Mistral — docs.mistral.ai/getting-started/models (each model's context)
     ("*mistral-large*", _K128),
     ("*mistral-medium*", _K128),
     ("*mistral-small*", _K128),
@@ -101,12 +131,14 @@ _TABLE: Final[tuple[tuple[str, int], ...]] = (
     ("mixtral:8x22b*", 65_536),
     ("codestral*", 256_000),
     ("codestral:*", 32_768),
-    # DeepSeek: the API serves 128k since V3.1
+    # DeepSeek — api-docs.deepseek.com/quick_start/pricing: the API serves
+    # 128k since V3.1
     ("deepseek-chat*", _K128),
     ("deepseek-reasoner*", _K128),
     ("deepseek-v3*", _K128),
     ("deepseek-r1*", _K128),
-    # Microsoft: plain phi-3 is the 4k variant; phi-3.5 and phi-4-mini are 128k
+    # Microsoft — the Phi model cards on huggingface.co/microsoft: plain phi-3
+    # is the 4k variant; phi-3.5 and phi-4-mini are 128k
     ("phi-3*", 4_096),
     ("phi3*", 4_096),
     ("phi-3*128k*", 131_072),
@@ -117,7 +149,7 @@ _TABLE: Final[tuple[tuple[str, int], ...]] = (
     ("phi4*", 16_384),
     ("phi-4-mini*", 131_072),
     ("phi4-mini*", 131_072),
-    # Cohere
+    # Cohere — docs.cohere.com/docs/models
     ("command-r*", _K128),
     ("command-a*", 256_000),
 )

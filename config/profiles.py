@@ -3,7 +3,9 @@
 Pure functions over :class:`Settings`; the proxy keeps the learned windows and
 passes them in. Precedence, strongest first::
 
-    context_window   learned (overflow error) > [models."…"] > built-in table > [compaction]
+    context_window   learned (overflow error) > [models."…"] > the client's
+                     long-context beta header (:func:`with_client_window`) >
+                     built-in table > [compaction]
     other fields     [models."…"] > [compaction]
     summary_model    [models."…"] > [compaction].summary_model > the model itself
     upstream         [models."…"].upstream > [upstream].base_url
@@ -29,7 +31,13 @@ from compaction import Profile
 from config.model_table import builtin_context_window
 from config.settings import ModelOverride, Settings
 
-WindowSource = Literal["learned", "override", "table", "default"]
+WindowSource = Literal["learned", "override", "client", "table", "default"]
+
+#: The window Anthropic's long-context beta opens (its documented 1M tokens).
+BETA_WINDOW = 1_000_000
+#: How that beta is named in ``anthropic-beta``: ``context-1m-2025-08-07`` and
+#: any later date.
+_BETA_PREFIX = "context-1m-"
 
 #: Resolutions a :class:`ModelResolver` keeps before starting over; clients
 #: choose model names, so the cache must not grow without bound.
@@ -131,6 +139,29 @@ def _resolve(settings: Settings, model: str) -> ModelConfig:
         anthropic_upstream=override.anthropic_upstream or settings.upstream.anthropic_base_url,
         anthropic_api_key_env=_anthropic_key_env(settings, override),
     )
+
+
+def beta_window(anthropic_beta: str | None) -> int | None:
+    """The window an ``anthropic-beta`` header (comma-separated tokens) asks
+    for: :data:`BETA_WINDOW` when one token is ``context-1m-…``, else ``None``."""
+    if not anthropic_beta:
+        return None
+    tokens = (token.strip().lower() for token in anthropic_beta.split(","))
+    return BETA_WINDOW if any(t.startswith(_BETA_PREFIX) for t in tokens) else None
+
+
+def with_client_window(config: ModelConfig, anthropic_beta: str | None) -> ModelConfig:
+    """``config`` with the window the client's long-context beta header opens.
+
+    The client asked the upstream for that window, so it is the one to budget
+    for — over the built-in table and the default, never over a window set
+    in ``[models."…"]`` or learned from the upstream's own overflow error.
+    """
+    window = beta_window(anthropic_beta)
+    if window is None or config.window_source not in ("table", "default"):
+        return config
+    profile = dataclasses.replace(config.profile, context_window=window)
+    return dataclasses.replace(config, profile=profile, window_source="client")
 
 
 def _apply_learned(config: ModelConfig, learned_windows: Mapping[str, int] | None) -> ModelConfig:

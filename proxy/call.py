@@ -17,7 +17,7 @@ import orjson
 from starlette.requests import Request
 
 from compaction import Message
-from config import ModelConfig
+from config import ModelConfig, with_client_window
 from proxy import manual
 from proxy.access import owner_of
 from proxy.body import parse_chat_body, parse_object, read_body, too_deep
@@ -146,7 +146,8 @@ def _read_conversation(
         mapped = dialect.to_engine(original) if untouchable is None else None
         body = mapped.request if mapped is not None else original
         engine_messages = mapped.messages if mapped is not None else []
-    config = state.resolve(body.get("model"))
+    beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
+    config = with_client_window(state.resolve(body.get("model")), ",".join(beta) or None)
     messages = manual.strip_commands(engine_messages)
     headers = upstream_headers(
         client_headers,

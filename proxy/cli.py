@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from compaction import CannotFitError, CompactionError, Profile, Summarizer, compact
-from config import ConfigError, ModelConfig, load_settings, resolve_model
+from config import ConfigError, ModelConfig, load_settings, resolve_model, with_client_window
 from proxy.inspect import render_inspection
 from proxy.request_file import RequestFile, read_request
 
@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     look = commands.add_parser("inspect", help="show tokens by role and group, head and tail")
     _budget_flags(look)
     look.add_argument("--top", type=int, default=10, metavar="N", help="largest groups to list")
+    look.add_argument(
+        "--anthropic-beta",
+        metavar="BETAS",
+        help="the client's anthropic-beta header (context-1m-… opens the 1M window)",
+    )
 
     # Its options are read by evaluation/cli.py, so that nothing of the
     # evaluation is imported unless asked for.
@@ -137,7 +142,8 @@ def _model_config(args: argparse.Namespace, body_model: str | None) -> ModelConf
         profile = dataclasses.replace(resolved.profile, **flags)
     except ValueError as exc:
         raise UsageError(f"invalid option: {exc}") from exc
-    return dataclasses.replace(resolved, profile=profile)
+    source = "override" if "context_window" in flags else resolved.window_source
+    return dataclasses.replace(resolved, profile=profile, window_source=source)
 
 
 def _write_output(request: RequestFile, messages: list[Any] | None) -> None:
@@ -194,6 +200,8 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
             "reason": result.reason,
             "tokens_before": result.tokens_before,
             "tokens_after": result.tokens_after,
+            "context_window": profile.context_window,
+            "window_source": config.window_source,
             "input_limit": result.input_limit,
             "trigger": result.trigger,
             "messages_before": result.messages_before,
@@ -259,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         request = read_request(args.file)
         config = _model_config(args, request.model)
         if args.command == "inspect":
+            config = with_client_window(config, args.anthropic_beta)
             print(render_inspection(request.body, config, top=args.top))
             return EXIT_OK
         return asyncio.run(_run_compact(args, request, config))

@@ -323,6 +323,8 @@ async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key:
         "reason": result.reason,
         "tokens_before": prepared.tokens_before,
         "tokens_after": result.tokens_after,
+        "context_window": call.config.profile.context_window,
+        "window_source": call.config.window_source,
         "input_limit": result.input_limit,
         "trigger": result.trigger,
         "messages_before": len(call.body["messages"]),

@@ -19,6 +19,15 @@ from compaction import (
 )
 from config import ModelConfig
 
+#: How each source of a context window is named where it is shown.
+WINDOW_SOURCES = {
+    "override": "set in the configuration",
+    "client": "asked for by the client's anthropic-beta header",
+    "learned": "learned from the upstream's overflow error",
+    "table": "the built-in model table",
+    "default": "[compaction].context_window: the table does not know this model",
+}
+
 
 def _describe_group(messages: list[dict[str, Any]], start: int) -> str:
     opener = messages[start]
@@ -50,10 +59,15 @@ def render_inspection(body: dict[str, Any], config: ModelConfig, *, top: int = 1
     tail = tail_start(groups, counts, budget.tail_budget, head)
     turns = sum(1 for m in messages if m.get("role") == "user")
 
+    margin = (
+        f", less the {profile.safety_margin:.0%} safety margin" if profile.safety_margin else ""
+    )
     lines = [
         f"model            {config.model or '(none)'}  (tokenizer {counter.encoding_name})",
-        f"context window   {budget.context_window:,}   reserve {budget.reserve:,}   "
-        f"input limit {budget.input_limit:,}   trigger {budget.trigger:,}",
+        f"context window   {budget.context_window:,}   ({WINDOW_SOURCES[config.window_source]})",
+        f"input limit      {budget.input_limit:,}   (the window less the reserve "
+        f"{budget.reserve:,} for the reply{margin})",
+        f"trigger          {budget.trigger:,}   (compaction starts above this)",
         f"request          {total:,} tokens ({sum(counts):,} in messages, "
         f"{overhead:,} in tools/schemas/priming)  → "
         + ("would compact" if total > budget.trigger else "forwarded unchanged"),

@@ -43,6 +43,7 @@ def request_record(
         input_limit=result.input_limit,
         trigger=result.trigger,
         context_window=call.config.profile.context_window,
+        window_source=call.config.window_source,
         status=status,
         error=error,
         upstream_errors=call.upstream_errors,

@@ -65,6 +65,9 @@ class RequestRecord:
     #: The model's whole window, in the upstream's tokens (``input_limit`` and
     #: ``trigger`` are the proxy's estimate of what fits in it); 0: not recorded.
     context_window: int = 0
+    #: Where that window came from: "override" (a setting), "client" (the
+    #: client's long-context beta header), "learned", "table", "default"; "": not recorded.
+    window_source: str = ""
     #: Error answers the upstream gave this request: the one it was retried
     #: after (an overflow), an empty stream, the error relayed — as
     #: ``compaction_proxy_upstream_errors_total`` counts them.
@@ -121,6 +124,7 @@ class SessionSummary:
     input_limit: int = 0
     trigger: int = 0
     context_window: int = 0
+    window_source: str = ""  #: as :attr:`RequestRecord.window_source`
     stages: Mapping[str, int] = field(default_factory=dict)  #: compactions by stage
     reasons: Mapping[str, int] = field(default_factory=dict)  #: compactions by reason
     #: The task's first words (its first request's), the latest client's user agent.
@@ -196,6 +200,7 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
                 input_limit=record.input_limit,
                 trigger=record.trigger,
                 context_window=record.context_window or summary.context_window,
+                window_source=record.window_source or summary.window_source,
                 user_agent=record.user_agent or summary.user_agent,
             )
     if summary is None:

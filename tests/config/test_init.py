@@ -9,6 +9,7 @@ import config
 def test_public_surface_is_pinned_and_sorted() -> None:
     assert config.__all__ == sorted(config.__all__)
     assert config.__all__ == [
+        "BETA_WINDOW",
         "CompactionSettings",
         "ConfigError",
         "ConfigIssue",
@@ -20,12 +21,14 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "Settings",
         "StoreSettings",
         "UpstreamSettings",
+        "beta_window",
         "builtin_context_window",
         "find_config_file",
         "find_override",
         "load_settings",
         "resolve_model",
         "settings_reference",
+        "with_client_window",
     ]
     for name in config.__all__:
         assert getattr(config, name) is not None

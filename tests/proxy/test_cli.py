@@ -453,3 +453,29 @@ def test_a_502_log_line_names_the_upstream_that_could_not_be_reached(tmp_path: P
     assert any(f"upstream={shown_anthropic}" in f for f in failures)
     assert sum(f"upstream={openai_url}" in f for f in failures) >= 2  # chat, and /v1/models
     assert not any("sk-secret-in-url" in line for line in lines)
+
+
+def test_inspect_shows_the_window_its_source_the_limit_and_the_trigger_apart() -> None:
+    body = json.dumps(
+        {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    plain = run_cli("inspect", "-", stdin=body.encode())
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.decode().splitlines()
+    window, limit, trigger = (
+        next(line for line in lines if line.startswith(p))
+        for p in ("context window", "input limit", "trigger")
+    )
+    assert "200,000" in window and "built-in model table" in window
+    assert "reserve 16,384" in limit
+    assert trigger.split()[1].replace(",", "").isdigit()
+
+    beta = run_cli(
+        "inspect",
+        "-",
+        "--anthropic-beta",
+        "interleaved-thinking-2025-05-14,context-1m-2025-08-07",
+        stdin=body.encode(),
+    )
+    text = beta.stdout.decode()
+    assert "context window   1,000,000   (asked for by the client's anthropic-beta header)" in text
