@@ -38,6 +38,7 @@ def with_pinned(draw: st.DrawFn) -> list[dict[str, Any]]:
 def _pinned(messages: list[dict[str, Any]], head: int) -> list[dict[str, Any]]:
     return [m for m in messages[head:] if m["role"] in ("system", "developer")]
 
+
 profiles = st.builds(
     Profile,
     context_window=st.sampled_from([2_048, 4_096, 8_192, 16_000, 32_000]),

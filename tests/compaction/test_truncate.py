@@ -306,3 +306,38 @@ def test_truncation_always_fits_or_says_why(
         assert kept >= 1
         starts = {g.start for g in group_messages(messages)}
         assert len(messages) - kept in starts or kept == len(messages)
+
+
+# --- pinned messages ------------------------------------------------------------
+
+
+def test_a_system_message_among_the_dropped_is_kept_right_after_the_note() -> None:
+    messages = _session(12)
+    agents = {"role": "system", "content": "Available agent types: general, explore."}
+    messages.insert(4, agents)  # between two old steps, far from the tail
+    limit = _tokens(messages) // 3
+    result = _truncate(messages, limit)
+    _check(messages, result, limit, 2)
+    out = result.messages
+    assert result.dropped > 0 and out[2]["content"].startswith("[")
+    assert out[3] is agents
+    assert sum(m is agents for m in out) == 1
+    assert f"[{result.dropped} earlier messages" in out[2]["content"]
+
+
+def test_a_system_message_inside_the_newest_group_is_never_cut() -> None:
+    rule = {"role": "system", "content": "Never edit generated files. " * 40}
+    group = tool_group("bash", {"command": "cat big.log"}, _words(4_000))
+    messages = [system(), user("go"), group[0], rule, group[1]]
+    limit = _tokens([*messages[:2], rule]) + 400
+    result = _truncate(messages, limit)
+    _check(messages, result, limit, 2)
+    assert result.shrunk == 1 and result.messages[3] is rule
+    assert len(result.messages[4]["content"]) < len(group[1]["content"])
+
+
+def test_system_messages_too_large_to_keep_are_the_heads_error() -> None:
+    messages = [system(), user("go"), {"role": "system", "content": _words(2_000)}, user("x")]
+    with pytest.raises(CannotFitError) as caught:
+        _truncate(messages, _tokens(messages[:2]) + 100)
+    assert caught.value.part == "head" and "system messages after it" in str(caught.value)
