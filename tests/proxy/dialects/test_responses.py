@@ -208,20 +208,23 @@ def test_a_call_with_no_output_after_it_is_not_a_tool_call_for_the_engine() -> N
     assert [m["role"] for m in mapped.messages] == ["user", "user", "assistant", "user"]
 
 
-def _parallel_turn(output_chars: int = 6_000) -> list[dict[str, Any]]:
-    """Two parallel calls whose outputs have a user message between them, as
-    Codex sent a view_image call's image right after that call's output."""
+_IMAGE = {
+    "type": "message",
+    "role": "user",
+    "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}],
+}
+
+
+def _parallel_turn(output_chars: int = 6_000, between: Any = _IMAGE) -> list[dict[str, Any]]:
+    """Two parallel calls whose outputs have ``between`` between them, as Codex
+    sent a view_image call's image right after that call's output."""
     text = "\n".join(f"{i}: " + "output text " * 5 for i in range(output_chars // 70))
     return [
         {"type": "reasoning", "id": "rs_p", "summary": [], "encrypted_content": "gAAAAB" * 20},
         {"type": "function_call", "call_id": "call_img", "name": "view_image", "arguments": "{}"},
         {"type": "function_call", "call_id": "call_sh", "name": "shell", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_img", "output": "attached " + text},
-        {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}],
-        },
+        between,
         {"type": "function_call_output", "call_id": "call_sh", "output": text},
         {
             "type": "message",
@@ -245,15 +248,23 @@ def test_a_message_between_the_outputs_of_parallel_calls_stays_in_their_group() 
     ]
 
 
+_DEVELOPER = {"type": "message", "role": "developer", "content": "Look at the image first."}
+
+
+@pytest.mark.parametrize("between", [_IMAGE, _DEVELOPER], ids=["user", "developer"])
 @pytest.mark.parametrize("window", [8_192, 12_000, 16_384, 32_768])
 @pytest.mark.parametrize("reason", ["threshold", "overflow", "manual"])
-def test_a_compaction_never_forwards_an_output_without_its_call(window: int, reason: str) -> None:
+def test_a_compaction_never_forwards_an_output_without_its_call(
+    window: int, reason: str, between: dict[str, Any]
+) -> None:
     body = codex_request(turns=6)
-    body["input"] = [*body["input"], *_parallel_turn()]
+    body["input"] = [*body["input"], *_parallel_turn(between=between)]
     done = _compacted(body, window, reason)
     assert done is not None
     out, result = done
     assert pairing_errors(out["input"]) == [], result.notes
+    if between is _DEVELOPER:  # an instruction: forwarded wherever its group went
+        assert sum(item is between for item in out["input"]) == 1
     assert_invariants(body, window, reason)
 
 
