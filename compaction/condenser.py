@@ -23,10 +23,12 @@ the part it sat in, in its original order::
 There, and not in front of the summary, it always follows a user message
 (Anthropic accepts a mid-conversation system message only there), and a
 later compaction, which summarizes the summary again, finds it in the same
-place: the forwarded bytes change only where the summary does. Each summary is a user
-message starting with :data:`~compaction.messages.SUMMARY_MARKER` and ending
-with the ``<read-files>`` / ``<modified-files>`` blocks. Earlier summaries in
-the middle are updated (rolling), never summarized as ordinary text. An LLM
+place: the forwarded bytes change only where the summary does.
+
+Each summary is a user message starting with
+:data:`~compaction.messages.SUMMARY_MARKER` and ending with the
+``<read-files>`` / ``<modified-files>`` blocks. Earlier summaries in the
+middle are updated (rolling), never summarized as ordinary text. An LLM
 failure falls back to the extractive summary; a summary that would not be
 shorter than what it replaces raises :class:`SummarizationError`, and the
 pipeline moves on to hard truncation.

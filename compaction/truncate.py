@@ -18,11 +18,12 @@ condenser keeps one right after the summary; one inside a kept group stays
 where it is.
 
 Space is handed out in this order: the head and the pinned messages (never
-cut: CannotFitError ``"head"`` when they alone are too large), the newest group (what the model must
-answer), the newest summary, the user message that opened the newest group's
-turn when it was dropped, then older groups newest-first until the first one
-that does not fit. The opener goes before older groups because the model needs
-the request it is working on more than the oldest steps taken for it.
+cut: CannotFitError ``"head"`` when they alone are too large), the newest
+group (what the model must answer), the newest summary, the user message
+that opened the newest group's turn when it was dropped, then older groups
+newest-first until the first one that does not fit. The opener goes before
+older groups because the model needs the request it is working on more than
+the oldest steps taken for it.
 
 When even the newest group does not fit, it is cut in place (tool results,
 texts and arguments, biggest first, each keeping its start and end) until it
