@@ -89,6 +89,8 @@ _MARKER = "_anthropic_cache_control"
 #: Document sources whose size the engine cannot read: counted as an image.
 _BINARY_SOURCES = frozenset({"base64", "url", "file"})
 _ROLES = frozenset({"user", "assistant", "system"})
+#: Engine roles of the instructions kept in place after the head.
+_PINNED = frozenset({"system", "developer"})
 
 
 class AnthropicDialect:
@@ -551,10 +553,34 @@ def _markers_moved(mapped: Mapped, messages: list[Message]) -> list[Message]:
     for q, marker in lost:
         start = max((j + 1 for j, p in enumerate(at) if p is not None and p < q), default=0)
         end = next((j for j, p in enumerate(at) if p is not None and p > q), len(at))
-        new = [j for j in range(start, end) if at[j] is None]
-        if new:  # in position order, so the last marker of a span wins
-            given[new[-1]] = marker
+        new = _new_between(messages, at, start, end)
+        if new is not None:  # in position order, so the last marker of a span wins
+            given[new] = marker
     return [{**m, _MARKER: given[j]} if j in given else m for j, m in enumerate(messages)]
+
+
+def _new_between(messages: list[Message], at: list[int | None], start: int, end: int) -> int | None:
+    """The last new message in ``messages[start:end]``; else the nearest one past
+    the messages the engine keeps out of their place: system messages (kept
+    verbatim after a summary) after or before the span, and one user message
+    before it (the turn truncation keeps goes after its note)."""
+    new = [j for j in range(start, end) if at[j] is None]
+    if new:
+        return new[-1]
+    j = end
+    while j < len(messages) and at[j] is not None and messages[j].get("role") in _PINNED:
+        j += 1
+    if j > end and j < len(messages) and at[j] is None:
+        return j
+    j, opener = start - 1, True
+    while j >= 0 and at[j] is not None:
+        role = messages[j].get("role")
+        if role == "user" and opener:
+            opener = False
+        elif role not in _PINNED:
+            break
+        j -= 1
+    return j if j < start - 1 and j >= 0 and at[j] is None else None
 
 
 def _marker_of(mapped: Mapped, message: Message) -> Any:
