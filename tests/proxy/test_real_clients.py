@@ -12,16 +12,26 @@ whole input each turn; Claude Code 2.1 sends ``system`` as blocks, 24 tools,
 ``max_tokens: 32000``, ``thinking: {"type": "adaptive"}``,
 ``context_management``, ``metadata``, ``output_config``, ``stream: true`` and
 ``system``-role messages inside ``messages``.
+
+Beyond ``-p`` and ``exec``, the sessions here use each CLI's headless input
+mode (``tests/proxy/real_clients_sessions.py``): Claude Code's stream-json
+input, where the user types while a tool runs, and the Codex app server
+(``turn/start``, ``turn/steer``), the protocol its IDE extension speaks. The
+proxy's answers are recorded too, so the ``x-compaction-*`` figures the CLIs
+never show can be compared with what they do show.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +41,18 @@ from config import load_settings
 from proxy.app import create_app
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
+from tests.proxy.real_clients_sessions import (
+    Answered,
+    ClaudeStream,
+    CodexAppServer,
+    FocusAnthropicUpstream,
+    FocusResponsesUpstream,
+    ParallelResponsesUpstream,
+    RecordingApp,
+    compacted_figures,
+    focus_of,
+    gate,
+)
 from tests.proxy.servers import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,23 +73,31 @@ def _client(name: str) -> str:
     return found
 
 
+@dataclass
+class _Proxy:
+    url: str
+    answers: RecordingApp
+
+
 @contextmanager
 def _proxy(
     upstream_url: str, model: str, profile: dict[str, Any], **upstream: Any
-) -> Iterator[str]:
+) -> Iterator[_Proxy]:
     settings = load_settings(
         None,
         upstream={"base_url": upstream_url + "/v1", "trust_env": False, **upstream},
         store={"url": "memory://"},
         models={model: profile},
     )
-    with serve_in_thread(create_app(settings)) as url:
-        yield url
+    recording = RecordingApp(create_app(settings))
+    with serve_in_thread(recording) as url:
+        yield _Proxy(url, recording)
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str], received: list[Any]) -> None:
+def _run(argv: list[str], cwd: Path, env: dict[str, str], received: list[Any]) -> str:
     """Run a CLI to its end; it must succeed, and the upstream must have taken
-    every request it was sent (a refusal means the proxy broke the API's rules)."""
+    every request it was sent (a refusal means the proxy broke the API's rules).
+    Returns what it printed."""
     run = subprocess.run(
         argv,
         cwd=cwd,
@@ -78,6 +108,11 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], received: list[Any]) -
         stdin=subprocess.DEVNULL,
     )
     assert run.returncode == 0, run.stderr[-2000:]
+    _all_taken(received)
+    return run.stdout
+
+
+def _all_taken(received: list[Any]) -> None:
     statuses = [r.status for r in received]
     assert statuses and all(s == 200 for s in statuses), statuses
 
@@ -90,6 +125,32 @@ def _workspace(tmp_path: Path, files: int, lines: int = 150) -> Path:
         text = (f"part {i} line {j}: value={j * 7919 % 10007} status=ok" for j in range(lines))
         (work / f"part{i}.txt").write_text("\n".join(text))
     return work
+
+
+def _codex_env(home: Path, model: str, proxy: str) -> dict[str, str]:
+    """Codex pointed at the proxy by a provider of its own (``CODEX_HOME``)."""
+    (home / "config.toml").write_text(
+        f'model = "{model}"\n'
+        'model_provider = "proxy"\n'
+        "[model_providers.proxy]\n"
+        'name = "compaction-proxy"\n'
+        f'base_url = "{proxy}/v1"\n'
+        'wire_api = "responses"\n'
+        'env_key = "COMPACTION_TEST_KEY"\n'
+    )
+    return {**os.environ, "CODEX_HOME": str(home), "COMPACTION_TEST_KEY": "sk-test"}
+
+
+def _claude_env(home: Path, proxy: str) -> dict[str, str]:
+    """Claude Code pointed at the proxy, in a home of its own."""
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": proxy,
+        "ANTHROPIC_API_KEY": "sk-ant-test",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
 
 
 def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) -> None:
@@ -115,16 +176,7 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
         serve_in_thread(upstream.app()) as upstream_url,
         _proxy(upstream_url, model, profile) as proxy,
     ):
-        (home / "config.toml").write_text(
-            f'model = "{model}"\n'
-            'model_provider = "proxy"\n'
-            "[model_providers.proxy]\n"
-            'name = "compaction-proxy"\n'
-            f'base_url = "{proxy}/v1"\n'
-            'wire_api = "responses"\n'
-            'env_key = "COMPACTION_TEST_KEY"\n'
-        )
-        env = {**os.environ, "CODEX_HOME": str(home), "COMPACTION_TEST_KEY": "sk-test"}
+        env = _codex_env(home, model, proxy.url)
         _run(
             [
                 codex,
@@ -179,14 +231,7 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
         serve_in_thread(upstream.app()) as upstream_url,
         _proxy(upstream_url, model, profile, anthropic_base_url=upstream_url + "/v1") as proxy,
     ):
-        env = {
-            **os.environ,
-            "HOME": str(home),
-            "ANTHROPIC_BASE_URL": proxy,
-            "ANTHROPIC_API_KEY": "sk-ant-test",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-        }
+        env = _claude_env(home, proxy.url)
         _run(
             [
                 claude,
@@ -213,3 +258,362 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
     assert len(upstream.summary_requests) >= 2
     drops = sum(b.prompt_tokens < a.prompt_tokens for a, b in itertools.pairwise(turns))
     assert drops >= 2
+
+
+# --- what the user adds while a tool runs ----------------------------------------
+#
+# Claude Code (stream-json input): a message typed while a tool runs is queued and
+# sent after that tool's result as a ``system``-role message ("The user sent a new
+# message while you were working: …"); a PostToolUse hook's ``additionalContext``
+# is sent as a ``<system-reminder>`` text block beside the ``tool_result`` it
+# follows. Codex (app-server ``turn/steer``, what its TUI sends when the user types
+# during a turn): a user message item right after the running call's
+# ``function_call_output``, before the turn's next calls.
+
+TYPED = "While you read: the values of part3 matter most, quote them exactly."
+
+_HOOK = """\
+import json, os, sys
+event = json.load(sys.stdin)
+name = os.path.basename(event.get("tool_input", {}).get("file_path", ""))
+note = f"Reviewer note on {name}: keep its status lines in the report."
+output = {"hookEventName": "PostToolUse", "additionalContext": note}
+print(json.dumps({"hookSpecificOutput": output}))
+"""
+
+
+def _hook_note(turn: int) -> str:
+    return f"Reviewer note on part{turn}.txt: keep its status lines in the report."
+
+
+def _texts(content: Any) -> list[str]:
+    """Every text of a message's content (string, text blocks, tool results)."""
+    if isinstance(content, str):
+        return [content]
+    texts: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        if isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        if block.get("type") == "tool_result":
+            texts.extend(_texts(block.get("content")))
+    return texts
+
+
+def _results(body: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
+    """tool_use_id → (the result's content as JSON, the texts beside it in its message)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for message in body["messages"]:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            continue
+        beside = [b["text"] for b in content if b.get("type") == "text"]
+        for block in content:
+            if block.get("type") == "tool_result":
+                found[block["tool_use_id"]] = (json.dumps(block.get("content")), beside)
+    return found
+
+
+def test_claude_code_keeps_text_the_user_adds_during_tool_runs_after_the_results_are_pruned(
+    tmp_path: Path,
+) -> None:
+    claude = _client("claude")
+    model = "claude-e2e"
+    # Claude Code asks for max_tokens 32000: the input limit is 64k - 32k = 32k,
+    # about half of it its system prompt and tool schemas. No summarizer: every
+    # compaction of this session prunes, so what is kept must be kept verbatim.
+    profile = {
+        "context_window": 64_000,
+        "reserve_tokens": 4_096,
+        "keep_recent_tokens": 4_000,
+        "summarizer": "off",
+    }
+    work = _workspace(tmp_path, 12, lines=200)
+    typed_at, flag = 3, tmp_path / "typed.flag"
+
+    def tool_use(turn: int) -> tuple[str, dict[str, Any]]:
+        if turn == typed_at:  # a command that runs until the user has typed
+            command = gate(flag, f"cat part{turn}.txt")
+            return "Bash", {"command": command, "description": f"Print part{turn}.txt"}
+        return "Read", {"file_path": str(work / f"part{turn}.txt")}
+
+    upstream = AnthropicUpstream(window=64_000, tool_turns=11, tool_use=tool_use)
+    hook = tmp_path / "hook.py"
+    hook.write_text(_HOOK)
+    settings = {
+        "hooks": {
+            "PostToolUse": [
+                {
+                    "matcher": "Read",
+                    "hooks": [{"type": "command", "command": f"{sys.executable} {hook}"}],
+                }
+            ]
+        }
+    }
+    home = tmp_path / "claude-home"
+    home.mkdir()
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile, anthropic_base_url=upstream_url + "/v1") as proxy,
+    ):
+        args = ["--model", model, "--allowedTools", "Read,Bash", "--settings", json.dumps(settings)]
+        session = ClaudeStream(claude, args, work, _claude_env(home, proxy.url))
+        session.type("Read part1.txt to part11.txt one by one and report the values.")
+        while session.tool_use()["name"] != "Bash":
+            pass
+        session.type(TYPED)
+        flag.touch()
+        result = session.result()
+        status = session.close()
+    assert status == 0 and result.get("subtype") == "success", session.stderr()
+    _all_taken(upstream.received)
+    bodies = [r.json() for r in upstream.message_requests]
+    assert len(bodies) == 12 and not upstream.summary_requests
+    assert proxy.answers.compactions("/messages"), "the session never crossed the trigger"
+
+    # The typed message reaches every request after the one it first rode in.
+    typed_from = next(
+        i
+        for i, b in enumerate(bodies)
+        if any(TYPED in t for m in b["messages"] for t in _texts(m["content"]))
+    )
+    for number, body in enumerate(bodies[typed_from:], typed_from):
+        assert any(TYPED in t for m in body["messages"] for t in _texts(m["content"])), number
+
+    # Each hook note stays beside its tool result in every later request, also
+    # once that result is pruned to a brief.
+    pruned_beside = 0
+    for turn in (1, 2, 4, 5):
+        note = _hook_note(turn)
+        first = next(
+            i
+            for i, b in enumerate(bodies)
+            if any(note in t for _, ts in _results(b).values() for t in ts)
+        )
+        (call,) = [
+            c for c, (_, ts) in _results(bodies[first]).items() if any(note in t for t in ts)
+        ]
+        original = _results(bodies[first])[call][0]
+        for number, body in enumerate(bodies[first:], first):
+            result_now, beside = _results(body)[call]
+            assert any(note in t for t in beside), (number, turn, beside)
+            pruned_beside += result_now != original
+    assert pruned_beside, "no tool result with a note beside it was pruned"
+
+
+def test_codex_keeps_a_message_the_user_types_during_a_tool_run_after_the_outputs_are_pruned(
+    tmp_path: Path,
+) -> None:
+    codex = _client("codex")
+    model = "gpt-4o-codex-e2e"
+    profile = {
+        "context_window": 32_768,
+        "reserve_tokens": 4_096,
+        "keep_recent_tokens": 4_000,
+        "summarizer": "off",
+    }
+    work = _workspace(tmp_path, 16)
+    steered_at, flag = 3, tmp_path / "typed.flag"
+
+    def command(step: int) -> dict[str, Any]:
+        cat = f"cat part{step}.txt"
+        return {"cmd": gate(flag, cat) if step == steered_at else cat}
+
+    upstream = ParallelResponsesUpstream(
+        window=profile["context_window"],
+        tool_turns=16,
+        count_issued=True,
+        arguments=command,
+        beside_at=steered_at,  # a second command runs beside the one the user types during
+        beside={"cmd": "echo beside"},
+    )
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile) as proxy,
+    ):
+        server = CodexAppServer(codex, work, _codex_env(home, model, proxy.url))
+        thread = server.start_thread(work)
+        turn = server.start_turn(thread, "Read every part file, one by one, and report the values.")
+        while str(flag) not in server.command_started()["command"]:
+            pass
+        server.steer(thread, turn, TYPED)
+        flag.touch()
+        server.turn_completed()
+        status = server.close()
+    assert status == 0, server.stderr()
+    _all_taken(upstream.received)
+    bodies = [r.json()["input"] for r in upstream.turn_requests]
+    assert proxy.answers.compactions("/responses"), "the session never crossed the trigger"
+
+    def typed(item: Any) -> bool:
+        return item.get("role") == "user" and TYPED in json.dumps(item)
+
+    first = next(i for i, items in enumerate(bodies) if any(typed(x) for x in items))
+    (sent,) = [x for x in bodies[first] if typed(x)]
+    # Where Codex puts it: after the output of the call that was running.
+    (steered,) = [
+        x for x in bodies[first] if x.get("type") == "function_call" and str(flag) in x["arguments"]
+    ]
+    kinds = [(x.get("type"), x.get("call_id")) for x in bodies[first]]
+    output_at = kinds.index(("function_call_output", steered["call_id"]))
+    beside_at = kinds.index(("function_call_output", steered["call_id"] + "_beside"))
+    # After the outputs of both calls (Codex 0.171 never puts it between them).
+    assert bodies[first].index(sent) == max(output_at, beside_at) + 1
+    original = bodies[first][output_at]["output"]
+    pruned = 0
+    for number, items in enumerate(bodies[first:], first):
+        assert sent in items, number  # the item as Codex sent it, byte for byte
+        outputs = [x for x in items if x.get("call_id") == steered["call_id"] and "output" in x]
+        pruned += bool(outputs) and outputs[0]["output"] != original
+    assert pruned, "the output beside the typed message was never pruned"
+
+
+# --- /compact <focus> after an automatic compaction --------------------------------
+#
+# Neither CLI sends its own ``/compact``: Claude Code runs its own compaction
+# (a "Respond with TEXT ONLY" summary request with the focus as additional
+# instructions; with --disable-slash-commands it answers "/compact isn't
+# available in this environment" and sends nothing), and Codex's TUI runs its
+# own compaction task. What reaches the proxy is the text as a prompt: Claude
+# Code sends a prompt that starts with a space as it is (" /compact …"), and the
+# Codex app server sends a turn's text as it is. The proxy reads either as its
+# command (the text is stripped first).
+
+FOCUS = "keep the err= numbers exactly"
+_WORDS = "the window header parser returns a string where the caller wants a number".split()
+#: A chat with long answers: the automatic compaction keeps only the newest
+#: question, and the answer to it is all that follows its span when the user
+#: types /compact (where the proxy once found nothing to do).
+_CHAT_PROFILE = {
+    "reserve_tokens": 4_096,
+    "keep_recent_tokens": 1_000,
+    "summarizer": "llm",
+    "precompute_share": 0,  # compacted by the request that crosses the trigger
+    "assistant_text_chars": 1_000_000,  # long answers are condensed, not briefed
+}
+
+
+def _check_manual_compaction(
+    answer: Answered, reply: str, auto: list[Answered], summaries: list[Any]
+) -> None:
+    """The ``/compact`` reply states this compaction's figures: those of its own
+    headers, from a summary asked for now with the focus, not the automatic
+    compaction's."""
+    assert auto, "no automatic compaction before /compact"
+    headers = answer.headers
+    assert (headers.get("x-compaction-stage"), headers.get("x-compaction-reason")) == (
+        "condensed",
+        "manual",
+    ), (reply, headers)
+    before, after, condensed = compacted_figures(reply)
+    assert (before, after) == answer.tokens(), (reply, headers)
+    assert condensed > 0 and after < before
+    # Summarized now, with the user's focus in the summarizer's prompt.
+    focuses = [focus_of(r.json()) for r in summaries]
+    assert FOCUS in focuses, focuses
+    # Not the compaction made before: a checkpoint of its own, other figures.
+    last = auto[-1]
+    assert headers["x-compaction-id"] != last.headers["x-compaction-id"]
+    assert (before, after) != last.tokens()
+
+
+def _long_answer(turn: int) -> str:
+    """An answer longer than the verbatim tail, naming its own error number."""
+    words = " ".join(_WORDS[(turn + i) % len(_WORDS)] for i in range(2_400))
+    return f"Turn {turn}: the run failed with err={1000 + turn}. {words}"
+
+
+def _question(turn: int) -> str:
+    return f"And what about case {turn}?"
+
+
+def test_claude_code_compact_with_a_focus_right_after_an_automatic_compaction_compacts_again(
+    tmp_path: Path,
+) -> None:
+    claude = _client("claude")
+    model = "claude-e2e"
+    profile = {**_CHAT_PROFILE, "context_window": 64_000}  # 32k input: max_tokens is 32000
+    upstream = FocusAnthropicUpstream(window=64_000, tool_turns=0, answer=_long_answer)
+    work = _workspace(tmp_path, 0)
+    home = tmp_path / "claude-home"
+    home.mkdir()
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile, anthropic_base_url=upstream_url + "/v1") as proxy,
+    ):
+        session = ClaudeStream(claude, ["--model", model], work, _claude_env(home, proxy.url))
+        for turn in itertools.count():
+            assert turn < 20, "the conversation never crossed the trigger"
+            session.type(_question(turn))
+            session.result()
+            if proxy.answers.compactions("/messages"):
+                break
+        auto = proxy.answers.compactions("/messages")
+        summaries_before = len(upstream.summary_requests)
+        answers_before = len(proxy.answers.answered)
+        # A leading space: Claude Code sends the text instead of running its own /compact.
+        session.type(f" /compact {FOCUS}")
+        reply = session.result()["result"]
+        (manual,) = proxy.answers.on("/v1/messages", since=answers_before)
+        summaries = upstream.summary_requests[summaries_before:]
+        turns_before = len(upstream.message_requests)
+        session.type("Go on.")
+        session.result()
+        status = session.close()
+    assert status == 0, session.stderr()
+    _all_taken(upstream.received)
+    _check_manual_compaction(manual, reply, auto, summaries)
+    # The next request is sent over this compaction: its summary is the focused one.
+    (after,) = upstream.message_requests[turns_before:]
+    assert f"Focus: {FOCUS}" in after.body.decode()
+    last = proxy.answers.answered[-1]
+    assert last.headers["x-compaction-id"] == manual.headers["x-compaction-id"], last.headers
+
+
+def test_codex_compact_with_a_focus_right_after_an_automatic_compaction_compacts_again(
+    tmp_path: Path,
+) -> None:
+    codex = _client("codex")
+    model = "gpt-4o-codex-e2e"
+    profile = {**_CHAT_PROFILE, "context_window": 24_576}
+    upstream = FocusResponsesUpstream(window=24_576, tool_turns=0, answer=_long_answer)
+    work = _workspace(tmp_path, 0)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile) as proxy,
+    ):
+        server = CodexAppServer(codex, work, _codex_env(home, model, proxy.url))
+        thread = server.start_thread(work)
+        for turn in itertools.count():
+            assert turn < 20, "the conversation never crossed the trigger"
+            server.start_turn(thread, _question(turn))
+            server.turn_completed()
+            if proxy.answers.compactions("/responses"):
+                break
+        auto = proxy.answers.compactions("/responses")
+        summaries_before = len(upstream.summary_requests)
+        answers_before = len(proxy.answers.answered)
+        # The app server sends a turn's text as it is (the TUI would run its own compaction).
+        server.start_turn(thread, f"/compact {FOCUS}")
+        server.turn_completed()
+        reply = server.agent_messages()[-1]
+        (manual,) = [
+            a for a in proxy.answers.answered[answers_before:] if a.path == "/v1/responses"
+        ]
+        summaries = upstream.summary_requests[summaries_before:]
+        turns_before = len(upstream.turn_requests)
+        server.start_turn(thread, "Go on.")
+        server.turn_completed()
+        status = server.close()
+    assert status == 0, server.stderr()
+    _all_taken(upstream.received)
+    _check_manual_compaction(manual, reply, auto, summaries)
+    (after,) = upstream.turn_requests[turns_before:]
+    assert f"Focus: {FOCUS}" in after.body.decode()
+    last = proxy.answers.answered[-1]
+    assert last.headers["x-compaction-id"] == manual.headers["x-compaction-id"], last.headers
