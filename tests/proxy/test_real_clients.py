@@ -378,8 +378,19 @@ def test_claude_code_keeps_text_the_user_adds_during_tool_runs_after_the_results
         for i, b in enumerate(bodies)
         if any(TYPED in t for m in b["messages"] for t in _texts(m["content"]))
     )
+    (bash,) = [
+        b["id"]
+        for m in bodies[typed_from]["messages"]
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_use" and b.get("name") == "Bash"
+    ]
+    output = _results(bodies[typed_from])[bash][0]
+    bash_pruned = 0
     for number, body in enumerate(bodies[typed_from:], typed_from):
         assert any(TYPED in t for m in body["messages"] for t in _texts(m["content"])), number
+        bash_pruned += _results(body)[bash][0] != output
+    assert bash_pruned, "the output of the command the user typed during was never pruned"
 
     # Each hook note stays beside its tool result in every later request, also
     # once that result is pruned to a brief.
