@@ -16,7 +16,18 @@ import pytest
 from anthropic.types import Message as SdkMessage
 from hypothesis import HealthCheck, given, settings
 
-from compaction import CannotFitError, Profile, SummarizationError, TokenCounter, compact
+from compaction import (
+    CannotFitError,
+    Profile,
+    SummarizationError,
+    TokenCounter,
+    calibrated_budget,
+    compact,
+    decide,
+    execute,
+    new_checkpoint,
+    read_conversation,
+)
 from compaction.messages import SUMMARY_MARKER
 from proxy.dialects.anthropic import ANTHROPIC, UNCUT, pairing_problems
 from proxy.dialects.base import Dialect, clean
@@ -621,3 +632,34 @@ def test_pairing_problems_use_the_api_words() -> None:
     # The results must open the next message.
     assert "immediately after: t1" in pairing_problems([use, text_first])[0]
     assert thinking_block("a")["signature"] != thinking_block("b")["signature"]
+
+
+def test_a_checkpoint_made_when_the_text_rode_on_the_results_applies_to_the_next_request() -> None:
+    """The newest message maps its blocks beside results onto its last result;
+    on the next request the same message maps them to a user message of their
+    own. It was in the tail, never in the span the checkpoint covers, so the
+    checkpoint still applies and the message is forwarded as the client sent it."""
+    body = claude_code_request(40, output_chars=8_000)
+    body["messages"][-1]["content"].append({"type": "text", "text": "USER-INSTRUCTION-2"})
+    profile = Profile(context_window=90_000, summarizer="extractive")
+    budget = calibrated_budget(profile, body["max_tokens"])
+    mapped = ANTHROPIC.to_engine(body)
+    first = read_conversation(mapped.request, mapped.messages, COUNTER, profile.head_count)
+    result = asyncio.run(execute(first, decide(first, profile, budget)))
+    assert result.stage == "condensed"
+    made = new_checkpoint(first, result, id="c", created_at=0.0, progress_ok=True)
+    assert made is not None
+    later = {
+        **body,
+        "messages": [
+            *body["messages"],
+            {"role": "assistant", "content": "Done."},
+            {"role": "user", "content": "And then?"},
+        ],
+    }
+    mapped = ANTHROPIC.to_engine(later)
+    again = read_conversation(mapped.request, mapped.messages, COUNTER, profile.head_count)
+    decision = decide(again, profile, budget, stored={made.end_hash: made})
+    assert decision.checkpoint is made
+    out = ANTHROPIC.from_engine(later, mapped, asyncio.run(execute(again, decision)).messages)
+    assert any(m is body["messages"][-1] for m in out["messages"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,18 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
+from compaction import (
+    CannotFitError,
+    Profile,
+    TokenCounter,
+    calibrated_budget,
+    compact,
+    decide,
+    execute,
+    new_checkpoint,
+    read_conversation,
+    validate_tool_pairing,
+)
 from proxy.dialects.anthropic import ANTHROPIC, pairing_problems
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
@@ -404,6 +416,67 @@ def test_every_block_of_a_request_is_accounted_for_in_what_is_sent(
 ) -> None:
     done = assert_conforms(dialect, WRITERS[dialect](steps), profile, reason)
     event(f"stage {done[0].stage}" if done else "refused: cannot fit")
+
+
+def _next_turn(dialect: DialectName, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with the model's answer and one more user message after it."""
+    if dialect == "responses":
+        answer = {"type": "message", "role": "assistant", "content": "Done."}
+        ask = {"type": "message", "role": "user", "content": "And then?"}
+        return {**body, "input": [*body["input"], answer, ask]}
+    turn = [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "And then?"}]
+    return {**body, "messages": [*body["messages"], *turn]}
+
+
+def _through_a_checkpoint(
+    dialect: DialectName, body: dict[str, Any], profile: Profile, stored: dict[str, Any]
+) -> tuple[Any, Any, dict[str, Any]]:
+    mapped = DIALECTS[dialect].to_engine(body)
+    conversation = read_conversation(mapped.request, mapped.messages, COUNTER, profile.head_count)
+    budget = calibrated_budget(profile, mapped.request.get("max_tokens") or 0)
+    decision = decide(conversation, profile, budget, stored=stored)
+    result = asyncio.run(execute(conversation, decision))
+    if stored:
+        event("checkpoint applied" if decision.checkpoint is not None else "not applied")
+    return conversation, result, DIALECTS[dialect].from_engine(body, mapped, result.messages)
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(steps=conversations, profile=profiles)
+def test_the_next_request_over_a_stored_checkpoint_is_accounted_for_too(
+    dialect: DialectName, steps: list[Any], profile: Profile
+) -> None:
+    """The compaction a request leaves, read back from a store (equal copies) and
+    applied to the next request, loses nothing of that request either: the
+    newest message of the first (mapped differently once it is not the newest)
+    is never inside the span the checkpoint covers."""
+    body = WRITERS[dialect](steps)
+    try:
+        conversation, result, _ = _through_a_checkpoint(dialect, body, profile, {})
+    except CannotFitError:
+        return
+    made = new_checkpoint(conversation, result, id="c", created_at=0.0, progress_ok=True)
+    if made is None:
+        return
+    made = dataclasses.replace(
+        made, replacement=tuple(orjson.loads(orjson.dumps(made.replacement)))
+    )
+    later = _next_turn(dialect, body)
+    try:
+        _, again, sent = _through_a_checkpoint(dialect, later, profile, {made.end_hash: made})
+    except CannotFitError:
+        return
+    accounting = account(
+        blocks(dialect, later), blocks(dialect, sent), moves_markers=dialect == "anthropic"
+    )
+    assert accounting.problems == (), (again.stage, again.notes, accounting.problems)
 
 
 # --- every stage, for certain ----------------------------------------------------------
