@@ -42,9 +42,15 @@ from proxy.dialects.anthropic import ANTHROPIC, pairing_problems
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
-from tests.proxy.dialects.anthropic_sessions import from_chat, thinking_block
+from tests.proxy.dialects.anthropic_sessions import (
+    SEEDS,
+    claude_code_request,
+    from_chat,
+    random_request,
+    thinking_block,
+)
 from tests.proxy.dialects.conformance import Accounting, DialectName, account, blocks
-from tests.proxy.dialects.responses_shapes import chat_to_responses
+from tests.proxy.dialects.responses_shapes import chat_to_responses, codex_request
 from tests.proxy.dialects.responses_upstream import pairing_errors
 
 COUNTER = TokenCounter("gpt-4o")
@@ -543,6 +549,32 @@ def test_a_user_message_between_parallel_outputs_never_leaves_an_output_without_
     )
     for window in (4_096, 8_192, 16_000):
         assert_conforms("responses", body, Profile(context_window=window, summarizer="extractive"))
+
+
+@pytest.mark.parametrize("window", [8_192, 16_384, 32_768])
+@pytest.mark.parametrize("dialect", ["anthropic", "responses"])
+def test_claude_code_and_codex_sessions_are_accounted_for(
+    dialect: DialectName, window: int
+) -> None:
+    """The shapes those clients send (tests.proxy.dialects.anthropic_sessions and
+    responses_shapes): Claude Code's reminders beside results, markers on the
+    system and the last block, signed thinking; Codex's reasoning and patches."""
+    if dialect == "anthropic":
+        body = claude_code_request(40, output_chars=6_000)
+        body["max_tokens"] = 2_048
+    else:
+        body = codex_request(40)
+    done = assert_conforms(dialect, body, Profile(context_window=window, summarizer="extractive"))
+    assert done is not None and done[0].stage != "none"
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(seed=SEEDS, window=st.sampled_from([4_096, 8_192, 16_384]))
+def test_random_anthropic_requests_are_accounted_for(seed: int, window: int) -> None:
+    """Server tool blocks, redacted thinking, results with images, markers on results."""
+    assert_conforms(
+        "anthropic", random_request(seed), Profile(context_window=window, summarizer="extractive")
+    )
 
 
 # --- the real clients and conversations ------------------------------------------------
