@@ -1,5 +1,4 @@
-"""Drivers for the real agent CLIs' headless input modes, and the scripted
-upstreams and proxy recording that the real-client tests read.
+"""Drivers for the real agent CLIs' headless input modes.
 
 * :class:`ClaudeStream` runs ``claude -p --input-format stream-json``: user
   messages go in on stdin as the user types them (also while a tool runs),
@@ -7,12 +6,6 @@ upstreams and proxy recording that the real-client tests read.
 * :class:`CodexAppServer` runs ``codex app-server`` (JSON-RPC over stdio, the
   protocol the Codex IDE extension speaks): ``turn/start`` begins a turn,
   ``turn/steer`` is what the TUI sends when the user types while the turn runs.
-* :class:`RecordingApp` wraps the proxy's ASGI app and keeps the status and
-  headers of every answer (the ``x-compaction-*`` figures the CLIs never show).
-* :class:`FocusAnthropicUpstream` and :class:`FocusResponsesUpstream` are the
-  scripted upstreams whose summaries name the ``<focus>`` the proxy's
-  summarizer prompt carried, so a test can tell which compaction a forwarded
-  summary came from.
 * :func:`gate` is a shell command that waits for a file: a tool that runs
   until the test has typed what it means to type during it.
 
@@ -24,212 +17,21 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream, is_summary_request
-from tests.proxy.dialects.anthropic_upstream import _events as anthropic_events
-from tests.proxy.dialects.responses_upstream import Received as ResponsesReceived
-from tests.proxy.dialects.responses_upstream import ResponsesUpstream
-from tests.proxy.dialects.responses_upstream import _message as message_item
-from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT
-
 #: Deadline for one event of a CLI: a broken client fails the test, never hangs it.
 EVENT_TIMEOUT = 120.0
-_FOCUS = re.compile(r"<focus>\s*(.*?)\s*</focus>", re.S)
-#: The proxy's answer to ``/compact`` (proxy/manual.py's wording).
-COMPACTED = re.compile(
-    r"Context compacted: ([\d,]+) → ([\d,]+) tokens \((\d+) messages condensed\)"
-)
 
 
 def gate(flag: Path, then: str) -> str:
     """A shell command that waits until ``flag`` exists, then runs ``then``."""
     quoted = shlex.quote(str(flag))
     return f"while [ ! -f {quoted} ]; do sleep 0.05; done; {then}"
-
-
-def focus_of(body: Any) -> str | None:
-    """The ``<focus>`` of a summarizer request (the ``/compact`` instructions), if any."""
-    found = _FOCUS.search(json.dumps(body, ensure_ascii=False).replace("\\n", "\n"))
-    return found.group(1) if found else None
-
-
-def compacted_figures(text: str) -> tuple[int, int, int]:
-    """(tokens before, tokens after, messages condensed) of the proxy's ``/compact`` reply."""
-    found = COMPACTED.search(text)
-    assert found is not None, f"not the proxy's /compact reply: {text!r}"
-    before, after, condensed = found.groups()
-    return int(before.replace(",", "")), int(after.replace(",", "")), int(condensed)
-
-
-# --- the proxy's answers -------------------------------------------------------
-
-
-@dataclass
-class Answered:
-    """One answer of the proxy: its path, status and headers (lower-cased names)."""
-
-    path: str
-    status: int
-    headers: dict[str, str]
-
-    def tokens(self) -> tuple[int, int]:
-        """``x-compaction-tokens-before`` and ``-after``."""
-        return (
-            int(self.headers["x-compaction-tokens-before"]),
-            int(self.headers["x-compaction-tokens-after"]),
-        )
-
-
-@dataclass
-class RecordingApp:
-    """An ASGI app that records the status and headers of each answer of ``app``."""
-
-    app: ASGIApp
-    answered: list[Answered] = field(default_factory=list)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def recording(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
-                self.answered.append(Answered(scope["path"], message["status"], headers))
-            await send(message)
-
-        await self.app(scope, receive, recording)
-
-    def on(self, path: str, since: int = 0) -> list[Answered]:
-        """Answers on ``path`` from the ``since``-th answer on."""
-        return [a for a in self.answered[since:] if a.path == path]
-
-    def compactions(self, path: str) -> list[Answered]:
-        """Answers on ``path`` that compacted now (not forwarded as sent, not reused)."""
-        return [
-            a
-            for a in self.answered
-            if a.path.endswith(path)
-            and a.headers.get("x-compaction-stage") not in (None, "none", "reused")
-        ]
-
-
-# --- scripted upstreams whose summaries name their focus -----------------------
-
-
-@dataclass
-class FocusAnthropicUpstream(AnthropicUpstream):
-    """:class:`AnthropicUpstream` whose summaries end with ``Focus: <focus>``
-    when the summarizer request carried one, and whose answers are ``answer``'s."""
-
-    #: The text of the ``n``-th answer that is not a tool call (default: the base class's).
-    answer: Callable[[int], str] | None = None
-    _texts: int = 0
-
-    def _answer(self, received: Any, body: dict[str, Any]) -> Response:
-        calls = self._answered
-        response = super()._answer(received, body)
-        if (
-            self.answer is None
-            or response.status_code != 200
-            or is_summary_request(body)
-            or self._answered != calls
-        ):
-            return response
-        message = {
-            "id": f"msg_answer{len(self.received):04d}",
-            "type": "message",
-            "role": "assistant",
-            "model": body.get("model", "claude"),
-            "content": [{"type": "text", "text": self.answer(self._texts)}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": received.prompt_tokens, "output_tokens": 10},
-        }
-        self._texts += 1
-        if body.get("stream") is True:
-            return StreamingResponse(anthropic_events(message), media_type="text/event-stream")
-        return JSONResponse(message)
-
-    def _summary(self, body: dict[str, Any]) -> str:
-        text = super()._summary(body)
-        focus = focus_of(body)
-        return f"{text}\n- Focus: {focus}" if focus else text
-
-
-@dataclass
-class FocusResponsesUpstream(ResponsesUpstream):
-    """:class:`ResponsesUpstream` whose summaries have the sections the proxy
-    asks for (a turn prefix's to a turn-prefix request) and end with
-    ``Focus: <focus>`` when the summarizer request carried one, and whose
-    answers are ``answer``'s."""
-
-    #: The text of the ``n``-th answer that is not a tool call (default: the base class's).
-    answer: Callable[[int], str] | None = None
-    _texts: int = 0
-
-    def _answer(self, received: ResponsesReceived) -> Response:
-        body = received.json()
-        calls = len(self.issued)
-        response = self._summary_or_turn(received, body)
-        if (
-            self.answer is None
-            or response.status_code != 200
-            or not body.get("tools")
-            or len(self.issued) != calls
-        ):
-            return response
-        text = self.answer(self._texts)
-        self._texts += 1
-        return self._reply(body, [message_item(len(self.received), text)], received.input_tokens)
-
-    def _summary_or_turn(self, received: ResponsesReceived, body: dict[str, Any]) -> Response:
-        instructions = body.get("instructions") if isinstance(body, dict) else None
-        prefix = isinstance(instructions, str) and instructions.startswith(
-            TURN_PREFIX_SYSTEM_PROMPT.split("\n", 1)[0]
-        )
-        focus = focus_of(body)
-        # The summary this request gets (the base class answers with it).
-        self.summary_text = (TURN_PREFIX_TEXT if prefix else SUMMARY_TEXT) + (
-            f"\n- Focus: {focus}" if focus else ""
-        )
-        return super()._answer(received)
-
-
-@dataclass
-class ParallelResponsesUpstream(ResponsesUpstream):
-    """:class:`ResponsesUpstream` that issues a second call beside the ``step``-th
-    (parallel tool calls, as the API issues them: one reasoning item, then the
-    calls), with the arguments ``beside`` gives it."""
-
-    beside_at: int = -1
-    beside: Mapping[str, Any] = field(default_factory=dict)
-
-    def _tool_call(self, body: dict[str, Any], step: int) -> list[dict[str, Any]]:
-        items = super()._tool_call(body, step)
-        if step != self.beside_at:
-            return items
-        reasoning, call = items
-        second = {
-            **call,
-            "id": call["id"] + "_beside",
-            "call_id": call["call_id"] + "_beside",
-            "arguments": json.dumps(self.beside),
-        }
-        self.issued[second["id"]] = reasoning["id"]
-        return [reasoning, call, second]
 
 
 # --- the CLIs -----------------------------------------------------------------

@@ -14,11 +14,12 @@ whole input each turn; Claude Code 2.1 sends ``system`` as blocks, 24 tools,
 ``system``-role messages inside ``messages``.
 
 Beyond ``-p`` and ``exec``, the sessions here use each CLI's headless input
-mode (``tests/proxy/real_clients_sessions.py``): Claude Code's stream-json
-input, where the user types while a tool runs, and the Codex app server
-(``turn/start``, ``turn/steer``), the protocol its IDE extension speaks. The
-proxy's answers are recorded too, so the ``x-compaction-*`` figures the CLIs
-never show can be compared with what they do show.
+mode (``real_clients_sessions.py``): Claude Code's stream-json input, where the
+user types while a tool runs, and the Codex app server (``turn/start``,
+``turn/steer``), the protocol its IDE extension speaks. The proxy's answers
+are recorded too (``real_clients_upstreams.py``, with the scripted upstreams),
+so the ``x-compaction-*`` figures the CLIs never show can be compared with
+what they do show.
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ from config import load_settings
 from proxy.app import create_app
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
-from tests.proxy.real_clients_sessions import (
+from tests.proxy.real_clients_sessions import ClaudeStream, CodexAppServer, gate
+from tests.proxy.real_clients_upstreams import (
     Answered,
-    ClaudeStream,
-    CodexAppServer,
     FocusAnthropicUpstream,
     FocusResponsesUpstream,
     ParallelResponsesUpstream,
     RecordingApp,
     compacted_figures,
     focus_of,
-    gate,
 )
 from tests.proxy.servers import serve_in_thread
 
