@@ -1,7 +1,7 @@
 """The FastAPI application: routes are thin; the work lives in handler.py and friends.
 
 ``create_app(settings)`` builds everything; nothing happens at import time.
-The upstream :class:`~proxy.transport.Transport` is opened and closed in the lifespan.
+The upstream :class:`~proxy.upstream.transport.Transport` is opened and closed in the lifespan.
 """
 
 from __future__ import annotations
@@ -22,34 +22,34 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import ModelResolver, Settings
-from proxy.access import state_routes
-from proxy.conversation import identify
+from proxy.api import api_routes
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
-from proxy.disconnect import ClientWatch
-from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
-from proxy.guards import (
+from proxy.edge.disconnect import ClientWatch
+from proxy.edge.errors import BadRequest, ProxyError, ServiceUnavailable
+from proxy.edge.guards import (
     KEY_IN_AUTHORIZATION,
     HostGuard,
     OriginGuard,
     ProxyKeyGuard,
     is_loopback,
 )
-from proxy.handler import handle_chat, handle_preview
-from proxy.logs import REQUESTS
-from proxy.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from proxy.metrics import Metrics
-from proxy.paths import forward_url, raw_path_of
-from proxy.recorder import Recorder
-from proxy.state import ProxyState, build_transport, state_of
-from proxy.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
-from proxy.transport import Transport
+from proxy.edge.paths import forward_url, raw_path_of
+from proxy.flow.handler import handle_chat
+from proxy.flow.send import Relay, error_response, send, upstream_headers
+from proxy.flow.usage import UsageTap
+from proxy.session.conversation import identify
+from proxy.state.logs import REQUESTS
+from proxy.state.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from proxy.state.metrics import Metrics
+from proxy.state.recorder import Recorder
+from proxy.state.runtime import ProxyState, build_transport, state_of
+from proxy.state.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.ui import DashboardRoute
 from proxy.ui import install as install_dashboard
-from proxy.upstream import Relay, error_response, send, upstream_headers
-from proxy.usage import UsageTap
+from proxy.upstream.transport import Transport
 
 logger = logging.getLogger("compaction_proxy")
 requests_log = logging.getLogger(REQUESTS)
@@ -214,14 +214,8 @@ def create_app(
         # still 200: the proxy serves every request, only without its state.
         return JSONResponse(health.report().to_dict())
 
-    @app.post("/v1/compaction/preview")
-    async def preview(request: Request) -> Response:
-        return await handle_preview(
-            request, state_of(request), uses_proxy_key=key_in_authorization(request)
-        )
-
-    app.include_router(state_routes())  # before the pass-through catches every /v1 path
-    install_dashboard(app, settings)  # the steering routes and /ui, likewise
+    app.include_router(api_routes())  # before the pass-through catches every /v1 path
+    install_dashboard(app, settings)  # /ui, likewise
 
     @app.api_route(
         "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]

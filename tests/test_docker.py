@@ -15,7 +15,7 @@ import pytest
 
 from config import Settings, load_settings
 from proxy.app import BACKGROUND_GRACE_SECONDS
-from proxy.server import GRACEFUL_SHUTDOWN_SECONDS
+from proxy.cli.server import GRACEFUL_SHUTDOWN_SECONDS
 
 #: The requests drain, then compactions still being prepared get their grace.
 SHUTDOWN = GRACEFUL_SHUTDOWN_SECONDS + BACKGROUND_GRACE_SECONDS

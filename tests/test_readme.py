@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from config import settings_reference
-from proxy.cli import build_parser
+from proxy.cli.commands import build_parser
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

@@ -80,7 +80,7 @@ from proxy.dialects.anthropic_pairing import (
     text_block,
 )
 from proxy.dialects.base import ORIGIN, Mapped, origin_of, rebuild
-from proxy.errors import BadRequest
+from proxy.edge.errors import BadRequest
 
 #: Key on an engine message: the text of the blocks the engine must count but not edit.
 UNCUT = "_anthropic_uncut"

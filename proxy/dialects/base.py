@@ -176,7 +176,7 @@ class Dialect(Protocol):
         ...
 
     def check(self, body: dict[str, Any]) -> None:
-        """Raise :class:`proxy.errors.BadRequest` for a body this API would refuse
+        """Raise :class:`proxy.edge.errors.BadRequest` for a body this API would refuse
         in a way that stops the proxy from reading it (no conversation)."""
         ...
 

@@ -1,6 +1,6 @@
 """OpenAI Chat Completions: the engine's own format, so the mapping is the identity.
 
-The chat path keeps its hot-path shortcuts (proxy.handler): its messages go to
+The chat path keeps its hot-path shortcuts (proxy.flow.handler): its messages go to
 the engine as they are, untagged, and come back as the request's
 ``messages``. This object gives it the same face as the other dialects.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 from compaction import Message, SummarizationError
 from config import ModelConfig
-from proxy import manual
 from proxy.dialects.base import Mapped
+from proxy.flow import manual
 
 
 class ChatDialect:
@@ -26,7 +26,7 @@ class ChatDialect:
         return config.upstream, config.api_key_env
 
     def check(self, body: dict[str, Any]) -> None:
-        """Checked by :func:`proxy.body.parse_chat_body` already."""
+        """Checked by :func:`proxy.edge.body.parse_chat_body` already."""
 
     def untouchable(self, body: dict[str, Any]) -> str | None:
         return None

@@ -62,7 +62,7 @@ from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
 from proxy.dialects.base import Mapped, clean, rebuild
 from proxy.dialects.responses_replies import response_events, response_object
-from proxy.errors import BadRequest
+from proxy.edge.errors import BadRequest
 
 #: First line of Codex's compaction prompt (codex-rs/core/templates/compact/prompt.md):
 #: Codex summarizing its own history; forwarded untouched.

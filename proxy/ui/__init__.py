@@ -1,4 +1,4 @@
-"""proxy.ui: the dashboard (``/ui``) and the steering routes (``/v1/compaction/…``).
+"""proxy.ui: the dashboard (``/ui``); its JSON twins are :mod:`proxy.api`.
 
     signer = install(app, settings)          # in create_app, before the pass-through
     wrapped = DashboardRoute(wrapped, app)   # outside the Origin and proxy-key guards
@@ -17,16 +17,14 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from config import Settings
-from proxy.ui.api import api_routes
 from proxy.ui.auth import Signer, SignInRequired
 from proxy.ui.pages import dashboard_routes, sign_in_redirect
 
 
 def install(app: FastAPI, settings: Settings) -> Signer:
-    """Add the steering routes and the pages to ``app``."""
+    """Add the dashboard's pages to ``app``."""
     server = settings.server
     signer = Signer(server.admin_key, server.api_key)
-    app.include_router(api_routes())
     app.include_router(dashboard_routes(signer))
 
     @app.exception_handler(SignInRequired)

@@ -6,7 +6,7 @@ cookie** (HttpOnly, SameSite=Strict, path ``/ui``) naming the viewer:
 
 * ``admin`` — whoever typed ``server.admin_key``: every owner's sessions;
 * ``owner:<digest>`` — whoever typed the API key their agent sends: the
-  sessions of that credential (:func:`proxy.access.owner_digest`; the key
+  sessions of that credential (:func:`proxy.edge.access.owner_digest`; the key
   itself is neither kept nor shown);
 * ``anon:<nonce>`` — everyone else: the anonymous owner's (keyless) sessions, as on
   the state routes. With ``server.api_key`` set, ``anon`` sees nothing and
@@ -31,9 +31,9 @@ from typing import Final
 from fastapi import Request
 from pydantic import SecretStr
 
-from proxy.access import owner_digest, viewer
-from proxy.errors import Forbidden, ProxyError
-from proxy.upstream import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
+from proxy.edge.access import owner_digest, viewer
+from proxy.edge.errors import Forbidden, ProxyError
+from proxy.flow.send import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
 
 COOKIE: Final = "compaction_proxy_ui"
 ANONYMOUS: Final = "anon"

@@ -26,10 +26,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from proxy import steering
-from proxy.errors import NotFound, ProxyError
-from proxy.state import state_of
-from proxy.stores.figures import SAVINGS_BUCKET_SECONDS
+from proxy.edge.errors import NotFound, ProxyError
+from proxy.session import steering
+from proxy.state.runtime import state_of
+from proxy.state.stores.figures import SAVINGS_BUCKET_SECONDS
 from proxy.ui.auth import ANONYMOUS, COOKIE, Signer, SignInRequired, Visitor
 from proxy.ui.charts import Mark, Rule, Series, line_chart, tokens
 from proxy.ui.views import (

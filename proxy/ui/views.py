@@ -5,7 +5,7 @@ as plain frozen data (no HTML, no terminal codes).
     session = await read_session(store, "3f2a…", viewer)   # /ui/sessions/…, `show`
 
 ``viewer`` is the owner whose state is read (``None``: everyone's, the admin
-and the CLI), as for the state routes (:mod:`proxy.access`).
+and the CLI), as for the state routes (:mod:`proxy.edge.access`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from compaction import Checkpoint, Message
-from proxy.steering import summary_text
-from proxy.stores import Event, RequestRecord, SessionSettings, SessionSummary, Store
+from proxy.session.steering import summary_text
+from proxy.state.stores import Event, RequestRecord, SessionSettings, SessionSummary, Store
 
 #: The session page charts this many of the newest requests.
 CHART_REQUESTS: Final = 2_000

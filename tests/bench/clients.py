@@ -4,7 +4,7 @@ The proxy pays its upstream client's CPU on every request, so the client was
 chosen by this measurement: sequential small chat POSTs from this process to
 the bench upstream (own process, own core), each answer read whole, CPU time
 (``time.process_time``) and wall time per request. ``compaction-proxy`` is the
-proxy's own :class:`~proxy.transport.Transport` (aiohttp with its guards).
+proxy's own :class:`~proxy.upstream.transport.Transport` (aiohttp with its guards).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ async def _aiohttp(url: str, body: bytes, requests: int) -> tuple[float, float]:
 
 
 async def _transport(url: str, body: bytes, requests: int) -> tuple[float, float]:
-    from proxy.transport import Transport
+    from proxy.upstream.transport import Transport
 
     transport = Transport(
         connect_timeout=10, read_timeout=60, max_connections=10, keepalive_expiry=4, trust_env=False

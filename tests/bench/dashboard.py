@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from proxy.access import owner_digest
-from proxy.stores import RequestRecord, SQLiteStore
+from proxy.edge.access import owner_digest
+from proxy.state.stores import RequestRecord, SQLiteStore
 from tests.bench import client
 from tests.bench.client import Connection, Target
 from tests.bench.processes import ROOT, Server, start_proxy, start_upstream

@@ -184,7 +184,7 @@ def _signal(server: Server, signum: int) -> None:
 def main() -> None:
     output, argv = sys.argv[1], sys.argv[2:]
     sys.path.insert(0, str(ROOT))
-    from proxy.cli import main as cli
+    from proxy.cli.commands import main as cli
 
     profiler = cProfile.Profile(time.thread_time)
 

@@ -19,7 +19,7 @@ from starlette.routing import Route
 from compaction import Profile
 from evaluation import read_bodies
 from evaluation.run import evaluate
-from proxy.cli import main
+from proxy.cli.commands import main
 from tests.proxy.servers import serve_in_thread
 from tests.synthetic import agent_session
 
@@ -184,8 +184,8 @@ def test_a_judge_is_asked_every_probe_and_its_grades_reported(
 
 def test_the_proxy_never_imports_the_evaluation() -> None:
     code = (
-        "import sys, proxy.app, proxy.handler, proxy.server, proxy.cli;"
-        "proxy.cli.build_parser().parse_args(['serve']);"
+        "import sys, proxy.app, proxy.flow.handler, proxy.cli.server, proxy.cli.commands;"
+        "proxy.cli.commands.build_parser().parse_args(['serve']);"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'evaluation'], 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

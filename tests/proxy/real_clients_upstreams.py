@@ -33,7 +33,7 @@ from tests.proxy.dialects.responses_upstream import _message as message_item
 from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT
 
 _FOCUS = re.compile(r"<focus>\s*(.*?)\s*</focus>", re.S)
-#: The proxy's answer to ``/compact`` (proxy/manual.py's wording).
+#: The proxy's answer to ``/compact`` (proxy/flow/manual.py's wording).
 COMPACTED = re.compile(
     r"Context compacted: ([\d,]+) → ([\d,]+) tokens \((\d+) messages condensed\)"
 )

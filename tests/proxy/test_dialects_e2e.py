@@ -284,7 +284,7 @@ def test_compact_is_answered_in_each_api_without_calling_the_model(stream: bool)
 
 
 def test_anthropic_count_tokens_is_forwarded_and_calibrates_the_proxy() -> None:
-    from proxy.stores import MemoryStore
+    from proxy.state.stores import MemoryStore
 
     upstream = AnthropicUpstream()
     store = MemoryStore()

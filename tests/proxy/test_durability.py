@@ -120,7 +120,7 @@ def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(
     import proxy.app
     from config import load_settings
     from proxy.app import create_app
-    from proxy.stores import Event, SQLiteStore
+    from proxy.state.stores import Event, SQLiteStore
     from tests.proxy.servers import serve_in_thread
 
     monkeypatch.setattr(proxy.app, "HEARTBEAT_TTL", 0.3)  # upkeep every 0.1 s

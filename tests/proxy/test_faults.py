@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from compaction import SUMMARY_MARKER
 from config import load_settings
 from proxy.app import create_app
-from proxy.server import GRACEFUL_SHUTDOWN_SECONDS
+from proxy.cli.server import GRACEFUL_SHUTDOWN_SECONDS
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream, ProxyProcess, serve_hangup, serve_in_thread
 from tests.synthetic import agent_session, conversations

@@ -23,7 +23,7 @@ import pytest
 from compaction import session_key
 from config import load_settings
 from proxy.app import create_app
-from proxy.logs import REQUESTS
+from proxy.state.logs import REQUESTS
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
 from tests.proxy.servers import FakeUpstream, serve_in_thread

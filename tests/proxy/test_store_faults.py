@@ -27,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config import load_settings
 from proxy.app import create_app
-from proxy.stores import SQLiteStore, Store
+from proxy.state.stores import SQLiteStore, Store
 from tests.proxy.servers import FakeUpstream, ProxyProcess, serve_in_thread
-from tests.proxy.stores.conftest import free_port, start_redis
-from tests.proxy.stores.test_resilient import FaultyStore
+from tests.proxy.state.stores.conftest import free_port, start_redis
+from tests.proxy.state.stores.test_resilient import FaultyStore
 from tests.synthetic import agent_session
 
 MODELS = {"gpt-4o": {"context_window": 8192}}

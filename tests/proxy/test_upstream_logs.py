@@ -29,7 +29,7 @@ def test_a_504_log_line_names_the_upstream_that_did_not_answer(
 
 def test_the_start_up_line_names_every_upstream_without_its_secrets() -> None:
     from config import load_settings
-    from proxy.server import startup_line
+    from proxy.cli.server import startup_line
 
     settings = load_settings(
         None,

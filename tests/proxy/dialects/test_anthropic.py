@@ -31,7 +31,7 @@ from compaction import (
 from compaction.messages import SUMMARY_MARKER
 from proxy.dialects.anthropic import ANTHROPIC, UNCUT, pairing_problems
 from proxy.dialects.base import Dialect, clean
-from proxy.errors import BadRequest
+from proxy.edge.errors import BadRequest
 from tests.proxy.dialects.anthropic_sessions import (
     CACHE,
     SEEDS,

@@ -27,7 +27,7 @@ from compaction import (
 )
 from proxy.dialects.base import ORIGIN, Dialect, clean
 from proxy.dialects.responses import CODEX_COMPACTION_PROMPT, RESPONSES
-from proxy.errors import BadRequest
+from proxy.edge.errors import BadRequest
 from tests.proxy.dialects.responses_shapes import (
     chat_to_responses,
     codex_request,

@@ -1,0 +1,116 @@
+"""The steering routes, in JSON, with the access rules of the state routes
+(:mod:`proxy.edge.access`: the caller's own sessions; everyone's with the admin key).
+
+* ``PUT  /v1/compaction/checkpoints/{id}`` ``{"summary": "…"}`` — edit a summary;
+* ``GET  /v1/compaction/sessions`` — the overview (sessions, totals);
+* ``GET  /v1/compaction/sessions/{session}`` — one session's requests and settings;
+* ``PUT  /v1/compaction/sessions/{session}/settings``
+  ``{"enabled": false, "instructions": "…"}`` — either or both;
+* ``POST /v1/compaction/sessions/{session}/compact`` — compact at its next request.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from proxy.edge.access import viewer
+from proxy.edge.errors import BadRequest
+from proxy.session import steering
+from proxy.state.runtime import state_of
+from proxy.state.stores import to_dict
+from proxy.ui.views import read_overview, read_session
+
+MAX_SESSIONS: Final = 1_000
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest("The body is not valid JSON.") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The body must be a JSON object.")
+    return body
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(value), status_code=status, media_type="application/json")
+
+
+def _field(body: dict[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise BadRequest(f"'{name}' must be a {kind.__name__}.", param=name)
+    return value
+
+
+def steering_routes() -> APIRouter:
+    router = APIRouter(prefix="/v1/compaction")
+
+    @router.put("/checkpoints/{checkpoint_id}")
+    async def edit_checkpoint(checkpoint_id: str, request: Request) -> Response:
+        state = state_of(request)
+        seen = viewer(request, state.settings.server.admin_key)
+        summary = _field(await _json_object(request), "summary", str)
+        if summary is None:
+            raise BadRequest("'summary' is required.", param="summary")
+        edited = await steering.edit_summary(state, checkpoint_id, summary, seen)
+        return _json(to_dict(edited))
+
+    @router.get("/sessions")
+    async def sessions(
+        request: Request, limit: int = Query(MAX_SESSIONS, ge=1, le=MAX_SESSIONS)
+    ) -> Response:
+        state = state_of(request)
+        seen = viewer(request, state.settings.server.admin_key)
+        overview = await read_overview(state.store, seen, limit=limit)
+        return _json(
+            {
+                "object": "list",
+                "data": [to_dict(summary) for summary in overview.sessions],
+                "totals": overview.totals,
+            }
+        )
+
+    @router.get("/sessions/{session}")
+    async def session(session: str, request: Request) -> Response:
+        state = state_of(request)
+        seen = viewer(request, state.settings.server.admin_key)
+        owner = await steering.session_owner(state, session, seen)
+        view = await read_session(state.store, session, seen, owner)
+        return _json(
+            {
+                "session": session,
+                "summary": to_dict(view.summary) if view.summary else None,
+                "requests": [to_dict(record) for record in view.requests],
+                "settings": to_dict(view.settings),
+                "checkpoints": [shown.checkpoint.id for shown in view.checkpoints],
+            }
+        )
+
+    @router.put("/sessions/{session}/settings")
+    async def settings(session: str, request: Request) -> Response:
+        state = state_of(request)
+        seen = viewer(request, state.settings.server.admin_key)
+        body = await _json_object(request)
+        enabled = _field(body, "enabled", bool)
+        instructions = _field(body, "instructions", str)
+        owner = await steering.session_owner(state, session, seen)
+        changed = await steering.update_settings(
+            state, session, owner, enabled=enabled, instructions=instructions
+        )
+        return _json(to_dict(changed))
+
+    @router.post("/sessions/{session}/compact")
+    async def compact(session: str, request: Request) -> Response:
+        state = state_of(request)
+        seen = viewer(request, state.settings.server.admin_key)
+        owner = await steering.session_owner(state, session, seen)
+        steering.compact_now(state, session, owner)
+        return _json({"session": session, "status": "pending"}, status=202)
+
+    return router

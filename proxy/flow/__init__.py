@@ -1,0 +1,13 @@
+"""proxy.flow: one compacted request, in the order it happens.
+
+    read.py      the body → a Call (dialect, model settings, the conversation)
+    handler.py   read → decide → compact → send → relay | overflow → record
+    manual.py    ``/compact [instructions]`` and its reply
+    send.py      headers for the upstream, sending, relaying the answer
+    overflow.py  recognizing "the prompt is too long" in any provider's words
+    usage.py     the upstream's own token count, read off the answer as it passes
+    record.py    the figures of one answered request, for the recorder
+
+The per-conversation work a request triggers (checkpoints, locks, background
+preparation) is :mod:`proxy.session`.
+"""

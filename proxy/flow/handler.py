@@ -1,0 +1,417 @@
+"""The compacted endpoints: ``POST /v1/chat/completions``, ``/v1/messages``, ``/v1/responses``.
+
+read → compact → forward → (overflow? compact again, retry once) → relay.
+Each step is a named function; the handler reads as the pipeline it is.
+
+Chat Completions is the engine's own format. The other two APIs come in
+through their :class:`~proxy.dialects.base.Dialect`: the request is mapped to
+the engine's messages on the way in (``Call.mapped``, in ``proxy.flow.read``) and
+rebuilt from the engine's output on the way out (``Call.encode``); everything else — the
+checkpoints, the retry rule, calibration, events, metrics — is shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from compaction import (
+    Budget,
+    CannotFitError,
+    InvalidMessagesError,
+    OverflowReport,
+    message_text,
+    retry_budget,
+)
+from compaction import requested_output_tokens as requested_output
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import CHAT
+from proxy.edge.body import too_deep
+from proxy.edge.disconnect import ClientWatch
+from proxy.edge.errors import (
+    BadRequest,
+    ContextLengthExceeded,
+    ProxyError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from proxy.flow import manual
+from proxy.flow.overflow import detect_overflow
+from proxy.flow.read import Call, read_call
+from proxy.flow.record import empty_stream, request_record
+from proxy.flow.send import (
+    Relay,
+    read_whole,
+    relay_bytes,
+    send,
+    shown_url,
+    stream_error_event,
+)
+from proxy.flow.usage import UsageTap
+from proxy.session.conversation import Prepared, prepare
+from proxy.state.logs import REQUESTS
+from proxy.state.runtime import WINDOW_BOUNDS, ProxyState
+from proxy.state.stores import EMPTY_STREAM_STATUS
+from proxy.upstream.transport import UpstreamResponse
+
+logger = logging.getLogger(REQUESTS)
+
+# --- the handler -----------------------------------------------------------
+
+
+async def handle_chat(
+    request: Request,
+    state: ProxyState,
+    *,
+    uses_proxy_key: bool,
+    watch: ClientWatch | None = None,
+    dialect: Dialect = CHAT,
+) -> Response:
+    started = time.perf_counter()
+    call: Call | None = None
+    try:
+        call = await read_call(request, state, uses_proxy_key, dialect)
+        call.watch = watch
+        if call.untouchable is not None:
+            return await _forward_untouched(call, started)
+        instructions = manual.command_instructions(call.messages)
+        if instructions is not None:
+            return await _manual(call, instructions, started)
+        return await _forward(call, started)
+    except ProxyError as exc:
+        _log_refusal(state, call, exc.status, started)
+        raise
+
+
+async def _forward_untouched(call: Call, started: float) -> Response:
+    """A request of another API that the proxy must not rewrite (it builds on
+    state the proxy cannot see): forwarded byte for byte, relayed as it comes."""
+    upstream = await _send(call, call.raw)
+    fields: dict[str, object] = {
+        "api": call.dialect.name,
+        "model": call.config.model or "-",
+        "stage": "untouched",
+        "reason": call.untouchable,
+        "upstream_status": upstream.status,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    logger.info("chat", extra={"fields": fields})
+    return Relay(upstream, {}, api=call.dialect.name)
+
+
+async def _forward(call: Call, started: float) -> Response:
+    """Forward, and retry once, smaller, after an upstream overflow."""
+    prepared = await _prepare(call, reason="threshold")
+    sent = call.encode(prepared)
+    upstream = await _send(call, sent)
+    report = await _overflow(call, prepared, upstream, started, sent)
+    if isinstance(report, Response):
+        return report
+    if report is not None:
+        state = call.state
+        state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
+        budget = await _retry_budget(call, prepared, report)
+        prepared = await _prepare(call, reason="overflow", budget=budget)
+        retry = call.encode(prepared)
+        if retry == sent:  # cannot happen by the retry rule; never resend what failed
+            raise ContextLengthExceeded(
+                "This request cannot be made smaller than what the upstream refused.",
+                param="messages",
+            )
+        upstream = await _send(call, retry)
+        if upstream.status == 200 and call.streamed and not await _first_bytes(call, upstream):
+            empty_stream(call)
+            return _empty_stream_error(call, prepared, upstream, started)
+    try:
+        _finish(call, prepared, upstream.status, started)
+        return Relay(
+            upstream, prepared.headers(), _usage_tap(call, prepared), api=call.dialect.name
+        )
+    except BaseException:
+        upstream.abort()  # its connection and pool slot are not left behind
+        raise
+
+
+#: An upstream stream that ends before its first event, for a request using at
+#: least this share of the input limit, is taken for an overflow: some servers
+#: (llama-cpp-python) answer an over-long streamed prompt that way.
+EMPTY_STREAM_NEAR_LIMIT = 0.5
+
+
+async def _overflow(
+    call: Call,
+    prepared: Prepared,
+    upstream: UpstreamResponse,
+    started: float,
+    sent: bytes,
+) -> OverflowReport | Response | None:
+    """What the upstream's answer says of an overflow: a report to retry on,
+    ``None`` for an answer to relay, or the response to give the client now."""
+    if upstream.status >= 400:
+        error = await read_whole(upstream)
+        overflow = detect_overflow(upstream.status, error, sent)
+        if overflow is None:
+            _finish(call, prepared, upstream.status, started)
+            return relay_bytes(upstream, error, prepared.headers())
+        return OverflowReport(window=overflow.limit, count=overflow.count)
+    if upstream.status != 200 or not call.streamed or await _first_bytes(call, upstream):
+        return None
+    result = prepared.result
+    empty_stream(call)
+    if result.tokens_after >= EMPTY_STREAM_NEAR_LIMIT * result.input_limit:
+        upstream.release()
+        return OverflowReport()
+    return _empty_stream_error(call, prepared, upstream, started)
+
+
+async def _first_bytes(call: Call, upstream: UpstreamResponse) -> bool:
+    """Whether a streamed answer sends anything before it ends. The client's
+    leaving is watched meanwhile: a long prefill is cancelled with it."""
+    try:
+        with call.watch.waiting() if call.watch else contextlib.nullcontext():
+            return await upstream.wait_body()
+    except BaseException:
+        upstream.abort()
+        raise
+
+
+def _empty_stream_error(
+    call: Call, prepared: Prepared, upstream: UpstreamResponse, started: float
+) -> Response:
+    """The answer to an upstream stream that ended empty: a stream that carries
+    one error event, never a clean empty answer."""
+    upstream.release()
+    # An error, not the 200 its headers said: counted and logged as one.
+    _finish(call, prepared, EMPTY_STREAM_STATUS, started, error="upstream_empty")
+    message = "The upstream ended the stream before sending anything."
+    return Response(
+        stream_error_event(call.dialect.name, message, "upstream_empty"),
+        media_type="text/event-stream",
+        headers=prepared.headers(),
+    )
+
+
+async def _retry_budget(call: Call, prepared: Prepared, report: OverflowReport) -> Budget:
+    """The retry's budget by the library's rule; what the error taught is kept."""
+    state, model = call.state, call.config.model
+    if report.window:
+        if await state.learn_window(call.config, report.window):
+            call.config = state.resolve(model)
+        else:  # not a figure to aim at either
+            report = dataclasses.replace(report, window=None)
+    if report.count and report.count > WINDOW_BOUNDS[1]:
+        report = dataclasses.replace(report, count=None)  # no prompt is that large
+    config = call.config
+    retry = retry_budget(
+        config.profile,
+        requested_output(call.body),
+        state.ratio(config),
+        prepared.result.tokens_after,
+        report,
+    )
+    if report.count:
+        state.learn_ratio(config, retry.ratio)
+    return retry.budget
+
+
+def _usage_tap(call: Call, prepared: Prepared) -> UsageTap:
+    """Learns the upstream's ratio from the ``usage`` of the answer."""
+    state, config, estimate = call.state, call.config, prepared.result.tokens_after
+
+    def observed(upstream_tokens: int) -> None:
+        state.observe(config, estimate, upstream_tokens)
+
+    return UsageTap(observed, cached=call.dialect.cached_usage_apart)
+
+
+async def _prepare(
+    call: Call,
+    *,
+    reason: Any,
+    budget: Budget | None = None,
+    instructions: str | None = None,
+    store: bool = True,
+) -> Prepared:
+    summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
+    try:
+        return await prepare(
+            call.state,
+            call.body,
+            call.messages,
+            call.config,
+            summarizer,
+            reason=reason,
+            instructions=instructions,
+            budget=budget,
+            store=store,
+            identified=call.identified,
+            scope=call.scope,
+            owner=call.owner,
+        )
+    except CannotFitError as exc:
+        advice = (
+            "Shorten the system prompt, the first messages or the tool schemas, or lower "
+            "max_tokens."
+            if exc.part == "head"
+            else "Shorten the latest message, or lower max_tokens."
+        )
+        raise ContextLengthExceeded(
+            f"This request cannot be made to fit the model's context window: {exc}. {advice}",
+            param="messages",
+        ) from exc
+    except InvalidMessagesError as exc:
+        raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
+    except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
+        raise too_deep(exc) from exc
+    finally:
+        # Read before anything else runs: a compaction this request started in
+        # the background uses the same summarizer, and is recorded on its own.
+        if summarizer is not None:
+            call.summarizer_tokens += summarizer.tokens
+            call.summarizer_calls += summarizer.calls
+
+
+async def _manual(call: Call, instructions: str, started: float) -> Response:
+    history = call.messages[:-1]
+    call.messages = history
+    prepared = await _prepare(call, reason="manual", instructions=instructions or None)
+    text = manual.reply_text(manual.outcome_of(prepared))
+    _finish(call, prepared, 200, started, upstream=False)
+    model = call.config.model or "compaction-proxy"
+    headers = prepared.headers()
+    if call.dialect is not CHAT:
+        dialect = call.dialect
+        if call.streamed:
+            return StreamingResponse(
+                dialect.manual_events(model, text), media_type="text/event-stream", headers=headers
+            )
+        return Response(
+            orjson.dumps(dialect.manual_reply(model, text)),
+            media_type="application/json",
+            headers=headers,
+        )
+    if call.body.get("stream") is True:
+        options = call.body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return StreamingResponse(
+            manual.completion_chunks(model, text, include_usage),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    return Response(
+        orjson.dumps(manual.completion(model, text)),
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
+    """``POST /v1/compaction/preview``: what would be sent, and the report."""
+    call = await read_call(request, state, uses_proxy_key)
+    prepared = await _prepare(call, reason="threshold", store=False)
+    result = prepared.result
+    report = {
+        "model": call.config.model,
+        "stage": result.stage,
+        "reason": result.reason,
+        "tokens_before": prepared.tokens_before,
+        "tokens_after": result.tokens_after,
+        "context_window": call.config.profile.context_window,
+        "window_source": call.config.window_source,
+        "input_limit": result.input_limit,
+        "trigger": result.trigger,
+        "messages_before": len(call.body["messages"]),
+        "messages_after": result.messages_after,
+        "summarizer": result.summarizer_used,
+        "summarizer_calls": result.summarizer_calls,
+        "checkpoint": prepared.checkpoint.id if prepared.checkpoint else None,
+        "notes": list(result.notes),
+    }
+    try:
+        # The messages sit a level deeper here than in the request: a body
+        # nested to the parser's limit cannot be written back.
+        answer = orjson.dumps({"messages": prepared.messages, "report": report})
+    except orjson.JSONEncodeError as exc:
+        raise too_deep(exc) from exc
+    return Response(answer, media_type="application/json", headers=prepared.headers())
+
+
+async def _send(call: Call, body: bytes) -> UpstreamResponse:
+    """POST the chat request upstream, timing it for the metrics."""
+    metrics = call.state.metrics
+    started = time.perf_counter()
+    try:
+        with call.watch.waiting() if call.watch else contextlib.nullcontext():
+            response = await send(
+                call.state.transport, "POST", call.url, call.headers, body, upstream=call.base_url
+            )
+    except UpstreamTimeout:
+        metrics.record_upstream("chat", 0.0, None, "timeout")
+        raise
+    except UpstreamUnreachable:
+        metrics.record_upstream("chat", 0.0, None, "unreachable")
+        raise
+    metrics.record_upstream("chat", time.perf_counter() - started, response.status)
+    if response.status >= 400:
+        call.upstream_errors += 1
+    return response
+
+
+def _finish(
+    call: Call,
+    prepared: Prepared,
+    status: int,
+    started: float,
+    *,
+    upstream: bool = True,
+    error: str = "",
+) -> None:
+    """Metrics and the one log line of a chat request (no content, no secrets).
+
+    ``status`` is the upstream's, or — with ``upstream=False`` (``/compact``,
+    answered by the proxy) — the proxy's own.
+    """
+    metrics = call.state.metrics
+    metrics.record_request(call.config.model, prepared.result, prepared.tokens_before)
+    metrics.record_compaction(prepared.result, call.config.profile.summarizer == "llm")
+    stage = prepared.stage
+    fields: dict[str, object] = {
+        "model": call.config.model or "-",
+        "stage": stage,
+        "reason": prepared.reason,
+        "tokens_before": prepared.tokens_before,
+        "tokens_after": prepared.result.tokens_after,
+        "upstream_status" if upstream else "status": status,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    if error:
+        fields["error"] = error
+    if call.dialect is not CHAT:
+        fields = {"api": call.dialect.name, **fields}
+    if call.state.settings.server.log_content and call.messages:
+        fields["content"] = message_text(call.messages[-1])[:2000]
+    logger.info("chat", extra={"fields": fields})
+    if call.state.recorder is not None:  # queued for the dashboard; never waits
+        ms = (time.perf_counter() - started) * 1000
+        call.state.recorder.record(request_record(call, prepared, status, ms, error=error))
+
+
+def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:
+    """The log line of a chat request the proxy answered with its own error
+    (a bad body, a request that cannot fit, an unreachable or silent upstream)."""
+    fields: dict[str, object] = {
+        "model": (call.config.model or "-") if call is not None else "-",
+        "status": status,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    if call is not None and status in (502, 504):
+        # Which upstream failed, when there are several (chat and Anthropic).
+        fields["upstream"] = shown_url(call.base_url)
+    logger.info("chat refused", extra={"fields": fields})

@@ -1,0 +1,178 @@
+"""``/compact [instructions]``: compaction on the user's command.
+
+The command is the last user message of a request. The proxy compacts the
+history before it, stores the result as a checkpoint, and answers with a
+synthetic chat completion — the chat model is not called. On later requests
+the command and the synthetic reply are removed before anything else, so the
+model never sees them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from compaction import SUMMARY_MARKER, Message, message_text
+
+if TYPE_CHECKING:
+    from proxy.session.conversation import Prepared
+
+COMMAND = "/compact"
+#: Every synthetic reply starts with one of these; how later requests find it.
+REPLY_PREFIXES = ("Context compacted:", "Nothing to compact:")
+
+
+def command_instructions(messages: Sequence[Message]) -> str | None:
+    """The instructions of a trailing ``/compact`` command ("" when none), else ``None``."""
+    if not messages or messages[-1].get("role") != "user":
+        return None
+    text = message_text(messages[-1]).strip()
+    if text == COMMAND or text.startswith(COMMAND + " ") or text.startswith(COMMAND + "\n"):
+        return text[len(COMMAND) :].strip()
+    return None
+
+
+def _is_command(message: Message) -> bool:
+    return command_instructions([message]) is not None
+
+
+def _is_reply(message: Message) -> bool:
+    return message.get("role") == "assistant" and message_text(message).startswith(REPLY_PREFIXES)
+
+
+def strip_commands(messages: list[Message]) -> list[Message]:
+    """``messages`` without earlier ``/compact`` commands and their synthetic replies.
+
+    Returns the same list object when there is nothing to remove.
+    """
+    drop: set[int] = set()
+    for i in range(len(messages) - 1):
+        # The role first: this runs over every message of every request.
+        if messages[i].get("role") != "user" or messages[i + 1].get("role") != "assistant":
+            continue
+        if _is_command(messages[i]) and _is_reply(messages[i + 1]):
+            drop.update((i, i + 1))
+    if not drop:
+        return messages
+    return [m for i, m in enumerate(messages) if i not in drop]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one manual compaction did, in the terms its reply states.
+
+    Every figure is this compaction's, the same the response headers and the
+    log line give: ``tokens_before`` is the client's conversation as it came,
+    ``tokens_after`` what is sent for it from now on, ``messages`` how many of
+    the client's messages the checkpoint made now stands for.
+    """
+
+    stage: str
+    tokens_before: int
+    tokens_after: int
+    messages: int | None  #: ``None`` when no reusable checkpoint was made
+    #: A new summary was written with the earlier one folded into it.
+    folded: bool
+    #: An earlier compaction is still what is sent (nothing was done now).
+    earlier: bool
+
+
+def outcome_of(prepared: Prepared) -> Outcome:
+    result, made, base = prepared.result, prepared.made, prepared.base
+    folded = (
+        result.summary is not None
+        and base is not None
+        and any(message_text(m).startswith(SUMMARY_MARKER) for m in base.replacement)
+    )
+    return Outcome(
+        stage=result.stage,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        messages=made.covered if made is not None else None,
+        folded=folded,
+        earlier=prepared.checkpoint is not None and made is None,
+    )
+
+
+#: How each stage is told, after the count of messages it stands for.
+_DONE = {
+    "pruned": "shortened (older tool results and long texts briefed)",
+    "condensed": "condensed",
+    "truncated": "condensed or removed to fit",
+}
+
+
+def reply_text(outcome: Outcome) -> str:
+    """The synthetic reply: what was done now, or that nothing could be."""
+    before, after = outcome.tokens_before, outcome.tokens_after
+    if outcome.stage in ("none", "reused"):
+        text = f"Nothing to compact: the conversation is {before:,} tokens"
+        if outcome.earlier:
+            text += f", sent as {after:,} tokens over the compaction already made"
+        return text + "; nothing more could be condensed."
+    text = f"Context compacted: {before:,} → {after:,} tokens"
+    done = _DONE.get(outcome.stage, outcome.stage)
+    if outcome.messages is not None:
+        text += f" ({outcome.messages} messages {done})."
+    else:
+        text += f" ({done})."
+    if outcome.folded:
+        text += " The previous summary was folded into the new one."
+    return text
+
+
+def completion(model: str, text: str) -> dict[str, Any]:
+    """A non-streamed chat completion carrying ``text``."""
+    return {
+        "id": f"chatcmpl-compact-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def completion_chunks(model: str, text: str, include_usage: bool = False) -> Iterator[bytes]:
+    """The same completion as server-sent events, in OpenAI's chunk format."""
+    ident = f"chatcmpl-compact-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        body = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if include_usage:
+            body["usage"] = None
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    yield chunk({"role": "assistant", "content": ""}, None)
+    yield chunk({"content": text}, None)
+    yield chunk({}, "stop")
+    if include_usage:
+        usage = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+        yield b"data: " + orjson.dumps(usage) + b"\n\n"
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,196 @@
+"""One request to a compacted endpoint, read: the :class:`Call` the handler works on.
+
+Reading parses the body once (chat's own checks, or another API's mapping to
+the engine through its :class:`~proxy.dialects.base.Dialect`), resolves the
+model, builds the upstream headers with the right fallback key, and names
+whose conversation it is (``scope``, for checkpoints; ``owner``, for who may
+read its events). A large body does all of it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from compaction import Message
+from config import ModelConfig, with_client_window
+from proxy.dialects.base import Dialect, Mapped
+from proxy.dialects.chat import CHAT
+from proxy.edge.access import owner_of
+from proxy.edge.body import parse_chat_body, parse_object, read_body, too_deep
+from proxy.edge.disconnect import ClientWatch
+from proxy.flow import manual
+from proxy.flow.send import AUTH_HEADERS, upstream_headers
+from proxy.session.conversation import Conversation, Prepared, identify, scope_of
+from proxy.state.runtime import ProxyState
+from proxy.upstream.summarizer import UpstreamSummarizer
+
+#: Bodies larger than this are parsed, keyed and counted in a worker thread,
+#: so one huge request never stalls the event loop (and every other request
+#: on it). Smaller ones are parsed on the loop — a few milliseconds at most;
+#: with the GIL a thread would only slice that work, at ~2 ms of hand-over
+#: cost — and only their new text, if there is much, is tokenized in a
+#: thread (see conversation.prepare).
+OFF_LOOP_BYTES = 1 << 20
+
+
+@dataclasses.dataclass
+class Call:
+    """One chat request as it moves through the handler."""
+
+    request: Request
+    state: ProxyState
+    raw: bytes
+    body: dict[str, Any]
+    messages: list[Message]
+    config: ModelConfig
+    headers: dict[str, str]
+    #: Whose conversation, for which model: seeds its checkpoint chain.
+    scope: bytes = b""
+    #: Who may read its events and checkpoint (see proxy.edge.access.owner_of).
+    owner: str = ""
+    #: The messages keyed, counted and chained ahead (large bodies, off the loop).
+    identified: Conversation | None = None
+    #: Cancels the request if its client leaves while the upstream is thinking.
+    watch: ClientWatch | None = None
+    #: The API the request speaks; for any but chat, ``body`` is the engine's
+    #: view of it and ``original`` the client's request, ``mapped`` the mapping.
+    dialect: Dialect = CHAT
+    original: dict[str, Any] | None = None
+    mapped: Mapped | None = None
+    untouchable: str | None = None
+    #: What the summarizer's calls made for this request cost, as the upstream
+    #: reported it (those of a compaction it started in the background not included).
+    summarizer_tokens: int = 0
+    #: The summarizer's requests made for this request, and the upstream's error
+    #: answers to it (an overflow retried, an empty stream), for its figures.
+    summarizer_calls: int = 0
+    upstream_errors: int = 0
+
+    @property
+    def base_url(self) -> str:
+        return self.dialect.route(self.config)[0]
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}{self.dialect.path}"
+
+    @property
+    def streamed(self) -> bool:
+        return (self.original or self.body).get("stream") is True
+
+    def summarizer(self) -> UpstreamSummarizer:
+        """The llm summarizer, asked in the request's own API with its own key."""
+        headers = {k: v for k, v in self.headers.items() if k != "content-type"}
+        return UpstreamSummarizer(
+            self.state.transport,
+            self.base_url,
+            self.config.summary_model,
+            headers,
+            dialect=self.dialect,
+            on_call=self.state.metrics.summarizer_calls.inc,
+        )
+
+    def encode(self, prepared: Prepared) -> bytes:
+        mapped = self.mapped
+        engine_messages = self.body["messages"] if mapped is None else mapped.messages
+        if prepared.untouched and self.messages is engine_messages:
+            return self.raw  # nothing changed: the client's own bytes
+        if mapped is None or self.original is None:
+            return orjson.dumps({**self.body, "messages": prepared.messages})
+        return orjson.dumps(self.dialect.from_engine(self.original, mapped, prepared.messages))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """A request's body, read: what :class:`Call` starts from."""
+
+    body: dict[str, Any]  #: the engine's view (for chat, the request itself)
+    config: ModelConfig
+    messages: list[Message]
+    headers: dict[str, str]  #: for the upstream
+    scope: bytes  #: whose conversation, for which model (see proxy.session.conversation.scope_of)
+    identified: Conversation | None
+    original: dict[str, Any] | None = None  #: another API's request, as sent
+    mapped: Mapped | None = None
+    #: Why the request goes upstream byte for byte (another API's own state).
+    untouchable: str | None = None
+
+
+def _read_conversation(
+    state: ProxyState,
+    raw: bytes,
+    client_headers: list[tuple[str, str]],
+    uses_proxy_key: bool,
+    dialect: Dialect,
+    *,
+    ahead: bool,
+) -> _Read:
+    """Parse, map to the engine, resolve the model, drop /compact exchanges; with
+    ``ahead``, also key, count and chain the messages (what a large body does in
+    a worker thread)."""
+    original: dict[str, Any] | None = None
+    mapped: Mapped | None = None
+    untouchable: str | None = None
+    if dialect is CHAT:
+        body = parse_chat_body(raw)
+        engine_messages = body["messages"]
+    else:
+        original = parse_object(raw)
+        dialect.check(original)
+        untouchable = dialect.untouchable(original)
+        mapped = dialect.to_engine(original) if untouchable is None else None
+        body = mapped.request if mapped is not None else original
+        engine_messages = mapped.messages if mapped is not None else []
+    beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
+    config = with_client_window(state.resolve(body.get("model")), ",".join(beta) or None)
+    messages = manual.strip_commands(engine_messages)
+    headers = upstream_headers(
+        client_headers,
+        fallback_key=state.configured_key(dialect.route(config)[1]),
+        fallback_header=dialect.key_header,
+        drop_authorization=uses_proxy_key,
+    )
+    credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
+    scope = scope_of(config, credential, dialect.name)
+    try:
+        ahead = ahead and untouchable is None
+        identified = identify(state, config, body, messages, scope) if ahead else None
+    except orjson.JSONEncodeError as exc:
+        raise too_deep(exc) from exc
+    return _Read(body, config, messages, headers, scope, identified, original, mapped, untouchable)
+
+
+async def read_call(
+    request: Request, state: ProxyState, uses_proxy_key: bool, dialect: Dialect = CHAT
+) -> Call:
+    raw = await read_body(request, state.settings.server.max_body_bytes)
+    client_headers = request.headers.items()
+    if len(raw) > OFF_LOOP_BYTES:
+        # Parsing, keying and counting megabytes takes long enough to stall
+        # every other request on the loop: one worker thread does it all.
+        read = await asyncio.to_thread(
+            _read_conversation, state, raw, client_headers, uses_proxy_key, dialect, ahead=True
+        )
+    else:
+        read = _read_conversation(state, raw, client_headers, uses_proxy_key, dialect, ahead=False)
+    return Call(
+        request=request,
+        state=state,
+        raw=raw,
+        body=read.body,
+        messages=read.messages,
+        config=read.config,
+        identified=read.identified,
+        headers=read.headers,
+        scope=read.scope,
+        owner=owner_of(client_headers, uses_proxy_key=uses_proxy_key),
+        dialect=dialect,
+        original=read.original,
+        mapped=read.mapped,
+        untouchable=read.untouchable,
+    )

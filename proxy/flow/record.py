@@ -1,0 +1,85 @@
+"""The figures of one answered chat request, for :class:`proxy.state.recorder.Recorder`.
+
+Apart from the recorder, which the app's state holds: this reads the
+handler's types, which the state must not import.
+
+Besides sizes, a figure carries the session's label: the first words of the
+task (the conversation's first request) and the client's ``User-Agent``. Its
+owner typed the one and sent the other; the dashboard shows them to that owner
+(and the admin) only, never to another caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from compaction import SUMMARY_MARKER, Message, message_text
+from proxy.flow.read import Call
+from proxy.session.conversation import Prepared
+from proxy.state.stores import RequestRecord
+
+#: A label's task: at most this many characters of the first request, cut
+#: between words. Enough to tell sessions apart, too little to be a transcript.
+TASK_CHARS: Final = 60
+#: A ``User-Agent`` is the client's to choose: kept to this many characters.
+USER_AGENT_CHARS: Final = 80
+
+
+def request_record(
+    call: Call, prepared: Prepared, status: int, ms: float, *, error: str = ""
+) -> RequestRecord:
+    """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
+    result = prepared.result
+    return RequestRecord(
+        session=prepared.session,
+        owner=call.owner,
+        model=call.config.model,
+        api=call.dialect.name,
+        stage=result.stage,
+        reason=result.reason,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        input_limit=result.input_limit,
+        trigger=result.trigger,
+        context_window=call.config.profile.context_window,
+        window_source=call.config.window_source,
+        status=status,
+        error=error,
+        upstream_errors=call.upstream_errors,
+        ms=ms,
+        # The summarizer's own counts, over every compaction of the request (an
+        # overflow retry compacts twice), as /metrics counts them.
+        summarizer_calls=call.summarizer_calls,
+        summarizer_tokens=call.summarizer_tokens,
+        checkpoint_id=prepared.checkpoint.id if prepared.checkpoint is not None else None,
+        task=task_words(call.messages),
+        user_agent=call.request.headers.get("user-agent", "")[:USER_AGENT_CHARS],
+    )
+
+
+def empty_stream(call: Call) -> None:
+    """Count an upstream stream that ended before its first event: an error
+    answer, in /metrics and in the request's figures alike."""
+    call.upstream_errors += 1
+    call.state.metrics.record_empty_stream()
+
+
+def task_words(messages: Sequence[Message]) -> str:
+    """The first words of the conversation's first request (its first user
+    message that is not a summary the proxy wrote), on one line."""
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        text = message_text(message)
+        if text.startswith(SUMMARY_MARKER):
+            continue
+        # Only the start is read: a first message of megabytes costs nothing more.
+        words = " ".join(text[: TASK_CHARS * 4].split())
+        if not words:
+            continue
+        if len(words) <= TASK_CHARS:
+            return words
+        cut = words[:TASK_CHARS].rsplit(" ", 1)[0] or words[:TASK_CHARS]
+        return cut + "…"
+    return ""

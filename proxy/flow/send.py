@@ -1,0 +1,341 @@
+"""Talking to the upstream: request headers, sending, and relaying the answer.
+
+One :class:`~proxy.upstream.transport.Transport` (opened in the app's lifespan) sends
+every request. This module is where the transport's errors become the proxy's
+OpenAI-shaped ones (:func:`upstream_error`). Responses are relayed as they
+arrive — no buffering beyond a small answer, no re-chunking — and a body that
+breaks upstream breaks the client's response too: it never ends cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.edge.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.flow.usage import UsageTap
+from proxy.upstream.transport import (
+    BodyLost,
+    ConnectFailed,
+    InvalidResponse,
+    NoResponse,
+    Transport,
+    TransportError,
+    TransportTimeout,
+    UpstreamResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def shown_url(url: str) -> str:
+    """``url`` as a log line may name it: no user, password, query or fragment
+    (a base URL may carry a key in any of them)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(unparsable URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _log_failure(error: ProxyError, upstream: str, what: str) -> None:
+    fields = {"status": error.status, "upstream": upstream, "code": error.code}
+    logger.warning("%s", what, extra={"fields": fields})
+
+
+#: Never forwarded in either direction: they describe one connection, or a
+#: body the proxy re-encodes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        # The transport asks the upstream for identity encoding itself.
+        "accept-encoding",
+        # uvicorn answers a client's 100-continue; the transport sends bodies at once.
+        "expect",
+    }
+)
+AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
+#: Header a client may use to present the proxy key while keeping its own
+#: ``Authorization`` for the upstream.
+PROXY_KEY_HEADER = "x-compaction-proxy-key"
+#: Header a client presents ``server.admin_key`` in (see proxy.edge.access).
+ADMIN_KEY_HEADER = "x-compaction-proxy-admin-key"
+#: The proxy's own keys: never sent upstream.
+_PROXY_HEADERS = frozenset({PROXY_KEY_HEADER, ADMIN_KEY_HEADER})
+
+
+def upstream_headers(
+    client_headers: Iterable[tuple[str, str]],
+    *,
+    fallback_key: str | None,
+    fallback_header: str = "authorization",
+    drop_authorization: bool = False,
+) -> dict[str, str]:
+    """Headers for the upstream: the client's, less hop-by-hop ones and the proxy's keys.
+
+    The client's own credentials are forwarded unchanged; the configured key
+    is added only when the client sent none, as ``Authorization: Bearer`` or
+    (Anthropic) ``x-api-key``.
+    """
+    headers: dict[str, str] = {}
+    for name, value in client_headers:
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in _PROXY_HEADERS:
+            continue
+        if drop_authorization and lower == "authorization":
+            continue
+        headers[lower] = value
+    if fallback_key and not any(h in headers for h in AUTH_HEADERS):
+        if fallback_header == "authorization":
+            headers["authorization"] = f"Bearer {fallback_key}"
+        else:
+            headers[fallback_header] = fallback_key
+    return headers
+
+
+def _relayed_headers(
+    upstream: UpstreamResponse, extra: Mapping[str, str]
+) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (k, v)
+        for k, v in upstream.raw_headers
+        if k != b"date" and k.decode("latin-1") not in HOP_BY_HOP  # uvicorn sends its own date
+    ]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+    return headers
+
+
+def upstream_error(exc: TransportError) -> ProxyError:
+    """The proxy's answer to a request the transport could not complete.
+
+    The one place transport errors become OpenAI-shaped ones; the bodies say
+    what kind of failure it was, never an address or the upstream's bytes.
+    """
+    if isinstance(exc, TransportTimeout):
+        if exc.phase == "connect":
+            return UpstreamTimeout("No upstream connection could be opened in time.")
+        return UpstreamTimeout("The upstream did not answer in time.")
+    if isinstance(exc, ConnectFailed):
+        return UpstreamUnreachable(f"The upstream could not be reached: {exc}.")
+    if isinstance(exc, InvalidResponse):
+        return UpstreamUnreachable(f"The upstream sent an invalid response: {exc}.")
+    if isinstance(exc, BodyLost):
+        return UpstreamUnreachable(f"The upstream's answer broke off: {exc}.")
+    if isinstance(exc, NoResponse):
+        return UpstreamUnreachable("The upstream closed the connection without an answer.")
+    return UpstreamUnreachable("The upstream could not be reached.")
+
+
+async def send(
+    transport: Transport,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    content: bytes | AsyncIterator[bytes] | None,
+    *,
+    upstream: str | None = None,
+) -> UpstreamResponse:
+    """Send and return the response once its head is in, its body unread.
+
+    ``upstream`` is the base URL ``url`` was built on: what the log line of a
+    failure names (by default ``url`` itself, shown without secrets).
+    """
+    try:
+        return await transport.request(method, url, headers, content)
+    except TransportError as exc:
+        error = upstream_error(exc)
+        _log_failure(error, shown_url(upstream or url), "upstream not reached")
+        raise error from exc
+    except ValueError as exc:
+        raise BadRequest(f"The request cannot be forwarded: {exc}.") from exc
+
+
+async def read_whole(upstream: UpstreamResponse) -> bytes:
+    """The whole body of an answer not yet relayed; a broken one is a 502."""
+    try:
+        return await upstream.read()
+    except BodyLost as exc:
+        error = upstream_error(exc)
+        _log_failure(error, shown_url(upstream.url), "upstream answer broke")
+        raise error from exc
+
+
+def stream_error_event(api: str, message: str, code: str) -> bytes:
+    """An SSE error event in the shape ``api``'s clients read (chat, anthropic, responses)."""
+    if api == "anthropic":
+        body: dict[str, object] = {
+            "type": "error",
+            "error": {"type": "api_error", "message": message},
+        }
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+    if api == "responses":
+        body = {"type": "error", "code": code, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+    body = {"error": {"message": message, "type": "upstream_error", "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+#: An answer of a declared length below this is read whole before it is
+#: relayed (a JSON completion): a body that breaks is then a clean 502.
+WHOLE_BELOW = 1 << 20
+
+
+class Relay(Response):
+    """The upstream's answer relayed: a small one whole, any other as it arrives.
+
+    A body of a known, small length (a JSON answer) is read first and goes
+    out in one message with its length. Any other (a stream, a download) is
+    relayed chunk by chunk, never re-chunked or held back, with the
+    upstream's length when it declared one; meanwhile the client's
+    disconnect is watched, and aborts the upstream request at once — a
+    generation nobody reads is not left running (and billed) to its end.
+
+    A body that breaks after the head went out leaves the client's response
+    unfinished: the connection is closed without the last chunk, so no client
+    takes a cut-off answer for a whole one (an SSE client gets an error event
+    first).
+    """
+
+    def __init__(
+        self,
+        upstream: UpstreamResponse,
+        extra_headers: Mapping[str, str],
+        tap: UsageTap | None = None,
+        api: str = "chat",
+    ) -> None:
+        self.upstream = upstream
+        #: Whose error-event shape a broken stream ends with.
+        self.api = api
+        self.status_code = upstream.status
+        self.raw_headers = _relayed_headers(upstream, extra_headers)
+        self.background = None
+        #: Sees every chunk of a successful answer, to read its ``usage``.
+        self.tap = tap if upstream.status == 200 else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        upstream = self.upstream
+        headers = self.raw_headers
+        try:
+            if upstream.length is not None and upstream.length < WHOLE_BELOW:
+                try:
+                    body = await upstream.read()
+                except BodyLost as exc:
+                    error = upstream_error(exc)
+                    _log_failure(error, shown_url(upstream.url), f"upstream answer broke: {exc}")
+                    await error_response(error)(scope, receive, send)
+                    return
+                await self._whole(body, scope, send)
+                return
+            if upstream.length is not None:
+                headers = [*headers, (b"content-length", b"%d" % upstream.length)]
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": headers}
+            )
+            await self._stream(receive, send)
+        finally:
+            upstream.abort()  # nothing when the body was read to its end
+
+    async def _whole(self, body: bytes, scope: Scope, send: Send) -> None:
+        headers = self.raw_headers
+        if scope["method"] == "HEAD":
+            # No body came; the length is the one a GET would have had.
+            length = self.upstream.length
+            if length is not None:
+                headers = [*headers, (b"content-length", b"%d" % length)]
+        elif self.status_code not in (204, 304):
+            headers = [*headers, (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self.tap is not None:
+            self.tap.feed(body)
+            self.tap.close()
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        upstream = self.upstream
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(_abort_on_disconnect(receive, upstream, gone))
+        try:
+            while True:
+                try:
+                    chunk = await upstream.next_chunk()
+                except BodyLost as exc:
+                    if not gone.is_set():
+                        await self._broken(exc, send)
+                    return  # never the final empty chunk: the response stays unfinished
+                if chunk is None:
+                    if self.tap is not None:
+                        self.tap.close()
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if self.tap is not None:
+                    self.tap.feed(chunk)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+
+    async def _broken(self, exc: BodyLost, send: Send) -> None:
+        logger.warning(
+            "upstream stream broke: %s",
+            exc,
+            extra={"fields": {"upstream": shown_url(self.upstream.url)}},
+        )
+        if self.upstream.length is None and (self.upstream.header("content-type") or "").startswith(
+            "text/event-stream"
+        ):
+            # The status went out already; an SSE client is told why its
+            # stream stops before the connection is cut.
+            message = "The upstream connection was lost mid-stream."
+            event = stream_error_event(self.api, message, "upstream_dropped")
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+
+
+async def _abort_on_disconnect(
+    receive: Receive, upstream: UpstreamResponse, gone: asyncio.Event
+) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            upstream.abort()
+            return
+
+
+def relay_bytes(
+    upstream: UpstreamResponse, body: bytes, extra_headers: Mapping[str, str]
+) -> Response:
+    """An already-read upstream response (an error), relayed as it was."""
+    response = Response(body, status_code=upstream.status)
+    response.raw_headers = [
+        *_relayed_headers(upstream, extra_headers),
+        (b"content-length", b"%d" % len(body)),
+    ]
+    return response
+
+
+def error_response(error: ProxyError, extra_headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        error.json_bytes(),
+        status_code=error.status,
+        media_type="application/json",
+        headers=dict(extra_headers or {}),
+    )

@@ -1,0 +1,167 @@
+"""Compactions prepared ahead of need, in the background.
+
+With the llm summarizer, the turn that crosses the trigger would wait for a
+model's summary. Instead, a forward past ``precompute_share`` of the trigger
+(:attr:`compaction.Decision.prepare`), or a compaction that leaves the
+conversation near its trigger, starts :func:`prepare_ahead` as a task of
+:class:`proxy.session.background.Background`:
+
+1. single flight: one task per span in this process, and the store's lock of
+   the span across replicas; under it the store is asked again, and the job
+   stops if the span was prepared or compacted meanwhile (``superseded``);
+2. :func:`compaction.ahead` plans the compaction with the growth still
+   expected, and :func:`proxy.session.compacting.run_plan` runs it; when pruning will
+   do at the trigger the model is never asked, and nothing is stored or
+   recorded (``not_needed``);
+3. the result is stored as a *precomputed* checkpoint, with the usual events
+   (``background: true``) — written only once the model is asked.
+
+The request that crosses the trigger applies it (:func:`compaction.decide`),
+waiting for a preparation still running for its span rather than asking the
+model twice (:func:`proxy.session.conversation.prepare`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
+from proxy.session import steering
+from proxy.session.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
+from proxy.state.stores import RequestRecord
+
+
+def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
+    """Names the span a compaction prepared ahead would cover: what follows the
+    checkpoint in use (or the head), in this session (the chain starts after
+    the head, which holds the task). The chain is seeded with the caller's
+    scope, so no two callers share a key."""
+    if base is not None:
+        return f"precompute:{conversation.session}:{base.end_hash}"
+    if not conversation.chain:
+        return None
+    return f"precompute:{conversation.session}:{conversation.chain[0]}"
+
+
+def prepares_ahead(job: Job) -> bool:
+    """Whether compactions of ``job``'s conversation are prepared in the background."""
+    return job.reason == "threshold" and job.summarizer is not None and job.profile.prepares_ahead
+
+
+async def prepare_ahead(job: Job, span: str) -> None:
+    """Prepare the compaction ``job``'s conversation will need at its trigger,
+    and store it as a precomputed checkpoint (see the module docstring).
+
+    Events are written only once the model is asked: when pruning will do at
+    the trigger, nothing is prepared and nothing recorded.
+    """
+    state = job.state
+    outcome = "cancelled"
+    try:
+        async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
+            decision = await job.decide()  # prepared or compacted meanwhile?
+            job, decision = await steering.steer(job, decision, ahead=True)
+            if decision.action != "forward" or not decision.prepare:
+                outcome = "superseded"
+                return
+            outcome = await _ahead(job, ahead(job.conversation, decision))
+    finally:
+        state.metrics.background.labels(outcome).inc()
+
+
+async def _ahead(job: Job, plan: Decision) -> str:
+    """Run ``plan`` (:func:`compaction.ahead`) and store its result; the outcome's name."""
+    state, conversation = job.state, job.conversation
+    emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
+    announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
+    spent, asked = _tokens(job.summarizer), _calls(job.summarizer)
+    try:
+        result = await run_plan(dataclasses.replace(job, summarizer=announcing), plan)
+    except asyncio.CancelledError:
+        if announcing is not None and announcing.called:
+            await emit("compaction.failed", error="cancelled at shutdown", background=True)
+        raise
+    except Exception as exc:
+        if announcing is not None and announcing.called:
+            await emit(
+                "compaction.failed",
+                error=f"{type(exc).__name__}: {exc}"[:1000],
+                background=True,
+            )
+        return "failed"
+    if announcing is None or not announcing.called:
+        return "not_needed"
+    state.metrics.record_summary(result)
+    if state.recorder is not None:  # what the model was asked, for the dashboard
+        state.recorder.record(
+            RequestRecord(
+                session=conversation.session,
+                owner=job.owner,
+                model=job.config.model,
+                stage=result.stage,
+                reason=job.reason,
+                tokens_before=0,
+                tokens_after=0,
+                input_limit=0,
+                trigger=0,
+                status=0,
+                ms=0.0,
+                summarizer_calls=_calls(job.summarizer) - asked,
+                summarizer_tokens=_tokens(job.summarizer) - spent,
+                background=True,
+            )
+        )
+    # A summary the model failed to write fell back to extractive, as it would
+    # have at the trigger: kept too, so the model is not asked twice.
+    made = None
+    if result.stage == "condensed":
+        made = checkpoint_of(job, result, precomputed=True, base=plan.checkpoint)
+    if made is None:
+        await emit(
+            "compaction.failed",
+            error=f"nothing to prepare: the compaction ended {result.stage}",
+            notes=event_notes(result),
+            background=True,
+        )
+        return "failed"
+    head = conversation.head
+    await state.store.put(made, conversation.messages[head : head + made.covered], owner=job.owner)
+    await emit(
+        "context.compacted",
+        stage=result.stage,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        replaced_hashes=tuple(conversation.chain[: made.covered]),
+        checkpoint_id=made.id,
+        notes=event_notes(result),
+        background=True,
+    )
+    return "prepared"
+
+
+def _tokens(summarizer: Summarizer | None) -> int:
+    """What the proxy's summarizer (:class:`proxy.upstream.summarizer.UpstreamSummarizer`)
+    has counted so far; the request that started this job is done with it."""
+    return int(getattr(summarizer, "tokens", 0))
+
+
+def _calls(summarizer: Summarizer | None) -> int:
+    """The requests the proxy's summarizer has sent so far, as /metrics counts them."""
+    return int(getattr(summarizer, "calls", 0))
+
+
+class _Announcing:
+    """A summarizer that records the compaction's start when first called."""
+
+    def __init__(self, summarizer: Summarizer, emit: Emitter) -> None:
+        self._summarizer = summarizer
+        self._emit = emit
+        self.called = False
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        if not self.called:
+            self.called = True
+            await self._emit("compaction.queued", background=True)
+            await self._emit("compaction.started", background=True)
+        return await self._summarizer(messages, max_tokens)

@@ -1,0 +1,257 @@
+"""One request's conversation against the store: look up, lock, execute,
+store, record.
+
+The policy is the library's (:mod:`compaction.decide`); this module does
+the I/O around it:
+
+1. the conversation is read once (:func:`compaction.read_conversation`);
+2. the store is asked for the checkpoints on its chain, and the library
+   decides: forward (over the newest checkpoint, if any) or compact;
+3. forwarding takes no lock and writes nothing;
+4. compacting takes the conversation's single-flight lock, asks the store
+   again (another request may have just compacted it), and runs the plan
+   with ``compaction.queued → compaction.started → context.compacted`` (or
+   ``compaction.failed``) events;
+5. the result is stored as a checkpoint with the messages it replaced.
+
+Ahead of need (the llm summarizer): a forward past ``precompute_share`` of
+the trigger starts :func:`proxy.session.ahead.prepare_ahead` in the background: it
+stores the compaction the conversation will need as a *precomputed*
+checkpoint, which the request crossing the trigger applies instead of waiting
+for a model. That request waits only for a preparation still running for its
+span, never asks the model twice. :mod:`proxy.session.compacting` runs a compaction
+for both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from compaction import (
+    Budget,
+    Checkpoint,
+    CompactionResult,
+    Conversation,
+    Decision,
+    Message,
+    Reason,
+    Summarizer,
+    calibrated_budget,
+    forwarded,
+    read_conversation,
+    read_conversation_async,
+    requested_output_tokens,
+)
+from config import ModelConfig
+from proxy.session import steering
+from proxy.session.ahead import prepare_ahead, prepares_ahead, span_key
+from proxy.session.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
+from proxy.state.runtime import ProxyState
+
+logger = logging.getLogger("compaction_proxy.checkpoints")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What to forward for one request, and what happened on the way."""
+
+    messages: list[Message]
+    #: True when ``messages`` is exactly what the client sent.
+    untouched: bool
+    result: CompactionResult
+    checkpoint: Checkpoint | None  #: made or used
+    session: str  #: which conversation (:attr:`compaction.Conversation.session`)
+    #: The checkpoint this request's compaction made (``None`` when it made none).
+    made: Checkpoint | None = None
+    #: The stored checkpoint the compaction started from (its summary folded in).
+    base: Checkpoint | None = None
+
+    @property
+    def stage(self) -> str:
+        return self.result.stage
+
+    @property
+    def tokens_before(self) -> int:
+        return self.result.tokens_before
+
+    @property
+    def reason(self) -> str:
+        """Why it was compacted: ``none`` for a request merely forwarded. A
+        manual compaction says so even when it found nothing to do."""
+        result = self.result
+        if result.stage not in ("none", "reused") or result.reason == "manual":
+            return result.reason
+        return "none"
+
+    def headers(self) -> dict[str, str]:
+        result = self.result
+        headers = {
+            "x-compaction-stage": result.stage,
+            "x-compaction-reason": self.reason,
+            "x-compaction-tokens-before": str(result.tokens_before),
+            "x-compaction-tokens-after": str(result.tokens_after),
+        }
+        if self.checkpoint is not None:
+            headers["x-compaction-id"] = self.checkpoint.id
+        if result.precomputed is not None:
+            headers["x-compaction-precomputed"] = result.precomputed
+        return headers
+
+
+def scope_of(config: ModelConfig, credential: str | None, api: str = "chat") -> bytes:
+    """Whose conversation, for which model: what seeds its checkpoint chain.
+
+    A digest of the credential the request goes upstream with (never the
+    credential itself), the model and the API, so that one caller's
+    checkpoints, locks and summaries never reach another caller, nor another
+    model of the same caller.
+    """
+    parts = (credential or "", config.model, api)
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest()
+
+
+def identify(
+    state: ProxyState,
+    config: ModelConfig,
+    body: Mapping[str, Any],
+    messages: list[Message],
+    scope: bytes = b"",
+) -> Conversation:
+    """:func:`compaction.read_conversation` with this model's counter: tokenizes
+    what the cache has not seen, so the caller may run it in a worker thread
+    and hand the result to :func:`prepare`."""
+    counter = state.counter(config)
+    return read_conversation(body, messages, counter, config.profile.head_count, scope=scope)
+
+
+async def prepare(
+    state: ProxyState,
+    body: Mapping[str, Any],
+    messages: list[Message],
+    config: ModelConfig,
+    summarizer: Summarizer | None,
+    *,
+    reason: Reason = "threshold",
+    instructions: str | None = None,
+    budget: Budget | None = None,
+    store: bool = True,
+    identified: Conversation | None = None,
+    scope: bytes = b"",
+    owner: str = "",
+) -> Prepared:
+    """Decide, and compact if needed, remembering the result.
+
+    ``messages`` is the client's conversation (``/compact`` exchanges already
+    removed); ``body`` supplies every other field for counting;
+    ``identified`` is :func:`identify` of ``messages`` if the caller has it;
+    ``scope`` is :func:`scope_of` the request, and ``owner`` whose events and
+    checkpoint it records (:func:`proxy.edge.access.owner_of`).
+    ``budget`` replaces the calibrated one (the overflow retry's).
+    ``store=False`` (the preview) changes nothing: no lock, no events, no
+    checkpoint. Raises what :func:`compaction.execute` raises.
+    """
+    profile = config.profile
+    counter = state.counter(config)
+    conversation = identified
+    if (
+        conversation is None
+        or conversation.messages is not messages
+        or conversation.head_count != profile.head_count
+        or conversation.counter is not counter
+        or conversation.scope != scope
+    ):
+        conversation = await read_conversation_async(
+            body, messages, counter, profile.head_count, scope=scope
+        )
+    if budget is None:
+        budget = calibrated_budget(profile, requested_output_tokens(body), state.ratio(config))
+    job = Job(state, conversation, config, profile, budget, reason, summarizer, instructions, owner)
+    decision = await job.decide()
+    job, decision = await steering.steer(job, decision, preview=not store)  # its settings
+    if not store:  # the preview: run everything, remember nothing
+        result = await run_plan(job, decision)
+        untouched = _untouched(conversation, result)
+        return Prepared(
+            result.messages, untouched, result, decision.checkpoint, conversation.session
+        )
+    if decision.action == "forward":
+        if decision.prepare and summarizer is not None:
+            span = span_key(conversation, decision.checkpoint)
+            if span is not None:
+                state.background.start(span, prepare_ahead(job, span))
+        return _forward(conversation, decision)
+    ttl = state.settings.store.lock_ttl_seconds
+    span = span_key(conversation, decision.checkpoint)
+    ready = decision.checkpoint is not None and decision.checkpoint.precomputed
+    if span is not None and not ready and prepares_ahead(job):
+        # A compaction being prepared for this span (here or by another
+        # replica, which holds the span's lock) is waited for, not redone.
+        await state.background.wait(span)
+        async with state.store.lock(span, ttl):
+            pass
+    key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
+    async with state.store.lock(key, ttl):
+        decision = await job.decide()  # another request may have just compacted it
+        if decision.action == "forward":
+            return _forward(conversation, decision)
+        prepared = await _run(job, decision)
+    span = span_key(conversation, prepared.checkpoint)
+    if prepared.checkpoint is not None and span is not None and prepares_ahead(job):
+        # Left near the trigger, the conversation may need its next compaction
+        # soon: the job asks the store and prepares it if so.
+        state.background.start(span, prepare_ahead(job, span))
+    return prepared
+
+
+def _forward(conversation: Conversation, decision: Decision) -> Prepared:
+    """A request forwarded as it is, or over its stored compaction: no lock, no write."""
+    result = forwarded(conversation, decision)
+    return Prepared(
+        result.messages, decision.untouched, result, decision.checkpoint, conversation.session
+    )
+
+
+def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
+    return result.messages is conversation.messages
+
+
+async def _run(job: Job, decision: Decision) -> Prepared:
+    """Compact with events, and store the result as a checkpoint."""
+    state, conversation = job.state, job.conversation
+    emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
+    await emit("compaction.queued")
+    await emit("compaction.started")
+    try:
+        result = await run_plan(job, decision)
+    except Exception as exc:
+        await emit("compaction.failed", error=f"{type(exc).__name__}: {exc}"[:1000])
+        raise
+    made = None
+    if result.changed:
+        made = checkpoint_of(job, result)
+        if made is not None:
+            head = conversation.head
+            originals = conversation.messages[head : head + made.covered]
+            await state.store.put(made, originals, owner=job.owner)
+    await emit(
+        "context.compacted",
+        stage=result.stage,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        replaced_hashes=tuple(conversation.chain[: made.covered]) if made else (),
+        checkpoint_id=made.id if made else None,
+        notes=event_notes(result),
+    )
+    return Prepared(
+        messages=result.messages,
+        untouched=_untouched(conversation, result),
+        result=result,
+        checkpoint=made or decision.checkpoint,
+        session=conversation.session,
+        made=made,
+        base=decision.checkpoint,
+    )

@@ -1,0 +1,201 @@
+"""Steering a conversation's compaction: edit a summary, set per-session
+instructions or switch compaction off, and "compact now".
+
+Used by the JSON routes (:mod:`proxy.api.steering`) and the dashboard's buttons
+alike, and by :func:`steer`, the one call :func:`proxy.session.conversation.prepare`
+makes into this module:
+
+* a request about to be **forwarded** costs nothing here: no store call (one
+  set lookup, and only while a "compact now" is pending in this process);
+* a request about to be **compacted** (or a compaction prepared ahead, in the
+  background) reads its session's settings once: compaction off turns it
+  into a forward (``/compact`` still compacts), instructions are added to
+  those of the built-in prompt (and to a ``/compact``'s own).
+
+An edited summary is stored in place of the old one under the same id, so the
+next request of the conversation forwards the edited text; the old text is
+kept in a ``checkpoint.edited`` event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import TYPE_CHECKING, Final
+
+from compaction import SUMMARY_MARKER, Checkpoint, Decision, Message, message_text
+from proxy.edge.errors import BadRequest, NotFound
+from proxy.state.runtime import ProxyState
+from proxy.state.stores import Event, SessionSettings
+
+if TYPE_CHECKING:
+    from proxy.session.compacting import Job
+
+#: A summary longer than this is not a summary.
+MAX_SUMMARY_CHARS: Final = 200_000
+MAX_INSTRUCTIONS_CHARS: Final = 4_000
+#: Sessions searched for the owner of a session the admin steers.
+_OWNER_SEARCH: Final = 1_000
+
+
+async def steer(
+    job: Job, decision: Decision, *, ahead: bool = False, preview: bool = False
+) -> tuple[Job, Decision]:
+    """``job`` and ``decision`` as the session's settings have them (module doc).
+
+    ``ahead``: ``decision`` is a compaction prepared in the background;
+    ``preview``: nothing will be done (a pending "compact now" stays pending).
+    """
+    state, session = job.state, job.conversation.session
+    if not ahead and state.compact_now and (job.owner, session) in state.compact_now:
+        if not preview:
+            state.compact_now.discard((job.owner, session))
+        job = dataclasses.replace(job, reason="manual")
+        decision = await job.decide()
+    wanted = decision.prepare if ahead else decision.action == "compact"
+    if not wanted:
+        return job, decision
+    settings = await state.store.session_settings(session, job.owner)
+    if not settings.enabled and job.reason != "manual":
+        # Nor is one prepared ahead for it.
+        return job, dataclasses.replace(decision, action="forward", prepare=False)
+    if settings.instructions:
+        joined = "\n".join(part for part in (settings.instructions, job.instructions) if part)
+        job = dataclasses.replace(job, instructions=joined)
+    return job, decision
+
+
+# --- the actions -------------------------------------------------------------
+
+
+def _summary_index(checkpoint: Checkpoint) -> int | None:
+    for index, message in enumerate(checkpoint.replacement):
+        if message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER):
+            return index
+    return None
+
+
+def summary_text(checkpoint: Checkpoint) -> str | None:
+    """The checkpoint's summary as a reader sees it (no marker, no header line)."""
+    index = _summary_index(checkpoint)
+    if index is None:
+        return None
+    return _body(message_text(checkpoint.replacement[index]))
+
+
+def _body(text: str) -> str:
+    # summary_message writes: marker, header line, blank line, body.
+    lines = text.split("\n")
+    return "\n".join(lines[3:]).strip() if len(lines) > 3 else ""
+
+
+def _with_body(message: Message, body: str) -> Message:
+    lines = message_text(message).split("\n")
+    return {**message, "content": "\n".join([*lines[:2], "", body.strip()])}
+
+
+async def edit_summary(
+    state: ProxyState, checkpoint_id: str, text: str, viewer: str | None
+) -> Checkpoint:
+    """Replace the summary of ``viewer``'s checkpoint (anyone's for ``None``, the admin)."""
+    text = _plain_lines(text)
+    if not text.strip():
+        raise BadRequest("The summary must not be empty.", param="summary")
+    if len(text) > MAX_SUMMARY_CHARS:
+        raise BadRequest(
+            f"The summary is longer than {MAX_SUMMARY_CHARS:,} characters.", param="summary"
+        )
+    found = await state.store.get(checkpoint_id, owner=viewer)
+    if found is None:
+        raise NotFound("No such checkpoint.")
+    index = _summary_index(found)
+    if index is None:
+        raise BadRequest(
+            f"This checkpoint holds no summary to edit (its stage is {found.stage}).",
+            param="summary",
+        )
+    owner = viewer if viewer is not None else await _owner_of_checkpoint(state, found)
+    previous = _body(message_text(found.replacement[index]))
+    replacement = list(found.replacement)
+    replacement[index] = _with_body(replacement[index], text)
+    edited = dataclasses.replace(found, replacement=tuple(replacement))
+    await state.store.put(edited, None, owner=owner)
+    await state.store.add_event(
+        Event(
+            compaction_id=uuid.uuid4().hex,
+            type="checkpoint.edited",
+            session=found.session,
+            model=found.model,
+            reason="edit",
+            instance=state.instance,
+            stage=found.stage,
+            checkpoint_id=found.id,
+            owner=owner,
+            previous_summary=previous,
+        )
+    )
+    return edited
+
+
+async def _owner_of_checkpoint(state: ProxyState, checkpoint: Checkpoint) -> str:
+    """Whose checkpoint the admin edits (it stays theirs): the owner of the
+    events that made it, written before the checkpoint was ever answered with."""
+    events = await state.store.events(session=checkpoint.session, limit=_OWNER_SEARCH)
+    for event in events:
+        if event.checkpoint_id == checkpoint.id:
+            return event.owner
+    return await session_owner(state, checkpoint.session, None)
+
+
+async def session_owner(state: ProxyState, session: str, viewer: str | None) -> str:
+    """The owner whose ``session`` is steered: the viewer's own, or for the admin
+    the owner of the session as its events or figures say (the anonymous owner
+    if nothing says)."""
+    if viewer is not None:
+        return viewer
+    events = await state.store.events(session=session, limit=1)
+    if events:
+        return events[0].owner
+    for summary in await state.store.sessions(limit=_OWNER_SEARCH):
+        if summary.session == session:
+            return summary.owner
+    return ""
+
+
+async def update_settings(
+    state: ProxyState,
+    session: str,
+    owner: str,
+    *,
+    enabled: bool | None = None,
+    instructions: str | None = None,
+) -> SessionSettings:
+    """Change what is given, keep the rest; the settings now in force."""
+    if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise BadRequest(
+            f"The instructions are longer than {MAX_INSTRUCTIONS_CHARS:,} characters.",
+            param="instructions",
+        )
+    if instructions is not None:
+        instructions = _plain_lines(instructions)
+    current = await state.store.session_settings(session, owner)
+    changed = dataclasses.replace(
+        current,
+        enabled=current.enabled if enabled is None else enabled,
+        instructions=current.instructions if instructions is None else instructions.strip(),
+        updated_at=time.time(),
+    )
+    await state.store.set_session_settings(session, owner, changed)
+    return changed
+
+
+def _plain_lines(text: str) -> str:
+    # A browser's form sends a textarea's lines ended with CR LF.
+    return text.replace("\r\n", "\n")
+
+
+def compact_now(state: ProxyState, session: str, owner: str) -> None:
+    """Compact ``owner``'s ``session`` at its next request through this process,
+    as ``/compact`` would."""
+    state.compact_now.add((owner, session))

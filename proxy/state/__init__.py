@@ -1,0 +1,9 @@
+"""proxy.state: what the running proxy holds and writes down.
+
+* :mod:`~proxy.state.runtime` — :class:`ProxyState`: settings, transport, store, caches;
+* :mod:`~proxy.state.recorder` — per-request figures, written off the request path;
+* :mod:`~proxy.state.metrics` — Prometheus metrics, one registry per app;
+* :mod:`~proxy.state.logs` — the text or JSON log lines;
+* :mod:`~proxy.state.stores` — checkpoints, events, figures and settings in
+  memory, SQLite or Redis.
+"""

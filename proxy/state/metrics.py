@@ -1,0 +1,187 @@
+"""Prometheus metrics, one registry per app (no process-global state).
+
+Model names come from clients, so they are used as label values only for the
+first :data:`MAX_MODELS` distinct names; later ones are counted as "other".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from compaction import CompactionResult
+from proxy.state.stores import FailureKind
+
+MAX_MODELS = 100
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "compaction_proxy_requests",
+            "Chat requests by model and compaction stage.",
+            ["model", "stage"],
+            registry=r,
+        )
+        self.compactions = Counter(
+            "compaction_proxy_compactions",
+            "Compactions by reason and stage.",
+            ["reason", "stage"],
+            registry=r,
+        )
+        self.tokens_before = Counter(
+            "compaction_proxy_tokens_before",
+            "Estimated tokens of requests as received.",
+            ["model"],
+            registry=r,
+        )
+        self.tokens_after = Counter(
+            "compaction_proxy_tokens_after",
+            "Estimated tokens of requests as forwarded.",
+            ["model"],
+            registry=r,
+        )
+        self.summarizer_calls = Counter(
+            "compaction_proxy_summarizer_calls",
+            "Requests sent to the LLM summarizer.",
+            registry=r,
+        )
+        self.summarizer_failures = Counter(
+            "compaction_proxy_summarizer_failures",
+            "Compactions (on the request path or prepared in the background) that asked "
+            "the llm summarizer and could not use its answer (the call failed, or the "
+            "reply was no summary), so fell back to extractive.",
+            registry=r,
+        )
+        self.background = Counter(
+            "compaction_proxy_background_jobs",
+            "Compactions prepared ahead of need, by outcome: prepared (a summary stored), "
+            "not_needed (pruning will do at the trigger), superseded, failed, cancelled.",
+            ["outcome"],
+            registry=r,
+        )
+        self.background_running = Gauge(
+            "compaction_proxy_background_running",
+            "Compactions being prepared ahead of need right now.",
+            registry=r,
+        )
+        self.overflow_retries = Counter(
+            "compaction_proxy_overflow_retries",
+            "Requests retried after an upstream context-length error.",
+            ["model"],
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "compaction_proxy_upstream_seconds",
+            "Time until the upstream's response headers.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "compaction_proxy_upstream_errors",
+            "Upstream failures: HTTP status class of an error answer, empty (a stream "
+            "that ended before its first event), unreachable, timeout.",
+            ["kind"],
+            registry=r,
+        )
+        self.store_latency = Histogram(
+            "compaction_proxy_store_seconds",
+            "Store operation latency.",
+            ["operation"],
+            buckets=_STORE_BUCKETS,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "compaction_proxy_store_errors",
+            "Store calls that failed, timed out, or were skipped after a timeout; "
+            "the request went on without the store.",
+            ["operation", "kind"],
+            registry=r,
+        )
+        self._models: set[str] = set()
+        #: Labelled children of the per-request metrics: ``labels()`` takes a
+        #: lock and builds a key on every call, and these are hit per request.
+        self._per_request: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._latency: dict[str, Any] = {}
+        self._store_latency: dict[str, Any] = {}
+
+    def model(self, name: str) -> str:
+        if name in self._models:
+            return name
+        if len(self._models) < MAX_MODELS:
+            self._models.add(name)
+            return name
+        return "other"
+
+    def record_request(self, model: str, result: CompactionResult, tokens_before: int) -> None:
+        key = (model, result.stage)
+        children = self._per_request.get(key)
+        if children is None:
+            label = self.model(model or "-")
+            children = (
+                self.requests.labels(label, result.stage),
+                self.tokens_before.labels(label),
+                self.tokens_after.labels(label),
+            )
+            if len(self._per_request) < MAX_MODELS * 8:
+                self._per_request[key] = children
+        requests, before, after = children
+        requests.inc()
+        before.inc(tokens_before)
+        after.inc(result.tokens_after)
+
+    def record_compaction(self, result: CompactionResult, llm_mode: bool) -> None:
+        """A compaction made for this request (not one reused from the store).
+        Summarizer calls are counted as they are sent, by the summarizer."""
+        if result.stage in ("none", "reused"):
+            return
+        self.compactions.labels(result.reason, result.stage).inc()
+        if llm_mode:
+            self.record_summary(result)
+
+    def record_summary(self, result: CompactionResult) -> None:
+        """A compaction that may have asked the llm summarizer: a failure only if
+        the model was asked and its answer not used. A digest written without
+        asking it (a prepared summary applied, no room for a model's summary) is
+        no failure."""
+        if result.summarizer_calls > 0 and result.summarizer_used == "extractive":
+            self.summarizer_failures.inc()
+
+    def record_empty_stream(self) -> None:
+        """An upstream stream that ended before its first event: an error answer."""
+        self.upstream_errors.labels("empty").inc()
+
+    def record_upstream(
+        self, route: str, seconds: float, status: int | None, kind: str = ""
+    ) -> None:
+        if status is not None:
+            latency = self._latency.get(route)
+            if latency is None:
+                latency = self._latency[route] = self.upstream_latency.labels(route)
+            latency.observe(seconds)
+            if status >= 400:
+                self.upstream_errors.labels(f"{status // 100}xx").inc()
+        else:
+            self.upstream_errors.labels(kind).inc()
+
+    def store_call(self, operation: str, seconds: float) -> None:
+        """A store call took ``seconds`` (failed or not); the store's
+        :class:`~proxy.state.stores.StoreObserver`."""
+        latency = self._store_latency.get(operation)
+        if latency is None:
+            latency = self._store_latency[operation] = self.store_latency.labels(operation)
+        latency.observe(seconds)
+
+    def store_failed(self, operation: str, kind: FailureKind) -> None:
+        self.store_errors.labels(operation, kind).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,99 @@
+"""Per-request figures, written off the request path.
+
+    recorder = Recorder(store)
+    task = recorder.start()          # in the app's lifespan
+    recorder.record(RequestRecord(…))  # on the request path: never waits, never raises
+    await recorder.stop()            # writes what is queued, then ends
+
+A request hands its figures to a bounded queue and goes on; one background
+task drains the queue into the store in batches, gathering for a second
+before each write (:data:`GATHER_SECONDS`), so a busy proxy writes once a
+second rather than once a request. When
+the store is slower than the traffic and the queue is full, a figure is
+dropped and counted (:attr:`Recorder.dropped`) rather than making a request
+wait: the dashboard may miss a point, a user never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final
+
+from proxy.state.stores import RequestRecord, Store
+
+logger = logging.getLogger("compaction_proxy.recorder")
+
+#: Figures waiting to be written; past this they are dropped.
+QUEUE_SIZE: Final = 10_000
+#: Figures written in one store call.
+BATCH_SIZE: Final = 500
+#: Seconds the writer lets figures gather before a write: one write a second,
+#: not one a request. A write is a thread hop and a transaction; at one per
+#: request it cost the chat path ~0.3 ms on the bench (the proxy on one core).
+GATHER_SECONDS: Final = 1.0
+
+
+class Recorder:
+    """The bounded queue between the request path and the store."""
+
+    def __init__(
+        self, store: Store, *, queue_size: int = QUEUE_SIZE, gather: float = GATHER_SECONDS
+    ) -> None:
+        self._store = store
+        self._gather = gather
+        self._closing = asyncio.Event()  #: cuts a gathering pause short at shutdown
+        self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=queue_size)
+        self._task: asyncio.Task[None] | None = None
+        #: Figures dropped because the queue was full.
+        self.dropped = 0
+        #: Figures handed to the store (whether it kept them is its business).
+        self.written = 0
+
+    def record(self, record: RequestRecord) -> None:
+        """Queue ``record`` for the writer; dropped (and counted) when the queue is full."""
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                logger.warning("dropped %d per-request figures: the store is behind", self.dropped)
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.create_task(self._drain(), name="compaction-recorder")
+        return self._task
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is written (shutdown; at most a
+        gathering pause later than without it)."""
+        await self._queue.join()
+
+    async def stop(self) -> None:
+        """Write what is queued, then end the writer."""
+        if self._task is None:
+            return
+        self._closing.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), timeout=5.0)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def _drain(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            if self._gather > 0 and self._queue.qsize() < BATCH_SIZE:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), self._gather)
+            while len(batch) < BATCH_SIZE and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._store.record_requests(batch)
+                self.written += len(batch)
+            except Exception:  # the resilient store degrades; anything else is logged
+                logger.warning("could not write %d per-request figure(s)", len(batch))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()

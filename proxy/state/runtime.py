@@ -1,0 +1,179 @@
+"""What the running proxy holds: settings, the upstream transport, the store, caches.
+
+Built once in the app's lifespan and passed to the handlers; there are no
+module globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.requests import HTTPConnection
+
+from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
+from config import ModelConfig, ModelResolver, Settings
+from proxy.session.background import Background
+from proxy.state.metrics import Metrics
+from proxy.state.recorder import Recorder
+from proxy.state.stores import Store
+from proxy.upstream.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+#: Windows an overflow error may teach: below the smallest models in use,
+#: above any model's window, a stated figure is a misreading or a lie.
+WINDOW_BOUNDS = (512, 10_000_000)
+#: A learned ratio is written to the store again only when it moved by more
+#: than this share: every answer refines it, and a write per request would cost.
+RATIO_WRITE_STEP = 0.005
+
+
+@dataclass
+class ProxyState:
+    settings: Settings
+    #: Every request upstream: relayed ones and the llm summarizer's.
+    transport: Transport
+    store: Store
+    resolver: ModelResolver
+    metrics: Metrics = field(default_factory=Metrics)
+    #: This process, as named in the events it writes.
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    #: Context windows stated by genuine upstream overflow errors, by
+    #: :func:`calibration_key` (upstream and model).
+    learned_windows: dict[str, int] = field(default_factory=dict)
+    #: The largest prompt each upstream and model answered (by the same key):
+    #: a window below it is a lie, and is not learned.
+    proven: dict[str, int] = field(default_factory=dict)
+    #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
+    ratios: dict[str, float] = field(default_factory=dict)
+    #: Compactions prepared ahead of need, running off the request path.
+    background: Background = field(default_factory=Background)
+    #: Per-request figures on their way to the store (set in the app's lifespan).
+    recorder: Recorder | None = None
+    #: (owner, session) asked to "compact now" from the dashboard: their next
+    #: request through this process is compacted as by ``/compact``.
+    compact_now: set[tuple[str, str]] = field(default_factory=set)
+    #: Store writes of learned ratios still under way (kept so none is lost).
+    _writes: set[asyncio.Task[None]] = field(default_factory=set)
+    _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)
+
+    def resolve(self, model: str | None) -> ModelConfig:
+        config = self.resolver.resolve(model)
+        window = self.learned_windows.get(calibration_key(config))
+        if window is None:
+            return config
+        return self.resolver.resolve(model, {config.model: window})
+
+    def counter(self, config: ModelConfig) -> TokenCounter:
+        """One counter (and so one token cache) per encoding and image cost."""
+        key = (encoding_for_model(config.model), config.profile.image_tokens)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = TokenCounter(encoding=key[0], image_tokens=key[1])
+            self._counters[key] = counter
+        return counter
+
+    def warm(self) -> None:
+        """Load the tokenizers before serving: loading one takes most of a second
+        and holds the GIL, which would stall every request in flight."""
+        for model in (None, *self.settings.models):
+            self.counter(self.resolve(model))
+        for encoding in ("o200k_base", "cl100k_base"):
+            load_encoding(encoding)
+
+    async def learn_window(self, config: ModelConfig, window: int) -> bool:
+        """Remember a window an overflow error stated, for this upstream and model,
+        here and in the store; whether it was taken.
+
+        Refused: a window outside :data:`WINDOW_BOUNDS`, and one below a prompt
+        this upstream already answered for the model (an error that lies, or
+        one that quoted a number it did not mean).
+        """
+        key = calibration_key(config)
+        low, high = WINDOW_BOUNDS
+        if not low <= window <= high or window <= self.proven.get(key, 0):
+            logger.warning("an overflow error stated an implausible window; not learned")
+            return False
+        if self.learned_windows.get(key) != window:
+            self.learned_windows[key] = window
+            try:
+                await self.store.set_learned_window(key, window)
+            except Exception:  # the store being down must not fail a request
+                logger.warning("could not store the learned window", exc_info=True)
+        return True
+
+    def prove(self, config: ModelConfig, prompt_tokens: int) -> None:
+        """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
+        key = calibration_key(config)
+        if prompt_tokens > self.proven.get(key, 0):
+            self.proven[key] = prompt_tokens
+
+    def ratio(self, config: ModelConfig) -> float:
+        """The calibration ratio for this model's upstream (1.0 until one is learned)."""
+        return self.ratios.get(calibration_key(config), 1.0)
+
+    def learn_ratio(self, config: ModelConfig, ratio: float) -> None:
+        """Remember a new ratio; the store is written in the background, and only
+        when the ratio moved by more than :data:`RATIO_WRITE_STEP`."""
+        key = calibration_key(config)
+        old = self.ratios.get(key)
+        self.ratios[key] = ratio
+        if old is not None and abs(ratio - old) <= RATIO_WRITE_STEP * old:
+            return
+        task = asyncio.ensure_future(self._write_ratio(key, ratio))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def observe(self, config: ModelConfig, estimate: int, upstream_tokens: int) -> None:
+        """An answer's ``usage`` says the upstream counted ``upstream_tokens`` for a
+        request we estimated at ``estimate``: learn from it."""
+        self.prove(config, upstream_tokens)
+        sample = ratio_sample(upstream_tokens, estimate)
+        if sample is not None:
+            old = self.ratios.get(calibration_key(config))
+            self.learn_ratio(config, update_ratio(old, sample))
+
+    async def _write_ratio(self, key: str, ratio: float) -> None:
+        try:
+            await self.store.set_calibration(key, ratio)
+        except Exception:  # the store being down must not fail a request
+            logger.warning("could not store the calibration ratio", exc_info=True)
+
+    def configured_key(self, env: str | None) -> str | None:
+        """The key in the variable ``env`` (a model's ``api_key_env`` or
+        ``anthropic_api_key_env``), used only when a client sends none."""
+        return (os.environ.get(env) or None) if env else None
+
+
+def state_of(request: HTTPConnection) -> ProxyState:
+    """The running proxy's state, from a request to its app (set in the lifespan)."""
+    state: ProxyState = request.app.state.proxy
+    return state
+
+
+def calibration_key(config: ModelConfig) -> str:
+    """Ratios are learned per upstream and model: one model name may be served
+    by different upstreams (and tokenizers) through per-model settings."""
+    return f"{config.upstream}\x1f{config.model}"
+
+
+def build_transport(settings: Settings) -> Transport:
+    upstream = settings.upstream
+    if "max_keepalive_connections" in upstream.model_fields_set:
+        logger.warning(
+            "upstream.max_keepalive_connections is ignored: idle connections "
+            "expire after upstream.keepalive_expiry (%.1f s)",
+            upstream.keepalive_expiry,
+        )
+    return Transport(
+        connect_timeout=upstream.connect_timeout,
+        read_timeout=upstream.read_timeout,
+        max_connections=upstream.max_connections,
+        keepalive_expiry=upstream.keepalive_expiry,
+        trust_env=upstream.trust_env,
+        ca_bundle=str(upstream.ca_bundle) if upstream.ca_bundle else None,
+    )

@@ -1,0 +1,231 @@
+"""Per-request figures, the sessions they add up to, and per-session steering.
+
+Every forwarded request leaves one :class:`RequestRecord` (sizes, stage,
+time; never content), written off the request path by
+:class:`proxy.state.recorder.Recorder`. A store keeps them for
+``requests_retention_seconds`` and folds them, as they arrive, into one
+:class:`SessionSummary` per (owner, session) and into hourly totals of the
+tokens saved, so the dashboard reads a thousand sessions without reading a
+hundred thousand requests.
+
+:class:`SessionSettings` is what a user set for one conversation: compaction
+off, or instructions for its next summary. The proxy reads it only when it is
+about to compact (never on a plain forward).
+
+The folding rules live here, once, for every backend: :func:`fold`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+#: Per-request figures are kept this long unless configured otherwise.
+DEFAULT_REQUESTS_RETENTION_SECONDS: Final = 7 * 86400.0
+#: The newest requests kept per session (memory and Redis lists; SQLite keeps
+#: every one until the retention).
+DEFAULT_SESSION_REQUESTS: Final = 5_000
+DEFAULT_REQUESTS_LIMIT: Final = 1_000
+DEFAULT_SESSIONS_LIMIT: Final = 1_000
+#: Width of a bucket of :meth:`Store.savings`.
+SAVINGS_BUCKET_SECONDS: Final = 3600.0
+#: The status recorded for an upstream stream that ended before its first
+#: event: an answer that was no answer, as a gateway would call it (502). The
+#: record's ``error`` says which (``"upstream_empty"``), and it counts among
+#: the upstream errors.
+EMPTY_STREAM_STATUS: Final = 502
+#: Stages that mean "nothing was compacted by this request".
+_QUIET_STAGES: Final = frozenset({"none", "reused", "untouched"})
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What one request did to its context: sizes and stage, never content."""
+
+    session: str
+    model: str
+    stage: str
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    input_limit: int
+    trigger: int
+    #: The upstream's, or the proxy's own for ``/compact``; an upstream stream
+    #: that ended before its first event is :data:`EMPTY_STREAM_STATUS`.
+    status: int
+    ms: float
+    api: str = "chat"
+    summarizer_calls: int = 0
+    #: What the upstream reported those calls cost (prompt and reply).
+    summarizer_tokens: int = 0
+    checkpoint_id: str | None = None
+    owner: str = ""
+    #: The model's whole window, in the upstream's tokens (``input_limit`` and
+    #: ``trigger`` are the proxy's estimate of what fits in it); 0: not recorded.
+    context_window: int = 0
+    #: Where that window came from: "override" (a setting), "client" (the
+    #: client's long-context beta header), "learned", "table", "default"; "": not recorded.
+    window_source: str = ""
+    #: Error answers the upstream gave this request: the one it was retried
+    #: after (an overflow), an empty stream, the error relayed — as
+    #: ``compaction_proxy_upstream_errors_total`` counts them.
+    upstream_errors: int = 0
+    #: What went wrong when a status cannot say it (``"upstream_empty"``).
+    error: str = ""
+    #: The first words of the conversation's task and the client's
+    #: ``User-Agent``: how its owner tells their sessions apart.
+    task: str = ""
+    user_agent: str = ""
+    #: Not a request: a compaction prepared in the background for this session.
+    #: Its summarizer calls and tokens count; it is no request and moves no
+    #: figure of the context.
+    background: bool = False
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def compacted(self) -> bool:
+        """Whether this request made a compaction (rather than reused or forwarded)."""
+        return self.stage not in _QUIET_STAGES
+
+    @property
+    def saved(self) -> int:
+        return 0 if self.background else max(0, self.tokens_before - self.tokens_after)
+
+    @property
+    def errors(self) -> int:
+        """The upstream's error answers to this request (figures written before
+        they were counted have only their status to say it)."""
+        return max(self.upstream_errors, int(self.status >= 400))
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One conversation's requests, added up; the latest request's figures beside."""
+
+    session: str
+    owner: str
+    model: str
+    api: str
+    first_at: float
+    last_at: float
+    requests: int = 0
+    compactions: int = 0
+    saved: int = 0  #: tokens not sent, over all requests
+    summarizer_calls: int = 0
+    summarizer_tokens: int = 0
+    upstream_errors: int = 0
+    #: Requests retried, smaller, after the upstream's context-length error.
+    overflow_retries: int = 0
+    #: The latest request's: the context as it stands, and its limits.
+    tokens_before: int = 0
+    tokens_after: int = 0
+    input_limit: int = 0
+    trigger: int = 0
+    context_window: int = 0
+    window_source: str = ""  #: as :attr:`RequestRecord.window_source`
+    stages: Mapping[str, int] = field(default_factory=dict)  #: compactions by stage
+    reasons: Mapping[str, int] = field(default_factory=dict)  #: compactions by reason
+    #: The task's first words (its first request's), the latest client's user agent.
+    task: str = ""
+    user_agent: str = ""
+
+    @property
+    def label(self) -> str:
+        """A name its owner knows the session by: the task's first words, else
+        the client and the model."""
+        return self.task or " · ".join(part for part in (self.user_agent, self.model) if part)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a user set for one conversation."""
+
+    #: False: this session is not compacted (a ``/compact`` still is).
+    enabled: bool = True
+    #: Added to the built-in summary prompt for this session's next summaries.
+    instructions: str = ""
+    updated_at: float = 0.0
+
+
+def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> SessionSummary:
+    """``summary`` with ``records`` (of its session, in order) added in.
+
+    ``summary=None`` starts a new one from the first record.
+    """
+    for record in records:
+        if summary is None:
+            summary = SessionSummary(
+                session=record.session,
+                owner=record.owner,
+                model=record.model,
+                api=record.api,
+                first_at=record.created_at,
+                last_at=record.created_at,
+            )
+        summary = replace(
+            summary,
+            summarizer_calls=summary.summarizer_calls + record.summarizer_calls,
+            summarizer_tokens=summary.summarizer_tokens + record.summarizer_tokens,
+        )
+        if record.background:
+            continue
+        stages, reasons = dict(summary.stages), dict(summary.reasons)
+        if record.compacted:
+            stages[record.stage] = stages.get(record.stage, 0) + 1
+            reasons[record.reason] = reasons.get(record.reason, 0) + 1
+        # The first request of a session first seen through its preparation is its newest.
+        newest = summary.requests == 0 or record.created_at >= summary.last_at
+        summary = replace(
+            summary,
+            requests=summary.requests + 1,
+            compactions=summary.compactions + record.compacted,
+            saved=summary.saved + record.saved,
+            upstream_errors=summary.upstream_errors + record.errors,
+            overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
+            first_at=min(summary.first_at, record.created_at),
+            task=summary.task or record.task,
+            stages=stages,
+            reasons=reasons,
+        )
+        if newest:
+            summary = replace(
+                summary,
+                model=record.model,
+                api=record.api,
+                last_at=record.created_at,
+                tokens_before=record.tokens_before,
+                tokens_after=record.tokens_after,
+                input_limit=record.input_limit,
+                trigger=record.trigger,
+                context_window=record.context_window or summary.context_window,
+                window_source=record.window_source or summary.window_source,
+                user_agent=record.user_agent or summary.user_agent,
+            )
+    if summary is None:
+        raise ValueError("nothing to fold")
+    return summary
+
+
+def bucket_of(created_at: float) -> float:
+    """The start of the :data:`SAVINGS_BUCKET_SECONDS` bucket ``created_at`` is in."""
+    return (created_at // SAVINGS_BUCKET_SECONDS) * SAVINGS_BUCKET_SECONDS
+
+
+def savings_of(records: Iterable[RequestRecord]) -> dict[tuple[str, float], int]:
+    """Tokens saved by (owner, bucket), for the records that saved any."""
+    found: dict[tuple[str, float], int] = {}
+    for record in records:
+        if record.saved:
+            key = (record.owner, bucket_of(record.created_at))
+            found[key] = found.get(key, 0) + record.saved
+    return found
+
+
+def by_session(records: Iterable[RequestRecord]) -> dict[tuple[str, str], list[RequestRecord]]:
+    """``records`` grouped by (owner, session), each group in the order given."""
+    groups: dict[tuple[str, str], list[RequestRecord]] = {}
+    for record in records:
+        groups.setdefault((record.owner, record.session), []).append(record)
+    return groups

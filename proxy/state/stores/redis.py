@@ -1,0 +1,447 @@
+"""The shared store: several proxy replicas behind one load balancer, one Redis.
+
+Keys, all under a configurable prefix (default ``compaction-proxy:``)::
+
+    cp:<end hash>        checkpoint JSON            TTL = retention; lookup is one MGET
+    ckpt:<id>            the same JSON, by id       TTL = retention
+    owner:<id>           the checkpoint's owner     TTL = retention
+    orig:<id>            replaced messages JSON     TTL = retention (purge is implicit)
+    events               newest events, capped list (LPUSH + LTRIM in one MULTI)
+    events:<session>     one session's, capped      TTL = retention, renewed on each event
+    owned:<owner>        one owner's, capped        TTL = retention, renewed on each event
+    open                 hash compaction id → latest event, while queued/started
+    alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
+    lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
+    windows              hash model → learned context window
+    calibrations         hash key → calibration ratio (a float's repr)
+    reqs:<owner>:<session>  newest requests' figures, capped   TTL = figures' retention
+    owners:<session>     set of the owners with that session   TTL = figures' retention
+    sess:<owner>:<session>  the session's summary JSON         TTL = figures' retention
+    recent               sorted set "<owner>:<session>" by last activity
+    recent:<owner>       sorted set session by last activity
+    saved, saved:<owner> hash hour → tokens saved (HINCRBY)
+    settings:<owner>:<session>  per-session settings JSON      TTL = retention
+
+An instance is alive while its heartbeat key exists; a lock whose holder died
+lapses after its ttl, and a waiter (polling with backoff) takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from compaction import Checkpoint, Message
+from proxy.state.stores import codec
+from proxy.state.stores.base import (
+    DEFAULT_EVENTS_LIMIT,
+    DEFAULT_GLOBAL_EVENTS,
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_SESSION_EVENTS,
+    INTERRUPTED,
+    Event,
+    checked_ratio,
+    interrupted,
+)
+from proxy.state.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_REQUESTS_RETENTION_SECONDS,
+    DEFAULT_SESSION_REQUESTS,
+    DEFAULT_SESSIONS_LIMIT,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+    bucket_of,
+    by_session,
+    fold,
+)
+from proxy.state.stores.locks import MAX_HOLD, RENEW_EVERY
+
+DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
+logger = logging.getLogger(__name__)
+_POLL_FIRST: Final = 0.01
+_POLL_MAX: Final = 0.25
+
+# Delete the lock only if we still own it: after an expiry another holder may.
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Extend the lock only while we still own it (a lease kept alive by its holder).
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# Close one open compaction unless its latest event changed since it was read,
+# so two replicas starting together record one failure, not two.
+_CLOSE_OPEN: Final = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+    return 0
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], ARGV[3])
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
+redis.call('LPUSH', KEYS[3], ARGV[3])
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('LPUSH', KEYS[4], ARGV[3])
+redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[4]) - 1)
+redis.call('PEXPIRE', KEYS[4], ARGV[6])
+return 1
+"""
+
+
+async def _reply(pending: Any) -> Any:
+    # redis-py types every command as "value or awaitable"; the asyncio client
+    # always returns an awaitable.
+    return await pending
+
+
+class RedisStore:
+    """The :class:`~proxy.state.stores.base.Store` contract on a Redis server."""
+
+    tracks_liveness = True  #: every instance's heartbeat key expires with it
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        store_originals: bool = True,
+        session_events: int = DEFAULT_SESSION_EVENTS,
+        global_events: int = DEFAULT_GLOBAL_EVENTS,
+        requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
+    ) -> None:
+        self._client = client
+        self._figures_ms = max(1, int(requests_retention_seconds * 1000))
+        self._prefix = key_prefix
+        self._retention_ms = max(1, int(retention_seconds * 1000))
+        self._store_originals = store_originals
+        self._session_events = session_events
+        self._global_events = global_events
+        self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(_RENEW)
+        self._close_open = client.register_script(_CLOSE_OPEN)
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float | None = None, **options: Any) -> RedisStore:
+        """A store on a new client for ``url``; the client connects on first use.
+
+        ``timeout`` bounds each command and connection attempt (redis-py's
+        default is 5 s). Only a dropped connection is retried, once and at
+        once: that reconnects after a Redis restart, where retrying a timeout
+        or backing off would stretch a failure past the caller's time-box.
+        """
+        if timeout is None:
+            return cls(aioredis.Redis.from_url(url), **options)
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+        return cls(client, **options)
+
+    def _key(self, *parts: str) -> str:
+        return self._prefix + ":".join(parts)
+
+    # -- checkpoints -------------------------------------------------------
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        if not hashes:
+            return {}
+        wanted = list(dict.fromkeys(hashes))
+        values = await _reply(self._client.mget([self._key("cp", value) for value in wanted]))
+        return {
+            value: codec.load_checkpoint(raw)
+            for value, raw in zip(wanted, values, strict=True)
+            if raw is not None
+        }
+
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
+        raw = codec.dump_checkpoint(checkpoint)
+        ttl = self._retention_ms
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(self._key("cp", checkpoint.end_hash), raw, px=ttl, get=True)
+            pipe.set(self._key("ckpt", checkpoint.id), raw, px=ttl)
+            pipe.set(self._key("owner", checkpoint.id), owner, px=ttl)
+            if originals is not None and self._store_originals:
+                pipe.set(self._key("orig", checkpoint.id), codec.dump_messages(originals), px=ttl)
+            replies = await pipe.execute()
+        previous = replies[0]
+        if previous is not None:
+            # A newer checkpoint for the same span: the older one is no longer
+            # found by id either (its originals stay until they expire).
+            old = codec.load_checkpoint(previous)
+            if old.id != checkpoint.id:
+                await _reply(
+                    self._client.delete(self._key("ckpt", old.id), self._key("owner", old.id))
+                )
+
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
+        keys = [self._key("ckpt", checkpoint_id), self._key("owner", checkpoint_id)]
+        raw, owned_by = await _reply(self._client.mget(keys))
+        if raw is None or (owner is not None and (owned_by or b"").decode() != owner):
+            return None
+        return codec.load_checkpoint(raw)
+
+    async def originals(self, checkpoint_id: str) -> list[Message] | None:
+        raw = await _reply(self._client.get(self._key("orig", checkpoint_id)))
+        return None if raw is None else codec.load_messages(raw)
+
+    # -- events ------------------------------------------------------------
+
+    async def add_event(self, event: Event) -> None:
+        raw = codec.dump_event(event)
+        by_session = self._key("events", event.session)
+        by_owner = self._key("owned", event.owner)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.lpush(self._key("events"), raw)
+            pipe.ltrim(self._key("events"), 0, self._global_events - 1)
+            pipe.lpush(by_session, raw)
+            pipe.ltrim(by_session, 0, self._session_events - 1)
+            pipe.pexpire(by_session, self._retention_ms)
+            pipe.lpush(by_owner, raw)
+            pipe.ltrim(by_owner, 0, self._global_events - 1)
+            pipe.pexpire(by_owner, self._retention_ms)
+            if event.is_open:
+                pipe.hset(self._key("open"), event.compaction_id, raw)
+            else:
+                pipe.hdel(self._key("open"), event.compaction_id)
+            await pipe.execute()
+
+    async def events(
+        self,
+        session: str | None = None,
+        limit: int = DEFAULT_EVENTS_LIMIT,
+        *,
+        owner: str | None = None,
+    ) -> list[Event]:
+        if limit <= 0:
+            return []
+        if session is not None and owner is not None:
+            # One owner's session: its list is capped, so it is read whole and
+            # the owner's events kept (a session is normally one owner's anyway).
+            raws = await _reply(self._client.lrange(self._key("events", session), 0, -1))
+            found = (codec.load_event(raw) for raw in raws)
+            return [event for event in found if event.owner == owner][:limit]
+        if session is not None:
+            key = self._key("events", session)
+        elif owner is not None:
+            key = self._key("owned", owner)
+        else:
+            key = self._key("events")
+        raws = await _reply(self._client.lrange(key, 0, limit - 1))
+        return [codec.load_event(raw) for raw in raws]
+
+    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("open")))
+        stale = [(raw, codec.load_event(raw)) for raw in entries.values()]
+        stale = [(raw, event) for raw, event in stale if event.instance != instance]
+        others = sorted({event.instance for _, event in stale})
+        if not others:
+            return 0
+        beats = await _reply(self._client.mget([self._key("alive", name) for name in others]))
+        dead = {name for name, beat in zip(others, beats, strict=True) if beat is None}
+        closed = 0
+        for raw, event in stale:
+            if event.instance not in dead:
+                continue
+            failed = interrupted(event, instance, message)
+            closed += await self._close_open(
+                keys=[
+                    self._key("open"),
+                    self._key("events"),
+                    self._key("events", event.session),
+                    self._key("owned", event.owner),
+                ],
+                args=[
+                    event.compaction_id,
+                    raw,
+                    codec.dump_event(failed),
+                    self._global_events,
+                    self._session_events,
+                    self._retention_ms,
+                ],
+            )
+        return closed
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        ttl_ms = max(1, int(ttl * 1000))
+        await _reply(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
+
+    @contextlib.asynccontextmanager
+    async def lock(self, key: str, ttl: float) -> AsyncIterator[None]:
+        name = self._key("lock", key)
+        token = uuid.uuid4().hex
+        ttl_ms = max(1, int(ttl * 1000))
+        delay = _POLL_FIRST
+        while not await _reply(self._client.set(name, token, nx=True, px=ttl_ms)):
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: waiters spread out
+            delay = min(delay * 2, _POLL_MAX)
+        keeper = asyncio.ensure_future(self._keep(name, token, ttl_ms))
+        try:
+            yield
+        finally:
+            keeper.cancel()
+            await self._release(keys=[name], args=[token])
+
+    async def _keep(self, name: str, token: str, ttl_ms: int) -> None:
+        """Renew a held lock every third of its expiry: a live holder (a slow
+        summarization) keeps it, up to ``MAX_HOLD`` × ``ttl``; a dead one loses it
+        after ``ttl``."""
+        for _ in range(RENEW_EVERY * (MAX_HOLD - 1)):
+            await asyncio.sleep(ttl_ms / 1000 / RENEW_EVERY)
+            try:
+                if not await _reply(self._renew(keys=[name], args=[token, ttl_ms])):
+                    return
+            except Exception:  # a blip: the next round tries again
+                logger.warning("could not renew the lock %s", name, exc_info=True)
+
+    # -- learned windows ---------------------------------------------------
+
+    async def learned_windows(self) -> dict[str, int]:
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("windows")))
+        return {model.decode(): int(window) for model, window in entries.items()}
+
+    async def set_learned_window(self, model: str, window: int) -> None:
+        await _reply(self._client.hset(self._key("windows"), model, window))
+
+    # -- calibration ratios ------------------------------------------------
+
+    async def calibrations(self) -> dict[str, float]:
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("calibrations")))
+        return {key.decode(): float(ratio) for key, ratio in entries.items()}
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        # repr() is the shortest text that reads back as the same float.
+        value = repr(checked_ratio(ratio))
+        await _reply(self._client.hset(self._key("calibrations"), key, value))
+
+    # -- per-request figures and sessions ------------------------------------
+
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        if not records:
+            return
+        ttl = self._figures_ms
+        groups = by_session(records)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for (owner, session), found in groups.items():
+                key = self._key("reqs", owner, session)
+                pipe.lpush(key, *(codec.dump(record) for record in found))
+                pipe.ltrim(key, 0, DEFAULT_SESSION_REQUESTS - 1)
+                pipe.pexpire(key, ttl)
+                pipe.sadd(self._key("owners", session), owner)
+                pipe.pexpire(self._key("owners", session), ttl)
+            for record in records:
+                if record.saved:
+                    bucket = repr(bucket_of(record.created_at))
+                    pipe.hincrby(self._key("saved"), bucket, record.saved)
+                    pipe.hincrby(self._key("saved", record.owner), bucket, record.saved)
+            pipe.zremrangebyscore(self._key("recent"), "-inf", records[-1].created_at - ttl / 1000)
+            await pipe.execute()
+        for (owner, session), found in groups.items():
+            await self._fold(owner, session, found)
+
+    async def _fold(self, owner: str, session: str, found: list[RequestRecord]) -> None:
+        """Add ``found`` to the session's summary; another replica folding the same
+        session meanwhile makes this one read again (WATCH), so none is lost."""
+        key = self._key("sess", owner, session)
+
+        async def update(pipe: Any) -> None:
+            raw = await pipe.get(key)
+            summary = fold(None if raw is None else codec.load(SessionSummary, raw), found)
+            pipe.multi()
+            pipe.set(key, codec.dump(summary), px=self._figures_ms)
+            pipe.zadd(self._key("recent"), {f"{owner}:{session}": summary.last_at})
+            pipe.zadd(self._key("recent", owner), {session: summary.last_at})
+            pipe.pexpire(self._key("recent", owner), self._figures_ms)
+            oldest = summary.last_at - self._figures_ms / 1000
+            pipe.zremrangebyscore(self._key("recent", owner), "-inf", oldest)
+
+        await self._client.transaction(update, key)
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        if limit <= 0:
+            return []
+        if owner is None:
+            members = await _reply(self._client.smembers(self._key("owners", session)))
+            owners = sorted(member.decode() for member in members)
+        else:
+            owners = [owner]
+        found: list[RequestRecord] = []
+        for name in owners:
+            raws = await _reply(self._client.lrange(self._key("reqs", name, session), 0, limit - 1))
+            found.extend(codec.load(RequestRecord, raw) for raw in raws)
+        found.sort(key=lambda record: record.created_at, reverse=True)
+        return found[:limit]
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        if limit <= 0:
+            return []
+        if owner is None:
+            members = await _reply(self._client.zrevrange(self._key("recent"), 0, limit - 1))
+            pairs = [member.decode().split(":", 1) for member in members]
+        else:
+            recent = self._key("recent", owner)
+            members = await _reply(self._client.zrevrange(recent, 0, limit - 1))
+            pairs = [[owner, member.decode()] for member in members]
+        if not pairs:
+            return []
+        keys = [self._key("sess", name, session) for name, session in pairs]
+        raws = await _reply(self._client.mget(keys))
+        return [codec.load(SessionSummary, raw) for raw in raws if raw is not None]
+
+    async def session_count(self, *, owner: str | None = None) -> int:
+        key = self._key("recent") if owner is None else self._key("recent", owner)
+        # The index outlives a summary by up to a write (its expiry is the
+        # summary's own): counted as the sessions that would be listed.
+        oldest = time.time() - self._figures_ms / 1000
+        return int(await _reply(self._client.zcount(key, oldest, "+inf")))
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        key = self._key("saved") if owner is None else self._key("saved", owner)
+        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(key))
+        return sorted((float(bucket), int(saved)) for bucket, saved in entries.items())
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        raw = await _reply(self._client.get(self._key("settings", owner, session)))
+        return SessionSettings() if raw is None else codec.load(SessionSettings, raw)
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None:
+        key = self._key("settings", owner, session)
+        await _reply(self._client.set(key, codec.dump(settings), px=self._retention_ms))
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def purge(self, now: float | None = None) -> int:
+        return 0  # every record carries its own expiry
+
+    async def close(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,104 @@
+"""The ``llm`` summarizer: asks the upstream for a summary, in the request's own API.
+
+Used by the CLI (``compact --summarizer llm``) and by the server, which hands
+it the client's own credentials. The request follows DESIGN.md §6: no tools,
+``temperature: 0``, the summary budget as ``max_tokens``, not streamed. Every
+failure becomes :class:`~compaction.errors.SummarizationError`, so the
+pipeline falls back to the extractive summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from compaction import Message, SummarizationError
+from proxy.dialects.base import Dialect, clean
+from proxy.dialects.chat import CHAT
+from proxy.upstream.transport import Transport, TransportError
+
+#: A summary reply above this is not a summary; reading stops there.
+MAX_REPLY_BYTES = 4 << 20
+
+
+class UpstreamSummarizer:
+    """A :class:`compaction.types.Summarizer` asking ``POST {base_url}{dialect.path}``.
+
+    The summary is asked in the API of the request it serves (``dialect``:
+    Chat Completions by default; Anthropic Messages, OpenAI Responses), with
+    that request's own key — so a Claude-only or Responses-only key works.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        base_url: str,
+        model: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        dialect: Dialect = CHAT,
+        on_call: Callable[[], object] | None = None,
+    ) -> None:
+        self._transport = transport
+        self._url = base_url.rstrip("/") + dialect.path
+        self._model = model
+        self._headers = {**(headers or {}), "content-type": "application/json"}
+        self._dialect = dialect
+        #: Told of every request sent, before it is sent (the proxy's metric).
+        self._on_call = on_call
+        self.calls = 0
+        #: Tokens the upstream's ``usage`` reported for the summaries so far
+        #: (prompt and reply), for the dashboard's figures.
+        self.tokens = 0
+
+    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
+        status, reply = await self._post(body)
+        if status == 400 and self._dialect is CHAT and _rejects_classic_parameters(reply):
+            # Reasoning models (o-series, gpt-5) refuse max_tokens and a
+            # temperature other than the default; ask once more their way.
+            del body["temperature"]
+            body["max_completion_tokens"] = body.pop("max_tokens")
+            status, reply = await self._post(body)
+        if status != 200:
+            text = reply[:300].decode("utf-8", "replace")
+            raise SummarizationError(f"summarizer upstream answered {status}: {text}")
+        try:
+            payload = orjson.loads(reply)
+        except orjson.JSONDecodeError as exc:
+            raise SummarizationError("summarizer reply is not JSON") from exc
+        self.tokens += reported_tokens(payload)
+        return self._dialect.summary_text(payload)
+
+    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        self.calls += 1
+        if self._on_call is not None:
+            self._on_call()
+        try:
+            response = await self._transport.request(
+                "POST", self._url, self._headers, orjson.dumps(body)
+            )
+            return response.status, await response.read(MAX_REPLY_BYTES)
+        except TransportError as exc:
+            raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+
+
+def reported_tokens(payload: Any) -> int:
+    """The tokens a reply's ``usage`` reports, prompt and reply: ``prompt_tokens`` and
+    ``completion_tokens`` (Chat Completions), ``input_tokens`` and ``output_tokens``
+    (Messages, Responses); 0 when it reports none."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    names = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
+    counts = (usage.get(name) for name in names)
+    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+
+
+def _rejects_classic_parameters(reply: bytes) -> bool:
+    text = reply.decode("utf-8", "replace")
+    return "max_completion_tokens" in text or (
+        "temperature" in text and "unsupported" in text.lower()
+    )

@@ -1,0 +1,121 @@
+"""proxy/edge/body.py: the JSON content type, and top-level keys named twice."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.edge.body import is_json, repeated_key
+
+
+@pytest.mark.parametrize(
+    ("content_type", "expected"),
+    [
+        ("application/json", True),
+        ("application/json; charset=utf-8", True),
+        ("APPLICATION/JSON ;charset=UTF-8", True),
+        ("application/vnd.api+json", True),
+        ("", False),
+        ("text/plain", False),
+        ("text/plain; charset=utf-8", False),
+        ("application/x-www-form-urlencoded", False),
+        ("multipart/form-data; boundary=x", False),
+        ("application/jsonl", False),
+        ("text/json", False),
+        ("+json", False),
+    ],
+)
+def test_only_json_media_types_are_json(content_type: str, expected: bool) -> None:
+    assert is_json(content_type) is expected
+
+
+def reference(raw: bytes) -> str | None:
+    """The first top-level key named again, as the standard library sees it."""
+    seen: set[str] = set()
+    for key, _ in json.loads(raw, object_pairs_hook=list):
+        if key in seen:
+            return str(key)
+        seen.add(key)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"messages": [], "model": "a"}', None),
+        (b'{"messages": [], "messages": []}', "messages"),
+        (b'{"a": 1, "b": 2, "b": 3, "a": 4}', "b"),
+        (b'{"messages": [], "\\u006Dessages": []}', "messages"),
+        (b'{"\\ud83d\\ude00": 1, "\xf0\x9f\x98\x80": 2}', "\U0001f600"),
+        (b'{"a": {"b": 1, "b": 2}, "c": [{"a": 1}, {"a": 2}]}', None),
+        (b'{"s": "\\"s\\": 1, \\"s\\": 2"}', None),
+        (b'{"n": 1, "n": 99999999999999999999999}', "n"),  # beyond simdjson's integers
+        (b"{}", None),
+    ],
+)
+def test_repeated_top_level_keys_are_found(raw: bytes, expected: str | None) -> None:
+    assert repeated_key(raw) == expected == reference(raw)
+
+
+# Random JSON objects written with repeated keys, keys spelled with escapes,
+# and values that hold the same names (nested objects, strings).
+
+_KEYS = st.sampled_from(["messages", "model", "tools", "a", "é", "\U0001f600", 'q"', "s\\"])
+
+
+def _spelled(key: str, data: st.DataObject) -> str:
+    out = []
+    for char in key:
+        if data.draw(st.booleans()):
+            code = ord(char)
+            if code > 0xFFFF:
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04X}")
+            else:
+                out.append(f"\\u{code:04x}")
+        else:
+            out.append(json.dumps(char, ensure_ascii=False)[1:-1])
+    return '"' + "".join(out) + '"'
+
+
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**25), max_value=10**25)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
+    | _KEYS.map(lambda key: json.dumps(key) + ": 1")
+)
+
+
+def _write(value: Any, data: st.DataObject) -> str:
+    space = data.draw(st.sampled_from(["", " ", "\n  "]))
+    if isinstance(value, list) and value and isinstance(value[0], tuple):
+        members = [f"{_spelled(k, data)}:{space}{_write(v, data)}" for k, v in value]
+        return "{" + space + ("," + space).join(members) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_write(item, data) for item in value) + "]"
+    return json.dumps(value, ensure_ascii=data.draw(st.booleans()))
+
+
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.lists(st.tuples(_KEYS, inner), min_size=1, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.lists(st.tuples(_KEYS, _VALUES), max_size=6), st.data())
+def test_the_detector_agrees_with_the_standard_library(
+    members: list[tuple[str, Any]], data: st.DataObject
+) -> None:
+    raw = (_write(members, data) if members else "{}").encode()
+    assert isinstance(orjson.loads(raw), dict)  # what parse_chat_body hands on
+    assert repeated_key(raw) == reference(raw)

@@ -1,0 +1,70 @@
+"""The Host check (proxy/edge/guards.py HostGuard) as create_app switches it on.
+
+The apps here are told they bind 0.0.0.0 (as the Docker image does) while the
+test server listens on loopback, so only ``server.check_host`` decides.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.proxy.conftest import ProxyFactory
+from tests.proxy.servers import FakeUpstream
+
+HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+REBOUND = "evil.example.com"
+
+
+def _chat(url: str, host: str) -> httpx.Response:
+    return httpx.post(f"{url}/chat/completions", json=HI, headers={"host": host})
+
+
+def test_a_rebinding_host_is_refused_on_all_interfaces_when_checked(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    url = start_proxy(server={"host": "0.0.0.0", "check_host": True})
+    refused = _chat(url, f"{REBOUND}:8808")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["message"] == f"Host {REBOUND!r} is not allowed."
+    assert fake[0].received == []
+    # /healthz is no way round it either.
+    health = httpx.get(url.removesuffix("/v1") + "/healthz", headers={"host": REBOUND})
+    assert health.status_code == 403
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8808", "localhost:8808", "[::1]:8808", "localhost"])
+def test_local_hosts_pass_the_check(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], host: str
+) -> None:
+    url = start_proxy(server={"host": "0.0.0.0", "check_host": True})
+    assert _chat(url, host).status_code == 200
+    assert len(fake[0].received) == 1
+
+
+def test_allowed_hosts_pass_the_check_and_others_do_not(start_proxy: ProxyFactory) -> None:
+    url = start_proxy(
+        server={"host": "0.0.0.0", "check_host": True, "allowed_hosts": ["Proxy.Internal"]}
+    )
+    assert _chat(url, "proxy.internal:8808").status_code == 200
+    assert _chat(url, "PROXY.INTERNAL").status_code == 200
+    assert _chat(url, "other.internal:8808").status_code == 403
+
+
+def test_without_the_setting_a_non_loopback_bind_skips_the_check(
+    start_proxy: ProxyFactory,
+) -> None:
+    # The default for a proxy deliberately bound to the network (behind a
+    # load balancer that sends its own Host): unchanged by the new setting.
+    url = start_proxy(server={"host": "0.0.0.0"})
+    assert _chat(url, REBOUND).status_code == 200
+
+
+def test_the_setting_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from config import load_settings
+
+    monkeypatch.setenv("COMPACTION_PROXY_SERVER__CHECK_HOST", "true")
+    monkeypatch.setenv("COMPACTION_PROXY_SERVER__ALLOWED_HOSTS", '["proxy.internal"]')
+    server = load_settings(None).server
+    assert server.check_host is True
+    assert server.allowed_hosts == ["proxy.internal"]

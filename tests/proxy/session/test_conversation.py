@@ -1,0 +1,278 @@
+"""proxy.session.conversation: checkpoints applied, single flight, and the progress guard."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+
+import proxy.session.compacting
+from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_model, execute
+from compaction.checkpoints import chain_hashes, session_key
+from compaction.messages import group_messages
+from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
+from config import load_settings
+from proxy.session.conversation import identify, prepare
+from proxy.state.runtime import ProxyState
+from proxy.state.stores import MemoryStore
+from tests.synthetic import agent_session
+
+
+class RecordingSummarizer:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        self.calls += 1
+        await asyncio.sleep(0.05)  # long enough for concurrent requests to pile up
+        if messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT:
+            return "## Done So Far\n- many steps\n## Context Needed Next\n- the last file"
+        return (
+            "## Goal\nKeep going.\n## Progress\n### Done\n- many steps\n"
+            "## Key Decisions\n- none\n## Next Steps\n- more steps"
+        )
+
+
+def _state() -> tuple[ProxyState, Any]:
+    settings = load_settings(
+        None, store={"url": "memory://"}, models={"m": {"context_window": 8192}}
+    )
+    from config import ModelResolver
+    from proxy.state.runtime import build_transport
+
+    state = ProxyState(
+        settings=settings,
+        transport=build_transport(settings),
+        store=MemoryStore(),
+        resolver=ModelResolver(settings),
+    )
+    return state, state.resolve("m")
+
+
+def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> None:
+    messages = agent_session(seed=51, steps=120)
+    body = {"model": "m", "messages": messages}
+
+    async def run(concurrent: int) -> tuple[int, set[str]]:
+        state, config = _state()
+        summarizer = RecordingSummarizer()
+        results = await asyncio.gather(
+            *(prepare(state, body, messages, config, summarizer) for _ in range(concurrent))
+        )
+        await state.transport.aclose()
+        return summarizer.calls, {r.checkpoint.id for r in results if r.checkpoint}
+
+    alone, _ = asyncio.run(run(1))
+    together, ids = asyncio.run(run(6))
+    assert alone >= 1
+    assert together == alone  # one compaction's calls (chunks, turn prefix), not six
+    assert len(ids) == 1
+
+
+def _poor_checkpoint(messages: list[dict[str, Any]], covered: int) -> Any:
+    summary = {"role": "user", "content": f"{SUMMARY_MARKER}\n## Goal\nstill big"}
+    return Checkpoint(
+        session="s",
+        end_hash=chain_hashes(messages, 2)[covered - 1],
+        covered=covered,
+        replacement=(summary,),
+        stage="condensed",
+        reason="threshold",
+        tokens_before=100,
+        tokens_after=95,
+        progress_ok=False,
+        id="poor",
+        created_at=0.0,
+    )
+
+
+def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
+    async def run(extra_steps: int, output_chars: int) -> tuple[int, str, int, int]:
+        state, config = _state()
+        big_task = "Follow these rules carefully. " * 800  # a head of ~4,000 tokens
+        messages = agent_session(seed=52, steps=30, task=big_task, output_chars=600)
+        starts = [g.start for g in group_messages(messages) if g.start <= len(messages) - 8]
+        checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2)
+        assert checkpoint is not None
+        await state.store.put(checkpoint)
+        new = agent_session(seed=53, steps=extra_steps, output_chars=output_chars)[2:-1]
+        later = [*messages, *new]
+        summarizer = RecordingSummarizer()
+        body = {"model": "m", "messages": later}
+        prepared = await prepare(state, body, later, config, summarizer)
+        await state.transport.aclose()
+        return (
+            summarizer.calls,
+            prepared.stage,
+            prepared.result.tokens_after,
+            (prepared.result.input_limit),
+        )
+
+    # A little new material (beyond the tail, but not by 10 % of the limit):
+    # the middle is not summarized again, and the request still fits.
+    calls, stage, after, limit = asyncio.run(run(extra_steps=1, output_chars=16_000))
+    assert calls == 0 and stage == "truncated" and after <= limit
+    # Plenty of new material: summarizing can make progress again.
+    calls, stage, after, limit = asyncio.run(run(extra_steps=6, output_chars=6_000))
+    assert calls >= 1 and after <= limit
+
+
+def _fresh_counter(config: Any) -> TokenCounter:
+    return TokenCounter(
+        encoding=encoding_for_model(config.model), image_tokens=config.profile.image_tokens
+    )
+
+
+def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
+    async def run() -> None:
+        state, config = _state()
+        messages = agent_session(seed=54, steps=4, output_chars=400)
+        body = {"model": "m", "messages": messages}
+        identified = identify(state, config, body, messages)
+        assert identified.counts == _fresh_counter(config).count_messages(messages)
+        assert identified.head == 2
+        assert identified.chain == chain_hashes(messages, 2)
+        assert identified.session == session_key(messages)
+
+        counter = state.counter(config)
+        hits, misses = counter.hits, counter.misses
+        reused = await prepare(state, body, messages, config, None, identified=identified)
+        assert (counter.hits, counter.misses) == (hits, misses)  # nothing counted again
+        worked_out = await prepare(state, body, messages, config, None)
+        assert counter.hits > hits
+        assert reused.stage == "none" and reused.untouched
+        assert reused.headers() == worked_out.headers()
+        # What identifies other messages is not used for these.
+        other_messages = agent_session(seed=55, steps=2, output_chars=400)
+        other = identify(state, config, {"model": "m"}, other_messages)
+        mismatched = await prepare(state, body, messages, config, None, identified=other)
+        assert mismatched.headers() == worked_out.headers()
+        await state.transport.aclose()
+
+    asyncio.run(run())
+
+
+def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> None:
+    async def run() -> None:
+        state, config = _state()
+        messages = agent_session(seed=56, steps=6, output_chars=400)
+        starts = [g.start for g in group_messages(messages) if 2 < g.start < len(messages) - 2]
+        checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2)
+        assert checkpoint is not None
+        await state.store.put(checkpoint)
+        later = [*messages, {"role": "user", "content": "and now?"}]
+        body = {"model": "m", "messages": later}
+        for _ in range(2):  # cold, then warm
+            prepared = await prepare(state, body, later, config, None)
+            assert prepared.stage == "reused" and not prepared.untouched
+            assert prepared.checkpoint is not None and prepared.checkpoint.id == checkpoint.id
+            assert prepared.messages == [*later[:2], *checkpoint.replacement, *later[starts[-1] :]]
+            counter = _fresh_counter(config)
+            assert prepared.tokens_before == counter.count_request(body)
+            forwarded = {**body, "messages": prepared.messages}
+            assert prepared.result.tokens_after == counter.count_request(forwarded)
+        await state.transport.aclose()
+
+    asyncio.run(run())
+
+
+@dataclasses.dataclass
+class _Compacted:
+    prepared: Any
+    loop: asyncio.AbstractEventLoop
+    loop_thread: int  #: the thread the event loop runs in
+    compacted_in: list[int]  #: the threads the compaction ran in
+
+
+def _compact_recording_threads(
+    summarizer: Any, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> _Compacted:
+    """prepare() of a ~340k-token session over the trigger, recording which
+    thread ran the compaction (habit 15: structure, not the wall clock)."""
+    messages = agent_session(seed=7, steps=600, output_chars=4_000)
+    body = {"model": "m", "messages": messages}
+    compacted_in: list[int] = []
+
+    async def recording_execute(*args: Any, **kwargs: Any) -> Any:
+        compacted_in.append(threading.get_ident())
+        return await execute(*args, **kwargs)
+
+    monkeypatch.setattr(proxy.session.compacting, "execute", recording_execute)
+
+    async def run() -> _Compacted:
+        state, config = _state()
+        profile = dataclasses.replace(config.profile, summarizer=mode)
+        configured = dataclasses.replace(config, profile=profile)
+        prepared = await prepare(state, body, messages, configured, summarizer)
+        await state.transport.aclose()
+        return _Compacted(prepared, asyncio.get_running_loop(), threading.get_ident(), compacted_in)
+
+    return asyncio.run(run())
+
+
+def test_a_large_compaction_leaves_the_event_loop_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extractive summary never awaits: on the loop, pruning and condensing
+    a few hundred thousand tokens would stall every other request."""
+    done = _compact_recording_threads(None, "extractive", monkeypatch)
+    assert done.prepared.stage == "condensed"
+    assert len(done.compacted_in) == 1 and done.compacted_in[0] != done.loop_thread
+
+
+def test_a_large_compaction_still_summarizes_on_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off the loop, the llm summarizer's calls come back to the loop its HTTP client lives on."""
+
+    class LoopRecording(RecordingSummarizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loops: set[asyncio.AbstractEventLoop] = set()
+
+        async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+            self.loops.add(asyncio.get_running_loop())
+            return await super().__call__(messages, max_tokens)
+
+    summarizer = LoopRecording()
+    done = _compact_recording_threads(summarizer, "llm", monkeypatch)
+    assert done.prepared.stage == "condensed" and done.prepared.result.summarizer_used == "llm"
+    assert done.compacted_in[0] != done.loop_thread  # compacted in a worker thread…
+    assert summarizer.calls >= 1 and summarizer.loops == {done.loop}  # …summarized on the loop
+
+
+def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None:
+    """A client that sends a tool call without its result (an interrupted
+    command) is repaired on every request; its compaction is still stored and
+    reused, so the summarizer is not asked again for the same span."""
+
+    async def run() -> tuple[list[int], list[str]]:
+        state, config = _state()
+        messages = agent_session(seed=57, steps=60)
+        unanswered = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_interrupted",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command": "sleep 999"}'},
+                }
+            ],
+        }
+        broken = [*messages[:6], unanswered, *messages[6:]]
+        summarizer = RecordingSummarizer()
+        stages, calls = [], []
+        for turn in range(3):
+            broken = [*broken, {"role": "user", "content": f"and now {turn}?"}]
+            body = {"model": "m", "messages": broken}
+            prepared = await prepare(state, body, broken, config, summarizer)
+            stages.append(prepared.stage)
+            calls.append(summarizer.calls)
+        await state.transport.aclose()
+        return calls, stages
+
+    calls, stages = asyncio.run(run())
+    assert stages[0] == "condensed" and stages[1:] == ["reused", "reused"], stages
+    assert calls[0] >= 1 and calls[1:] == [calls[0], calls[0]]  # none after the first

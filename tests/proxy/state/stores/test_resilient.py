@@ -1,0 +1,256 @@
+"""ResilientStore: a store that fails or hangs degrades, it never fails the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
+
+import pytest
+
+from proxy.state.stores import (
+    FailureKind,
+    MemoryStore,
+    ResilientStore,
+    Store,
+    StoreHealth,
+    StoreUnavailable,
+)
+from proxy.state.stores.resilient import LOG_EVERY, PAUSE_AFTER_TIMEOUT
+from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
+
+pytestmark = pytest.mark.anyio
+
+
+class FaultyStore:
+    """A memory store whose calls fail or hang on demand; records what reached it."""
+
+    tracks_liveness = False
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.fault: str | None = None  #: None, "error" or "hang"
+        self.calls: list[str] = []
+        self.cancelled: list[str] = []
+
+    async def _fault(self, name: str) -> None:
+        self.calls.append(name)
+        if self.fault == "error":
+            raise OSError(28, "No space left on device: /secret/path")
+        if self.fault == "hang":
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(name)
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if name == "lock":
+            return self._lock
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await self._fault(name)
+            return await method(*args, **kwargs)
+
+        return call
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, key: str, ttl: float) -> AsyncIterator[None]:
+        await self._fault("lock")
+        async with self.inner.lock(key, ttl):
+            yield
+        await self._fault("unlock")
+
+
+class Recorder:
+    """The observer: what the metrics would count."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, FailureKind]] = []
+        self.calls: list[str] = []
+
+    def store_call(self, operation: str, seconds: float) -> None:
+        self.calls.append(operation)
+
+    def store_failed(self, operation: str, kind: FailureKind) -> None:
+        self.failed.append((operation, kind))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guarded(
+    faulty: FaultyStore, clock: Callable[[], float] | None = None, timeout: float = 5.0
+) -> tuple[ResilientStore, Recorder]:
+    recorder = Recorder()
+    health = StoreHealth(clock=clock) if clock is not None else StoreHealth()
+    store = ResilientStore(cast(Store, faulty), timeout=timeout, health=health, observer=recorder)
+    return store, recorder
+
+
+async def test_a_failing_store_degrades_the_request_path_and_recovers() -> None:
+    faulty = FaultyStore()
+    store, recorder = guarded(faulty)
+    made = checkpoint()
+    await faulty.inner.put(made, ORIGINALS)
+    faulty.fault = "error"
+
+    assert await store.lookup(["h1"]) == {}  # compacted afresh
+    await store.put(checkpoint("h2"), ORIGINALS)
+    await store.add_event(event("c1"))
+    await store.set_learned_window("m", 1000)
+    await store.set_calibration("k", 1.1)
+    await store.heartbeat("me", 30)
+    assert await store.fail_interrupted("me") == 0
+    assert await store.purge() == 0
+
+    report = store.health.report()
+    assert not report.ok
+    assert (report.operation, report.error, report.failed_calls) == ("lookup", "OSError", 8)
+    assert report.to_dict()["status"] == "degraded"
+    assert recorder.failed[0] == ("lookup", "error") and len(recorder.failed) == 8
+    assert await faulty.inner.lookup(["h2"]) == {}  # nothing was written
+
+    faulty.fault = None
+    assert await store.lookup(["h1"]) == {"h1": made}
+    assert not store.health.report().ok  # a full disk still reads: not yet
+    await store.heartbeat("me", 30)  # a no-op here: proves nothing either
+    assert not store.health.report().ok
+    await store.add_event(event("c2"))
+    assert store.health.report().to_dict() == {"status": "ok"}
+
+
+async def test_readers_that_must_know_are_told_the_store_is_unavailable() -> None:
+    faulty = FaultyStore()
+    store, _ = guarded(faulty)
+    faulty.fault = "error"
+    readers = (
+        lambda: store.get("id"),
+        lambda: store.originals("id"),
+        lambda: store.events(),
+        store.learned_windows,
+        store.calibrations,
+    )
+    for read in readers:
+        with pytest.raises(StoreUnavailable) as caught:
+            await read()
+        assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_a_hung_call_is_abandoned_and_the_store_left_alone_for_a_while() -> None:
+    faulty, clock = FaultyStore(), Clock()
+    store, recorder = guarded(faulty, clock, timeout=0.05)
+    faulty.fault = "hang"
+
+    assert await store.lookup(["h1"]) == {}
+    assert faulty.cancelled == ["lookup"]  # abandoned, not left running
+    assert recorder.failed == [("lookup", "timeout")]
+    assert store.health.report().error == "timeout"
+
+    # The rest of the request does not wait on the hung store again.
+    async with store.lock("span", ttl=10):
+        await store.add_event(event("c1"))
+        await store.put(checkpoint())
+    assert faulty.calls == ["lookup"]
+    assert recorder.failed[1:] == [
+        ("lock", "skipped"),
+        ("add_event", "skipped"),
+        ("put", "skipped"),
+    ]
+
+    clock.now += PAUSE_AFTER_TIMEOUT
+    faulty.fault = None
+    assert await store.lookup(["h1"]) == {}
+    assert faulty.calls == ["lookup", "lookup"]
+    assert store.health.report().ok
+
+
+async def test_the_probe_asks_a_store_that_is_being_left_alone() -> None:
+    faulty, clock = FaultyStore(), Clock()
+    store, _ = guarded(faulty, clock, timeout=0.05)
+    faulty.fault = "hang"
+    await store.lookup(["h1"])
+    assert not await store.probe()
+    faulty.fault = None
+    assert await store.probe()  # within the pause
+    assert store.health.report().ok
+    assert await store.lookup(["h1"]) == {}
+    assert faulty.calls == ["lookup", "learned_windows", "learned_windows", "lookup"]
+
+
+async def test_failures_are_logged_once_per_burst_by_type_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    faulty, clock = FaultyStore(), Clock()
+    store, _ = guarded(faulty, clock)
+    caplog.set_level(logging.INFO, logger="compaction_proxy.store")
+    faulty.fault = "error"
+    for _ in range(5):
+        await store.put(checkpoint(), ORIGINALS)
+    faulty.fault = None
+    await store.put(checkpoint(), ORIGINALS)
+    faulty.fault = "error"  # flapping: a new failure soon after is not logged again
+    await store.add_event(event("c1"))
+    clock.now += LOG_EVERY
+    await store.add_event(event("c2"))
+
+    lines = [(record.levelno, record.getMessage()) for record in caplog.records]
+    assert [level for level, _ in lines] == [logging.ERROR, logging.WARNING, logging.ERROR]
+    assert "OSError in put" in lines[0][1]
+    assert "after 5 failed call(s)" in lines[1][1]
+    assert "6 failure(s) since the last report" in lines[2][1]  # 4 puts, 2 events
+    text = caplog.text
+    assert "No space" not in text and "/secret/path" not in text
+    assert "summary" not in text and "question" not in text
+
+
+async def test_a_lock_that_cannot_be_taken_lets_the_caller_in() -> None:
+    faulty = FaultyStore()
+    store, recorder = guarded(faulty)
+    faulty.fault = "error"
+    entered = []
+    async with store.lock("span", ttl=10):
+        entered.append(True)
+    assert entered == [True]
+    assert recorder.failed == [("lock", "error")]
+    with pytest.raises(RuntimeError, match="summarizer"):  # the body's own error stays
+        async with store.lock("span", ttl=10):
+            raise RuntimeError("summarizer failed")
+
+
+async def test_a_lock_whose_release_fails_does_not_fail_the_caller() -> None:
+    faulty = FaultyStore()
+    store, recorder = guarded(faulty)
+    async with store.lock("span", ttl=10):
+        faulty.fault = "error"  # the store fails while the lock is held
+    assert recorder.failed == [("unlock", "error")]
+    assert not store.health.report().ok
+
+
+async def test_a_bad_ratio_is_the_callers_mistake_not_the_stores() -> None:
+    store, recorder = guarded(FaultyStore())
+    with pytest.raises(ValueError):
+        await store.set_calibration("k", math.nan)
+    assert recorder.failed == [] and store.health.report().ok
+
+
+def test_every_method_of_the_contract_is_forwarded_with_its_signature() -> None:
+    """The contract grows (owners came with finding 3): the wrapper must follow."""
+    wanted = {
+        name: inspect.signature(member)
+        for name, member in vars(Store).items()
+        if callable(member) and not name.startswith("_")
+    }
+    for name, signature in wanted.items():
+        forwarded = getattr(ResilientStore, name)
+        assert inspect.signature(forwarded) == signature, name

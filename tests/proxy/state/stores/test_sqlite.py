@@ -1,0 +1,358 @@
+"""What only the SQLite backend promises: a file, WAL, migrations, sharing, a free loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from compaction import Checkpoint
+from proxy.state.stores import SQLiteStore, StoreError, codec, open_store
+from proxy.state.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
+from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
+
+pytestmark = pytest.mark.anyio
+
+
+def _pragma(path: Path, name: str) -> object:
+    with sqlite3.connect(path) as connection:
+        return connection.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def _tables(path: Path) -> set[str]:
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {name for (name,) in rows}
+
+
+def _insert_checkpoint(connection: sqlite3.Connection, made: Checkpoint) -> None:
+    """``made`` as versions 1 and 2 wrote it (before owners)."""
+    connection.execute(
+        "INSERT INTO checkpoints (id, end_hash, session, created_at, json) VALUES (?, ?, ?, ?, ?)",
+        (made.id, made.end_hash, made.session, made.created_at, codec.dump_checkpoint(made)),
+    )
+
+
+async def test_file_and_parent_directories_are_created_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "state.db"
+    store = SQLiteStore(path)
+    assert not path.parent.exists()  # opening the store touches nothing
+    await store.put(checkpoint())
+    assert path.is_file()
+    assert _pragma(path, "journal_mode") == "wal"
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    expected = {"checkpoints", "originals", "events", "learned_windows", "calibrations"}
+    assert expected <= _tables(path)
+    await store.close()
+
+
+async def test_connection_uses_normal_sync_and_a_busy_timeout(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+
+    def settings(connection: sqlite3.Connection) -> tuple[int, int]:
+        sync = connection.execute("PRAGMA synchronous").fetchone()[0]
+        busy = connection.execute("PRAGMA busy_timeout").fetchone()[0]
+        return sync, busy
+
+    sync, busy = await store._run(settings)
+    assert sync == 1  # NORMAL
+    assert busy >= 1000
+    await store.close()
+
+
+async def test_an_empty_existing_database_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE unrelated (x)")
+    assert _pragma(path, "user_version") == 0
+    store = SQLiteStore(path)
+    made = checkpoint()
+    await store.put(made, ORIGINALS)
+    assert await store.get(made.id) == made
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert "unrelated" in _tables(path)
+    await store.close()
+
+
+async def test_a_database_of_the_previous_version_opens_and_keeps_its_data(
+    tmp_path: Path,
+) -> None:
+    # Version 1 (before calibration ratios), written as that version wrote it.
+    path = tmp_path / "state.db"
+    made = checkpoint()
+    started = event("c1", "compaction.started", instance="dead")
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate(connection, MIGRATIONS[:1]) == 1
+        _insert_checkpoint(connection, made)
+        connection.execute(
+            "INSERT INTO originals (checkpoint_id, created_at, json) VALUES (?, ?, ?)",
+            (made.id, made.created_at, codec.dump_messages(ORIGINALS)),
+        )
+        connection.execute(
+            "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                started.id,
+                started.compaction_id,
+                started.session,
+                started.type,
+                started.created_at,
+                started.instance,
+                codec.dump_event(started),
+            ),
+        )
+        connection.execute(
+            'INSERT INTO learned_windows (model, "window") VALUES (?, ?)', ("m", 8192)
+        )
+    finally:
+        connection.close()
+    assert "calibrations" not in _tables(path)
+
+    store = SQLiteStore(path)
+    assert await store.lookup(["h1"]) == {"h1": made}
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert await store.originals(made.id) == ORIGINALS
+    assert await store.events() == [started]
+    assert await store.learned_windows() == {"m": 8192}
+    assert await store.calibrations() == {}
+    await store.set_calibration("upstream\x1fm", 1.1)
+    await store.close()
+
+    reopened = SQLiteStore(path)
+    assert await reopened.calibrations() == {"upstream\x1fm": 1.1}
+    assert await reopened.learned_windows() == {"m": 8192}
+    await reopened.close()
+
+
+async def test_a_database_from_before_owners_shows_its_rows_to_the_admin_only(
+    tmp_path: Path,
+) -> None:
+    # Version 2 (before owners, issue 10 finding 3), written as that version wrote it.
+    path = tmp_path / "state.db"
+    made = checkpoint()
+    done = event("c1", "context.compacted", checkpoint_id=made.id)
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate(connection, MIGRATIONS[:2]) == 2
+        _insert_checkpoint(connection, made)
+        legacy = {k: v for k, v in codec.to_dict(done).items() if k != "owner"}
+        connection.execute(
+            "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                done.id,
+                done.compaction_id,
+                done.session,
+                done.type,
+                done.created_at,
+                "old",
+                orjson.dumps(legacy),
+            ),
+        )
+    finally:
+        connection.close()
+
+    store = SQLiteStore(path)
+    assert await store.lookup(["h1"]) == {"h1": made}  # its conversation still reuses it
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    assert await store.get(made.id) == made
+    assert await store.get(made.id, owner="alice") is None
+    assert await store.events() == [done]
+    assert await store.events(owner="alice") == []
+    newer = checkpoint("h2")
+    await store.put(newer, owner="alice")
+    await store.add_event(event("c2", owner="alice"))
+    assert await store.get(newer.id, owner="alice") == newer
+    assert [item.compaction_id for item in await store.events(owner="alice")] == ["c2"]
+    await store.close()
+
+
+async def test_one_owners_events_are_read_through_its_index(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.add_event(event("c", owner="alice"))
+    statements: list[str] = []
+    await store._run(lambda connection: connection.set_trace_callback(statements.append))
+    await store.events(owner="alice", limit=3)
+    (query,) = [sql for sql in statements if sql.startswith("SELECT")]
+
+    def plan(connection: sqlite3.Connection) -> str:
+        connection.set_trace_callback(None)
+        return " ".join(row[-1] for row in connection.execute(f"EXPLAIN QUERY PLAN {query}"))
+
+    # Not a scan of everyone's events, nor a sort of all of one owner's.
+    found = await store._run(plan)
+    assert "events_owner" in found and "TEMP B-TREE" not in found, found
+    await store.close()
+
+
+def test_migrations_apply_in_order_from_an_older_version(tmp_path: Path) -> None:
+    extra = ("CREATE TABLE notes (id TEXT PRIMARY KEY)", "CREATE INDEX notes_id ON notes (id)")
+    connection = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        assert migrate(connection) == SCHEMA_VERSION  # a file written by today's version
+        assert migrate(connection, (*MIGRATIONS, extra)) == SCHEMA_VERSION + 1
+        assert schema_version(connection) == SCHEMA_VERSION + 1
+        connection.execute("INSERT INTO notes VALUES ('n')")
+        assert migrate(connection, (*MIGRATIONS, extra)) == SCHEMA_VERSION + 1  # no-op
+    finally:
+        connection.close()
+
+
+def test_a_failing_migration_leaves_the_previous_version_intact(tmp_path: Path) -> None:
+    broken = ("CREATE TABLE half (x)", "THIS IS NOT SQL")
+    connection = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        migrate(connection)
+        with pytest.raises(sqlite3.OperationalError):
+            migrate(connection, (*MIGRATIONS, broken))
+        assert schema_version(connection) == SCHEMA_VERSION
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        assert "half" not in tables
+        assert not connection.in_transaction
+    finally:
+        connection.close()
+
+
+async def test_a_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as connection:
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    store = SQLiteStore(path)
+    with pytest.raises(StoreError, match="newer"):
+        await store.lookup(["h"])
+    await store.close()
+    # Not damage: the file is left where it is for the newer proxy.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.db"]
+
+
+async def test_two_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first, second = SQLiteStore(path), SQLiteStore(path)
+    made = checkpoint()
+    for store in (first, second):  # each now knows the file's end hashes
+        assert await store.lookup(["h1"]) == {}
+    await first.put(made, ORIGINALS)
+    assert await second.lookup(["h1"]) == {"h1": made}  # … and sees that they changed
+    assert await first.lookup(["h0", "h1"]) == {"h1": made}  # its own write, too
+    assert await second.originals(made.id) == ORIGINALS
+    await second.add_event(event("c1", "compaction.started", instance="second"))
+    await second.set_learned_window("m", 4096)
+    assert [item.compaction_id for item in await first.events()] == ["c1"]
+    assert await first.learned_windows() == {"m": 4096}
+    # A restarted first process closes what the (dead) second one left open.
+    assert await first.fail_interrupted("first") == 1
+    assert (await second.events())[0].type == "compaction.failed"
+    await first.close()
+    await second.close()
+
+
+async def test_concurrent_writers_on_one_file_do_not_fail(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    stores = [SQLiteStore(path) for _ in range(3)]
+    await asyncio.gather(
+        *(
+            store.put(checkpoint(f"h{index}-{number}"), ORIGINALS)
+            for index, store in enumerate(stores)
+            for number in range(20)
+        )
+    )
+    found = await stores[0].lookup([f"h{i}-{n}" for i in range(3) for n in range(20)])
+    assert len(found) == 60
+    for store in stores:
+        await store.close()
+
+
+async def test_store_io_runs_off_the_event_loop(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    threads: set[str] = set()
+
+    def which_thread(connection: sqlite3.Connection) -> None:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.2)  # a slow disk: the loop must keep running meanwhile
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticking = asyncio.create_task(ticker())
+    await store._run(which_thread)
+    big = [{"role": "tool", "content": "x" * 1_000_000} for _ in range(8)]
+    await store.put(checkpoint(), big)
+    ticking.cancel()
+    assert ticks >= 5
+    assert threads and threading.current_thread().name not in threads
+    assert await store.originals((await store.lookup(["h1"]))["h1"].id) == big
+    await store.close()
+
+
+async def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.lookup(["h"])
+
+
+async def test_purge_also_drops_old_checkpoints_and_events(tmp_path: Path) -> None:
+    store = open_store(f"sqlite://{tmp_path / 'state.db'}", retention_seconds=10)
+    now = time.time()
+    await store.put(checkpoint("old", created_at=now - 100), ORIGINALS)
+    await store.add_event(event("c", created_at=now - 100))
+    await store.add_event(event("d", created_at=now))
+    assert await store.purge(now=now) == 1
+    assert await store.lookup(["old"]) == {}
+    assert [item.compaction_id for item in await store.events()] == ["d"]
+    await store.close()
+
+
+# -- a damaged file (issue 10, finding 4) -------------------------------------
+
+
+async def _truncated_database(path: Path) -> bytes:
+    """A real state file cut in half, as a full disk or a crash during a copy leaves it."""
+    store = SQLiteStore(path)
+    for index in range(300):
+        await store.add_event(event(f"c{index}", session="s" * 500))
+    await store.close()
+    whole = path.read_bytes()
+    return whole[: len(whole) // 2]
+
+
+@pytest.mark.parametrize("damage", ["text", "random bytes", "truncated"])
+async def test_a_damaged_file_is_moved_aside_and_a_fresh_one_started(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    if damage == "text":
+        content = b"these are my notes, not a database\n" * 20
+    elif damage == "random bytes":
+        content = random.Random(7).randbytes(10_000)
+    else:
+        content = await _truncated_database(tmp_path / "whole.db")
+    path.write_bytes(content)
+
+    store = SQLiteStore(path)
+    made = checkpoint()
+    try:
+        assert await store.fail_interrupted("me") == 0
+        await store.put(made, ORIGINALS)
+        assert await store.lookup(["h1"]) == {"h1": made}
+    finally:
+        await store.close()
+
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("state.db.corrupt-")]
+    assert aside.read_bytes() == content  # kept for whoever wants to look
+    assert _pragma(path, "user_version") == SCHEMA_VERSION
+    [record] = [r for r in caplog.records if "damaged" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert str(path) in record.getMessage() and str(aside) in record.getMessage()

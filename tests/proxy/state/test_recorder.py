@@ -1,0 +1,140 @@
+"""Per-request figures are queued, never awaited on the request path (issue 14)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pytest
+
+from config import load_settings
+from proxy.app import create_app
+from proxy.state.recorder import Recorder
+from proxy.state.stores import MemoryStore, RequestRecord
+from tests.proxy.servers import FakeUpstream, serve_in_thread
+from tests.synthetic import agent_session
+
+pytestmark = pytest.mark.anyio
+
+
+def record(n: int) -> RequestRecord:
+    return RequestRecord(
+        session=f"s{n}",
+        model="gpt-4o",
+        stage="none",
+        reason="threshold",
+        tokens_before=10,
+        tokens_after=10,
+        input_limit=100,
+        trigger=80,
+        status=200,
+        ms=1.0,
+    )
+
+
+class BlockedStore(MemoryStore):
+    """A store whose figure writes wait until the test lets them through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()  #: set from the test's thread or loop alike
+        self.started = 0
+        self.batches: list[list[RequestRecord]] = []
+
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        self.started += 1
+        while not self.gate.is_set():
+            await asyncio.sleep(0.01)
+        self.batches.append(list(records))
+        await super().record_requests(records)
+
+
+async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
+    store = BlockedStore()
+    recorder = Recorder(store, queue_size=2, gather=0)
+    for n in range(5):
+        recorder.record(record(n))  # synchronous: nothing here can wait
+    assert recorder.dropped == 3
+    recorder.start()
+    store.gate.set()
+    await recorder.flush()
+    assert [[r.session for r in batch] for batch in store.batches] == [["s0", "s1"]]
+    await recorder.stop()
+
+
+async def test_the_writer_batches_what_queued_while_it_wrote() -> None:
+    store = BlockedStore()
+    recorder = Recorder(store, gather=0)
+    recorder.start()
+    recorder.record(record(0))
+    while store.started == 0:  # the writer took the first one and is blocked in the store
+        await asyncio.sleep(0)
+    for n in range(1, 4):
+        recorder.record(record(n))
+    store.gate.set()
+    await recorder.flush()
+    assert [len(batch) for batch in store.batches] == [1, 3]
+    assert recorder.written == 4
+    await recorder.stop()
+
+
+async def test_figures_gather_into_one_write_until_stop() -> None:
+    store = BlockedStore()
+    store.gate.set()
+    recorder = Recorder(store, gather=3600)  # a pause no test outlives: stop cuts it short
+    recorder.start()
+    recorder.record(record(0))
+    while recorder._queue.qsize():  # the writer took the first and is gathering
+        await asyncio.sleep(0)
+    for n in range(1, 5):
+        recorder.record(record(n))
+        await asyncio.sleep(0)
+    await recorder.stop()
+    assert [len(batch) for batch in store.batches] == [5]
+
+
+async def test_stop_writes_what_is_queued() -> None:
+    store = MemoryStore()
+    recorder = Recorder(store)
+    recorder.start()
+    for n in range(3):
+        recorder.record(record(n))
+    await recorder.stop()
+    assert len(await store.sessions()) == 3
+
+
+def test_chat_requests_are_answered_while_the_store_is_blocked() -> None:
+    # Figures go through a queue: a store stuck writing them holds up no request.
+    upstream = FakeUpstream()
+    store = BlockedStore()
+    settings_sections: dict[str, Any] = {
+        "models": {"gpt-4o": {"context_window": 8192}},
+        "store": {"url": "memory://", "timeout_seconds": 600},
+    }
+    with serve_in_thread(upstream.app()) as upstream_url:
+        settings_sections["upstream"] = {"base_url": upstream_url + "/v1"}
+        settings = load_settings(None, **settings_sections)
+        with serve_in_thread(create_app(settings, store=store)) as url:
+            messages = agent_session(seed=9, steps=3, task="Recorder test.")
+
+            def chat() -> None:
+                response = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    json={"model": "gpt-4o", "messages": messages},
+                    timeout=30,
+                )
+                assert response.status_code == 200
+
+            chat()
+            deadline = time.monotonic() + 10
+            while store.started == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the writer gathers for a second, then writes
+            assert store.started == 1  # the writer is inside the store, blocked
+            for _ in range(3):
+                chat()
+            assert store.batches == []  # nothing written yet: no request waited for it
+            store.gate.set()

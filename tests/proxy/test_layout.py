@@ -1,0 +1,118 @@
+"""The layout of ``proxy/``: stage folders, and imports that only point down.
+
+The folder listing is meant to read as the request path (``edge`` → ``flow`` →
+``session`` → ``dialects`` / ``upstream`` → ``state``), so a module importing
+one that imports it back — even only for a type annotation — would hide which
+of the two comes first. The graph is read from the source with :mod:`ast`, so
+imports under ``TYPE_CHECKING`` and inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROXY = ROOT / "proxy"
+
+#: What the top level of proxy/ may hold besides the stage folders.
+TOP_LEVEL_MODULES = {"__init__.py", "app.py"}
+STAGES = {"edge", "flow", "session", "dialects", "upstream", "state", "api", "ui", "cli"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in PROXY.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The proxy modules ``name`` imports, by the most precise name each import gives."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            submodules = {f"{target}.{alias.name}" for alias in node.names} & known
+            # ``from pkg import sub`` depends on ``sub``; ``from pkg import name`` on pkg.
+            found |= submodules if len(submodules) == len(node.names) else {target, *submodules}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return (found & known) - {name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_exists_among_proxy_modules_type_only_imports_included() -> None:
+    modules = _modules()
+    known = set(modules)
+    graph = {name: _imports(name, path, known) for name, path in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_top_level_of_proxy_holds_only_the_app_and_the_stage_folders() -> None:
+    files = {p.name for p in PROXY.iterdir() if p.is_file() and p.suffix == ".py"}
+    folders = {p.name for p in PROXY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert files == TOP_LEVEL_MODULES
+    assert folders == STAGES
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_every_stage_folder_says_what_it_is_for(stage: str) -> None:
+    docstring = ast.get_docstring(ast.parse((PROXY / stage / "__init__.py").read_text()))
+    assert docstring, f"proxy/{stage}/__init__.py has no docstring"

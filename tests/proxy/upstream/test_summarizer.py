@@ -1,0 +1,122 @@
+"""proxy.upstream.summarizer against a scripted upstream on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from compaction import SummarizationError
+from proxy.upstream.summarizer import UpstreamSummarizer
+from proxy.upstream.transport import Transport
+
+#: (status, body) the scripted upstream answers.
+Reply = tuple[int, bytes]
+
+
+def _json(status: int, payload: Any) -> Reply:
+    return status, json.dumps(payload).encode()
+
+
+def _reply(content: Any = "## Goal\nx", **message: Any) -> Reply:
+    return _json(
+        200, {"choices": [{"message": {"role": "assistant", "content": content, **message}}]}
+    )
+
+
+def _summarize(handler: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Summarize once against an upstream answering ``handler(body, n)``."""
+    seen: list[dict[str, Any]] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        status, body = handler(seen[-1], len(seen))
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    async def run() -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        transport = Transport(
+            connect_timeout=5, read_timeout=30, max_connections=4, keepalive_expiry=4
+        )
+        try:
+            summarizer = UpstreamSummarizer(
+                transport, f"http://127.0.0.1:{port}/v1", "m", {"authorization": "k"}
+            )
+            return await summarizer([{"role": "user", "content": "x"}], 600)
+        finally:
+            await transport.aclose()
+            await runner.cleanup()
+
+    return asyncio.run(run()), seen
+
+
+def test_request_shape_and_reply() -> None:
+    text, seen = _summarize(lambda request, n: _reply())
+    assert text == "## Goal\nx"
+    assert seen == [
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "temperature": 0,
+            "max_tokens": 600,
+            "stream": False,
+        }
+    ]
+
+
+def test_reasoning_models_are_asked_again_with_max_completion_tokens() -> None:
+    refusal = _json(
+        400,
+        {
+            "error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead.",
+                "type": "invalid_request_error",
+            }
+        },
+    )
+    text, seen = _summarize(lambda request, n: refusal if n == 1 else _reply())
+    assert text == "## Goal\nx"
+    assert "max_tokens" not in seen[1] and "temperature" not in seen[1]
+    assert seen[1]["max_completion_tokens"] == 600
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        (500, b"boom"),
+        (200, b"not json"),
+        _json(200, {"choices": []}),
+        _reply(content=""),
+        _reply(content=None, tool_calls=[{"id": "c", "type": "function"}]),
+    ],
+)
+def test_unusable_answers_are_summarization_errors(response: Reply) -> None:
+    with pytest.raises(SummarizationError):
+        _summarize(lambda request, n: response)
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        ({"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}, 1500),  # Chat
+        ({"input_tokens": 900, "output_tokens": 250}, 1150),  # Messages, Responses
+        ({"input_tokens": 900, "output_tokens": 250, "total_tokens": 1150}, 1150),
+        ({"prompt_tokens": "many", "completion_tokens": True}, 0),  # not counts
+        (None, 0),
+    ],
+)
+def test_the_tokens_a_summary_cost_are_read_from_its_usage(usage: Any, tokens: int) -> None:
+    from proxy.upstream.summarizer import reported_tokens
+
+    assert reported_tokens({"usage": usage} if usage is not None else {}) == tokens
+    assert reported_tokens([]) == 0
