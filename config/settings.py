@@ -5,7 +5,7 @@ Layout (DESIGN.md §8)::
     [server]            ServerSettings      where the proxy listens, who may call it
     [upstream]          UpstreamSettings    where requests go
     [compaction]        CompactionSettings  every Profile field + summary_model
-    [store]             StoreSettings       checkpoints, originals, events (proxy.stores)
+    [store]             StoreSettings       checkpoints, originals, events (proxy.state.stores)
     [models."<glob>"]   ModelOverride       per-model changes to [compaction]
 
 Every model forbids unknown keys and is frozen. The pipeline's fields are not

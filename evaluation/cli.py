@@ -80,7 +80,7 @@ async def run_eval(argv: Sequence[str]) -> str:
     judge: Judge | None = None
     try:
         if args.summarizer == "llm" or args.judge:
-            from proxy.state import build_transport
+            from proxy.state.runtime import build_transport
 
             transport = build_transport(settings)
         if args.summarizer == "llm":
@@ -116,7 +116,7 @@ def _profiles(settings: Settings, summarizer: Any) -> Callable[[str | None], Pro
 
 
 def _chat(transport: Any, base_url: str, model: str, key_env: str | None) -> Summarizer:
-    from proxy.summarizer import UpstreamSummarizer
+    from proxy.upstream.summarizer import UpstreamSummarizer
 
     key = os.environ.get(key_env) if key_env else None
     headers = {"authorization": f"Bearer {key}"} if key else {}

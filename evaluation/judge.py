@@ -1,7 +1,7 @@
 """Asking each probe of the compacted conversation, and grading the answer.
 
 Two requests per probe to an OpenAI-compatible chat endpoint (``--judge
-URL``), both through the proxy's own :class:`~proxy.summarizer.UpstreamSummarizer`
+URL``), both through the proxy's own :class:`~proxy.upstream.summarizer.UpstreamSummarizer`
 (any ``(messages, max_tokens) -> text`` call will do):
 
 1. *ask*: the compacted conversation as a transcript
