@@ -63,7 +63,8 @@ def test_the_image_keeps_its_state_where_the_documented_volume_is(
     settings = _load(monkeypatch, _dockerfile_env())
     assert settings.store.url == "sqlite:////var/lib/compaction-proxy/state.db"
     assert "state:/var/lib/compaction-proxy" in (DOCKER / "compose.yaml").read_text()
-    assert "-v compaction-proxy-state:/var/lib/compaction-proxy" in (ROOT / "README.md").read_text()
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert "-v compaction-proxy-state:/var/lib/compaction-proxy" in operations
 
 
 def test_a_store_url_given_at_run_time_beats_the_images(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,8 +82,9 @@ def test_compose_waits_longer_than_the_drain(name: str) -> None:
     assert all(int(seconds) > SHUTDOWN for seconds in grace)
 
 
-def test_the_readme_stop_timeout_is_longer_than_the_drain() -> None:
-    timeouts = re.findall(r"--stop-timeout (\d+)", (ROOT / "README.md").read_text())
+def test_the_documented_stop_timeout_is_longer_than_the_drain() -> None:
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    timeouts = re.findall(r"--stop-timeout (\d+)", operations)
     assert timeouts
     assert all(int(seconds) > SHUTDOWN for seconds in timeouts)
 

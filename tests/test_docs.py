@@ -1,0 +1,88 @@
+"""The README and docs/ link only to files and headings that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+_CODE = re.compile(r"`[^`\n]*`")
+#: ``[text](target)`` and ``![alt](target)``; the target ends at a space or ")".
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """The text without code: a link or heading shown inside code is not one."""
+    return _FENCE.sub("", text)
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+    text = re.sub(r"[^\w\- ]", "", text.lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in _HEADING.findall(_prose(path.read_text())):
+        slug = _slug(heading)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def links(path: Path) -> list[str]:
+    return _LINK.findall(_CODE.sub("", _prose(path.read_text())))
+
+
+def _broken(page: Path) -> list[str]:
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto: — not checked offline
+            continue
+        file_part, _, anchor = target.partition("#")
+        destination = (page.parent / file_part).resolve() if file_part else page
+        if not destination.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            broken.append(f"{target}: no such heading in {destination.name}")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_relative_link_points_to_an_existing_file_and_heading(page: Path) -> None:
+    assert _broken(page) == []
+
+
+def test_every_page_under_docs_is_linked_from_the_readme() -> None:
+    linked = {target.partition("#")[0] for target in links(ROOT / "README.md")}
+    for page in PAGES[1:]:
+        assert f"docs/{page.name}" in linked, page.name
+
+
+def test_the_slug_follows_githubs_rule() -> None:
+    assert _slug("The `llm` summarizer") == "the-llm-summarizer"
+    assert _slug("`/compact [instructions]`") == "compact-instructions"
+    assert _slug("What is exposed, and to whom") == "what-is-exposed-and-to-whom"
+
+
+def test_a_broken_link_is_reported(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n[here](#title) [gone](missing.md) [nowhere](#no-such)\n")
+    assert _broken(page) == ["missing.md: no such file", "#no-such: no such heading in page.md"]
+
+
+def test_a_link_inside_code_is_not_checked(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("`[x](missing.md)`\n\n```\n[y](missing.md)\n# not a heading\n```\n")
+    assert _broken(page) == []
+    assert anchors(page) == set()
