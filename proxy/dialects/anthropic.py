@@ -64,14 +64,14 @@ head (kept verbatim).
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
 
 from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
+from proxy.dialects import anthropic_replies as replies
 from proxy.dialects.anthropic_pairing import (
     as_json,
     is_result,
@@ -79,7 +79,7 @@ from proxy.dialects.anthropic_pairing import (
     pairing_problems,
     text_block,
 )
-from proxy.dialects.base import ORIGIN, Mapped, origin_of, rebuild
+from proxy.dialects.base import ORIGIN, Mapped, Reading, origin_of, read_mapped, rebuild
 from proxy.edge.errors import BadRequest
 
 #: Key on an engine message: the text of the blocks the engine must count but not edit.
@@ -101,6 +101,9 @@ class AnthropicDialect:
 
     def route(self, config: ModelConfig) -> tuple[str, str | None]:
         return config.anthropic_upstream, config.anthropic_api_key_env
+
+    def read(self, raw: bytes) -> Reading:
+        return read_mapped(self, raw)
 
     def check(self, body: dict[str, Any]) -> None:
         messages = body.get("messages")
@@ -187,62 +190,24 @@ class AnthropicDialect:
             raise SummarizationError("summarizer reply is empty")
         return text.strip()
 
-    def manual_reply(self, model: str, text: str) -> dict[str, Any]:
-        return {
-            **_message_head(model),
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
-        }
+    def summary_retry(
+        self, request: dict[str, Any], status: int, reply: bytes
+    ) -> dict[str, Any] | None:
+        return None
 
-    def manual_events(self, model: str, text: str) -> Iterator[bytes]:
-        start = {**_message_head(model), "content": []}
-        yield _sse("message_start", {"type": "message_start", "message": start})
-        yield _sse(
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        )
-        yield _sse(
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": text},
-            },
-        )
-        yield _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-        yield _sse(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": 0},
-            },
-        )
-        yield _sse("message_stop", {"type": "message_stop"})
+    def manual_reply(self, model: str, text: str) -> dict[str, Any]:
+        return replies.message_reply(model, text)
+
+    def manual_events(
+        self, model: str, text: str, request: Mapping[str, Any] | None = None
+    ) -> Iterator[bytes]:
+        return replies.message_events(model, text)
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return replies.error_event(message)  # the API's error event has no code
 
 
 ANTHROPIC = AnthropicDialect()
-
-
-def _message_head(model: str) -> dict[str, Any]:
-    """A synthetic message's fields, before its content (``stop_reason`` null: a stream's start)."""
-    return {
-        "id": f"msg_compact_{uuid.uuid4().hex[:24]}",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0},
-    }
-
-
-def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 # --- request → engine --------------------------------------------------------

@@ -32,7 +32,7 @@ may sit elsewhere.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +40,7 @@ import orjson
 
 from compaction import ORIGIN_KEY, Message
 from config import ModelConfig
+from proxy.edge.body import parse_object
 
 #: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands
 #: for (the engine leaves it out of its counts).
@@ -157,7 +158,14 @@ def clean(message: Message) -> Message:
 
 
 class Dialect(Protocol):
-    """One API the proxy compacts. Implementations are stateless singletons."""
+    """One API the proxy compacts. Implementations are stateless singletons.
+
+    Everything the request path does differently for an API is asked of its
+    dialect — how its body is read, how its conversation maps to the engine
+    and back, how its summary is asked and read, what the proxy answers in it
+    (``/compact``, the error event of a broken stream) — so that the path
+    itself never asks which API it serves, and a fourth API is one module.
+    """
 
     #: ``"chat"``, ``"anthropic"`` or ``"responses"``: labels, logs, scopes.
     name: str
@@ -173,6 +181,11 @@ class Dialect(Protocol):
     def route(self, config: ModelConfig) -> tuple[str, str | None]:
         """Where this API's requests for ``config``'s model go: the base URL, and
         the variable holding the key used when the client sends none."""
+        ...
+
+    def read(self, raw: bytes) -> Reading:
+        """The request body ``raw`` parsed, checked and mapped to the engine (a 400,
+        :class:`proxy.edge.errors.BadRequest`, for a body it cannot read)."""
         ...
 
     def check(self, body: dict[str, Any]) -> None:
@@ -201,6 +214,14 @@ class Dialect(Protocol):
         summarizer's chat-format ``messages`` (a system prompt, then user turns)."""
         ...
 
+    def summary_retry(
+        self, request: dict[str, Any], status: int, reply: bytes
+    ) -> dict[str, Any] | None:
+        """The request to send once more when the upstream refused the summary
+        ``request`` with ``status`` and ``reply`` in a way this API's models are
+        known to (parameters a model family wants named otherwise), else ``None``."""
+        ...
+
     def summary_text(self, reply: Any) -> str:
         """The text of a reply to :meth:`summary_request`; raise
         :class:`compaction.SummarizationError` if it has none."""
@@ -210,6 +231,45 @@ class Dialect(Protocol):
         """A whole (non-streamed) answer in this API carrying ``text``: ``/compact``."""
         ...
 
-    def manual_events(self, model: str, text: str) -> Iterator[bytes]:
-        """The same answer as this API's stream of server-sent events."""
+    def manual_events(
+        self, model: str, text: str, request: Mapping[str, Any] | None = None
+    ) -> Iterator[bytes]:
+        """The same answer as this API's stream of server-sent events, framed by
+        :mod:`proxy.dialects.sse`; ``request`` is the client's, as sent, for the
+        stream options it asked (``None``: none)."""
         ...
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """The server-sent event that tells this API's clients why their stream
+        stops (an upstream stream that broke or ended empty): ``message`` for
+        people, ``code`` for programs."""
+        ...
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A request body as its dialect read it: what the request path starts from."""
+
+    #: The engine's view of the request: ``model``, ``messages``, ``tools`` and
+    #: the output asked for (for chat, the request itself).
+    body: dict[str, Any]
+    #: The conversation the engine works on (none when ``untouchable``).
+    messages: list[Message]
+    #: Another API's request, as sent (``None`` for chat: ``body`` is it).
+    original: dict[str, Any] | None = None
+    #: How ``original`` maps onto ``messages`` (``None`` for chat: the identity).
+    mapped: Mapped | None = None
+    #: Why the request goes upstream byte for byte (another API's own state).
+    untouchable: str | None = None
+
+
+def read_mapped(dialect: Dialect, raw: bytes) -> Reading:
+    """How an API other than the engine's own is read: parsed, checked, and mapped
+    to the engine unless it must be forwarded untouched."""
+    original = parse_object(raw)
+    dialect.check(original)
+    untouchable = dialect.untouchable(original)
+    if untouchable is not None:
+        return Reading(body=original, messages=[], original=original, untouchable=untouchable)
+    mapped = dialect.to_engine(original)
+    return Reading(body=mapped.request, messages=mapped.messages, original=original, mapped=mapped)

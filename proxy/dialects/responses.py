@@ -52,7 +52,7 @@ Pure: no I/O; :data:`RESPONSES` is a stateless singleton.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +60,8 @@ import orjson
 
 from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
-from proxy.dialects.base import Mapped, clean, rebuild
-from proxy.dialects.responses_replies import response_events, response_object
+from proxy.dialects import responses_replies as replies
+from proxy.dialects.base import Mapped, Reading, clean, read_mapped, rebuild
 from proxy.edge.errors import BadRequest
 
 #: First line of Codex's compaction prompt (codex-rs/core/templates/compact/prompt.md):
@@ -219,6 +219,9 @@ class ResponsesDialect:
     def route(self, config: ModelConfig) -> tuple[str, str | None]:
         return config.upstream, config.api_key_env
 
+    def read(self, raw: bytes) -> Reading:
+        return read_mapped(self, raw)
+
     def check(self, body: dict[str, Any]) -> None:
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
@@ -305,6 +308,11 @@ class ResponsesDialect:
         request.update(max_output_tokens=max_tokens, store=False, stream=False)
         return request
 
+    def summary_retry(
+        self, request: dict[str, Any], status: int, reply: bytes
+    ) -> dict[str, Any] | None:
+        return None
+
     def summary_text(self, reply: Any) -> str:
         if not isinstance(reply, dict) or not isinstance(reply.get("output"), list):
             raise SummarizationError("summarizer reply is not a Response")
@@ -330,10 +338,15 @@ class ResponsesDialect:
         return text.strip()
 
     def manual_reply(self, model: str, text: str) -> dict[str, Any]:
-        return response_object(model, text)
+        return replies.response_object(model, text)
 
-    def manual_events(self, model: str, text: str) -> Iterator[bytes]:
-        return response_events(model, text)
+    def manual_events(
+        self, model: str, text: str, request: Mapping[str, Any] | None = None
+    ) -> Iterator[bytes]:
+        return replies.response_events(model, text)
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return replies.error_event(message, code)
 
 
 def _map_items(mapped: Mapped, items: list[Any]) -> None:

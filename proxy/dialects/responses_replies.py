@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
+from proxy.dialects import sse
 
 
 def response_object(model: str, text: str) -> dict[str, Any]:
@@ -47,7 +47,14 @@ def response_events(model: str, text: str) -> Iterator[bytes]:
     ]
     for number, event in enumerate(events):
         event["sequence_number"] = number
-        yield b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+        yield sse.json_frame(event, event["type"])
+
+
+def error_event(message: str, code: str) -> bytes:
+    """The API's ``error`` event: the SDK raises it as an APIError with its code."""
+    return sse.json_frame(
+        {"type": "error", "code": code, "message": message, "param": None}, "error"
+    )
 
 
 def _output_message(text: str) -> dict[str, Any]:

@@ -52,7 +52,6 @@ from proxy.flow.send import (
     relay_bytes,
     send,
     shown_url,
-    stream_error_event,
 )
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Prepared, prepare
@@ -103,7 +102,7 @@ async def _forward_untouched(call: Call, started: float) -> Response:
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
     logger.info("chat", extra={"fields": fields})
-    return Relay(upstream, {}, api=call.dialect.name)
+    return Relay(upstream, {}, dialect=call.dialect)
 
 
 async def _forward(call: Call, started: float) -> Response:
@@ -131,9 +130,7 @@ async def _forward(call: Call, started: float) -> Response:
             return _empty_stream_error(call, prepared, upstream, started)
     try:
         _finish(call, prepared, upstream.status, started)
-        return Relay(
-            upstream, prepared.headers(), _usage_tap(call, prepared), api=call.dialect.name
-        )
+        return Relay(upstream, prepared.headers(), _usage_tap(call, prepared), dialect=call.dialect)
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
@@ -192,7 +189,7 @@ def _empty_stream_error(
     _finish(call, prepared, EMPTY_STREAM_STATUS, started, error="upstream_empty")
     message = "The upstream ended the stream before sending anything."
     return Response(
-        stream_error_event(call.dialect.name, message, "upstream_empty"),
+        call.dialect.error_event(message, "upstream_empty"),
         media_type="text/event-stream",
         headers=prepared.headers(),
     )
@@ -286,27 +283,11 @@ async def _manual(call: Call, instructions: str, started: float) -> Response:
     _finish(call, prepared, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"
     headers = prepared.headers()
-    if call.dialect is not CHAT:
-        dialect = call.dialect
-        if call.streamed:
-            return StreamingResponse(
-                dialect.manual_events(model, text), media_type="text/event-stream", headers=headers
-            )
-        return Response(
-            orjson.dumps(dialect.manual_reply(model, text)),
-            media_type="application/json",
-            headers=headers,
-        )
-    if call.body.get("stream") is True:
-        options = call.body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return StreamingResponse(
-            manual.completion_chunks(model, text, include_usage),
-            media_type="text/event-stream",
-            headers=headers,
-        )
+    if call.streamed:
+        events = call.dialect.manual_events(model, text, call.original or call.body)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     return Response(
-        orjson.dumps(manual.completion(model, text)),
+        orjson.dumps(call.dialect.manual_reply(model, text)),
         media_type="application/json",
         headers=headers,
     )
@@ -393,8 +374,7 @@ def _finish(
     }
     if error:
         fields["error"] = error
-    if call.dialect is not CHAT:
-        fields = {"api": call.dialect.name, **fields}
+    fields = {"api": call.dialect.name, **fields}
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})

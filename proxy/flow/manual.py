@@ -2,20 +2,17 @@
 
 The command is the last user message of a request. The proxy compacts the
 history before it, stores the result as a checkpoint, and answers with a
-synthetic chat completion — the chat model is not called. On later requests
+synthetic reply in the request's own API (its dialect's ``manual_reply`` or
+``manual_events``) — the model is not called. On later requests
 the command and the synthetic reply are removed before anything else, so the
 model never sees them.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import orjson
+from typing import TYPE_CHECKING
 
 from compaction import SUMMARY_MARKER, Message, message_text
 
@@ -124,55 +121,3 @@ def reply_text(outcome: Outcome) -> str:
     if outcome.folded:
         text += " The previous summary was folded into the new one."
     return text
-
-
-def completion(model: str, text: str) -> dict[str, Any]:
-    """A non-streamed chat completion carrying ``text``."""
-    return {
-        "id": f"chatcmpl-compact-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-    }
-
-
-def completion_chunks(model: str, text: str, include_usage: bool = False) -> Iterator[bytes]:
-    """The same completion as server-sent events, in OpenAI's chunk format."""
-    ident = f"chatcmpl-compact-{uuid.uuid4().hex[:24]}"
-    created = int(time.time())
-
-    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
-        body = {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    yield chunk({"role": "assistant", "content": ""}, None)
-    yield chunk({"content": text}, None)
-    yield chunk({}, "stop")
-    if include_usage:
-        usage = {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        }
-        yield b"data: " + orjson.dumps(usage) + b"\n\n"
-    yield b"data: [DONE]\n\n"

@@ -21,7 +21,7 @@ from config import ModelConfig, with_client_window
 from proxy.dialects.base import Dialect, Mapped
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
-from proxy.edge.body import parse_chat_body, parse_object, read_body, too_deep
+from proxy.edge.body import read_body, too_deep
 from proxy.edge.disconnect import ClientWatch
 from proxy.flow import manual
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
@@ -133,19 +133,9 @@ def _read_conversation(
     """Parse, map to the engine, resolve the model, drop /compact exchanges; with
     ``ahead``, also key, count and chain the messages (what a large body does in
     a worker thread)."""
-    original: dict[str, Any] | None = None
-    mapped: Mapped | None = None
-    untouchable: str | None = None
-    if dialect is CHAT:
-        body = parse_chat_body(raw)
-        engine_messages = body["messages"]
-    else:
-        original = parse_object(raw)
-        dialect.check(original)
-        untouchable = dialect.untouchable(original)
-        mapped = dialect.to_engine(original) if untouchable is None else None
-        body = mapped.request if mapped is not None else original
-        engine_messages = mapped.messages if mapped is not None else []
+    reading = dialect.read(raw)
+    body, original, mapped = reading.body, reading.original, reading.mapped
+    untouchable, engine_messages = reading.untouchable, reading.messages
     beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
     config = with_client_window(state.resolve(body.get("model")), ",".join(beta) or None)
     messages = manual.strip_commands(engine_messages)

@@ -14,10 +14,11 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import CHAT
 from proxy.edge.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.flow.usage import UsageTap
 from proxy.upstream.transport import (
@@ -180,21 +181,6 @@ async def read_whole(upstream: UpstreamResponse) -> bytes:
         raise error from exc
 
 
-def stream_error_event(api: str, message: str, code: str) -> bytes:
-    """An SSE error event in the shape ``api``'s clients read (chat, anthropic, responses)."""
-    if api == "anthropic":
-        body: dict[str, object] = {
-            "type": "error",
-            "error": {"type": "api_error", "message": message},
-        }
-        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
-    if api == "responses":
-        body = {"type": "error", "code": code, "message": message, "param": None}
-        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
-    body = {"error": {"message": message, "type": "upstream_error", "code": code}}
-    return b"data: " + orjson.dumps(body) + b"\n\n"
-
-
 #: An answer of a declared length below this is read whole before it is
 #: relayed (a JSON completion): a body that breaks is then a clean 502.
 WHOLE_BELOW = 1 << 20
@@ -221,11 +207,11 @@ class Relay(Response):
         upstream: UpstreamResponse,
         extra_headers: Mapping[str, str],
         tap: UsageTap | None = None,
-        api: str = "chat",
+        dialect: Dialect = CHAT,
     ) -> None:
         self.upstream = upstream
-        #: Whose error-event shape a broken stream ends with.
-        self.api = api
+        #: Whose error event a broken stream ends with.
+        self.dialect = dialect
         self.status_code = upstream.status
         self.raw_headers = _relayed_headers(upstream, extra_headers)
         self.background = None
@@ -305,7 +291,7 @@ class Relay(Response):
             # The status went out already; an SSE client is told why its
             # stream stops before the connection is cut.
             message = "The upstream connection was lost mid-stream."
-            event = stream_error_event(self.api, message, "upstream_dropped")
+            event = self.dialect.error_event(message, "upstream_dropped")
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
 

@@ -56,12 +56,9 @@ class UpstreamSummarizer:
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
         body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
         status, reply = await self._post(body)
-        if status == 400 and self._dialect is CHAT and _rejects_classic_parameters(reply):
-            # Reasoning models (o-series, gpt-5) refuse max_tokens and a
-            # temperature other than the default; ask once more their way.
-            del body["temperature"]
-            body["max_completion_tokens"] = body.pop("max_tokens")
-            status, reply = await self._post(body)
+        retry = self._dialect.summary_retry(body, status, reply) if status != 200 else None
+        if retry is not None:  # once: a second refusal is the answer
+            status, reply = await self._post(retry)
         if status != 200:
             text = reply[:300].decode("utf-8", "replace")
             raise SummarizationError(f"summarizer upstream answered {status}: {text}")
@@ -95,10 +92,3 @@ def reported_tokens(payload: Any) -> int:
     names = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
     counts = (usage.get(name) for name in names)
     return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
-
-
-def _rejects_classic_parameters(reply: bytes) -> bool:
-    text = reply.decode("utf-8", "replace")
-    return "max_completion_tokens" in text or (
-        "temperature" in text and "unsupported" in text.lower()
-    )
