@@ -41,7 +41,6 @@ from compaction.errors import (
 )
 from compaction.execute import execute
 from compaction.messages import (
-    SUMMARY_MARKER,
     PairingProblem,
     call_name_and_arguments,
     check_messages,
@@ -56,6 +55,7 @@ from compaction.messages import (
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
+from compaction.summary import SUMMARY_MARKER, SummaryParts, is_summary, parse_summary, with_body
 from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
@@ -83,6 +83,7 @@ __all__ = [
     "SummarizationError",
     "Summarizer",
     "SummarizerMode",
+    "SummaryParts",
     "TokenCounter",
     "ahead",
     "calibrated_budget",
@@ -96,10 +97,12 @@ __all__ = [
     "forwarded",
     "group_messages",
     "head_end",
+    "is_summary",
     "key_argument",
     "load_encoding",
     "message_text",
     "new_checkpoint",
+    "parse_summary",
     "ratio_sample",
     "read_conversation",
     "read_conversation_async",
@@ -112,4 +115,5 @@ __all__ = [
     "tool_calls",
     "update_ratio",
     "validate_tool_pairing",
+    "with_body",
 ]

@@ -44,17 +44,16 @@ from typing import Literal
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import collect_files
-from compaction.messages import group_messages, is_summary, message_text, pinned_in
+from compaction.messages import group_messages, message_text, pinned_in
 from compaction.profile import Profile
 from compaction.prompts import (
     serialize_messages,
     stands_for,
-    summary_body,
-    summary_message,
     summary_problem,
     summary_prompt,
     turn_prefix_prompt,
 )
+from compaction.summary import is_summary, summary_body, summary_message
 from compaction.text import fit_tokens, one_line
 from compaction.tokens import KeyMemo, TokenCounter
 from compaction.types import Message, Summarizer

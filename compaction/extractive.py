@@ -33,9 +33,10 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from compaction.files import FileLists
-from compaction.messages import is_summary, message_text
+from compaction.messages import message_text
 from compaction.ranked import RankedLines
 from compaction.steps import Step, tool_steps
+from compaction.summary import is_summary
 from compaction.text import one_line
 from compaction.tokens import TokenCounter
 from compaction.types import Message

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, parse_arguments
-from compaction.messages import call_name_and_arguments, is_summary, message_text, tool_calls
+from compaction.messages import call_name_and_arguments, message_text, tool_calls
 from compaction.profile import Profile
 from compaction.shell import shell_files
 from compaction.types import Message
@@ -119,6 +119,9 @@ def collect_files(
     # first and merged once at the end.
     read: list[str] = []
     modified: list[str] = []
+    # Imported here: the summary format renders this module's file lists.
+    from compaction.summary import is_summary
+
     reader = _CallReader(profile)
     current: str | None = None
     for index, message in enumerate(messages):

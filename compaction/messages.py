@@ -33,9 +33,6 @@ from typing import Any, Literal
 from compaction.errors import InvalidMessagesError
 from compaction.types import Message
 
-#: First line of every summary the condenser writes; how a later compaction
-#: recognizes an earlier summary.
-SUMMARY_MARKER = "[CONTEXT CONDENSED — REFERENCE ONLY]"
 #: Content given to a tool call that arrived without a result.
 MISSING_RESULT = "[no result recorded]"
 #: The user message hard truncation puts where it dropped ``count`` messages.
@@ -178,11 +175,6 @@ def call_name_and_arguments(call: dict[str, Any]) -> tuple[str, str]:
 def opens_tool_group(message: Message) -> bool:
     """Whether this message is an assistant message that calls tools or a function."""
     return _opened_call_ids(message) is not None
-
-
-def is_summary(message: Message) -> bool:
-    """Whether the message is a summary written by the condenser."""
-    return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
 
 
 def truncation_note(count: int) -> Message:

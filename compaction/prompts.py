@@ -1,4 +1,6 @@
-"""What the condenser says to the summarizer model, and what a summary message looks like.
+"""What the condenser says to the summarizer model, and how its reply is checked.
+
+The summary message itself is :mod:`compaction.summary`'s.
 
 Pure text building. The conversation is serialized as labelled lines
 (``[User]:``, ``[Assistant]:``, ``[Assistant tool calls]:``, ``[Tool result]:``)
@@ -16,15 +18,13 @@ import re
 from collections.abc import Sequence
 
 from compaction.clipping import clip_keeping
-from compaction.files import FileLists, render_file_lists, strip_file_lists
 from compaction.messages import (
-    SUMMARY_MARKER,
     call_name_and_arguments,
-    is_summary,
     message_text,
     tool_calls,
     truncation_note_count,
 )
+from compaction.summary import summary_count, without_thinking
 from compaction.text import clip, one_line
 from compaction.types import Message
 
@@ -47,7 +47,6 @@ _LABELS = {
     "tool": "[Tool result]",
     "function": "[Tool result]",
 }
-_THINKING = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
 
 SUMMARY_SYSTEM_PROMPT = """\
 You write context summaries for an AI assistant whose conversation has grown \
@@ -226,36 +225,7 @@ def turn_prefix_prompt(
     ]
 
 
-# --- summary messages ------------------------------------------------------
-
-
-def summary_body(text: str) -> str:
-    """The summary text alone: no hidden reasoning, marker, header line or file blocks.
-
-    Used on earlier summary messages (to pass them as ``<previous-summary>``)
-    and on summarizer replies (a model may copy the marker or the file blocks
-    it saw, and some local models emit ``<think>`` sections).
-    """
-    text = _THINKING.sub("", text).strip()
-    if text.startswith(SUMMARY_MARKER):
-        text = text[len(SUMMARY_MARKER) :].lstrip()
-        if text.startswith("Summary of "):
-            text = text.partition("\n")[2]
-    return strip_file_lists(text).strip()
-
-
-#: A summary's heading, as :func:`summary_message` writes it: the count of the
-#: client's messages it stands for.
-_HEADING_COUNT = re.compile(r"Summary of (?:the first )?(\d+) ")
-
-
-def summary_count(message: Message) -> int | None:
-    """How many of the client's messages a summary stands for, as its heading
-    says; ``None`` for any other message."""
-    if not is_summary(message):
-        return None
-    found = _HEADING_COUNT.search(message_text(message)[:200])
-    return int(found.group(1)) if found else None
+# --- what a summary stands for ---------------------------------------------
 
 
 def stands_for(messages: Sequence[Message]) -> int:
@@ -271,27 +241,6 @@ def stands_for(messages: Sequence[Message]) -> int:
             count = summary_count(message)
         total += count or 1
     return total
-
-
-def summary_message(body: str, *, condensed: int, files: FileLists, turn_prefix: bool) -> Message:
-    """The user message that stands in for ``condensed`` of the client's messages
-    (:func:`stands_for` the span it replaces)."""
-    noun = "message" if condensed == 1 else "messages"
-    if turn_prefix:
-        header = (
-            f"Summary of the first {condensed} {noun} of the current turn, condensed to fit "
-            "the context window. The request above is still being worked on."
-        )
-    else:
-        header = (
-            f"Summary of {condensed} earlier {noun}, condensed to fit the context window. "
-            "It is background for what follows, not a new request."
-        )
-    parts = [SUMMARY_MARKER, header, "", body.strip()]
-    rendered = render_file_lists(files)
-    if rendered:
-        parts.extend(["", rendered])
-    return {"role": "user", "content": "\n".join(parts)}
 
 
 # --- checking a reply ------------------------------------------------------
@@ -358,7 +307,7 @@ def summary_problem(text: str, *, turn_prefix: bool = False) -> str | None:
     ready to help. What's the next step?", an agent's next answer to a
     customer); so is one whose text before its first heading asks a question.
     """
-    body = _THINKING.sub("", text).strip()
+    body = without_thinking(text)
     if not body:
         return "the reply is empty"
     found, first_heading = _headings(body)

@@ -41,13 +41,13 @@ from compaction.errors import CannotFitError
 from compaction.messages import (
     Group,
     group_messages,
-    is_summary,
     is_truncation_note,
     message_text,
     pinned_in,
     truncation_note,
     truncation_note_count,
 )
+from compaction.summary import is_summary
 from compaction.text import cut_middle, shrink_arguments
 from compaction.tokens import TokenCounter
 from compaction.types import Message

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from compaction.messages import SUMMARY_MARKER
+from compaction.summary import SUMMARY_MARKER
 
 Message = dict[str, Any]
 

@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Final
 
-from compaction import SUMMARY_MARKER, Checkpoint, Decision, Message, message_text
+from compaction import Checkpoint, Decision, is_summary, parse_summary, with_body
 from proxy.edge.errors import BadRequest, NotFound
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import Event, SessionSettings
@@ -70,29 +70,17 @@ async def steer(
 
 
 def _summary_index(checkpoint: Checkpoint) -> int | None:
-    for index, message in enumerate(checkpoint.replacement):
-        if message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER):
-            return index
-    return None
+    return next((i for i, m in enumerate(checkpoint.replacement) if is_summary(m)), None)
 
 
 def summary_text(checkpoint: Checkpoint) -> str | None:
-    """The checkpoint's summary as a reader sees it (no marker, no header line)."""
+    """The checkpoint's summary as a reader edits it: the body alone (no marker,
+    no heading, none of the file lists the proxy computed)."""
     index = _summary_index(checkpoint)
     if index is None:
         return None
-    return _body(message_text(checkpoint.replacement[index]))
-
-
-def _body(text: str) -> str:
-    # summary_message writes: marker, header line, blank line, body.
-    lines = text.split("\n")
-    return "\n".join(lines[3:]).strip() if len(lines) > 3 else ""
-
-
-def _with_body(message: Message, body: str) -> Message:
-    lines = message_text(message).split("\n")
-    return {**message, "content": "\n".join([*lines[:2], "", body.strip()])}
+    parts = parse_summary(checkpoint.replacement[index])
+    return parts.body if parts is not None else None
 
 
 async def edit_summary(
@@ -116,9 +104,9 @@ async def edit_summary(
             param="summary",
         )
     owner = viewer if viewer is not None else await _owner_of_checkpoint(state, found)
-    previous = _body(message_text(found.replacement[index]))
+    previous = summary_text(found) or ""
     replacement = list(found.replacement)
-    replacement[index] = _with_body(replacement[index], text)
+    replacement[index] = with_body(replacement[index], text)
     edited = dataclasses.replace(found, replacement=tuple(replacement))
     await state.store.put(edited, None, owner=owner)
     await state.store.add_event(

@@ -12,8 +12,8 @@ from compaction.checkpoints import Checkpoint
 from compaction.conversation import Conversation, read_conversation
 from compaction.decide import Decision, calibrated_budget, decide
 from compaction.messages import validate_tool_pairing
-from compaction.prompts import summary_body
 from compaction.results import CompactionResult, new_checkpoint
+from compaction.summary import summary_body
 from tests.conftest import system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

@@ -10,7 +10,8 @@ from compaction.checkpoints import (
     find_checkpoint,
     session_key,
 )
-from compaction.messages import SUMMARY_MARKER, group_messages
+from compaction.messages import group_messages
+from compaction.summary import SUMMARY_MARKER
 from compaction.tokens import LINKS_PER_MESSAGE, TokenCounter, message_keys
 from tests.conftest import assistant, system, tool_group, user
 

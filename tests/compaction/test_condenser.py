@@ -16,15 +16,11 @@ from compaction.condenser import (
 )
 from compaction.errors import SummarizationError
 from compaction.files import FileLists, parse_file_lists
-from compaction.messages import (
-    SUMMARY_MARKER,
-    is_summary,
-    message_text,
-    validate_tool_pairing,
-)
+from compaction.messages import message_text, validate_tool_pairing
 from compaction.profile import Profile
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT, summary_message
+from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from compaction.pruner import prune
+from compaction.summary import SUMMARY_MARKER, is_summary, summary_message
 from compaction.tokens import TokenCounter
 from compaction.types import SummarizerMode
 from tests.conftest import assistant, system, tool_group, user

@@ -21,8 +21,9 @@ from compaction import (
     validate_tool_pairing,
 )
 from compaction.calls import parse_arguments as parse_args
-from compaction.messages import SUMMARY_MARKER, group_messages, head_end, message_text, tool_calls
 from compaction.messages import call_name_and_arguments as call_parts
+from compaction.messages import group_messages, head_end, message_text, tool_calls
+from compaction.summary import SUMMARY_MARKER
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 # Request bodies only: clients/ also holds a bare list of tool schemas.

@@ -9,8 +9,9 @@ from compaction import Profile, TokenCounter
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
 from compaction.execute import NOTE_ROOM, execute
-from compaction.messages import SUMMARY_MARKER, is_summary, message_text, validate_tool_pairing
+from compaction.messages import message_text, validate_tool_pairing
 from compaction.results import new_checkpoint
+from compaction.summary import SUMMARY_MARKER, is_summary
 from tests.conftest import assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

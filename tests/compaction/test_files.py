@@ -13,8 +13,8 @@ from compaction.files import (
     render_file_lists,
     strip_file_lists,
 )
-from compaction.messages import SUMMARY_MARKER
 from compaction.profile import Profile
+from compaction.summary import SUMMARY_MARKER
 from tests.conftest import assistant, tool_group, user
 
 PROFILE = Profile()

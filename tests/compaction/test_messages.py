@@ -9,12 +9,10 @@ from hypothesis import strategies as st
 from compaction.errors import InvalidMessagesError
 from compaction.messages import (
     MISSING_RESULT,
-    SUMMARY_MARKER,
     check_messages,
     group_and_validate,
     group_messages,
     head_end,
-    is_summary,
     is_truncation_note,
     message_text,
     repair_tool_pairing,
@@ -24,6 +22,7 @@ from compaction.messages import (
     turn_start,
     validate_tool_pairing,
 )
+from compaction.summary import SUMMARY_MARKER, is_summary
 from tests.conftest import assistant, system, tool_group, user
 
 

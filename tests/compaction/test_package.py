@@ -37,6 +37,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "SummarizationError",
         "Summarizer",
         "SummarizerMode",
+        "SummaryParts",
         "TokenCounter",
         "ahead",
         "calibrated_budget",
@@ -50,10 +51,12 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "forwarded",
         "group_messages",
         "head_end",
+        "is_summary",
         "key_argument",
         "load_encoding",
         "message_text",
         "new_checkpoint",
+        "parse_summary",
         "ratio_sample",
         "read_conversation",
         "read_conversation_async",
@@ -66,6 +69,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "tool_calls",
         "update_ratio",
         "validate_tool_pairing",
+        "with_body",
     }
     for name in compaction.__all__:
         assert hasattr(compaction, name), name

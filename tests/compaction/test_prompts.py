@@ -3,19 +3,17 @@ from __future__ import annotations
 import copy
 
 from compaction.files import FileLists
-from compaction.messages import SUMMARY_MARKER, is_summary
 from compaction.prompts import (
     SUMMARY_SECTIONS,
     SUMMARY_SYSTEM_PROMPT,
     TURN_PREFIX_SYSTEM_PROMPT,
     serialize_message,
     serialize_messages,
-    summary_body,
-    summary_message,
     summary_problem,
     summary_prompt,
     turn_prefix_prompt,
 )
+from compaction.summary import SUMMARY_MARKER, is_summary, summary_body, summary_message
 from tests.conftest import assistant, tool_group, user
 
 

@@ -13,9 +13,10 @@ from compaction import Profile, TokenCounter, compact
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
 from compaction.execute import execute
-from compaction.messages import is_summary, message_text
+from compaction.messages import message_text
 from compaction.results import new_checkpoint
 from compaction.strategies import MASK_MIN_CHARS, PLACEHOLDER_PREFIX, mask, placeholder
+from compaction.summary import is_summary
 from tests.conftest import assistant, system, tool_group, user
 from tests.synthetic import agent_session
 

@@ -12,7 +12,8 @@ from compaction.condenser import condense, plan_condense
 from compaction.files import FileLists
 from compaction.messages import message_text, truncation_note
 from compaction.profile import Profile
-from compaction.prompts import stands_for, summary_count, summary_message
+from compaction.prompts import stands_for
+from compaction.summary import summary_count, summary_message
 from compaction.tokens import TokenCounter
 from compaction.truncate import truncate
 from tests.conftest import assistant, system, tool_group, user

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction.errors import CannotFitError
-from compaction.messages import SUMMARY_MARKER, group_messages, validate_tool_pairing
+from compaction.messages import group_messages, validate_tool_pairing
+from compaction.summary import SUMMARY_MARKER
 from compaction.tokens import TokenCounter
 from compaction.truncate import TruncateResult, truncate
 from tests.conftest import assistant, system, tool_group, user

@@ -1,4 +1,4 @@
-"""Steering a conversation through the JSON routes (issue 14): edit a summary and
+"""Steering a conversation through the JSON routes: edit a summary and
 see the next request forward it; switch compaction off for one session; add
 instructions to its summaries; compact it now. Real servers on loopback."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from compaction import SUMMARY_MARKER, session_key
+from compaction import SUMMARY_MARKER, parse_summary, session_key
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
 from tests.synthetic import agent_session, shell_step
@@ -76,12 +76,52 @@ def test_an_edited_summary_is_what_the_next_request_forwards(
     assert second.headers["x-compaction-id"] == checkpoint_id
     forwarded = _summary_of(upstream.chat_requests[-1].json()["messages"])
     assert forwarded.startswith(SUMMARY_MARKER)
-    assert forwarded.endswith(edited)
+    assert parse_summary({"role": "user", "content": forwarded}).body == edited  # type: ignore[union-attr]
     assert "Make the failing test" not in forwarded
 
     [event] = [e for e in _events(url) if e["type"] == "checkpoint.edited"]
     assert event["checkpoint_id"] == checkpoint_id
     assert "Make the failing test" in event["previous_summary"]  # the old text is kept
+
+
+def test_an_edited_summary_keeps_the_file_lists_out_of_its_body_and_intact_in_the_message(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    url = start_proxy(models=MODELS)
+    messages = agent_session(seed=4, steps=60, task="Edit test: the file lists stay.")
+    first = _chat(url, messages)
+    checkpoint_id = first.headers["x-compaction-id"]
+    made = parse_summary(
+        {"role": "user", "content": _summary_of(upstream.chat_requests[-1].json()["messages"])}
+    )
+    assert made is not None and made.files, "the session read and changed files"
+
+    target = f"{url}/compaction/checkpoints/{checkpoint_id}"
+    edited = "## Goal\n- Only the goal is rewritten."
+    response = httpx.put(target, json={"summary": edited}, headers=_auth(ALICE))
+    assert response.status_code == 200, response.text
+    stored = next(
+        m
+        for m in response.json()["replacement"]
+        if str(m.get("content", "")).startswith(SUMMARY_MARKER)
+    )
+    after = parse_summary(stored)
+    assert after is not None
+    assert after.body == edited  # no file block slipped into what the user edits
+    assert after.files == made.files
+    assert after.heading == made.heading
+
+    follow_up = [
+        *messages,
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "?"},
+    ]
+    _chat(url, follow_up)
+    forwarded = parse_summary(
+        {"role": "user", "content": _summary_of(upstream.chat_requests[-1].json()["messages"])}
+    )
+    assert forwarded == after  # what the next request forwards, file lists and all
 
 
 def test_only_the_owner_or_the_admin_may_edit_a_summary(start_proxy: ProxyFactory) -> None:

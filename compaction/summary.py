@@ -1,0 +1,127 @@
+"""The summary format: the only module that knows what a summary message looks like.
+
+A summary is a user message standing in for a span of the conversation::
+
+    [CONTEXT CONDENSED — REFERENCE ONLY]          ← SUMMARY_MARKER: how it is recognized
+    Summary of 12 earlier messages, condensed …   ← the heading: what it stands for
+                                                   ← a blank line
+    ## Goal …                                      ← the body: the summarizer's text
+                                                   ← a blank line
+    <read-files> … </read-files>                   ← the file lists, computed by the
+    <modified-files> … </modified-files>             proxy, never summarized
+
+Four operations, each the inverse of the others' work: make
+(:func:`summary_message`), recognize (:func:`is_summary`), parse
+(:func:`parse_summary`, :func:`summary_body`, :func:`summary_count`) and edit
+(:func:`with_body`, which replaces the body and keeps the heading and the
+file lists). Anything that reads or changes a summary goes through them, so
+a change to the format cannot break one reader silently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from compaction.files import FileLists, parse_file_lists, render_file_lists, strip_file_lists
+from compaction.messages import message_text
+from compaction.types import Message
+
+#: First line of every summary the condenser writes; how a later compaction
+#: recognizes an earlier summary.
+SUMMARY_MARKER = "[CONTEXT CONDENSED — REFERENCE ONLY]"
+
+#: A summary's heading starts so (both the span's and a turn prefix's).
+_HEADING_START = "Summary of "
+#: The heading's count of the client's messages it stands for.
+_HEADING_COUNT = re.compile(r"Summary of (?:the first )?(\d+) ")
+#: Hidden reasoning some local models put in their replies.
+_THINKING = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
+
+
+def is_summary(message: Message) -> bool:
+    """Whether the message is a summary written by the condenser."""
+    return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
+
+
+def summary_message(body: str, *, condensed: int, files: FileLists, turn_prefix: bool) -> Message:
+    """The user message that stands in for ``condensed`` of the client's messages
+    (:func:`compaction.prompts.stands_for` the span it replaces)."""
+    noun = "message" if condensed == 1 else "messages"
+    if turn_prefix:
+        heading = (
+            f"{_HEADING_START}the first {condensed} {noun} of the current turn, condensed to "
+            "fit the context window. The request above is still being worked on."
+        )
+    else:
+        heading = (
+            f"{_HEADING_START}{condensed} earlier {noun}, condensed to fit the context window. "
+            "It is background for what follows, not a new request."
+        )
+    return {"role": "user", "content": _render(heading, body, files)}
+
+
+def _render(heading: str, body: str, files: FileLists) -> str:
+    parts = [SUMMARY_MARKER, heading, "", body.strip()]
+    rendered = render_file_lists(files)
+    if rendered:
+        parts.extend(["", rendered])
+    return "\n".join(parts)
+
+
+def without_thinking(text: str) -> str:
+    """``text`` without the hidden reasoning a model may have put in it."""
+    return _THINKING.sub("", text).strip()
+
+
+def summary_body(text: str) -> str:
+    """The summary text alone: no hidden reasoning, marker, heading or file lists.
+
+    Used on earlier summary messages (to pass them as ``<previous-summary>``)
+    and on summarizer replies (a model may copy the marker or the file blocks
+    it saw, and some local models emit ``<think>`` sections).
+    """
+    text = without_thinking(text)
+    if text.startswith(SUMMARY_MARKER):
+        text = text[len(SUMMARY_MARKER) :].lstrip()
+        if text.startswith(_HEADING_START):
+            text = text.partition("\n")[2]
+    return strip_file_lists(text).strip()
+
+
+def summary_count(message: Message) -> int | None:
+    """How many of the client's messages a summary stands for, as its heading
+    says; ``None`` for any other message."""
+    if not is_summary(message):
+        return None
+    found = _HEADING_COUNT.search(message_text(message)[:200])
+    return int(found.group(1)) if found else None
+
+
+@dataclass(frozen=True)
+class SummaryParts:
+    """A summary message taken apart: what :func:`summary_message` put together."""
+
+    heading: str  #: the line after the marker (empty when it has none)
+    body: str  #: the summarizer's text (or the user's edit of it)
+    files: FileLists  #: the proxy's file lists, kept apart from the body
+
+
+def parse_summary(message: Message) -> SummaryParts | None:
+    """The parts of a summary message; ``None`` for any other message."""
+    if not is_summary(message):
+        return None
+    text = message_text(message)[len(SUMMARY_MARKER) :].lstrip()
+    heading = ""
+    if text.startswith(_HEADING_START):
+        heading, _, text = text.partition("\n")
+    return SummaryParts(heading, strip_file_lists(text).strip(), parse_file_lists(text))
+
+
+def with_body(message: Message, body: str) -> Message:
+    """The summary ``message`` with ``body`` in place of its text: the marker,
+    the heading, the file lists and every other field of the message stay."""
+    parts = parse_summary(message)
+    if parts is None:
+        raise ValueError("not a summary message")
+    return {**message, "content": _render(parts.heading, body, parts.files)}
