@@ -3,7 +3,8 @@
 Every compaction event and stored checkpoint records its **owner**: a keyed
 digest of the upstream credential the client presented (``Authorization``,
 ``api-key`` or ``x-api-key``), never the credential itself. The state routes
-answer with the caller's own only (issue 10, finding 3):
+answer with the caller's own only, so one key never reads another's summaries
+or the messages they replaced:
 
 * ``GET /v1/compaction/events`` — the caller's last N events, filtered in the
   store, so a busier neighbour never crowds them out of the limit;

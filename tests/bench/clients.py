@@ -1,4 +1,4 @@
-"""What each candidate HTTP client costs the proxy per relayed request (issue 10).
+"""What each candidate HTTP client costs the proxy per relayed request.
 
 The proxy pays its upstream client's CPU on every request, so the client was
 chosen by this measurement: sequential small chat POSTs from this process to

@@ -1,4 +1,4 @@
-"""The dashboard (issue 14): its pages over a large store, and the chat path beside it.
+"""The dashboard: its pages over a large store, and the chat path beside it.
 
 A SQLite store is filled with 1,000 sessions of 100 requests each (100,000
 per-request figures, through the store's own ``record_requests``), a proxy
@@ -186,7 +186,7 @@ def render(result: Dashboard) -> list[str]:
         )
 
     lines = [
-        "## Dashboard pages over a large store (issue 14)",
+        "## Dashboard pages over a large store",
         "",
         f"A SQLite store with {result.sessions:,} sessions and {result.requests:,} per-request "
         f"figures (filled in {result.fill_seconds:.1f} s through `record_requests`); each page "

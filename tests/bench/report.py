@@ -41,7 +41,7 @@ class Results:
     notes: list[str] = field(default_factory=list)
     #: The dashboard's pages over a large store, and the chat path beside them.
     dashboard: dashboard.Dashboard | None = None
-    #: Who waits for a slow summarizer with and without preparing ahead (issue 12).
+    #: Who waits for a slow summarizer with and without preparing ahead.
     background: background.Background | None = None
 
 
@@ -396,7 +396,7 @@ def render(r: Results) -> str:
         "## Machine and method",
         "",
         *_table(["", ""], [*r.machine, *r.method]),
-        "## Targets (issue 5)",
+        "## Targets",
         "",
         *_table(
             ["figure", "target", "compaction-proxy", "verdict"],
@@ -406,7 +406,7 @@ def render(r: Results) -> str:
     if r.notes:
         lines += ["Notes:", "", *(f"* {note}" for note in r.notes), ""]
     if r.clients:
-        lines += ["## 0. The upstream HTTP client (issue 10)", "", *_clients(r)]
+        lines += ["## 0. The upstream HTTP client", "", *_clients(r)]
     lines += ["## 1. Pass-through overhead, concurrency 1", "", *_pass_through(r)]
     if r.apis:
         lines += ["## 1b. The other compacted APIs, concurrency 1", "", *_apis(r)]
@@ -421,7 +421,7 @@ def render(r: Results) -> str:
     if r.dashboard is not None:
         lines += dashboard.render(r.dashboard)
     if r.background is not None:
-        lines += ["## 7. Compactions prepared in the background (issue 12)", ""]
+        lines += ["## 7. Compactions prepared in the background", ""]
         lines += [*background.report(r.background), ""]
     if r.profiles:
         lines += ["## Where the proxy's CPU goes", "", *_profiles(r)]

@@ -113,7 +113,7 @@ def _swallow(action: Any) -> None:
 def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    """Issue 10, finding 5: SQLite keeps no heartbeats, so a running proxy must not
+    """SQLite keeps no heartbeats, so a running proxy must not
     take another one's open compaction for a dead instance's and fail it."""
     import asyncio
 

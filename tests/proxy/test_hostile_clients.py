@@ -1,10 +1,10 @@
-"""Hostile clients (issue 10, findings 7, 8 and 11), through the real app on loopback.
+"""Hostile clients, through the real app on loopback.
 
-* 7 — a web page's "simple" cross-site POST (``text/plain``, a foreign
+* Cross-site requests — a web page's "simple" cross-site POST (``text/plain``, a foreign
   ``Origin``) reached the upstream and was billed to the user.
-* 8 — the pass-through forwarded the *decoded* path: ``%2e%2e`` walked out of
+* The pass-through's path — it forwarded the *decoded* path: ``%2e%2e`` walked out of
   the base path, ``%20`` and ``%00`` went into the upstream request line.
-* 11 — a body naming ``messages`` twice was accepted; the proxy counted the
+* Duplicate keys — a body naming ``messages`` twice was accepted; the proxy counted the
   last, the upstream may read the first.
 """
 
@@ -30,7 +30,7 @@ def chat_requests(fake: tuple[FakeUpstream, str]) -> list[str]:
     return [r.path for r in fake[0].received]
 
 
-# --- 7: cross-site requests ----------------------------------------------------
+# --- cross-site requests ----------------------------------------------------
 
 
 def test_a_web_pages_simple_post_is_refused_before_the_upstream(
@@ -142,7 +142,7 @@ def test_json_content_types_with_parameters_are_accepted(
     assert response.status_code == 200
 
 
-# --- 8: the pass-through's path --------------------------------------------------
+# --- the pass-through's path --------------------------------------------------
 
 
 @contextmanager
@@ -249,7 +249,7 @@ def test_the_path_goes_upstream_as_received_under_the_base_path(
     assert lines == [line]
 
 
-# --- 11: duplicate keys ------------------------------------------------------------
+# --- duplicate keys ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

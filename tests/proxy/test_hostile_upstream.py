@@ -1,5 +1,5 @@
-"""The proxy in front of an upstream that lies, breaks or floods (issue 10, findings 6
-and 13, and the transport's guards), and behind a corporate HTTPS proxy.
+"""The proxy in front of an upstream that lies, breaks or floods (bodies cut short, heads
+out of bounds, the transport's guards), and behind a corporate HTTPS proxy.
 
 Each upstream is a raw script on loopback (tests/proxy/raw_servers.py); the
 proxy runs under uvicorn; the client is httpx, which tells a whole response
@@ -70,7 +70,7 @@ def _assert_openai_error(answer: httpx.Response, status: int, words: str) -> Non
     assert words in error["message"] and error["type"] == "upstream_error"
 
 
-# --- bodies cut short (finding 6) ----------------------------------------------
+# --- bodies cut short: never relayed as whole ones ----------------------------------------------
 
 
 def _cut_after(head: bytes, sent: bytes) -> Script:
@@ -154,7 +154,7 @@ def test_an_extra_upstream_response_is_never_served_to_the_next_caller(when: str
         assert "answer 1" in second.text  # a fresh connection's first answer
 
 
-# --- heads out of bounds (finding 13) --------------------------------------------
+# --- heads out of bounds: a 502, never buffered without end --------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """A window is learned only from a genuine overflow error, within bounds, and
-never below what the upstream already answered (issue 10, finding 1)."""
+never below what the upstream already answered, so no caller can shrink it for the others."""
 
 from __future__ import annotations
 

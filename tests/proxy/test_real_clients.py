@@ -5,7 +5,7 @@ The CLIs come from npm (``.ci/run`` installs them into ``.ci/clients``; or set
 ``COMPACTION_TEST_CLIENTS`` to a folder holding ``codex`` and ``claude``).
 Where one is not installed its test skips and says how to install it.
 
-Observed shapes (recorded in issue 11's note): Codex 0.171 streams, sends
+Observed shapes (the CLIs' own requests, recorded through the proxy): Codex 0.171 streams, sends
 ``store: false``, ``include: ["reasoning.encrypted_content"]``,
 ``prompt_cache_key``, ``client_metadata``, ``parallel_tool_calls`` and the
 whole input each turn; Claude Code 2.1 sends ``system`` as blocks, 24 tools,

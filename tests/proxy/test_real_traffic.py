@@ -1,4 +1,4 @@
-"""Real agent traffic against an upstream that counts like a real one (issue 9).
+"""Real agent traffic against an upstream that counts like a real one.
 
 Each test replays one observation made with real clients (qwen-code 0.24.4,
 the ``llm`` CLI, the openai SDK) in front of an upstream whose tokenizer is
@@ -196,7 +196,7 @@ def realistic(fake: tuple[FakeUpstream, str]) -> FakeUpstream:
     return upstream
 
 
-# --- 1. the overflow retry resends the same bytes ---------------------------
+# --- the overflow retry resends the same bytes ---------------------------
 
 QWEN_MODEL = "qwen3-coder"
 #: qwen-code asks for max_tokens 16384 on every request: R_eff = 16384, so the
@@ -327,7 +327,7 @@ def test_qwen_code_session_never_sees_an_overflow_and_retries_always_shrink(
     assert not discarded, f"summaries {discarded} were made and thrown away"
 
 
-# --- 2. summaries are made and thrown away ----------------------------------
+# --- summaries are made and thrown away ----------------------------------
 
 LLM_TURNS = 14
 #: About 6.4k tokens a turn as the upstream counts them: each prompt pastes
@@ -442,7 +442,7 @@ def test_a_growing_chat_keeps_every_summary_and_summarizes_each_part_once(
     assert all(r.status == 200 for r in upstream.chat_requests)
 
 
-# --- 3. identical resends summarize again -----------------------------------
+# --- identical resends summarize again -----------------------------------
 
 DIFF_START = "DIFF-START-7f3a"
 DIFF_END = "DIFF-END-9c2e"
@@ -503,7 +503,7 @@ def test_an_identical_resend_of_an_oversized_request_makes_no_new_summary(
     assert calls <= 1, f"{calls} summarizer calls for 3 identical requests"
 
 
-# --- 4. the summarizer never sees the content -------------------------------
+# --- the summarizer never sees the content -------------------------------
 
 ERROR_LINES = (
     "ValueError: bad frobnicator 4711",
@@ -549,7 +549,7 @@ def test_error_lines_of_condensed_turns_reach_the_summarizer(
     assert not missing, f"the summarizer never saw {missing}"
 
 
-# --- 5. large messages vanish unseen ----------------------------------------
+# --- large messages vanish unseen ----------------------------------------
 
 
 def _summarized(upstream: FakeUpstream, forwarded_text: str) -> set[int]:
@@ -675,7 +675,7 @@ def test_an_oversized_message_is_excerpted_or_summarized_and_removal_notes_count
     assert not wrong_notes, f"removal notes state the wrong count: {wrong_notes}"
 
 
-# --- 7. a streamed overflow is relayed as an empty 200 ----------------------
+# --- a streamed overflow is relayed as an empty 200 ----------------------
 
 #: llama-cpp-python with n_ctx 16384 and max_tokens 4096: the prompt may have
 #: 12,288 tokens as the server counts them, and the proxy's limit is the same.
@@ -742,7 +742,7 @@ def test_an_empty_200_stream_for_a_small_request_reaches_the_client_as_an_error(
         print(f"\nthe client read {_stream_text(stream)!r} and no error")
 
 
-# --- 8. summaries that are not summaries ------------------------------------
+# --- summaries that are not summaries ------------------------------------
 
 
 @pytest.mark.parametrize("reply", sorted(NOT_SUMMARIES))
@@ -774,7 +774,7 @@ def test_a_reply_that_is_not_a_summary_is_rejected_for_the_extractive_one(
     assert failures >= 1, "the rejected summary is not counted as a summarizer failure"
 
 
-# --- 9. summarizing what cannot fit -----------------------------------------
+# --- summarizing what cannot fit -----------------------------------------
 
 
 def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one(
@@ -799,7 +799,7 @@ def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one
     assert calls == 0, f"{calls} summarizer calls for a summary that could not fit"
 
 
-# --- 10. misleading figures in errors ---------------------------------------
+# --- misleading figures in errors ---------------------------------------
 
 
 def test_a_newest_group_that_cannot_fit_is_reported_with_its_own_size(

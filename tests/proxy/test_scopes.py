@@ -1,5 +1,5 @@
 """Checkpoints are scoped: another caller, another model or another window never
-reuses a conversation's stored compaction (issue 10, finding 2)."""
+reuses a conversation's stored compaction: it holds one caller's words, sized for one window."""
 
 from __future__ import annotations
 

@@ -332,8 +332,8 @@ def test_configured_key_is_used_only_when_the_client_sends_none(
 def test_the_configured_key_never_goes_to_a_models_own_upstream(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 10, finding 9: a keyless request for a model with an upstream of its
-    own reaches it without the global key, which belongs to [upstream]."""
+    """A keyless request for a model with an upstream of its own reaches it without
+    the global key, which belongs to [upstream] and must not leak elsewhere."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-configured")
     local = FakeUpstream()
     with serve_in_thread(local.app()) as local_url:
@@ -414,8 +414,8 @@ def test_bad_query_parameters_get_openais_error_shape(
 
 
 def test_clients_leaving_pass_through_requests_free_the_upstream_pool() -> None:
-    """Issue 10, finding 10: three clients leaving /v1/... requests the upstream
-    has not answered held all three pooled connections; the next request got 504."""
+    """Clients leaving /v1/... requests the upstream has not answered must not keep
+    the pooled connections: when three did, the next request got 504."""
     from starlette.applications import Starlette
     from starlette.routing import Route
 

@@ -1,4 +1,4 @@
-"""The store fails, the requests do not (issue 10, finding 4).
+"""The store fails, the requests do not: stored state saves work, it never costs an answer.
 
 A full disk, a Redis killed or hung mid-session, a state file that is not a
 database: in each the proxy still starts and serves — a compacting request is

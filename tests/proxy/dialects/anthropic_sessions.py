@@ -1,7 +1,7 @@
 """Anthropic Messages requests for tests: Claude Code-shaped sessions, random
 conversations (hypothesis) and chat-format conversations converted.
 
-``claude_code_request`` writes down what Claude Code 2.1 sends (issue 11):
+``claude_code_request`` writes down what Claude Code 2.1 was seen to send:
 ``system`` as text blocks with ``cache_control``, 25 tools, ``max_tokens:
 64000``, ``thinking: {"type": "adaptive"}``, ``context_management`` with a
 ``clear_thinking_20251015`` edit, ``metadata``, ``stream: true``, user text

@@ -1,6 +1,6 @@
 """Responses requests as the real clients send them, and chat conversations converted.
 
-``codex_request`` writes down what Codex 0.171 sends (issue 11: ``stream``,
+``codex_request`` writes down what Codex 0.171 was seen to send (``stream``,
 ``store: false``, ``include: ["reasoning.encrypted_content"]``,
 ``prompt_cache_key``, ``client_metadata``, ``parallel_tool_calls``, the whole
 input on every turn; item shapes from codex-rs/protocol/src/models.rs:

@@ -1,4 +1,4 @@
-"""Each caller sees only its own compaction state (issue 10, finding 3).
+"""Each caller sees only its own compaction state: summaries and originals are private.
 
 Events and checkpoints were open to every caller: ``/v1/compaction/events``
 listed every session with its checkpoint id, and

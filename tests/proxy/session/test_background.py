@@ -2,11 +2,11 @@
 
 The summarizer of the fake upstream answers after a delay, as a model would;
 the client paces its turns as an agent does (a model's answer, a tool run).
-The target (issue 12): with a slow summarizer, over a 100-turn tool session at
+The target: with a slow summarizer, over a 100-turn tool session at
 a 16k window that condenses several times, at most one turn waits for the
 summarizer, and the summarizer is asked at most once per compaction plus one
 prepared for a compaction the session ends before needing. The delays are
-scaled down tenfold from the issue's (a 4 s summarizer, turns 1 s apart) to
+scaled down tenfold from the bench's (a 4 s summarizer, turns 1 s apart) to
 keep the suite fast; ``make bench`` runs them at full size.
 """
 

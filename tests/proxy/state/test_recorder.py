@@ -1,4 +1,4 @@
-"""Per-request figures are queued, never awaited on the request path (issue 14)."""
+"""Per-request figures are queued, never awaited: a slow store never delays an answer."""
 
 from __future__ import annotations
 

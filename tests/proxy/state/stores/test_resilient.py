@@ -245,7 +245,7 @@ async def test_a_bad_ratio_is_the_callers_mistake_not_the_stores() -> None:
 
 
 def test_every_method_of_the_contract_is_forwarded_with_its_signature() -> None:
-    """The contract grows (owners came with finding 3): the wrapper must follow."""
+    """The contract grows (owners came later): the wrapper must follow."""
     wanted = {
         name: inspect.signature(member)
         for name, member in vars(Store).items()

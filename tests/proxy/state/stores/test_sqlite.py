@@ -134,7 +134,7 @@ async def test_a_database_of_the_previous_version_opens_and_keeps_its_data(
 async def test_a_database_from_before_owners_shows_its_rows_to_the_admin_only(
     tmp_path: Path,
 ) -> None:
-    # Version 2 (before owners, issue 10 finding 3), written as that version wrote it.
+    # Version 2 (before records had owners), written as that version wrote it.
     path = tmp_path / "state.db"
     made = checkpoint()
     done = event("c1", "context.compacted", checkpoint_id=made.id)
@@ -315,7 +315,7 @@ async def test_purge_also_drops_old_checkpoints_and_events(tmp_path: Path) -> No
     await store.close()
 
 
-# -- a damaged file (issue 10, finding 4) -------------------------------------
+# -- a damaged file: set aside, so that the proxy still starts -------------------------------------
 
 
 async def _truncated_database(path: Path) -> bytes:
