@@ -1,4 +1,10 @@
-"""Fixtures for the server tests: a fake upstream and the proxy, both real servers."""
+"""Fixtures for the server tests: a fake upstream and the proxy.
+
+``fake`` and ``start_proxy`` run both as real servers on loopback (for the
+tests about the network); ``fake_upstream`` and ``start_app`` run them
+in-process (see :mod:`tests.proxy.inprocess`): the same fake upstream, asked
+through a recording transport, and the app driven through ASGI.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import pytest
 
 from config import Settings, load_settings
 from proxy.app import create_app
+from tests.proxy.inprocess import InProcessProxy, RecordingTransport, running, settings_for
 from tests.proxy.servers import FakeUpstream, serve_in_thread
 
 
@@ -48,6 +55,31 @@ def start_proxy(fake: tuple[FakeUpstream, str]) -> Iterator[ProxyFactory]:
         settings: Settings = load_settings(None, **sections)
         url = stack.enter_context(serve_in_thread(create_app(settings)))
         return url + "/v1"
+
+    with stack:
+        yield start
+
+
+@pytest.fixture
+def fake_upstream() -> FakeUpstream:
+    """The fake upstream without a server: ``start_app``'s transport asks it."""
+    return FakeUpstream()
+
+
+AppFactory = Callable[..., InProcessProxy]
+
+
+@pytest.fixture
+def start_app(fake_upstream: FakeUpstream) -> Iterator[AppFactory]:
+    """Start the proxy in-process in front of ``fake_upstream`` (or of the
+    ``transport`` given); the settings sections as for ``start_proxy``."""
+    stack = ExitStack()
+
+    def start(
+        *, transport: RecordingTransport | None = None, store: Any = None, **sections: Any
+    ) -> InProcessProxy:
+        transport = transport or RecordingTransport(app=fake_upstream.app())
+        return stack.enter_context(running(settings_for(**sections), transport, store=store))
 
     with stack:
         yield start

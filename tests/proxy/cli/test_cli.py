@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import pytest
 
 from compaction import SUMMARY_MARKER, validate_tool_pairing
+from compaction.prompts import SUMMARY_SYSTEM_PROMPT
 from tests.synthetic import agent_session
 
 SCRIPT = Path(sys.executable).with_name("compaction-proxy")
@@ -245,11 +246,22 @@ def test_llm_summarizer_calls_upstream_with_key_and_no_tools(
     )
     assert done.returncode == 0, done.stderr
     assert handler.received, "the summarizer was not called"
-    call = handler.received[0]
-    assert call["path"] == "/v1/chat/completions"
-    assert call["auth"] == "Bearer sk-test-123"
-    assert call["body"]["temperature"] == 0 and call["body"]["stream"] is False
-    assert "tools" not in call["body"] and 500 <= call["body"]["max_tokens"] <= 4000
+    # A tail that starts inside a turn asks for the summary (in parts, for a
+    # long span) and a shorter note on the turn's first steps at once, in any
+    # order: the summary's requests are told apart by their system prompt,
+    # never by when they arrived.
+    for call in handler.received:
+        assert call["path"] == "/v1/chat/completions"
+        assert call["auth"] == "Bearer sk-test-123"
+        assert call["body"]["temperature"] == 0 and call["body"]["stream"] is False
+        assert "tools" not in call["body"]
+    summaries = [
+        call
+        for call in handler.received
+        if call["body"]["messages"][0]["content"] == SUMMARY_SYSTEM_PROMPT
+    ]
+    assert summaries, "no request asked for the summary itself"
+    assert all(500 <= call["body"]["max_tokens"] <= 4000 for call in summaries)
     out = json.loads(done.stdout)
     summary = next(
         m for m in out["messages"] if str(m.get("content", "")).startswith(SUMMARY_MARKER)
