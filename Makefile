@@ -43,7 +43,7 @@ EVAL_FIXTURES ?= ../shared/fixtures
 eval: $(STAMP)
 	$(BIN)/compaction-proxy eval $(EVAL_FIXTURES) --output evaluation/RESULTS.md $(EVAL_ARGS)
 
-# Builds the Docker image and checks it runs as the README says (needs a
+# Builds the Docker image and checks it runs as docs/operations.md says (needs a
 # Docker engine; says "skipped" and succeeds without one).
 docker-check:
 	docker/check.sh

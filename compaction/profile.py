@@ -8,7 +8,8 @@ Each :class:`Profile` field is declared once, here: its type, its default, and
 in its metadata a one-line ``"description"`` and the ``"bounds"`` its value
 must lie in (``None`` when any value of the type will do; ``None`` itself is
 always allowed for an optional field). ``config/`` derives the [compaction]
-and [models."…"] settings and the README's table from these declarations.
+and [models."…"] settings and the settings table of docs/configuration.md from these
+declarations.
 
 The budget (DESIGN.md §3)::
 

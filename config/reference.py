@@ -1,6 +1,6 @@
 """The settings as a table, generated from the models' own fields and descriptions.
 
-The README's settings table is built from :func:`settings_reference`, so it
+The settings table in docs/configuration.md is built from :func:`settings_reference`, so it
 cannot drift from the code.
 """
 
@@ -75,7 +75,7 @@ def _toml(value: Any) -> str:
 
 
 def markdown_table() -> str:
-    """The README's settings table, generated so that it cannot drift from the code."""
+    """The settings table of docs/configuration.md, generated so that it cannot drift."""
     rows = ["| key | default | environment variable | meaning |", "|---|---|---|---|"]
     for doc in settings_reference():
         default = f"`{doc.default}`" if doc.default else "—"

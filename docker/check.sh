@@ -82,7 +82,7 @@ docker run -d --name "$run-upstream" --network "$run" --network-alias upstream \
     --entrypoint python3 "$image" /check_upstream.py >/dev/null
 
 start_proxy() {
-    # As the README runs it: read-only, the state volume, a stop timeout above
+    # As docs/operations.md runs it: read-only, the state volume, a stop timeout above
     # the drain. The small window for "tiny" makes a short conversation compact.
     docker run -d --name "$run-proxy" --network "$run" -p 127.0.0.1::8808 \
         --read-only --tmpfs /tmp -v "$run-state:/var/lib/compaction-proxy" --stop-timeout 40 \

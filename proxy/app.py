@@ -131,7 +131,7 @@ def create_app(
             )
         )
         metrics = Metrics()
-        # A store that fails or hangs must not fail the requests (finding 4).
+        # A store that fails or hangs must not fail the requests; they are compacted afresh.
         guarded = ResilientStore(
             backend, timeout=settings.store.timeout_seconds, health=health, observer=metrics
         )
@@ -226,7 +226,8 @@ def create_app(
         # go where its messages go, with its key; everything else to base_url.
         anthropic = path == "messages" or path.startswith("messages/")
         config = state.resolve(None)
-        # Built from the path as received, not the decoded ``path`` (finding 8).
+        # Built from the path as received, not the decoded ``path``: ``%2e%2e`` must not
+        # walk out of the base path, nor ``%20`` reach the upstream's request line.
         scope = request.scope
         openai = (settings.upstream.base_url, config.api_key_env)
         base, key_env = ANTHROPIC.route(config) if anthropic else openai
@@ -349,7 +350,7 @@ class ChatRoute:
 
     ``POST /v1/chat/completions``, ``/v1/messages`` and ``/v1/responses`` skip
     FastAPI's routing, middleware stack and dependency machinery, about a
-    fifth of a pass-through request's CPU on the bench (issue 5's profile);
+    fifth of a pass-through request's CPU in the bench's profile;
     the handler needs none of it. Their errors get the same OpenAI-shaped
     bodies the FastAPI routes give.
     """

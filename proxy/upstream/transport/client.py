@@ -3,7 +3,7 @@
 aiohttp is the client because it is the cheapest maintained one on the hot
 path (CPU per small request on the bench machine, measured in one process
 against a loopback upstream: aiohttp 0.17 ms, httpcore 0.41 ms, httpx
-0.67 ms; README *Talking to the upstream*). What this module adds to it is
+0.67 ms; docs/operations.md, *Talking to the upstream*). What this module adds to it is
 configuration and one guard:
 
 * Nothing is decompressed or added: no ``Accept-Encoding``, ``User-Agent``,

@@ -7,7 +7,7 @@ the next request of the conversation must carry the edit upstream.
 
 ``.ci/run`` installs ``chromium``; where it is absent the test says so and
 skips. Set ``UI_SCREENSHOTS_DIR`` (an absolute path: the tests run in a
-temporary directory) to keep the pages' screenshots; the README's come from
+temporary directory) to keep the pages' screenshots; docs/dashboard.md's come from
 ``UI_SCREENSHOTS_DIR=$PWD/docs pytest tests/proxy/ui/test_browser.py``.
 """
 
