@@ -86,3 +86,49 @@ def test_a_link_inside_code_is_not_checked(tmp_path: Path) -> None:
     page.write_text("`[x](missing.md)`\n\n```\n[y](missing.md)\n# not a heading\n```\n")
     assert _broken(page) == []
     assert anchors(page) == set()
+
+
+# --- comments give the reason, not a tracker number --------------------------
+
+#: "finding 4", "issue 10", "issues 5 and 12", "Issue #3": a number that points
+#: into a tracker the repository does not hold, so the reader learns nothing.
+_CITATION = re.compile(r"\b(?:issues?|findings?)\b[\s,#]*\d", re.I)
+_CODE_DIRS = ("compaction", "config", "evaluation", "proxy", "tests", "docker")
+_CODE_SUFFIXES = {".py", ".sh", ".toml", ".yaml", ".yml", ".env", ".cfg"}
+
+
+def _code_files() -> list[Path]:
+    files = [ROOT / "Makefile", ROOT / "pyproject.toml", ROOT / "docker" / "Dockerfile"]
+    for folder in _CODE_DIRS:
+        files += [
+            path
+            for path in (ROOT / folder).rglob("*")
+            if path.suffix in _CODE_SUFFIXES and path.is_file() and ".venv" not in path.parts
+        ]
+    return [path for path in files if path.exists() and path != Path(__file__).resolve()]
+
+
+def citations(text: str) -> list[str]:
+    """Each line of ``text`` that cites an issue or finding by number."""
+    return [line.strip() for line in text.splitlines() if _CITATION.search(line)]
+
+
+def test_no_code_cites_an_issue_or_finding_by_number() -> None:
+    found = {
+        path.relative_to(ROOT).as_posix(): lines
+        for path in _code_files()
+        if (lines := citations(path.read_text(errors="replace")))
+    }
+    assert found == {}, "say the reason in words (CONVENTIONS.md, habit 20)"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_no_page_cites_an_issue_or_finding_by_number(page: Path) -> None:
+    assert citations(page.read_text()) == []
+
+
+def test_a_citation_is_recognized_in_its_usual_spellings() -> None:
+    cited = "# finding 4\n(issue 10, finding 3)\nissues 5 and 12\nIssue #3: why\n"
+    assert len(citations(cited)) == 4
+    assert citations("Facts needed to continue: values, identifiers, findings, outputs.") == []
+    assert citations("the issue is that 3 tools ran") == []

@@ -33,6 +33,7 @@ def test_the_settings_table_is_the_generated_one() -> None:
 def test_every_cli_command_and_flag_is_documented() -> None:
     parser = build_parser()
     for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+        assert isinstance(action.choices, dict)
         for name, sub in action.choices.items():
             assert f"compaction-proxy {name}" in DOCUMENTATION
             for option in sub._actions:
