@@ -119,7 +119,7 @@ def test_no_code_cites_an_issue_or_finding_by_number() -> None:
         for path in _code_files()
         if (lines := citations(path.read_text(errors="replace")))
     }
-    assert found == {}, "say the reason in words (CONVENTIONS.md, habit 20)"
+    assert found == {}, "say the reason in words: a tracker number tells the next reader nothing"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
