@@ -4,17 +4,31 @@ Every later step — the decision (:mod:`compaction.decide`), the compaction
 (:mod:`compaction.execute`), the checkpoint lookup — works from this one
 reading, so no message is serialized, hashed, tokenized or grouped twice per
 request. Pure: the token counter's cache is the only state touched.
+
+Read against the ``previous`` reading of the same conversation (its messages
+the first of these, the same objects: see :mod:`compaction.incremental`),
+only what is new is keyed, counted and chained, and only the groups from the
+last one that could still grow are found again; the result is the one a full
+reading gives.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from compaction.checkpoints import chain_hashes, session_key
-from compaction.messages import Group, PairingProblem, group_and_validate, head_end
+from compaction.messages import (
+    Group,
+    Grouping,
+    PairingProblem,
+    group_and_validate,
+    group_of,
+    head_end,
+)
 from compaction.tokens import TokenCounter, count_messages_off_loop, message_keys
 from compaction.types import Message
 
@@ -59,6 +73,7 @@ def read_conversation(
     keys: list[bytes] | None = None,
     counts: list[int] | None = None,
     scope: bytes = b"",
+    previous: Conversation | None = None,
 ) -> Conversation:
     """Key, count, group and chain ``messages`` of ``request``.
 
@@ -68,12 +83,25 @@ def read_conversation(
     request, run this in a worker thread or use :func:`read_conversation_async`.
     ``scope`` seeds the checkpoint chain (see
     :func:`~compaction.checkpoints.chain_hashes`): a digest of whose
-    conversation this is and for which model.
+    conversation this is and for which model. ``previous``, if it
+    :func:`continues` into ``messages``, is reused for what it already read.
     """
-    keys = message_keys(messages) if keys is None else keys
-    counts = counter.count_messages(messages, keys) if counts is None else counts
-    grouping = group_and_validate(messages)
+    known = continues(previous, messages, counter, head_count, scope)
+    if previous is not None and known:
+        if keys is None:
+            keys = [*previous.keys, *message_keys(messages[known:])]
+        if counts is None:
+            counts = [*previous.counts, *counter.count_messages(messages[known:], keys[known:])]
+        grouping = _regroup(previous, messages)
+    else:
+        keys = message_keys(messages) if keys is None else keys
+        counts = counter.count_messages(messages, keys) if counts is None else counts
+        grouping = group_and_validate(messages)
     head = head_end(messages, grouping.groups, head_count)
+    if previous is not None and known and head == previous.head:
+        chain = _chain_on(previous, messages, keys, counter)
+    else:
+        chain = chain_hashes(messages, head, memo=counter, keys=keys, seed=scope)
     return Conversation(
         messages=messages,
         keys=keys,
@@ -83,7 +111,7 @@ def read_conversation(
         problems=grouping.problems,
         head=head,
         head_count=head_count,
-        chain=chain_hashes(messages, head, memo=counter, keys=keys, seed=scope),
+        chain=chain,
         scope=scope,
         counter=counter,
     )
@@ -96,10 +124,91 @@ async def read_conversation_async(
     head_count: int,
     *,
     scope: bytes = b"",
+    previous: Conversation | None = None,
 ) -> Conversation:
     """:func:`read_conversation`, tokenizing much new text in a worker thread."""
-    keys = message_keys(messages)
-    counts = await count_messages_off_loop(counter, messages, keys)
+    known = continues(previous, messages, counter, head_count, scope)
+    if previous is not None and known:
+        new = messages[known:]
+        new_keys = message_keys(new)
+        keys = [*previous.keys, *new_keys]
+        counts = [*previous.counts, *await count_messages_off_loop(counter, new, new_keys)]
+    else:
+        previous = None
+        keys = message_keys(messages)
+        counts = await count_messages_off_loop(counter, messages, keys)
     return read_conversation(
-        request, messages, counter, head_count, keys=keys, counts=counts, scope=scope
+        request,
+        messages,
+        counter,
+        head_count,
+        keys=keys,
+        counts=counts,
+        scope=scope,
+        previous=previous,
     )
+
+
+def continues(
+    previous: Conversation | None,
+    messages: list[Message],
+    counter: TokenCounter,
+    head_count: int,
+    scope: bytes,
+) -> int:
+    """How many of ``messages`` ``previous`` already read (its messages, the same
+    objects, then more or none), read the same way; 0 when it did not."""
+    if (
+        previous is None
+        or previous.counter is not counter
+        or previous.head_count != head_count
+        or previous.scope != scope
+        or not previous.messages
+        or len(messages) < len(previous.messages)
+    ):
+        return 0
+    known = len(previous.messages)
+    if all(map(operator.is_, previous.messages, messages[:known])):
+        return known
+    return 0
+
+
+def _regroup(previous: Conversation, messages: list[Message]) -> Grouping:
+    """The groups of ``messages``, found again only from where ``previous``'s
+    could change.
+
+    A group is found by looking forward from its start, and stays as it is
+    once every call in it has its result: only the last group (results may
+    still follow it) and any group with a call still unanswered (its result
+    may come later) are looked at again, from the earliest of them on. The
+    scan meets groups in order, and so their problems.
+    """
+    groups = previous.groups
+    if not groups:
+        return group_and_validate(messages)
+    start = groups[-1].start
+    for problem in previous.problems:
+        if problem.kind == "missing_result":
+            start = min(start, group_of(groups, problem.index).start)
+            break
+    found = group_and_validate(messages[start:])
+    kept = tuple(group for group in groups if group.end <= start)
+    moved = tuple(Group(g.start + start, g.end + start, g.kind) for g in found.groups)
+    problems = tuple(p for p in previous.problems if p.index < start) + tuple(
+        PairingProblem(p.index + start, p.kind, p.tool_call_id) for p in found.problems
+    )
+    return Grouping(kept + moved, problems)
+
+
+def _chain_on(
+    previous: Conversation, messages: list[Message], keys: list[bytes], counter: TokenCounter
+) -> list[str]:
+    """``previous``'s chain, continued over the new messages (the head unchanged)."""
+    if previous.chain:
+        start, seed = len(previous.messages), bytes.fromhex(previous.chain[-1])
+    else:
+        start, seed = previous.head, previous.scope
+    return [
+        *previous.chain,
+        *chain_hashes(messages, start, memo=counter, keys=keys, seed=seed),
+    ]
