@@ -25,9 +25,11 @@ from compaction.decide import (
     Decision,
     OverflowReport,
     RetryBudget,
+    Steering,
     ahead,
     calibrated_budget,
     decide,
+    made_progress,
     ratio_sample,
     retry_budget,
     update_ratio,
@@ -40,6 +42,14 @@ from compaction.errors import (
     SummarizationError,
 )
 from compaction.execute import execute
+from compaction.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
+from compaction.lessons import (
+    WindowLesson,
+    credible_report,
+    empty_stream_is_overflow,
+    proven_floor,
+    window_to_learn,
+)
 from compaction.messages import (
     PairingProblem,
     call_name_and_arguments,
@@ -60,6 +70,7 @@ from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [
+    "DEFAULT_READING_CACHE_BYTES",
     "ORIGIN_KEY",
     "SUMMARY_MARKER",
     "Bounds",
@@ -75,23 +86,28 @@ __all__ = [
     "OverflowReport",
     "PairingProblem",
     "Profile",
+    "ReadingCache",
     "Reason",
     "RetryBudget",
     "Span",
     "Stage",
+    "Steering",
     "Strategy",
     "SummarizationError",
     "Summarizer",
     "SummarizerMode",
     "SummaryParts",
     "TokenCounter",
+    "WindowLesson",
     "ahead",
     "calibrated_budget",
     "call_name_and_arguments",
     "check_messages",
     "compact",
     "compute_budget",
+    "credible_report",
     "decide",
+    "empty_stream_is_overflow",
     "encoding_for_model",
     "execute",
     "forwarded",
@@ -100,9 +116,11 @@ __all__ = [
     "is_summary",
     "key_argument",
     "load_encoding",
+    "made_progress",
     "message_text",
     "new_checkpoint",
     "parse_summary",
+    "proven_floor",
     "ratio_sample",
     "read_conversation",
     "read_conversation_async",
@@ -115,5 +133,6 @@ __all__ = [
     "tool_calls",
     "update_ratio",
     "validate_tool_pairing",
+    "window_to_learn",
     "with_body",
 ]

@@ -250,9 +250,26 @@ class ReadingCache:
                 self.hits += 1
         return found
 
-    def remember(self, owner: str, conversation: str, reading: Reading) -> None:
-        """Keep ``reading`` as ``owner``'s latest of ``conversation`` (replacing
-        the earlier one), evicting the least recently used beyond the bounds."""
+    def remember(
+        self,
+        owner: str,
+        conversation: str,
+        raw: bytes,
+        body: Mapping[str, Any],
+        read: Conversation | None = None,
+    ) -> Reading | None:
+        """Keep the reading of ``raw`` (parsed as ``body``, read as ``read``) as
+        ``owner``'s latest of ``conversation``, replacing the earlier one and
+        evicting the least recently used beyond the bounds."""
+        if not self.wants(raw):
+            return None
+        reading = reading_of(raw, body, read)
+        if reading is not None:
+            self.keep(owner, conversation, reading)
+        return reading
+
+    def keep(self, owner: str, conversation: str, reading: Reading) -> None:
+        """:meth:`remember` of a reading already made."""
         if reading.size > self.max_bytes:
             return
         key = (owner, conversation)

@@ -45,7 +45,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from compaction import Bounds, Profile
+from compaction import DEFAULT_READING_CACHE_BYTES, Bounds, Profile
 
 ENV_PREFIX: Final = "COMPACTION_PROXY_"
 ENV_NESTED_DELIMITER: Final = "__"
@@ -134,6 +134,12 @@ class ServerSettings(BaseModel):
     )
     max_body_bytes: _PositiveInt = Field(
         default=DEFAULT_MAX_BODY_BYTES, description="Larger request bodies get 413 before parsing."
+    )
+    incremental_cache_mb: _NonNegativeInt = Field(
+        default=DEFAULT_READING_CACHE_BYTES // (1024 * 1024),
+        description="Memory (MiB, estimated) for the latest request of each conversation, so "
+        "that the next one, which resends it, is read in proportion to what is new; the least "
+        "recently used conversations are forgotten first. 0 reads every request in full.",
     )
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log lines as plain text or one JSON object per line."

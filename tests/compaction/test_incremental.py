@@ -235,7 +235,7 @@ def test_a_reading_is_found_by_its_owner_only() -> None:
     raw, body = _big("task")
     reading = reading_of(raw, body)
     assert reading is not None
-    cache.remember("alice", "conversation", reading)
+    cache.keep("alice", "conversation", reading)
     assert cache.find("bob", _grown(raw)) is None
     found = cache.find("alice", _grown(raw))
     assert found is not None and found.body == orjson.loads(_grown(raw))
@@ -257,7 +257,7 @@ def test_the_least_recently_used_reading_goes_first_when_the_memory_bound_is_cro
     cache = ReadingCache(max_bytes=sizes[0] + sizes[1] + sizes[2] // 2)
     for i, reading in enumerate(readings):
         assert reading is not None
-        cache.remember("alice", f"c{i}", reading)
+        cache.keep("alice", f"c{i}", reading)
     figures = cache.figures()
     assert figures.readings == 2
     assert figures.bytes <= figures.limit
@@ -274,7 +274,7 @@ def test_a_conversation_keeps_only_its_latest_reading() -> None:
     for data in (raw, grown):
         reading = reading_of(data, orjson.loads(data))
         assert reading is not None
-        cache.remember("alice", "conversation", reading)
+        cache.keep("alice", "conversation", reading)
     figures = cache.figures()
     assert figures.readings == 1
     found = cache.find("alice", _grown(grown))
@@ -286,7 +286,7 @@ def test_an_owner_keeps_a_bounded_number_of_conversations() -> None:
     for i in range(READINGS_PER_OWNER + 3):
         reading = reading_of(*_big(f"task {i}"))
         assert reading is not None
-        cache.remember("alice", f"c{i}", reading)
+        cache.keep("alice", f"c{i}", reading)
     assert cache.figures().readings == READINGS_PER_OWNER
 
 
@@ -296,6 +296,6 @@ def test_a_cache_of_no_bytes_reads_everything_in_full(limit: int) -> None:
     raw, body = _big("task")
     reading = reading_of(raw, body)
     assert reading is not None
-    cache.remember("alice", "conversation", reading)
+    cache.keep("alice", "conversation", reading)
     assert cache.find("alice", _grown(raw)) is None
     assert cache.figures().readings == 0
