@@ -154,7 +154,7 @@ def test_an_extra_upstream_response_is_never_served_to_the_next_caller(when: str
         assert "answer 1" in second.text  # a fresh connection's first answer
 
 
-# --- heads out of bounds: a 502, never buffered without end --------------------------------------------
+# --- heads out of bounds: a 502, never buffered without end -------------------
 
 
 @pytest.mark.parametrize(

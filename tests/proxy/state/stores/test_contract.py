@@ -194,7 +194,7 @@ async def test_events_newest_first_filtered_by_session_with_limit(store: Store) 
     assert await store.events(limit=0) == []
 
 
-# -- owners: one caller's records are hidden from the others ------------------------------------------
+# -- owners: one caller's records are hidden from the others -----------------
 
 
 async def test_a_checkpoint_is_found_by_id_for_its_owner_only(store: Store) -> None:
