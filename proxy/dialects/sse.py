@@ -10,8 +10,9 @@ blank line that ends it::
 The three APIs send JSON, which ``orjson`` writes on one line, so their events
 are one ``data:`` line each; data holding line breaks (``\\n``, ``\\r\\n`` or
 ``\\r``, all of which end a line in the format) is split over as many
-``data:`` lines, which a reader joins back with ``\\n``. A name cannot hold a
-line break: it would end the field and start another. Chat Completions ends
+``data:`` lines, which a reader joins back with ``\\n``. A name is one
+non-empty line: a line break would end the field and start another, and an
+empty name reads as none. Chat Completions ends
 its stream with :data:`DONE`; the other two have no terminator.
 
 The proxy relays the upstream's own events as they arrive and never reframes
@@ -35,8 +36,9 @@ def frame(data: bytes | str, event: str | None = None) -> bytes:
     raw = data.encode() if isinstance(data, str) else data
     head = b""
     if event is not None:
-        if _LINE_BREAK.search(event.encode()):
-            raise ValueError(f"an event name cannot hold a line break: {event!r}")
+        if not event or _LINE_BREAK.search(event.encode()):
+            # Empty, it reads as no name; with a line break, as another field.
+            raise ValueError(f"an event name is a non-empty line: {event!r}")
         head = b"event: " + event.encode() + b"\n"
     if b"\n" not in raw and b"\r" not in raw:
         return head + b"data: " + raw + b"\n\n"

@@ -10,6 +10,10 @@ import pytest
 from aiohttp import web
 
 from compaction import SummarizationError
+from proxy.dialects.anthropic import ANTHROPIC
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import CHAT
+from proxy.dialects.responses import RESPONSES
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.transport import Transport
 
@@ -27,8 +31,8 @@ def _reply(content: Any = "## Goal\nx", **message: Any) -> Reply:
     )
 
 
-def _summarize(handler: Any) -> tuple[str, list[dict[str, Any]]]:
-    """Summarize once against an upstream answering ``handler(body, n)``."""
+def _summarize(handler: Any, dialect: Dialect = CHAT) -> tuple[str, list[dict[str, Any]]]:
+    """Summarize once, in ``dialect``'s API, against an upstream answering ``handler(body, n)``."""
     seen: list[dict[str, Any]] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -38,7 +42,7 @@ def _summarize(handler: Any) -> tuple[str, list[dict[str, Any]]]:
 
     async def run() -> str:
         app = web.Application()
-        app.router.add_post("/v1/chat/completions", answer)
+        app.router.add_post("/v1" + dialect.path, answer)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -49,7 +53,11 @@ def _summarize(handler: Any) -> tuple[str, list[dict[str, Any]]]:
         )
         try:
             summarizer = UpstreamSummarizer(
-                transport, f"http://127.0.0.1:{port}/v1", "m", {"authorization": "k"}
+                transport,
+                f"http://127.0.0.1:{port}/v1",
+                "m",
+                {"authorization": "k"},
+                dialect=dialect,
             )
             return await summarizer([{"role": "user", "content": "x"}], 600)
         finally:
@@ -88,6 +96,45 @@ def test_reasoning_models_are_asked_again_with_max_completion_tokens() -> None:
     assert text == "## Goal\nx"
     assert "max_tokens" not in seen[1] and "temperature" not in seen[1]
     assert seen[1]["max_completion_tokens"] == 600
+
+
+_REFUSAL = _json(
+    400,
+    {
+        "error": {
+            "message": "Unsupported parameter: 'max_tokens'. Use 'max_completion_tokens' instead.",
+            "type": "invalid_request_error",
+        }
+    },
+)
+
+
+def test_a_reasoning_model_is_asked_again_once_and_its_second_refusal_is_the_answer() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def refuse(request: dict[str, Any], n: int) -> Reply:
+        seen.append(request)
+        return _REFUSAL
+
+    with pytest.raises(SummarizationError, match="400"):
+        _summarize(refuse)
+    assert [("max_tokens" in r, "max_completion_tokens" in r) for r in seen] == [
+        (True, False),
+        (False, True),
+    ]
+
+
+@pytest.mark.parametrize("dialect", [ANTHROPIC, RESPONSES], ids=["anthropic", "responses"])
+def test_the_other_apis_are_asked_once_whatever_the_refusal_says(dialect: Dialect) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def refuse(request: dict[str, Any], n: int) -> Reply:
+        seen.append(request)
+        return _REFUSAL
+
+    with pytest.raises(SummarizationError, match="400"):
+        _summarize(refuse, dialect)
+    assert seen == [dialect.summary_request("m", [{"role": "user", "content": "x"}], 600)]
 
 
 @pytest.mark.parametrize(
