@@ -1,13 +1,20 @@
-"""Factories shared by the whole suite: small builders for chat messages."""
+"""Factories shared by the whole suite: small builders for chat messages, and the
+one recording fake summarizer."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import itertools
 import json
 import os
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
+
+from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
 
 _ids = itertools.count(1)
 
@@ -56,3 +63,70 @@ def messages_factory() -> Any:
     return types.SimpleNamespace(
         system=system, user=user, assistant=assistant, tool_group=tool_group
     )
+
+
+#: What :class:`RecordingSummarizer` answers by default: a summary with the
+#: sections the condenser asks for.
+SUMMARY_REPLY = (
+    "## Goal\n- Fix the parser\n\n## Progress\n### Done\n- Read the modules\n\n"
+    "## Key Decisions\n- Keep the grammar\n\n## Next Steps\n- Run the tests"
+)
+#: …and to a request for a turn-prefix note (the first steps of the current turn).
+PREFIX_REPLY = "## Done So Far\n- Read the modules\n\n## Context Needed Next\n- The docs"
+
+
+class SummaryCall(NamedTuple):
+    """One call of the summarizer: the prompt (a copy) and the budget it was given."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int
+
+
+class RecordingSummarizer:
+    """The fake summarizer the suite shares: answers ``reply`` (a text, or a
+    function of the call's number, 1, 2, …) or raises ``error``; records every
+    call, and the thread and event loop each ran on.
+
+    With the default reply, a turn-prefix request gets :data:`PREFIX_REPLY`,
+    as a model asked that prompt answers.
+    """
+
+    def __init__(
+        self,
+        reply: str | Callable[[int], str] = SUMMARY_REPLY,
+        *,
+        error: BaseException | None = None,
+    ) -> None:
+        self.reply = reply
+        self.error = error
+        self.history: list[SummaryCall] = []
+        #: Per call: the thread it ran on, and the loop running there.
+        self.threads: list[int] = []
+        self.loops: list[asyncio.AbstractEventLoop] = []
+
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+        self.history.append(SummaryCall(copy.deepcopy(messages), max_tokens))
+        self.threads.append(threading.get_ident())
+        self.loops.append(asyncio.get_running_loop())
+        if self.error is not None:
+            raise self.error
+        if self.reply == SUMMARY_REPLY and messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT:
+            return PREFIX_REPLY
+        return self.reply(len(self.history)) if callable(self.reply) else self.reply
+
+    @property
+    def calls(self) -> int:
+        return len(self.history)
+
+    @property
+    def budgets(self) -> list[int]:
+        return [call.max_tokens for call in self.history]
+
+    def prompt_text(self, call: int = -1) -> str:
+        """The user turn of a call's prompt: the span to summarize, as the model reads it."""
+        return str(self.history[call].messages[1]["content"])
+
+
+@pytest.fixture
+def summarizer() -> RecordingSummarizer:
+    return RecordingSummarizer()

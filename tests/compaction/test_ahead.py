@@ -14,7 +14,7 @@ from compaction.decide import Decision, calibrated_budget, decide
 from compaction.messages import validate_tool_pairing
 from compaction.results import CompactionResult, new_checkpoint
 from compaction.summary import summary_body
-from tests.conftest import system, tool_group, user
+from tests.conftest import RecordingSummarizer, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")
 #: No pruning: a compaction of these sessions condenses.
@@ -55,18 +55,9 @@ def _grown_to(
     return messages
 
 
-class _Model:
-    """A summarizer that answers at once, and counts its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-        self.calls += 1
-        return SUMMARY
-
-
-def _prepare(messages: list[dict[str, Any]], model: _Model) -> tuple[Checkpoint, CompactionResult]:
+def _prepare(
+    messages: list[dict[str, Any]], model: RecordingSummarizer
+) -> tuple[Checkpoint, CompactionResult]:
     """What the proxy does in the background: plan ahead, run it, keep it as precomputed."""
     conversation = _conversation(messages)
     decision = decide(conversation, PROFILE, BUDGET)
@@ -109,13 +100,19 @@ def test_a_prepared_compaction_applied_leaves_what_one_made_at_the_trigger_would
     conversation = _conversation(messages)
     plan = ahead(conversation, decide(conversation, PROFILE, BUDGET))
     assert plan.action == "compact" and plan.growth >= BUDGET.trigger - plan.tokens
-    prepared, _ = _prepare(messages, _Model())
+    prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
 
     crossing = _conversation(_crossing(messages))
     applied = asyncio.run(
-        execute(crossing, decide(crossing, PROFILE, BUDGET, stored=_stored(prepared)), _Model())
+        execute(
+            crossing,
+            decide(crossing, PROFILE, BUDGET, stored=_stored(prepared)),
+            RecordingSummarizer(SUMMARY),
+        )
     )
-    at_the_trigger = asyncio.run(execute(crossing, decide(crossing, PROFILE, BUDGET), _Model()))
+    at_the_trigger = asyncio.run(
+        execute(crossing, decide(crossing, PROFILE, BUDGET), RecordingSummarizer(SUMMARY))
+    )
     assert applied.precomputed == "p" and at_the_trigger.precomputed is None
     # Had the tail not been planned shorter, the growth would sit on top.
     slack = abs(applied.tokens_after - at_the_trigger.tokens_after)
@@ -124,7 +121,7 @@ def test_a_prepared_compaction_applied_leaves_what_one_made_at_the_trigger_would
 
 def test_a_prepared_compaction_changes_nothing_under_the_trigger() -> None:
     messages = _grown_to(0.85)
-    prepared, _ = _prepare(messages, _Model())
+    prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     later = [*messages, *_step(1000)]
     decision = decide(_conversation(later), PROFILE, BUDGET, stored=_stored(prepared))
     if decision.tokens <= BUDGET.trigger:
@@ -134,12 +131,12 @@ def test_a_prepared_compaction_changes_nothing_under_the_trigger() -> None:
 
 def test_at_the_trigger_the_prepared_compaction_is_applied_without_asking_the_model() -> None:
     messages = _grown_to(0.85)
-    prepared, _ = _prepare(messages, _Model())
+    prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     crossing = _crossing(messages)
     conversation = _conversation(crossing)
     decision = decide(conversation, PROFILE, BUDGET, stored=_stored(prepared))
     assert decision.action == "compact" and decision.checkpoint is prepared
-    model = _Model()
+    model = RecordingSummarizer(SUMMARY)
     result = asyncio.run(execute(conversation, decision, model))
     assert model.calls == 0
     assert result.stage == "condensed" and result.precomputed == "p"
@@ -155,14 +152,14 @@ def test_at_the_trigger_the_prepared_compaction_is_applied_without_asking_the_mo
 
 def test_what_arrived_since_is_compacted_behind_the_prepared_summary_without_a_model() -> None:
     messages = _grown_to(0.8)
-    prepared, _ = _prepare(messages, _Model())
+    prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     # Far more arrives than the preparation expected (huge tool outputs).
     crossing = [*messages, *(m for i in range(30) for m in _step(2000 + i))]
     conversation = _conversation(crossing)
     decision = decide(conversation, PROFILE, BUDGET, stored=_stored(prepared))
     assert decision.fixed == len(prepared.replacement)
     assert decision.profile.summarizer == "extractive"
-    model = _Model()
+    model = RecordingSummarizer(SUMMARY)
     result = asyncio.run(execute(conversation, decision, model))
     assert model.calls == 0
     assert result.tokens_after <= BUDGET.input_limit
@@ -175,7 +172,7 @@ def test_what_arrived_since_is_compacted_behind_the_prepared_summary_without_a_m
 
 def test_a_prepared_compaction_off_the_conversation_is_never_applied() -> None:
     messages = _grown_to(0.85)
-    prepared, _ = _prepare(messages, _Model())
+    prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     # The history was edited (a rewind, a changed tool output), then grew past the trigger.
     edited = [*messages[:3], {**messages[3], "content": "redone"}, *messages[4:]]
     while _conversation(edited).tokens <= BUDGET.trigger:
@@ -187,7 +184,7 @@ def test_a_prepared_compaction_off_the_conversation_is_never_applied() -> None:
 
 def test_a_prepared_compaction_for_another_window_is_not_applied() -> None:
     messages = _grown_to(0.85)
-    prepared, _ = _prepare(messages, _Model())
+    prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     other = dataclasses.replace(prepared, window=8_192)
     crossing = _crossing(messages)
     decision: Decision = decide(_conversation(crossing), PROFILE, BUDGET, stored=_stored(other))
@@ -197,7 +194,7 @@ def test_a_prepared_compaction_for_another_window_is_not_applied() -> None:
 
 def test_the_prepared_summary_is_the_models() -> None:
     messages = _grown_to(0.85)
-    model = _Model()
+    model = RecordingSummarizer(SUMMARY)
     prepared, result = _prepare(messages, model)
     assert model.calls == 1 and result.summarizer_used == "llm"
     texts = [m.get("content") for m in prepared.replacement]
@@ -207,13 +204,15 @@ def test_the_prepared_summary_is_the_models() -> None:
 def test_a_preparation_over_a_summary_since_edited_is_never_applied() -> None:
     # A first compaction, in use; then a preparation over it.
     messages = _grown_to(0.85)
-    first, _ = _prepare(messages, _Model())
+    first, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     in_use = dataclasses.replace(first, precomputed=False, prepared_over="", id="c")
     grown = _grown_to(0.85, messages, _stored(in_use))
     conversation = _conversation(grown)
     decision = decide(conversation, PROFILE, BUDGET, stored=_stored(in_use))
     assert decision.checkpoint is in_use and decision.prepare
-    result = asyncio.run(execute(conversation, ahead(conversation, decision), _Model()))
+    result = asyncio.run(
+        execute(conversation, ahead(conversation, decision), RecordingSummarizer(SUMMARY))
+    )
     second = new_checkpoint(
         conversation,
         result,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -23,39 +23,18 @@ from compaction.pruner import prune
 from compaction.summary import SUMMARY_MARKER, is_summary, summary_message
 from compaction.tokens import TokenCounter
 from compaction.types import SummarizerMode
-from tests.conftest import assistant, system, tool_group, user
+from tests.conftest import (
+    SUMMARY_REPLY,
+    RecordingSummarizer,
+    assistant,
+    system,
+    tool_group,
+    user,
+)
 
 Message = dict[str, Any]
 COUNTER = TokenCounter("gpt-4o")
-REPLY = (
-    "## Goal\n- Fix the parser\n\n## Progress\n### Done\n- Read the modules\n\n"
-    "## Key Decisions\n- Keep the grammar\n\n## Next Steps\n- Run the tests"
-)
-PREFIX_REPLY = "## Done So Far\n- Read the modules\n\n## Context Needed Next\n- The docs"
-
-
-class RecordingSummarizer:
-    """A fake summarizer that remembers every prompt and budget it was given."""
-
-    def __init__(
-        self,
-        reply: str | Callable[[int], str] = REPLY,
-        error: BaseException | None = None,
-    ) -> None:
-        self.reply = reply
-        self.error = error
-        self.history: list[tuple[list[Message], int]] = []
-
-    async def __call__(self, messages: list[Message], max_tokens: int) -> str:
-        self.history.append((copy.deepcopy(messages), max_tokens))
-        if self.error is not None:
-            raise self.error
-        if self.reply == REPLY and messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT:
-            return PREFIX_REPLY
-        return self.reply(len(self.history)) if callable(self.reply) else self.reply
-
-    def prompt_text(self, call: int = -1) -> str:
-        return str(self.history[call][0][1]["content"])
+REPLY = SUMMARY_REPLY
 
 
 def output(i: int, chars: int = 3_000) -> str:

@@ -12,23 +12,13 @@ from compaction.execute import NOTE_ROOM, execute
 from compaction.messages import message_text, validate_tool_pairing
 from compaction.results import new_checkpoint
 from compaction.summary import SUMMARY_MARKER, is_summary
-from tests.conftest import assistant, system, tool_group, user
+from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")
 GOOD = (
     "## Goal\nShip it.\n## Progress\n### Done\n- {filler}\n## Key Decisions\n- keep it\n"
     "## Next Steps\n- test"
 )
-
-
-class Recording:
-    def __init__(self, reply: str) -> None:
-        self.reply = reply
-        self.budgets: list[int] = []
-
-    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-        self.budgets.append(max_tokens)
-        return self.reply
 
 
 def _run(
@@ -64,7 +54,7 @@ def test_a_newest_turn_that_fits_alone_is_not_cut_for_a_digest() -> None:
         words -= 10
         newest = user("z " * words)
     messages = [*head, *_steps(10), newest]
-    summarizer = Recording(GOOD.format(filler="x"))
+    summarizer = RecordingSummarizer(GOOD.format(filler="x"))
     _, result = _run(messages, profile, summarizer)
     assert summarizer.budgets == []  # no room for the minimum summary: no model asked
     assert result.messages[-1] is newest  # whole, not cut
@@ -76,7 +66,7 @@ def test_a_summary_larger_than_its_room_is_cut_to_fit_not_thrown_away() -> None:
     profile = Profile(context_window=16_384, summarizer="llm")
     chat = [m for i in range(30) for m in (user(f"part {i}: " + "w " * 900), assistant("noted"))]
     messages = [system(), user("task"), *chat, user("go on")]
-    summarizer = Recording(GOOD.format(filler="detail " * 6_000))  # far over its budget
+    summarizer = RecordingSummarizer(GOOD.format(filler="detail " * 6_000))  # far over its budget
     _, result = _run(messages, profile, summarizer)
     assert result.stage == "condensed" and result.summarizer_used == "llm"
     summary = next(m for m in result.messages if is_summary(m))

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -283,13 +282,15 @@ def test_task_quote_is_compact() -> None:
     assert line.removesuffix(" …").split()[-1] in task.split()  # cut between words
 
 
-def test_long_text_without_sentence_ends_is_read_in_linear_time() -> None:
-    huge = "lorem ipsum " * 20_000  # no sentence punctuation in 240,000 characters
+def test_long_text_without_sentence_ends_is_summarized_within_its_budget() -> None:
+    # No sentence punctuation in 240,000 characters: the input a backtracking
+    # sentence splitter would not finish on. How long it takes is for
+    # ``make bench`` to say; here, that it ends, with a summary of bounded size.
+    huge = "lorem ipsum " * 20_000
     middle = [user(huge), assistant(huge), assistant(huge), *tool_group("bash", {"command": huge})]
-    start = time.perf_counter()
     text = summarize(middle, head=[system(), user(huge)], previous=[huge])
-    assert time.perf_counter() - start < 5
     assert "lorem ipsum" in text
+    assert len(text) < len(huge)
 
 
 # --- errors and decisions ------------------------------------------------------

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from compaction.steps import Step, tool_steps
@@ -80,12 +78,14 @@ def test_a_brief_of_another_tool_is_ordinary_text() -> None:
     assert step.outcome == "`[read_file] x (10 chars)`"
 
 
-def test_huge_results_are_read_in_linear_time() -> None:
+def test_huge_results_are_read_into_a_bounded_outcome() -> None:
+    # Inputs a backtracking pattern would not finish on (no line ends, a
+    # sentence per two characters, an unclosed bracket run). How long they
+    # take is for ``make bench`` to say; here, that each ends, briefly told.
     results = ["x" * 300_000, "a." * 150_000, "lorem " * 50_000, "[bash] " + "(" * 100_000]
-    start = time.perf_counter()
     for result in results:
-        only_step("bash", {"command": "run"}, result)
-    assert time.perf_counter() - start < 5
+        step = only_step("bash", {"command": "run"}, result)
+        assert len(step.outcome) < 1_000
 
 
 def test_a_result_keeps_every_distinct_error_line_whole() -> None:

@@ -17,19 +17,13 @@ from compaction.messages import message_text
 from compaction.results import new_checkpoint
 from compaction.strategies import MASK_MIN_CHARS, PLACEHOLDER_PREFIX, mask, placeholder
 from compaction.summary import is_summary
-from tests.conftest import assistant, system, tool_group, user
+from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 from tests.synthetic import agent_session
 
 COUNTER = TokenCounter("gpt-4o")
 
 
-class Recording:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-        self.calls += 1
-        return "## Goal\nShip it.\n## Next Steps\n- test"
+SHIP_IT = "## Goal\nShip it.\n## Next Steps\n- test"
 
 
 def _run(messages: list[dict[str, Any]], profile: Profile, summarizer: Any = None) -> Any:
@@ -81,7 +75,7 @@ def test_mask_never_calls_the_summarizer_and_truncates_when_masking_is_not_enoug
             assistant(f"step {i} " + "thinking " * 200),
             *tool_group("bash", {"command": f"ls {i}"}, "y " * 2_000),
         ]
-    summarizer = Recording()
+    summarizer = RecordingSummarizer(SHIP_IT)
     profile = Profile(context_window=8_192, strategy="mask", summarizer="llm")
     result = _run(messages, profile, summarizer)
     assert summarizer.calls == 0 and result.summary is None
@@ -93,7 +87,7 @@ def test_mask_never_calls_the_summarizer_and_truncates_when_masking_is_not_enoug
 def test_hybrid_stops_after_masking_when_that_is_enough() -> None:
     messages = agent_session(seed=3, steps=60, output_chars=4_000)
     profile = Profile(context_window=32_768, strategy="hybrid", summarizer="llm")
-    summarizer = Recording()
+    summarizer = RecordingSummarizer(SHIP_IT)
     result = _run(messages, profile, summarizer)
     assert result.stage == "masked" and summarizer.calls == 0
     assert result.tokens_after <= result.trigger * profile.prune_target
@@ -111,12 +105,14 @@ def test_hybrid_condenses_the_masked_middle_when_masking_is_not_enough() -> None
             assistant(f"step {i} " + "thinking " * 150),
             *tool_group("bash", {"command": f"ls {i}"}, "y " * 1_000),
         ]
-    summarizer = Recording()
+    summarizer = RecordingSummarizer(SHIP_IT)
     profile = Profile(context_window=16_384, strategy="hybrid", summarizer="llm")
     result = _run(messages, profile, summarizer)
     assert result.stage == "condensed" and summarizer.calls >= 1
     # Summary on the same request: its first stage pruned instead of masking.
-    summary = _run(messages, dataclasses.replace(profile, strategy="summary"), Recording())
+    summary = _run(
+        messages, dataclasses.replace(profile, strategy="summary"), RecordingSummarizer(SHIP_IT)
+    )
     assert summary.stage == "condensed"
 
 

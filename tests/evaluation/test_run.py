@@ -20,17 +20,11 @@ from compaction import Profile
 from evaluation import read_bodies
 from evaluation.run import evaluate
 from proxy.cli.commands import main
+from tests.conftest import RecordingSummarizer
 from tests.proxy.servers import serve_in_thread
 from tests.synthetic import agent_session
 
-
-class Recording:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-        self.calls += 1
-        return "## Goal\nFix the failing test.\n## Next Steps\n- run pytest"
+FIXED = "## Goal\nFix the failing test.\n## Next Steps\n- run pytest"
 
 
 @pytest.fixture
@@ -74,7 +68,7 @@ def test_bodies_of_every_api_are_read_and_lists_skipped(folder: Path) -> None:
 
 
 def test_each_strategy_is_scored_and_only_summaries_cost_summarizer_tokens(folder: Path) -> None:
-    summarizer = Recording()
+    summarizer = RecordingSummarizer(FIXED)
     cells = asyncio.run(
         evaluate(
             read_bodies(folder),

@@ -249,6 +249,8 @@ class FakeUpstream:
     count_tokens: bool = True
     received: list[Received] = field(default_factory=list)
     stream_closed: list[float] = field(default_factory=list)
+    #: How many events each closed stream had sent (in ``stream_closed``'s order).
+    stream_sent: list[int] = field(default_factory=list)
     #: When the proxy closed each "hang" request's connection (monotonic clock).
     hang_closed: list[float] = field(default_factory=list)
     counter: TokenCounter = field(default_factory=lambda: TokenCounter("gpt-4o"))
@@ -497,6 +499,7 @@ class FakeUpstream:
     async def _sse(
         self, body: dict[str, Any], answer: str, prompt: int, drop: bool
     ) -> AsyncIterator[bytes]:
+        sent = 0
         try:
             words = [f"w{i} " for i in range(self.chunks)]
             base = {
@@ -524,6 +527,7 @@ class FakeUpstream:
                     await asyncio.sleep(self.chunk_delay)
                 if drop and i == len(words) // 2:
                     raise RuntimeError("dropped mid-stream on purpose")
+                sent += 1
                 yield _event(
                     {
                         **base,
@@ -561,6 +565,7 @@ class FakeUpstream:
             yield b"data: [DONE]\n\n"
         finally:
             self.stream_closed.append(time.monotonic())
+            self.stream_sent.append(sent)
 
 
 def _event(payload: dict[str, Any]) -> bytes:
