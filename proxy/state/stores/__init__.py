@@ -14,7 +14,11 @@ ratios live.
 * ``redis://host:port/db`` (or ``rediss://``) — shared by several replicas;
 * ``memory://`` — this process only (tests).
 
-Every backend passes the same contract suite (``tests/proxy/state/stores``).
+:class:`Store` is one protocol per concern (:mod:`proxy.state.stores.protocols`):
+``CheckpointStore``, ``EventStore``, ``LivenessStore``, ``LockStore``,
+``WindowStore``, ``CalibrationStore``, ``FigureStore``, ``SettingsStore`` and
+``UpkeepStore``; a consumer types against the ones it uses. Every backend
+passes the same contract suite (``tests/proxy/state/stores``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from proxy.state.stores.base import (
     OPEN_EVENT_TYPES,
     Event,
     EventType,
-    Store,
     StoreError,
     interrupted,
 )
@@ -43,6 +46,18 @@ from proxy.state.stores.figures import (
     SessionSummary,
 )
 from proxy.state.stores.memory import MemoryStore
+from proxy.state.stores.protocols import (
+    CalibrationStore,
+    CheckpointStore,
+    EventStore,
+    FigureStore,
+    LivenessStore,
+    LockStore,
+    SettingsStore,
+    Store,
+    UpkeepStore,
+    WindowStore,
+)
 from proxy.state.stores.redis import DEFAULT_KEY_PREFIX, RedisStore
 from proxy.state.stores.resilient import (
     FailureKind,
@@ -128,10 +143,16 @@ __all__ = [
     "EMPTY_STREAM_STATUS",
     "INTERRUPTED",
     "OPEN_EVENT_TYPES",
+    "CalibrationStore",
+    "CheckpointStore",
     "Event",
+    "EventStore",
     "EventType",
     "FailureKind",
+    "FigureStore",
     "HealthReport",
+    "LivenessStore",
+    "LockStore",
     "MemoryStore",
     "RedisStore",
     "RequestRecord",
@@ -139,11 +160,14 @@ __all__ = [
     "SQLiteStore",
     "SessionSettings",
     "SessionSummary",
+    "SettingsStore",
     "Store",
     "StoreError",
     "StoreHealth",
     "StoreObserver",
     "StoreUnavailable",
+    "UpkeepStore",
+    "WindowStore",
     "default_sqlite_path",
     "interrupted",
     "open_store",

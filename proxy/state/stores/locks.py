@@ -65,6 +65,3 @@ class LeaseLocks:
             if lease is None or lease.token is not token:
                 return
             lease.deadline = loop.time() + ttl
-
-    def __len__(self) -> int:
-        return len(self._leases)

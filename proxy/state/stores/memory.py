@@ -42,7 +42,7 @@ _Key = tuple[str, str]  #: (owner, session)
 
 
 class MemoryStore:
-    """The :class:`~proxy.state.stores.base.Store` contract in a few dicts."""
+    """The :class:`~proxy.state.stores.protocols.Store` contract in a few dicts."""
 
     tracks_liveness = False  #: one process: nothing else can be alive in it
 
@@ -240,6 +240,3 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
-
-    def __len__(self) -> int:
-        return len(self._by_hash)

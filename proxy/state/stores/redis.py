@@ -115,7 +115,7 @@ async def _reply(pending: Any) -> Any:
 
 
 class RedisStore:
-    """The :class:`~proxy.state.stores.base.Store` contract on a Redis server."""
+    """The :class:`~proxy.state.stores.protocols.Store` contract on a Redis server."""
 
     tracks_liveness = True  #: every instance's heartbeat key expires with it
 

@@ -1,4 +1,4 @@
-"""A store that cannot fail the requests the proxy exists for (issue 10, finding 4).
+"""A store that cannot fail the requests the proxy exists for.
 
     health = StoreHealth()
     store = ResilientStore(open_store(url), timeout=2.0, health=health, observer=metrics)
@@ -41,24 +41,41 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal, Protocol, TypeVar
+from functools import partial
+from typing import (
+    Any,
+    Concatenate,
+    Final,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    overload,
+)
 
-from compaction import Checkpoint, Message
-from proxy.state.stores.base import DEFAULT_EVENTS_LIMIT, INTERRUPTED, Event, Store, checked_ratio
-from proxy.state.stores.figures import (
-    DEFAULT_REQUESTS_LIMIT,
-    DEFAULT_SESSIONS_LIMIT,
-    RequestRecord,
-    SessionSettings,
-    SessionSummary,
+from proxy.state.stores.base import checked_ratio
+from proxy.state.stores.figures import SessionSettings
+from proxy.state.stores.protocols import (
+    CalibrationStore,
+    CheckpointStore,
+    EventStore,
+    FigureStore,
+    LivenessStore,
+    SettingsStore,
+    Store,
+    UpkeepStore,
+    WindowStore,
 )
 
 logger = logging.getLogger("compaction_proxy.store")
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 #: Seconds the store is left alone after a call timed out (the keep-alive
 #: probe, every 10 s, is not held back: it costs no request anything).
@@ -187,13 +204,121 @@ def _timed_out(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or type(exc).__name__ == "TimeoutError"
 
 
-class ResilientStore:
-    """The :class:`~proxy.state.stores.base.Store` contract over ``store``, whose failures
-    degrade instead of failing the caller (see the module doc).
+class _Guarded(Generic[_P, _T]):
+    """One operation of the contract on a :class:`ResilientStore`: the wrapped
+    store's method of the same name, called under this operation's policy.
 
-    Forwarding a method of the contract is one line: ``_soft`` with the answer
-    a request can live with, or ``_hard`` for a reader that must know.
+    ``declared`` is the protocol's own method, so the operation's signature is
+    the contract's and cannot drift from it. ``fallback`` makes the answer a
+    request can live with when the store is unavailable; without one, the
+    caller is told (:class:`StoreUnavailable`).
     """
+
+    def __init__(
+        self,
+        declared: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]],
+        *,
+        fallback: Callable[[], _T] | None,
+        side: Side,
+        proves: bool,
+    ) -> None:
+        self.declared = declared
+        self.operation = declared.__name__
+        self.fallback = fallback
+        self.side: Side = side
+        self.proves = proves
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        # ``get = _must_answer(CheckpointStore.originals)`` would answer one
+        # operation with another: refused when the class is made.
+        if name != self.operation:
+            raise TypeError(f"{owner.__name__}.{name} is declared as {self.operation}")
+
+    @overload
+    def __get__(self, store: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(
+        self, store: ResilientStore, owner: type[Any]
+    ) -> Callable[_P, Coroutine[Any, Any, _T]]: ...
+
+    def __get__(
+        self, store: ResilientStore | None, owner: type[Any]
+    ) -> Self | Callable[_P, Coroutine[Any, Any, _T]]:
+        if store is None:
+            return self
+        method: Callable[_P, Awaitable[_T]] = getattr(store._store, self.operation)
+        operation, fallback, side, proves = self.operation, self.fallback, self.side, self.proves
+
+        async def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+            work = partial(method, *args, **kwargs)
+            if fallback is None:
+                return await store._hard(operation, work, side, proves=proves)
+            return await store._soft(operation, fallback, work, side, proves=proves)
+
+        call.__name__ = call.__qualname__ = operation
+        call.__doc__ = self.declared.__doc__
+        return call
+
+
+def _degrades(
+    declared: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]],
+    *,
+    to: Callable[[], _T],
+    side: Side = "write",
+    proves: bool = True,
+) -> _Guarded[_P, _T]:
+    """An operation of the request path: answered ``to()`` when the store is unavailable.
+    ``proves=False``: a call that may do no I/O, whose success says nothing."""
+    return _Guarded(declared, fallback=to, side=side, proves=proves)
+
+
+def _must_answer(
+    declared: Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]], *, side: Side = "read"
+) -> _Guarded[_P, _T]:
+    """An operation whose caller has nothing to fall back on: :class:`StoreUnavailable`."""
+    return _Guarded(declared, fallback=None, side=side, proves=True)
+
+
+def _nothing() -> None:
+    return None
+
+
+class ResilientStore:
+    """The :class:`~proxy.state.stores.protocols.Store` contract over ``store``, whose
+    failures degrade instead of failing the caller (see the module doc).
+
+    The class body is the policy, one line per operation: :func:`_degrades` with
+    the answer a request can live with, or :func:`_must_answer` for a caller
+    that must know. The few with a rule of their own (``heartbeat``,
+    ``set_calibration``, ``lock``) are written out below them.
+    """
+
+    # -- the request path: degrade -------------------------------------------
+
+    lookup = _degrades(CheckpointStore.lookup, to=dict, side="read")  # compacted afresh
+    put = _degrades(CheckpointStore.put, to=_nothing)
+    add_event = _degrades(EventStore.add_event, to=_nothing)
+    fail_interrupted = _degrades(LivenessStore.fail_interrupted, to=int, proves=False)
+    set_learned_window = _degrades(WindowStore.set_learned_window, to=_nothing)
+    record_requests = _degrades(FigureStore.record_requests, to=_nothing)
+    #: Read when about to compact: a store that cannot say means the defaults.
+    session_settings = _degrades(SettingsStore.session_settings, to=SessionSettings, side="read")
+    purge = _degrades(UpkeepStore.purge, to=int, proves=False)  # may have nothing to drop
+
+    # -- readers (and one writer) that must know: StoreUnavailable -------------
+
+    get = _must_answer(CheckpointStore.get)
+    originals = _must_answer(CheckpointStore.originals)
+    events = _must_answer(EventStore.events)
+    learned_windows = _must_answer(WindowStore.learned_windows)
+    calibrations = _must_answer(CalibrationStore.calibrations)
+    requests = _must_answer(FigureStore.requests)
+    sessions = _must_answer(FigureStore.sessions)
+    session_count = _must_answer(FigureStore.session_count)
+    savings = _must_answer(FigureStore.savings)
+    #: A user who set something is told when it did not take.
+    set_session_settings = _must_answer(SettingsStore.set_session_settings, side="write")
 
     def __init__(
         self,
@@ -252,58 +377,28 @@ class ResilientStore:
     async def _soft(
         self,
         operation: str,
-        default: _T,
+        fallback: Callable[[], _T],
         call: Callable[[], Awaitable[_T]],
         side: Side = "write",
         *,
         proves: bool = True,
     ) -> _T:
-        """``call()``, or ``default`` if the store is unavailable."""
+        """``call()``, or ``fallback()`` if the store is unavailable."""
         try:
             return await self._hard(operation, call, side, proves=proves)
         except StoreUnavailable:
-            return default
+            return fallback()
 
-    # -- the request path: degrade -------------------------------------------
-
-    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
-        return await self._soft("lookup", {}, lambda: self._store.lookup(hashes), "read")
-
-    async def put(
-        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
-    ) -> None:
-        await self._soft("put", None, lambda: self._store.put(checkpoint, originals, owner=owner))
-
-    async def add_event(self, event: Event) -> None:
-        await self._soft("add_event", None, lambda: self._store.add_event(event))
-
-    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
-        call = lambda: self._store.fail_interrupted(instance, message)  # noqa: E731
-        return await self._soft("fail_interrupted", 0, call, proves=False)  # may write nothing
+    # -- operations with a rule of their own -------------------------------------
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
-        call = lambda: self._store.heartbeat(instance, ttl)  # noqa: E731
-        await self._soft("heartbeat", None, call, proves=self.tracks_liveness)  # else a no-op
-
-    async def set_learned_window(self, model: str, window: int) -> None:
-        await self._soft(
-            "set_learned_window", None, lambda: self._store.set_learned_window(model, window)
-        )
+        call = partial(self._store.heartbeat, instance, ttl)
+        await self._soft("heartbeat", _nothing, call, proves=self.tracks_liveness)  # else a no-op
 
     async def set_calibration(self, key: str, ratio: float) -> None:
         value = checked_ratio(ratio)  # the caller's mistake is not the store's failure
-        await self._soft("set_calibration", None, lambda: self._store.set_calibration(key, value))
-
-    async def purge(self, now: float | None = None) -> int:
-        return await self._soft("purge", 0, lambda: self._store.purge(now), proves=False)
-
-    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
-        await self._soft("record_requests", None, lambda: self._store.record_requests(records))
-
-    async def session_settings(self, session: str, owner: str) -> SessionSettings:
-        # Read when about to compact: a store that cannot say means the defaults.
-        call = lambda: self._store.session_settings(session, owner)  # noqa: E731
-        return await self._soft("session_settings", SessionSettings(), call, "read")
+        call = partial(self._store.set_calibration, key, value)
+        await self._soft("set_calibration", _nothing, call)
 
     def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
         return self._lock(key, ttl)
@@ -331,57 +426,9 @@ class ResilientStore:
             yield
         finally:
             if held is not None:
-                release = held
+                release = partial(held.__aexit__, None, None, None)
                 with contextlib.suppress(StoreUnavailable):
-                    await self._hard(
-                        "unlock", lambda: release.__aexit__(None, None, None), "write", proves=False
-                    )
-
-    # -- readers that must know: StoreUnavailable ------------------------------
-
-    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
-        return await self._hard("get", lambda: self._store.get(checkpoint_id, owner=owner))
-
-    async def originals(self, checkpoint_id: str) -> list[Message] | None:
-        return await self._hard("originals", lambda: self._store.originals(checkpoint_id))
-
-    async def events(
-        self,
-        session: str | None = None,
-        limit: int = DEFAULT_EVENTS_LIMIT,
-        *,
-        owner: str | None = None,
-    ) -> list[Event]:
-        return await self._hard("events", lambda: self._store.events(session, limit, owner=owner))
-
-    async def learned_windows(self) -> dict[str, int]:
-        return await self._hard("learned_windows", self._store.learned_windows)
-
-    async def requests(
-        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
-    ) -> list[RequestRecord]:
-        call = lambda: self._store.requests(session, owner=owner, limit=limit)  # noqa: E731
-        return await self._hard("requests", call)
-
-    async def sessions(
-        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
-    ) -> list[SessionSummary]:
-        return await self._hard("sessions", lambda: self._store.sessions(owner=owner, limit=limit))
-
-    async def session_count(self, *, owner: str | None = None) -> int:
-        return await self._hard("session_count", lambda: self._store.session_count(owner=owner))
-
-    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
-        return await self._hard("savings", lambda: self._store.savings(owner=owner))
-
-    async def set_session_settings(
-        self, session: str, owner: str, settings: SessionSettings
-    ) -> None:
-        call = lambda: self._store.set_session_settings(session, owner, settings)  # noqa: E731
-        await self._hard("set_session_settings", call, "write")
-
-    async def calibrations(self) -> dict[str, float]:
-        return await self._hard("calibrations", self._store.calibrations)
+                    await self._hard("unlock", release, "write", proves=False)
 
     # -- upkeep ------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ written by any earlier version is brought up to date on open. A file from a
 newer version is refused rather than guessed at. A damaged file — not a
 database, truncated, corrupt — is moved aside (``state.db.corrupt-<time>``,
 with its ``-wal`` and ``-shm``) and a fresh one started, so the proxy still
-starts (issue 10, finding 4).
+starts: its state is a cache of work, never a reason not to serve.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         'CREATE TABLE learned_windows (model TEXT PRIMARY KEY, "window" INTEGER NOT NULL)',
     ),
     ("CREATE TABLE calibrations (key TEXT PRIMARY KEY, ratio REAL NOT NULL)",),
-    # Owners (issue 10, finding 3); rows from before have none ("").
+    # Owners, so one caller never reads another's; rows from before have none ("").
     (
         "ALTER TABLE checkpoints ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE events ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
@@ -101,7 +101,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX events_owner ON events (owner)",
     ),
     # Per-request figures, their sessions and hourly savings; per-session
-    # settings (issue 14).
+    # settings, for the dashboard.
     (
         """CREATE TABLE requests (
             session TEXT NOT NULL,
@@ -180,7 +180,7 @@ def migrate(
 
 
 class SQLiteStore:
-    """The :class:`~proxy.state.stores.base.Store` contract in one SQLite file."""
+    """The :class:`~proxy.state.stores.protocols.Store` contract in one SQLite file."""
 
     #: No heartbeats in the file: two proxies may share it, so another
     #: instance's open compactions are closed only at start-up.

@@ -12,7 +12,6 @@ import httpx
 import orjson
 import pytest
 
-from tests.proxy.state.stores.test_replicas import replica_pair
 from tests.proxy.session.test_background import (
     MODEL,
     PROFILE,
@@ -23,6 +22,7 @@ from tests.proxy.session.test_background import (
     _start,
     _wait_for,
 )
+from tests.proxy.state.stores.test_replicas import replica_pair
 
 
 @pytest.fixture

@@ -194,7 +194,7 @@ async def test_events_newest_first_filtered_by_session_with_limit(store: Store) 
     assert await store.events(limit=0) == []
 
 
-# -- owners: one caller's records are hidden from the others -----------------
+# -- owners: one caller's records are hidden from the others -----------------------
 
 
 async def test_a_checkpoint_is_found_by_id_for_its_owner_only(store: Store) -> None:
@@ -473,6 +473,13 @@ async def test_lock_is_released_when_the_body_raises(store: Store) -> None:
 
 
 # -- lifecycle -------------------------------------------------------------
+
+
+async def test_an_empty_store_is_still_true(store: Store) -> None:
+    # ``store or default`` and ``if store:`` must not mistake an empty store
+    # for no store at all (a store with a length would be false while empty).
+    assert bool(store) is True
+    assert not hasattr(store, "__len__")
 
 
 async def test_close_is_idempotent(store: Store) -> None:

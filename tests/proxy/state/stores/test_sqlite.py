@@ -315,7 +315,7 @@ async def test_purge_also_drops_old_checkpoints_and_events(tmp_path: Path) -> No
     await store.close()
 
 
-# -- a damaged file: set aside, so that the proxy still starts -------------------------------------
+# -- a damaged file: set aside, so that the proxy still starts ---------------------
 
 
 async def _truncated_database(path: Path) -> bytes:

@@ -1,0 +1,228 @@
+"""The store contract, one small protocol per concern, and :class:`Store`, all of them.
+
+A consumer types its store against the concern it uses, so a reader can see
+what it touches and a test can hand it a fake of that much only:
+
+* :class:`CheckpointStore` — checkpoints by end hash and by id, and the
+  originals each replaced (the compaction, the state API, the dashboard);
+* :class:`EventStore` — the event log of compactions (the same readers);
+* :class:`LivenessStore` — which instances are alive, and closing what the
+  dead ones left open (the app's keep-alive loop);
+* :class:`LockStore` — single-flight locks (the compaction);
+* :class:`WindowStore` — learned context windows (start-up, the overflow retry);
+* :class:`CalibrationStore` — calibration ratios (start-up, the usage reader);
+* :class:`FigureStore` — per-request figures, sessions, savings (the
+  recorder, the dashboard);
+* :class:`SettingsStore` — per-session settings (steering, the dashboard);
+* :class:`UpkeepStore` — purging past the retention, closing (the app's lifespan).
+
+Every backend (:mod:`~proxy.state.stores.memory`, :mod:`~proxy.state.stores.sqlite`,
+:mod:`~proxy.state.stores.redis`) and the :class:`~proxy.state.stores.resilient.ResilientStore`
+in front of them implements :class:`Store`, so every one of these; each
+backend is still one class, because its concerns share its connection (the
+SQLite worker thread, the Redis client and key scheme) and what the backends
+could share is already shared as plain functions (:func:`~proxy.state.stores.figures.fold`,
+:func:`~proxy.state.stores.base.interrupted`, :class:`~proxy.state.stores.locks.LeaseLocks`).
+
+The protocols are runtime-checkable, so a test can ask ``isinstance`` (which
+sees that the members exist, not their signatures: mypy checks those where a
+backend is used as a :class:`Store`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, runtime_checkable
+
+from compaction import Checkpoint, Message
+from proxy.state.stores.base import DEFAULT_EVENTS_LIMIT, INTERRUPTED, Event
+from proxy.state.stores.figures import (
+    DEFAULT_REQUESTS_LIMIT,
+    DEFAULT_SESSIONS_LIMIT,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+)
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Checkpoints, found by the chain hash at the end of the span they cover,
+    and the originals each replaced, as their owner's (:mod:`~proxy.state.stores.base`)."""
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        """The checkpoints stored under any of ``hashes``, in one round trip."""
+        ...
+
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
+        """Store ``checkpoint`` (replacing one with the same end hash) and what it
+        replaced, as ``owner``'s."""
+        ...
+
+    async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
+        """The checkpoint with that id; ``None`` also when it is not ``owner``'s."""
+        ...
+
+    async def originals(self, checkpoint_id: str) -> list[Message] | None:
+        """The messages the checkpoint replaced; ``None`` if not kept or expired."""
+        ...
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """The event log: queued → started → compacted | failed, and edits."""
+
+    async def add_event(self, event: Event) -> None:
+        """Record ``event`` as the newest."""
+        ...
+
+    async def events(
+        self,
+        session: str | None = None,
+        limit: int = DEFAULT_EVENTS_LIMIT,
+        *,
+        owner: str | None = None,
+    ) -> list[Event]:
+        """The last ``limit`` events recorded, newest first, of one session or of all,
+        of ``owner`` or of everyone."""
+        ...
+
+
+@runtime_checkable
+class LivenessStore(Protocol):
+    """Which proxy instances are alive, so that what a dead one left open is closed."""
+
+    #: Whether instances declare themselves alive (:meth:`heartbeat`), so that a
+    #: dead one's open compactions can be told from a live one's at any time.
+    #: Without it, :meth:`fail_interrupted` is safe only at start-up.
+    tracks_liveness: bool
+
+    async def heartbeat(self, instance: str, ttl: float) -> None:
+        """Declare ``instance`` alive for ``ttl`` seconds (shared backends only)."""
+        ...
+
+    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
+        """Close, as ``compaction.failed``, every compaction left queued or started by a
+        dead instance other than ``instance``; how many were closed."""
+        ...
+
+
+@runtime_checkable
+class LockStore(Protocol):
+    """Single flight: one holder of a key at a time, across every replica sharing the store."""
+
+    def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
+        """Hold ``key`` exclusively; a holder that never releases loses it after ``ttl``."""
+        ...
+
+
+@runtime_checkable
+class WindowStore(Protocol):
+    """Context windows the upstream stated in its overflow errors, by model key."""
+
+    async def learned_windows(self) -> dict[str, int]:
+        """Every learned window, by its key."""
+        ...
+
+    async def set_learned_window(self, model: str, window: int) -> None:
+        """Store ``window`` under ``model``, replacing any earlier one."""
+        ...
+
+
+@runtime_checkable
+class CalibrationStore(Protocol):
+    """Calibration ratios (the upstream's token count ÷ the proxy's estimate), under
+    keys the proxy builds, e.g. ``"<upstream url>\\x1f<model>"``."""
+
+    async def calibrations(self) -> dict[str, float]:
+        """Every calibration ratio stored, by its key."""
+        ...
+
+    async def set_calibration(self, key: str, ratio: float) -> None:
+        """Store ``ratio`` under the opaque ``key``, replacing any earlier one.
+
+        Raises :class:`ValueError` unless ``ratio`` is finite and positive
+        (:func:`~proxy.state.stores.base.checked_ratio`); bounding it is the caller's business.
+        """
+        ...
+
+
+@runtime_checkable
+class FigureStore(Protocol):
+    """Per-request figures, the sessions they add up to, and the hourly savings
+    (:mod:`proxy.state.stores.figures`)."""
+
+    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
+        """Keep ``records`` (in the order they happened) and fold them into their
+        sessions' summaries and the hourly savings."""
+        ...
+
+    async def requests(
+        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
+    ) -> list[RequestRecord]:
+        """The last ``limit`` requests of ``session`` (of ``owner``, or anyone's), newest first."""
+        ...
+
+    async def sessions(
+        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
+    ) -> list[SessionSummary]:
+        """The ``limit`` sessions last active, newest first, of ``owner`` or of everyone."""
+        ...
+
+    async def session_count(self, *, owner: str | None = None) -> int:
+        """How many sessions have figures kept, of ``owner`` or of everyone."""
+        ...
+
+    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
+        """Tokens saved per hour (bucket start, tokens), oldest first."""
+        ...
+
+
+@runtime_checkable
+class SettingsStore(Protocol):
+    """What a user set for one of their conversations."""
+
+    async def session_settings(self, session: str, owner: str) -> SessionSettings:
+        """What was set for ``owner``'s ``session``; the defaults when nothing was."""
+        ...
+
+    async def set_session_settings(
+        self, session: str, owner: str, settings: SessionSettings
+    ) -> None:
+        """Store ``settings`` for ``owner``'s ``session``, replacing what was set."""
+        ...
+
+
+@runtime_checkable
+class UpkeepStore(Protocol):
+    """Keeping the store within its retention, and letting it go."""
+
+    async def purge(self, now: float | None = None) -> int:
+        """Drop what is older than the retention (per-request figures: their own
+        retention); how many originals were dropped."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection (or worker thread); the store is not used after."""
+        ...
+
+
+@runtime_checkable
+class Store(
+    CheckpointStore,
+    EventStore,
+    LivenessStore,
+    LockStore,
+    WindowStore,
+    CalibrationStore,
+    FigureStore,
+    SettingsStore,
+    UpkeepStore,
+    Protocol,
+):
+    """Everything a store keeps (DESIGN.md §7): what the app opens and hands to
+    :class:`~proxy.state.runtime.ProxyState`. Type against one concern where that is
+    all that is used."""
