@@ -1,26 +1,26 @@
-"""The chat path end to end: the real openai SDK → the proxy → a fake upstream."""
+"""The chat path end to end: the real openai SDK → the proxy → a fake upstream.
+
+In-process (``start_app``) unless a test is about the wire: the bytes and
+headers a server writes, or the async SDK on its own event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import httpx
 import openai
 import pytest
+from starlette.testclient import TestClient
 
 from compaction import SUMMARY_MARKER, TokenCounter, validate_tool_pairing
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory, ProxyFactory
+from tests.proxy.inprocess import UPSTREAM_URL
 from tests.proxy.servers import FakeUpstream
 from tests.synthetic import agent_session
 
 COUNTER = TokenCounter("gpt-4o")
 SMALL = {"gpt-4o": {"context_window": 8192}}
-
-
-def client(base_url: str, **kwargs: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="sk-client", max_retries=0, **kwargs)
 
 
 def test_small_request_is_forwarded_byte_for_byte(
@@ -45,12 +45,12 @@ def test_small_request_is_forwarded_byte_for_byte(
 
 
 def test_sdk_round_trip_with_compaction_over_threshold(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=SMALL, compaction={"summarizer": "extractive"})
+    upstream = fake_upstream
+    proxy = start_app(models=SMALL, compaction={"summarizer": "extractive"})
     messages = agent_session(seed=1, steps=120)
-    raw = client(url).chat.completions.with_raw_response.create(
+    raw = proxy.openai().chat.completions.with_raw_response.create(
         model="gpt-4o", messages=messages, temperature=0.3, extra_body={"x_vendor": {"a": 1}}
     )
     completion = raw.parse()
@@ -71,16 +71,18 @@ def test_sdk_round_trip_with_compaction_over_threshold(
 
 @pytest.mark.parametrize("style", ["openai", "vllm", "llama.cpp", "anthropic", "no-number"])
 def test_overflow_error_is_caught_compacted_and_retried_once(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory, style: str
+    fake_upstream: FakeUpstream, start_app: AppFactory, style: str
 ) -> None:
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.window = 6000
     upstream.error_style = style
-    url = start_proxy(compaction={"summarizer": "extractive"})  # proxy believes 128k
+    proxy = start_app(compaction={"summarizer": "extractive"})  # proxy believes 128k
     # Without a stated window the retry aims at half of what failed.
     messages = agent_session(seed=2, steps=25 if style == "no-number" else 60)
     assert COUNTER.count_request({"messages": messages}) > 6000
-    raw = client(url).chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)
+    raw = proxy.openai().chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=messages
+    )
     assert raw.parse().choices[0].message.content.startswith("I saw")
     assert raw.headers["x-compaction-reason"] == "overflow"
     assert len(upstream.chat_requests) == 2  # the original, then exactly one retry
@@ -90,15 +92,15 @@ def test_overflow_error_is_caught_compacted_and_retried_once(
 
 
 def test_second_overflow_is_relayed_as_the_upstream_sent_it(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.window = 6000
     upstream.count_factor = 3.0  # its tokenizer counts far more than ours…
     upstream.error_style = "no-number"  # …and its error says by how much nowhere
-    url = start_proxy(compaction={"summarizer": "extractive"})
+    proxy = start_app(compaction={"summarizer": "extractive"})
     with pytest.raises(openai.BadRequestError) as info:
-        client(url).chat.completions.create(model="gpt-4o", messages=agent_session(steps=60))
+        proxy.openai().chat.completions.create(model="gpt-4o", messages=agent_session(steps=60))
     assert len(upstream.chat_requests) == 2
     assert info.value.code == "context_length_exceeded"
     assert "exceeds the context window" in str(info.value)
@@ -107,26 +109,26 @@ def test_second_overflow_is_relayed_as_the_upstream_sent_it(
 
 
 def test_an_overflow_that_states_its_count_is_retried_to_fit_that_count(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
     """The retry aims below failed × limit ÷ the count the error states: a
     tokenizer that counts three times ours still gets a request that fits."""
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.window = 6000
     upstream.count_factor = 3.0
-    url = start_proxy(compaction={"summarizer": "extractive"})
-    reply = client(url).chat.completions.create(model="gpt-4o", messages=agent_session(steps=60))
+    proxy = start_app(compaction={"summarizer": "extractive"})
+    reply = proxy.openai().chat.completions.create(model="gpt-4o", messages=agent_session(steps=60))
     assert reply.choices[0].message.content.startswith("I saw")
     assert [r.status for r in upstream.chat_requests] == [400, 200]
 
 
 def test_a_head_that_cannot_fit_gets_a_clear_400_from_the_proxy(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models={"gpt-4o": {"context_window": 4096}})
+    upstream = fake_upstream
+    proxy = start_app(models={"gpt-4o": {"context_window": 4096}})
     with pytest.raises(openai.BadRequestError) as info:
-        client(url).chat.completions.create(
+        proxy.openai().chat.completions.create(
             model="gpt-4o",
             messages=[
                 {"role": "system", "content": "rule " * 5000},
@@ -139,12 +141,12 @@ def test_a_head_that_cannot_fit_gets_a_clear_400_from_the_proxy(
 
 
 def test_learned_window_is_used_for_the_next_request(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.window = 6000
-    url = start_proxy(compaction={"summarizer": "extractive"})
-    sdk = client(url)
+    proxy = start_app(compaction={"summarizer": "extractive"})
+    sdk = proxy.openai()
     sdk.chat.completions.create(model="gpt-4o", messages=agent_session(seed=4, steps=60))
     assert len(upstream.chat_requests) == 2
     raw = sdk.chat.completions.with_raw_response.create(
@@ -155,21 +157,22 @@ def test_learned_window_is_used_for_the_next_request(
 
 
 def test_streaming_chunks_arrive_unmodified_and_in_order(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, fake_url = fake
+    upstream = fake_upstream
     upstream.chunks = 20
-    url = start_proxy()
+    proxy = start_app()
     body = {
         "model": "gpt-4o",
         "stream": True,
         "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "hi"}],
     }
-    direct = httpx.post(f"{fake_url}/chat/completions", json=body).content
-    proxied = httpx.post(f"{url}/chat/completions", json=body).content
+    with TestClient(upstream.app()) as straight:  # the same upstream, asked directly
+        direct = straight.post(f"{UPSTREAM_URL}/chat/completions", json=body).content
+    proxied = proxy.http.post(f"{proxy.url}/chat/completions", json=body).content
     assert proxied == direct
-    stream = client(url).chat.completions.create(
+    stream = proxy.openai().chat.completions.create(
         model="gpt-4o",
         messages=[{"role": "user", "content": "hi"}],
         stream=True,
@@ -199,11 +202,11 @@ def test_async_sdk_streams_through_compaction(
 
 
 def test_llm_summarizer_uses_client_credentials_and_is_not_repeated(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=SMALL)  # summarizer "llm" by default
-    sdk = client(url)
+    upstream = fake_upstream
+    proxy = start_app(models=SMALL)  # summarizer "llm" by default
+    sdk = proxy.openai()
     messages = agent_session(seed=7, steps=120)
     sdk.chat.completions.create(model="gpt-4o", messages=messages)
     assert len(upstream.summary_requests) >= 1
@@ -227,12 +230,12 @@ def test_llm_summarizer_uses_client_credentials_and_is_not_repeated(
 
 
 def test_llm_summarizer_failure_falls_back_to_extractive(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.summary_text = ""  # an empty reply is a failure
-    url = start_proxy(models=SMALL)
-    raw = client(url).chat.completions.with_raw_response.create(
+    proxy = start_app(models=SMALL)
+    raw = proxy.openai().chat.completions.with_raw_response.create(
         model="gpt-4o", messages=agent_session(seed=8, steps=120)
     )
     assert raw.headers["x-compaction-stage"] in ("condensed", "truncated")
@@ -241,27 +244,27 @@ def test_llm_summarizer_failure_falls_back_to_extractive(
 
 
 def test_upstream_errors_are_relayed_with_body_and_retry_after(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy()
+    upstream = fake_upstream
+    proxy = start_app()
     upstream.behaviours = ["429", "500"]
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
-    limited = httpx.post(f"{url}/chat/completions", json=body)
+    limited = proxy.http.post(f"{proxy.url}/chat/completions", json=body)
     assert limited.status_code == 429
     assert limited.headers["retry-after"] == "7"
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
-    broken = httpx.post(f"{url}/chat/completions", json=body)
+    broken = proxy.http.post(f"{proxy.url}/chat/completions", json=body)
     assert broken.status_code == 500 and broken.json()["error"]["message"] == "boom"
     assert len(upstream.chat_requests) == 2  # neither was retried by the proxy
 
 
 def test_manual_compact_answers_without_calling_the_model(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(compaction={"summarizer": "extractive"})
-    sdk = client(url)
+    upstream = fake_upstream
+    proxy = start_app(compaction={"summarizer": "extractive"})
+    sdk = proxy.openai()
     history = agent_session(seed=9, steps=30)
     command = {"role": "user", "content": "/compact focus on the failing test"}
     completion = sdk.chat.completions.create(model="gpt-4o", messages=[*history, command])
@@ -293,15 +296,15 @@ def test_manual_compact_answers_without_calling_the_model(
 
 
 def test_manual_compact_stream_is_openai_chunk_format(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    url = start_proxy(compaction={"summarizer": "extractive"})
+    proxy = start_app(compaction={"summarizer": "extractive"})
     body = {
         "model": "gpt-4o",
         "stream": True,
         "messages": [{"role": "user", "content": "hello"}, {"role": "user", "content": "/compact"}],
     }
-    response = httpx.post(f"{url}/chat/completions", json=body)
+    response = proxy.http.post(f"{proxy.url}/chat/completions", json=body)
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [e for e in response.text.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
