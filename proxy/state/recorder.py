@@ -21,7 +21,7 @@ import contextlib
 import logging
 from typing import Final
 
-from proxy.state.stores import RequestRecord, Store
+from proxy.state.stores import FigureStore, RequestRecord
 
 logger = logging.getLogger("compaction_proxy.recorder")
 
@@ -39,7 +39,7 @@ class Recorder:
     """The bounded queue between the request path and the store."""
 
     def __init__(
-        self, store: Store, *, queue_size: int = QUEUE_SIZE, gather: float = GATHER_SECONDS
+        self, store: FigureStore, *, queue_size: int = QUEUE_SIZE, gather: float = GATHER_SECONDS
     ) -> None:
         self._store = store
         self._gather = gather

@@ -16,7 +16,14 @@ from typing import Final
 
 from compaction import Checkpoint, Message
 from proxy.session.steering import summary_text
-from proxy.state.stores import Event, RequestRecord, SessionSettings, SessionSummary, Store
+from proxy.state.stores import (
+    Event,
+    FigureStore,
+    RequestRecord,
+    SessionSettings,
+    SessionSummary,
+    Store,
+)
 
 #: The session page charts this many of the newest requests.
 CHART_REQUESTS: Final = 2_000
@@ -96,7 +103,7 @@ def totals_of(sessions: list[SessionSummary]) -> Totals:
 
 
 async def read_overview(
-    store: Store, viewer: str | None, *, limit: int = 1_000, count_hidden: bool = False
+    store: FigureStore, viewer: str | None, *, limit: int = 1_000, count_hidden: bool = False
 ) -> Overview:
     """``count_hidden``: also count the sessions of other callers (the number
     alone), so that a visitor who is not signed in learns there is more to see."""
