@@ -8,15 +8,22 @@ Every call is cut off after ``timeout`` seconds, timed, and on failure
 answered according to who asked:
 
 * **the request path degrades**: ``lookup`` finds nothing (the request is
-  compacted afresh), writes — ``put``, ``add_event``, ``set_*``, heartbeats,
-  ``fail_interrupted``, ``purge`` — are skipped, and ``lock`` lets its caller
-  in without the shared lock. Single flight is lost only while the store is
-  down, and then there is nothing to share: a compaction made now cannot be
-  stored, so the next request compacts again whether it waited or not;
-* **readers with nothing to fall back on** — ``get``, ``originals`` and
-  ``events`` (the state endpoints), ``learned_windows`` and ``calibrations``
-  (start-up) — raise :class:`StoreUnavailable`: the app answers 503, or
-  loads them later.
+  compacted afresh), ``session_settings`` are the defaults, writes —
+  ``put``, ``add_event``, ``record_requests``, ``set_learned_window``,
+  ``set_calibration``, heartbeats, ``fail_interrupted``, ``purge`` — are
+  skipped, and ``lock`` lets its caller in without the shared lock. Single
+  flight is lost only while the store is down, and then there is nothing to
+  share: a compaction made now cannot be stored, so the next request
+  compacts again whether it waited or not;
+* **callers with nothing to fall back on** — ``get``, ``originals`` and
+  ``events`` (the state endpoints), the figures (the dashboard),
+  ``learned_windows`` and ``calibrations`` (start-up), and
+  ``set_session_settings`` (a user must know it did not take) — raise
+  :class:`StoreUnavailable`: the app answers 503, or loads them later.
+
+Which operation gets which answer is decided once, in the body of
+:class:`ResilientStore`: one line per operation of the contract
+(:mod:`proxy.state.stores.protocols`).
 
 A call that **timed out** makes the calls after it skip the store for
 :data:`PAUSE_AFTER_TIMEOUT` seconds: a hung Redis would otherwise cost every
