@@ -77,7 +77,7 @@ DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
 #: waits for anyway. A store slower than this is treated as down.
 DEFAULT_STORE_TIMEOUT_SECONDS: Final = 2.0
 
-#: A short name for [store] url, as the issue and the docs spell it; the nested
+#: A short name for [store] url, as docs/state.md and the Docker image spell it; the nested
 #: COMPACTION_PROXY_STORE__URL wins when both are set.
 STORE_URL_ENV: Final = ENV_PREFIX + "STORE"
 STORE_SCHEMES: Final = ("memory", "sqlite", "redis", "rediss")

@@ -191,7 +191,7 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
     turns = upstream.turn_requests
     assert len(turns) > 30  # Codex ran every tool turn to the end
     first = turns[0].json()
-    # What Codex 0.171 sends (recorded in the note): stream, store false,
+    # What Codex 0.171 was seen to send through the proxy: stream, store false,
     # encrypted reasoning, a cache key, the whole input on every turn.
     assert first["stream"] is True and first["store"] is False
     assert "reasoning.encrypted_content" in first["include"]
@@ -250,7 +250,7 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
     turns = upstream.message_requests
     assert len(turns) > 30  # every tool turn ran to the end
     first = turns[0].json()
-    # What Claude Code 2.1 sends (recorded in the note), all of it forwarded.
+    # What Claude Code 2.1 was seen to send through the proxy, all of it forwarded.
     assert isinstance(first["system"], list) and first["stream"] is True
     assert {"thinking", "context_management", "metadata", "tools"} <= set(first)
     assert any(m["role"] == "system" for m in first["messages"])  # mid-conversation system
