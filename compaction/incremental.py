@@ -88,8 +88,9 @@ class Continued:
 
     body: dict[str, Any]  #: the whole body, as a full parse gives it
     known: int  #: how many of its messages the reading already had
-    #: The tail as parsed: ``{sentinel: [new messages…], trailing fields…}``,
-    #: for the caller's own checks of what it has not seen (repeated keys).
+    #: The tail as a body of its own, ``{"messages": [new…], trailing fields…}``:
+    #: what the caller checks as it checks any body (repeated keys, types), for
+    #: the reading's bytes were checked with the request they came with.
     tail: bytes
     reading: Reading
 
@@ -160,10 +161,9 @@ def continue_body(raw: bytes, reading: Reading) -> Continued | None:
 
     The new messages and trailing fields are parsed; the rest is the reading's
     own objects, shared (they are never mutated). What a full parse would
-    refuse in the tail — a key repeated, a field named twice — is not judged
-    here beyond what makes the result differ from a full parse: a trailing key
-    that a leading one or the array already used gives ``None``; the caller
-    checks the tail's own keys.
+    refuse in the tail — a key repeated, a message without a role — is for the
+    caller to judge on :attr:`Continued.tail`; only a trailing key that a
+    leading one or the array already used is refused here (``None``).
     """
     end = reading.end
     if len(raw) <= end or not raw.startswith(reading.prefix):
@@ -189,7 +189,8 @@ def continue_body(raw: bytes, reading: Reading) -> Continued | None:
     body: dict[str, Any] = dict(leading)
     body[reading.field] = [*reading.messages, *new]
     body.update(parsed)
-    return Continued(body, len(reading.messages), _TAIL_OPEN + tail, reading)
+    opening = b"{" + orjson.dumps(reading.field) + b":["
+    return Continued(body, len(reading.messages), opening + tail, reading)
 
 
 @dataclass(frozen=True)
@@ -224,9 +225,10 @@ class ReadingCache:
         """Whether a body this large is worth looking up and remembering."""
         return self.max_bytes > 0 and len(raw) >= MIN_READING_BYTES
 
-    def find(self, owner: str, raw: bytes) -> Continued | None:
+    def find(self, owner: str, raw: bytes, max_tail: int | None = None) -> Continued | None:
         """``raw`` as the continuation of the longest of ``owner``'s readings it
-        continues, or ``None``."""
+        continues, or ``None``; or ``None`` if what is new exceeds ``max_tail``
+        bytes (parsing it is then no quicker than a full reading)."""
         if not self.wants(raw):
             return None
         with self._lock:
@@ -242,7 +244,9 @@ class ReadingCache:
                 and raw.startswith(reading.prefix)
             ):
                 best = reading
-        found = continue_body(raw, best) if best is not None else None
+        found = None
+        if best is not None and (max_tail is None or len(raw) - best.end <= max_tail):
+            found = continue_body(raw, best)
         with self._lock:
             if found is None:
                 self.misses += 1

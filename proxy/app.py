@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from compaction import ReadingCache
 from config import ModelResolver, Settings
 from proxy.api import api_routes
 from proxy.dialects.anthropic import ANTHROPIC
@@ -62,6 +63,7 @@ BACKGROUND_GRACE_SECONDS = 5.0
 HEARTBEAT_TTL = 30.0
 #: Seconds between purges of originals past their retention.
 PURGE_INTERVAL = 3600.0
+MIB = 1024 * 1024
 
 
 async def _keep_alive(state: ProxyState, store: ResilientStore, restored: bool) -> None:
@@ -118,7 +120,6 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = transport is None
         upstream_transport = transport or build_transport(settings)
-        # ``is None``: an empty MemoryStore is falsy (it has a length).
         backend = (
             store
             if store is not None
@@ -141,6 +142,7 @@ def create_app(
             store=guarded,
             resolver=ModelResolver(settings),
             metrics=metrics,
+            readings=ReadingCache(settings.server.incremental_cache_mb * MIB),
         )
         metrics.background_running.set_function(lambda: len(state.background))
         await state.store.heartbeat(state.instance, HEARTBEAT_TTL)

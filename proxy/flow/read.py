@@ -18,12 +18,13 @@ from starlette.requests import Request
 
 from compaction import Message
 from config import ModelConfig, with_client_window
-from proxy.dialects.base import Dialect, Mapped
+from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
 from proxy.edge.body import read_body, too_deep
 from proxy.edge.disconnect import ClientWatch
 from proxy.flow import manual
+from proxy.flow.continued import continued, remembered
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
 from proxy.session.conversation import Conversation, Prepared, identify, scope_of
 from proxy.state.runtime import ProxyState
@@ -129,11 +130,12 @@ def _read_conversation(
     dialect: Dialect,
     *,
     ahead: bool,
+    reading: Reading | None = None,
 ) -> _Read:
     """Parse, map to the engine, resolve the model, drop /compact exchanges; with
     ``ahead``, also key, count and chain the messages (what a large body does in
-    a worker thread)."""
-    reading = dialect.read(raw)
+    a worker thread). ``reading`` is the body already read, if it was."""
+    reading = dialect.read(raw) if reading is None else reading
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
     beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
@@ -160,7 +162,20 @@ async def read_call(
 ) -> Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
     client_headers = request.headers.items()
-    if len(raw) > OFF_LOOP_BYTES:
+    owner = owner_of(client_headers, uses_proxy_key=uses_proxy_key)
+    # A growing conversation's next request: only what it adds is read.
+    continuation = continued(state, dialect, owner, raw)
+    if continuation is not None:
+        read = _read_conversation(
+            state,
+            raw,
+            client_headers,
+            uses_proxy_key,
+            dialect,
+            ahead=False,
+            reading=continuation.reading,
+        )
+    elif len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
@@ -168,6 +183,20 @@ async def read_call(
         )
     else:
         read = _read_conversation(state, raw, client_headers, uses_proxy_key, dialect, ahead=False)
+    identified = read.identified
+    if read.original is None and read.untouchable is None:
+        identified = await remembered(
+            state,
+            dialect,
+            owner,
+            raw,
+            read.body,
+            read.messages,
+            config=read.config,
+            scope=read.scope,
+            identified=identified,
+            previous=continuation.previous if continuation is not None else None,
+        )
     return Call(
         request=request,
         state=state,
@@ -175,10 +204,10 @@ async def read_call(
         body=read.body,
         messages=read.messages,
         config=read.config,
-        identified=read.identified,
+        identified=identified,
         headers=read.headers,
         scope=read.scope,
-        owner=owner_of(client_headers, uses_proxy_key=uses_proxy_key),
+        owner=owner,
         dialect=dialect,
         original=read.original,
         mapped=read.mapped,

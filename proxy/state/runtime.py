@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 
 from starlette.requests import HTTPConnection
 
-from compaction import TokenCounter, encoding_for_model, load_encoding, ratio_sample, update_ratio
+from compaction import (
+    ReadingCache,
+    TokenCounter,
+    encoding_for_model,
+    load_encoding,
+    ratio_sample,
+    update_ratio,
+)
 from config import ModelConfig, ModelResolver, Settings
 from proxy.session.background import Background
 from proxy.state.metrics import Metrics
@@ -57,6 +64,9 @@ class ProxyState:
     #: (owner, session) asked to "compact now" from the dashboard: their next
     #: request through this process is compacted as by ``/compact``.
     compact_now: set[tuple[str, str]] = field(default_factory=set)
+    #: The latest request of each conversation, read (see compaction.incremental):
+    #: the next one is read in proportion to what it adds.
+    readings: ReadingCache = field(default_factory=ReadingCache)
     #: Store writes of learned ratios still under way (kept so none is lost).
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
     _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)

@@ -1,0 +1,97 @@
+"""A growing conversation's next request, read as its previous one plus what is new.
+
+Agents resend the whole history every turn; :mod:`compaction.incremental`
+recognises a body that continues the same caller's previous request to the
+same API byte for byte, and this module fits that into the read step: the
+new part is checked by the API's own reader as any body is (its messages,
+its fields), the conversation is read against the previous reading, and the
+request is remembered for the next one. Anything that does not line up is
+read in full, so a client sees the same answers, errors included, either way.
+
+Only a body that is its own engine view (chat) is continued: another API's
+request is mapped to the engine as a whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from compaction import Conversation, Message, read_conversation_async
+from config import ModelConfig
+from proxy.dialects.base import Dialect, Reading
+from proxy.edge.body import too_deep
+from proxy.edge.errors import BadRequest
+from proxy.state.runtime import ProxyState
+
+#: A tail larger than this is parsed no quicker than the whole body is read
+#: in a worker thread (proxy.flow.read.OFF_LOOP_BYTES): it is read in full.
+MAX_TAIL_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A body read as the continuation of its conversation's previous request."""
+
+    reading: Reading
+    previous: Conversation | None  #: the previous request's conversation, read
+
+
+def _owner_key(dialect: Dialect, owner: str) -> str:
+    # The same bytes sent to another API are another API's request.
+    return f"{dialect.name}\x1f{owner}"
+
+
+def continued(state: ProxyState, dialect: Dialect, owner: str, raw: bytes) -> Continuation | None:
+    """``raw`` read as ``owner``'s previous request to this API plus its tail,
+    or ``None`` to read it in full."""
+    found = state.readings.find(_owner_key(dialect, owner), raw, max_tail=MAX_TAIL_BYTES)
+    if found is None:
+        return None
+    field = found.reading.field
+    try:
+        # The reading's own bytes were checked when they came; the tail is
+        # checked the way any body is, so what a full read refuses is refused.
+        part = dialect.read(found.tail)
+    except BadRequest:
+        return None
+    if part.original is not None or part.untouchable is not None:
+        return None
+    if part.messages is not part.body.get(field):
+        return None
+    body = found.body
+    return Continuation(Reading(body=body, messages=body[field]), found.reading.conversation)
+
+
+async def remembered(
+    state: ProxyState,
+    dialect: Dialect,
+    owner: str,
+    raw: bytes,
+    body: dict[str, Any],
+    messages: list[Message],
+    *,
+    config: ModelConfig,
+    scope: bytes,
+    identified: Conversation | None,
+    previous: Conversation | None,
+) -> Conversation | None:
+    """The conversation of a body that is its own engine view (``messages``
+    of ``body``, ``/compact`` exchanges removed), read against ``previous`` when
+    it continues it, and kept for the next request if the body is large enough
+    to be worth it (else ``identified``, as it was)."""
+    if not state.readings.wants(raw):
+        return identified
+    if identified is None:
+        counter = state.counter(config)
+        try:
+            identified = await read_conversation_async(
+                body, messages, counter, config.profile.head_count, scope=scope, previous=previous
+            )
+        except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
+            raise too_deep(exc) from exc
+    conversation = f"{scope.hex()}\x1f{identified.session}"
+    state.readings.remember(_owner_key(dialect, owner), conversation, raw, body, identified)
+    return identified
