@@ -8,7 +8,8 @@ and records every request it was asked. Each answer comes from, in order:
 1. the script — :class:`Reply` values queued with :meth:`RecordingTransport.script`
    (JSON answers, event streams, empty streams, context-length errors, a
    stream that breaks, a transport error raised instead of any answer);
-2. else ``app``, an ASGI application answering like a real upstream (usually
+2. else the ASGI application for the URL (``routes`` by base URL, else
+   ``app``), answering like a real upstream (usually
    :meth:`tests.proxy.servers.FakeUpstream.app`), called in the same event loop
    and streamed back message by message, so a stream is relayed as it is made;
 3. else a 404.
@@ -336,6 +337,8 @@ class RecordingTransport:
 
     #: Answers every request the script does not (an ASGI upstream), if set.
     app: ASGIApp | None = None
+    #: Other upstreams by base URL: a request under one goes to its app instead.
+    routes: dict[str, ASGIApp] = field(default_factory=dict)
     #: Every request, in the order the proxy asked them.
     requests: list[Asked] = field(default_factory=list)
     #: Every response handed out, in the same order (``.aborted`` tells
@@ -373,12 +376,17 @@ class RecordingTransport:
                 response = _scripted(url, reply)
                 break
         else:
-            if self.app is None:
+            app = self._app_for(url)
+            if app is None:
                 response = _scripted(url, json_reply({"error": {"message": "not scripted"}}, 404))
             else:
-                response = await _asgi_call(self.app, method, url, _wire(asked, body), data)
+                response = await _asgi_call(app, method, url, _wire(asked, body), data)
         self.responses.append(response)
         return response
+
+    def _app_for(self, url: str) -> ASGIApp | None:
+        bases = [base for base in self.routes if url.startswith(base.rstrip("/") + "/")]
+        return self.routes[max(bases, key=len)] if bases else self.app
 
     async def aclose(self) -> None:
         self.closed = True

@@ -1,4 +1,8 @@
-"""Everything around the chat path: errors, other routes, credentials, exposure, streams."""
+"""Everything around the chat path: errors, other routes, credentials, exposure, streams.
+
+In-process (``start_app``) unless a test is about the network: timeouts, clients
+leaving, a broken body as the client reads it, an unreachable address, the pool.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +24,15 @@ from starlette.responses import Response
 
 from config import load_settings
 from proxy.app import create_app
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory, ProxyFactory
+from tests.proxy.inprocess import RecordingTransport
 from tests.proxy.servers import FakeUpstream, serve_in_thread
 from tests.synthetic import agent_session
 
 HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 JSON = {"content-type": "application/json"}
+#: A second upstream, for the models configured with one of their own.
+LOCAL_URL = "http://local.test/v1"
 
 
 # --- bad input ---------------------------------------------------------------
@@ -52,19 +59,19 @@ JSON = {"content-type": "application/json"}
     ],
 )
 def test_bad_bodies_get_openai_shaped_400(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], raw: bytes, needle: str
+    start_app: AppFactory, fake_upstream: FakeUpstream, raw: bytes, needle: str
 ) -> None:
-    url = start_proxy()
-    response = httpx.post(f"{url}/chat/completions", content=raw, headers=JSON)
+    proxy = start_app()
+    response = proxy.http.post(f"{proxy.url}/chat/completions", content=raw, headers=JSON)
     assert response.status_code == 400
     error = response.json()["error"]
     assert needle in error["message"] and error["type"] == "invalid_request_error"
-    assert fake[0].received == []
+    assert fake_upstream.received == []
 
 
-def test_body_above_the_limit_gets_413_before_parsing(start_proxy: ProxyFactory) -> None:
-    url = start_proxy(server={"max_body_bytes": 1000})
-    response = httpx.post(f"{url}/chat/completions", content=b"x" * 5000, headers=JSON)
+def test_body_above_the_limit_gets_413_before_parsing(start_app: AppFactory) -> None:
+    proxy = start_app(server={"max_body_bytes": 1000})
+    response = proxy.http.post(f"{proxy.url}/chat/completions", content=b"x" * 5000, headers=JSON)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
 
@@ -72,7 +79,7 @@ def test_body_above_the_limit_gets_413_before_parsing(start_proxy: ProxyFactory)
         for _ in range(10):
             yield b"x" * 500
 
-    streamed = httpx.post(f"{url}/chat/completions", content=chunks(), headers=JSON)
+    streamed = proxy.http.post(f"{proxy.url}/chat/completions", content=chunks(), headers=JSON)
     assert streamed.status_code == 413
 
 
@@ -200,27 +207,29 @@ def test_fifty_concurrent_streams_all_complete(
 
 
 def test_other_routes_are_forwarded_unchanged(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy()
-    sdk = openai.OpenAI(base_url=url, api_key="sk-x", max_retries=0)
+    upstream = fake_upstream
+    proxy = start_app()
+    sdk = proxy.openai(api_key="sk-x", max_retries=0)
     assert [m.id for m in sdk.models.list()] == ["gpt-4o"]
     embedding = sdk.embeddings.create(model="e", input=["a", "b"])
     assert len(embedding.data) == 2
     assert upstream.received[-1].path == "/v1/embeddings"
     assert upstream.received[-1].headers["authorization"] == "Bearer sk-x"
-    relayed = httpx.get(f"{url}/nothing-here")  # the upstream's own 404, relayed
+    relayed = proxy.http.get(f"{proxy.url}/nothing-here")  # the upstream's own 404, relayed
     assert relayed.status_code == 404 and relayed.text == "Not Found"
-    missing = httpx.get(url.removesuffix("/v1") + "/nothing-here")
+    missing = proxy.http.get(proxy.url.removesuffix("/v1") + "/nothing-here")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
 def test_a_large_upload_is_streamed_through_intact(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy()
+    upstream = fake_upstream
+    proxy = start_app()
     payload = os.urandom(3 << 20)  # above the size read whole: sent on chunked
 
     def chunks() -> Iterator[bytes]:
@@ -228,7 +237,7 @@ def test_a_large_upload_is_streamed_through_intact(
             yield payload[start : start + 100_000]
 
     for content in (payload, chunks()):  # with a length, and without one
-        response = httpx.post(f"{url}/files", content=content, timeout=30)
+        response = proxy.http.post(f"{proxy.url}/files", content=content)
         assert response.status_code == 200, response.text
         assert response.json() == {
             "object": "file",
@@ -236,79 +245,81 @@ def test_a_large_upload_is_streamed_through_intact(
             "sha256": hashlib.sha256(payload).hexdigest(),
         }
     assert upstream.received[-1].path == "/v1/files"
-    deleted = httpx.delete(f"{url}/files/file-1")  # no body: none is invented on the way
+    deleted = proxy.http.delete(f"{proxy.url}/files/file-1")  # no body: none is invented on the way
     assert deleted.json() == {"id": "file-1", "object": "file", "deleted": True}
     forwarded = upstream.received[-1]
     assert forwarded.body == b"" and "transfer-encoding" not in forwarded.headers
 
 
 def test_preview_shows_what_would_be_sent_without_calling_the_model(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy(
+    proxy = start_app(
         models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "extractive"}
     )
     body = {"model": "gpt-4o", "messages": agent_session(seed=11, steps=120)}
-    response = httpx.post(f"{url}/compaction/preview", json=body, timeout=30)
+    response = proxy.http.post(f"{proxy.url}/compaction/preview", json=body)
     assert response.status_code == 200
     preview = response.json()
     assert preview["report"]["stage"] in ("condensed", "truncated")
     assert preview["report"]["tokens_after"] <= preview["report"]["input_limit"]
     assert len(preview["messages"]) < len(body["messages"])
-    assert fake[0].received == []
+    assert fake_upstream.received == []
 
 
 def test_preview_of_a_compacted_conversation_names_the_checkpoint_it_would_reuse(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy(
+    proxy = start_app(
         models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "extractive"}
     )
     messages = agent_session(seed=12, steps=120)
-    sent = httpx.post(
-        f"{url}/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=30
+    sent = proxy.http.post(
+        f"{proxy.url}/chat/completions", json={"model": "gpt-4o", "messages": messages}
     )
     made = sent.headers["x-compaction-id"]
     later = [*messages, {"role": "user", "content": "and?"}]
-    preview = httpx.post(
-        f"{url}/compaction/preview", json={"model": "gpt-4o", "messages": later}, timeout=30
+    preview = proxy.http.post(
+        f"{proxy.url}/compaction/preview", json={"model": "gpt-4o", "messages": later}
     ).json()
     assert preview["report"]["stage"] == "reused"
     assert preview["report"]["checkpoint"] == made
     assert preview["messages"][-1] == later[-1]
 
 
-def test_healthz(start_proxy: ProxyFactory) -> None:
-    url = start_proxy()
-    assert httpx.get(url.removesuffix("/v1") + "/healthz").json() == {"status": "ok"}
+def test_healthz(start_app: AppFactory) -> None:
+    proxy = start_app()
+    assert proxy.http.get(proxy.url.removesuffix("/v1") + "/healthz").json() == {"status": "ok"}
 
 
 def test_checkpoint_endpoint_returns_the_replacement(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy(
+    proxy = start_app(
         models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "extractive"}
     )
     body = {"model": "gpt-4o", "messages": agent_session(seed=12, steps=120)}
-    ident = httpx.post(f"{url}/chat/completions", json=body).headers["x-compaction-id"]
-    checkpoint = httpx.get(f"{url}/compaction/checkpoints/{ident}").json()
+    ident = proxy.http.post(f"{proxy.url}/chat/completions", json=body).headers["x-compaction-id"]
+    checkpoint = proxy.http.get(f"{proxy.url}/compaction/checkpoints/{ident}").json()
     assert checkpoint["id"] == ident and checkpoint["covered"] > 0
     assert checkpoint["replacement"]
-    assert httpx.get(f"{url}/compaction/checkpoints/nope").status_code == 404
+    assert proxy.http.get(f"{proxy.url}/compaction/checkpoints/nope").status_code == 404
 
 
-def test_each_model_goes_to_its_own_upstream(fake: tuple[FakeUpstream, str]) -> None:
-    main, main_url = fake
-    local = FakeUpstream()
-    with serve_in_thread(local.app()) as local_base:
-        settings = load_settings(
-            None,
-            upstream={"base_url": main_url},
-            models={"llama3.1:8b": {"upstream": local_base + "/v1", "context_window": 8192}},
-        )
-        with serve_in_thread(create_app(settings)) as url:
-            httpx.post(f"{url}/v1/chat/completions", json=HI)
-            httpx.post(f"{url}/v1/chat/completions", json={**HI, "model": "llama3.1:8b"})
+def test_each_model_goes_to_its_own_upstream(
+    fake_upstream: FakeUpstream, start_app: AppFactory
+) -> None:
+    main, local = fake_upstream, FakeUpstream()
+    transport = RecordingTransport(app=main.app(), routes={LOCAL_URL: local.app()})
+    proxy = start_app(
+        transport=transport,
+        models={"llama3.1:8b": {"upstream": LOCAL_URL, "context_window": 8192}},
+    )
+    proxy.http.post(f"{proxy.url}/chat/completions", json=HI)
+    proxy.http.post(f"{proxy.url}/chat/completions", json={**HI, "model": "llama3.1:8b"})
     assert [r.json()["model"] for r in main.chat_requests] == ["gpt-4o"]
     assert [r.json()["model"] for r in local.chat_requests] == ["llama3.1:8b"]
 
@@ -317,84 +328,92 @@ def test_each_model_goes_to_its_own_upstream(fake: tuple[FakeUpstream, str]) -> 
 
 
 def test_configured_key_is_used_only_when_the_client_sends_none(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+    start_app: AppFactory, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-configured")
-    url = start_proxy()
-    httpx.post(f"{url}/chat/completions", json=HI)
-    httpx.post(f"{url}/chat/completions", json=HI, headers={"authorization": "Bearer sk-mine"})
-    httpx.post(f"{url}/chat/completions", json=HI, headers={"api-key": "azure-key"})
-    sent = [r.headers for r in fake[0].chat_requests]
+    proxy = start_app()
+    proxy.http.post(f"{proxy.url}/chat/completions", json=HI)
+    proxy.http.post(
+        f"{proxy.url}/chat/completions", json=HI, headers={"authorization": "Bearer sk-mine"}
+    )
+    proxy.http.post(f"{proxy.url}/chat/completions", json=HI, headers={"api-key": "azure-key"})
+    sent = [r.headers for r in fake_upstream.chat_requests]
     assert sent[0]["authorization"] == "Bearer sk-configured"
     assert sent[1]["authorization"] == "Bearer sk-mine"
     assert sent[2]["api-key"] == "azure-key" and "authorization" not in sent[2]
 
 
 def test_the_configured_key_never_goes_to_a_models_own_upstream(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+    start_app: AppFactory, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A keyless request for a model with an upstream of its own reaches it without
     the global key, which belongs to [upstream] and must not leak elsewhere."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-configured")
     local = FakeUpstream()
-    with serve_in_thread(local.app()) as local_url:
-        url = start_proxy(models={"local-*": {"upstream": local_url + "/v1"}})
-        httpx.post(f"{url}/chat/completions", json={**HI, "model": "local-llama"})
-        httpx.post(f"{url}/chat/completions", json=HI)  # the default upstream still gets it
+    transport = RecordingTransport(app=fake_upstream.app(), routes={LOCAL_URL: local.app()})
+    proxy = start_app(transport=transport, models={"local-*": {"upstream": LOCAL_URL}})
+    proxy.http.post(f"{proxy.url}/chat/completions", json={**HI, "model": "local-llama"})
+    proxy.http.post(f"{proxy.url}/chat/completions", json=HI)  # the default upstream still gets it
     assert "authorization" not in local.chat_requests[0].headers
-    assert fake[0].chat_requests[0].headers["authorization"] == "Bearer sk-configured"
+    assert fake_upstream.chat_requests[0].headers["authorization"] == "Bearer sk-configured"
 
 
 def test_proxy_key_is_required_and_never_forwarded(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch
+    start_app: AppFactory, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-upstream")
-    url = start_proxy(server={"api_key": "proxy-secret"})
-    assert httpx.post(f"{url}/chat/completions", json=HI).status_code == 401
-    wrong = httpx.post(f"{url}/chat/completions", json=HI, headers={"authorization": "Bearer no"})
+    proxy = start_app(server={"api_key": "proxy-secret"})
+    assert proxy.http.post(f"{proxy.url}/chat/completions", json=HI).status_code == 401
+    wrong = proxy.http.post(
+        f"{proxy.url}/chat/completions", json=HI, headers={"authorization": "Bearer no"}
+    )
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
-    sdk = openai.OpenAI(base_url=url, api_key="proxy-secret", max_retries=0)
+    sdk = proxy.openai(api_key="proxy-secret", max_retries=0)
     sdk.chat.completions.create(**HI)
-    dedicated = httpx.post(
-        f"{url}/chat/completions",
+    dedicated = proxy.http.post(
+        f"{proxy.url}/chat/completions",
         json=HI,
         headers={"x-compaction-proxy-key": "proxy-secret", "authorization": "Bearer sk-own"},
     )
     assert dedicated.status_code == 200
-    sent = [r.headers for r in fake[0].chat_requests]
+    sent = [r.headers for r in fake_upstream.chat_requests]
     assert sent[0]["authorization"] == "Bearer sk-upstream"
     assert sent[1]["authorization"] == "Bearer sk-own"
     assert all("proxy-secret" not in str(h) for h in sent)
-    assert httpx.get(url.removesuffix("/v1") + "/healthz").status_code == 200
+    assert proxy.http.get(proxy.url.removesuffix("/v1") + "/healthz").status_code == 200
 
 
-def test_non_local_host_header_is_refused(start_proxy: ProxyFactory) -> None:
-    url = start_proxy()
-    evil = httpx.post(f"{url}/chat/completions", json=HI, headers={"host": "evil.example"})
+def test_non_local_host_header_is_refused(start_app: AppFactory) -> None:
+    proxy = start_app()
+    evil = proxy.http.post(
+        f"{proxy.url}/chat/completions", json=HI, headers={"host": "evil.example"}
+    )
     assert evil.status_code == 403
-    local = httpx.get(url.removesuffix("/v1") + "/healthz", headers={"host": "localhost:8808"})
+    local = proxy.http.get(
+        proxy.url.removesuffix("/v1") + "/healthz", headers={"host": "localhost:8808"}
+    )
     assert local.status_code == 200
 
 
-def test_no_cors_headers_unless_configured(start_proxy: ProxyFactory) -> None:
-    url = start_proxy()
-    response = httpx.post(
-        f"{url}/chat/completions", json=HI, headers={"origin": "https://site.example"}
+def test_no_cors_headers_unless_configured(start_app: AppFactory) -> None:
+    proxy = start_app()
+    response = proxy.http.post(
+        f"{proxy.url}/chat/completions", json=HI, headers={"origin": "https://site.example"}
     )
     assert not any(h.startswith("access-control-") for h in response.headers)
 
 
 def test_secrets_and_content_never_reach_the_logs(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], caplog: pytest.LogCaptureFixture
+    start_app: AppFactory, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     sentinel = "sk-SENTINEL-0123456789"
     secret_text = "TOP-SECRET-CONVERSATION-TEXT"
-    url = start_proxy(models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "llm"})
+    proxy = start_app(models={"gpt-4o": {"context_window": 8192}}, compaction={"summarizer": "llm"})
     messages = agent_session(seed=13, steps=120, task=secret_text)
     with caplog.at_level(logging.DEBUG):
-        sdk = openai.OpenAI(base_url=url, api_key=sentinel, max_retries=0)
+        sdk = proxy.openai(api_key=sentinel, max_retries=0)
         sdk.chat.completions.create(model="gpt-4o", messages=messages)
-        fake[0].behaviours = ["500"]
+        fake_upstream.behaviours = ["500"]
         with pytest.raises(openai.InternalServerError):
             sdk.chat.completions.create(model="gpt-4o", messages=messages)
     assert caplog.records, "nothing was logged at all"
@@ -403,11 +422,9 @@ def test_secrets_and_content_never_reach_the_logs(
 
 
 @pytest.mark.parametrize("query", ["limit=0", "limit=abc", "limit=100000"])
-def test_bad_query_parameters_get_openais_error_shape(
-    start_proxy: ProxyFactory, query: str
-) -> None:
-    url = start_proxy()
-    response = httpx.get(f"{url}/compaction/events?{query}")
+def test_bad_query_parameters_get_openais_error_shape(start_app: AppFactory, query: str) -> None:
+    proxy = start_app()
+    response = proxy.http.get(f"{proxy.url}/compaction/events?{query}")
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == "limit"
