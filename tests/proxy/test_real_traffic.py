@@ -22,7 +22,8 @@ import openai
 import pytest
 
 from compaction import SUMMARY_MARKER, TokenCounter
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory
+from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import (
     NOT_SUMMARIES,
     SUMMARY_TEXT,
@@ -65,8 +66,8 @@ _WORDS = (
 # --- helpers ---------------------------------------------------------------
 
 
-def _sdk(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key="sk-client", max_retries=0)
+def _sdk(proxy: InProcessProxy) -> openai.OpenAI:
+    return proxy.openai(api_key="sk-client")
 
 
 def _prose(rng: random.Random, words: int) -> str:
@@ -157,8 +158,8 @@ def _thrown_away(upstream: FakeUpstream) -> list[int]:
     return [k for k in lost if k not in waiting]
 
 
-def _metrics(url: str) -> str:
-    return httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+def _metrics(proxy: InProcessProxy) -> str:
+    return proxy.http.get(proxy.url.removesuffix("/v1") + "/metrics").text
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
@@ -174,12 +175,11 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def _post(url: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(
-        f"{url}/chat/completions",
+def _post(proxy: InProcessProxy, body: dict[str, Any]) -> httpx.Response:
+    return proxy.http.post(
+        f"{proxy.url}/chat/completions",
         json=body,
         headers={"authorization": "Bearer sk-client"},
-        timeout=60,
     )
 
 
@@ -188,9 +188,9 @@ def _stream_text(stream: Any) -> str:
 
 
 @pytest.fixture
-def realistic(fake: tuple[FakeUpstream, str]) -> FakeUpstream:
+def realistic(fake_upstream: FakeUpstream) -> FakeUpstream:
     """The fake upstream counting like a chat-template server, with a 16k window."""
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.counting = "chat-template"
     upstream.window = WINDOW
     return upstream
@@ -235,15 +235,15 @@ def _qwen_shell_output(rng: random.Random, turn: int, command: str) -> str:
 
 
 def test_qwen_code_session_never_sees_an_overflow_and_retries_always_shrink(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 1: qwen-code's 14 tools and max_tokens 16384, 30 turns, streamed."""
     upstream = realistic
     upstream.window = QWEN_WINDOW
     _tag_summaries(upstream)
     base = _qwen_request()
-    url = start_proxy(models={"qwen*": {"context_window": QWEN_WINDOW}})
-    sdk = _sdk(url)
+    proxy = start_app(models={"qwen*": {"context_window": QWEN_WINDOW}})
+    sdk = _sdk(proxy)
     rng = random.Random(9)
 
     history: list[dict[str, Any]] = list(base["messages"][:3])  # system, reminder, "Got it."
@@ -342,7 +342,7 @@ def _part(turn: int) -> str:
 
 
 def test_llm_c_growth_run_discards_no_summary_and_summarizes_each_span_once(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 2: a 14-turn ``llm -c`` chat (no system prompt) at a 16k window.
 
@@ -357,8 +357,8 @@ def test_llm_c_growth_run_discards_no_summary_and_summarizes_each_span_once(
     """
     upstream = realistic
     _tag_summaries(upstream)
-    url = start_proxy(models=MODELS, compaction={"summarizer": "llm"})
-    sdk = _sdk(url)
+    proxy = start_app(models=MODELS, compaction={"summarizer": "llm"})
+    sdk = _sdk(proxy)
 
     history: list[dict[str, Any]] = []
     for turn in range(1, LLM_TURNS + 1):
@@ -381,7 +381,7 @@ def test_llm_c_growth_run_discards_no_summary_and_summarizes_each_span_once(
         for turn in range(1, LLM_TURNS + 1)
         if sum(f"[part {turn:02d}]" in prompt for prompt in prompts) > 1
     ]
-    calls_counted = _metric(_metrics(url), "compaction_proxy_summarizer_calls_total")
+    calls_counted = _metric(_metrics(proxy), "compaction_proxy_summarizer_calls_total")
     print(
         f"\nllm -c run, {LLM_TURNS} turns: {len(summaries)} summarizer calls, "
         f"{len(discarded)} of them thrown away; summary prompt tokens {summary_tokens:,} vs "
@@ -407,13 +407,13 @@ def _small_part(turn: int) -> str:
 
 
 def test_a_growing_chat_keeps_every_summary_and_summarizes_each_part_once(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 2 where summaries are due: a 20-turn chat at a 16k window."""
     upstream = realistic
     _tag_summaries(upstream)
-    url = start_proxy(models=MODELS, compaction={"summarizer": "llm"})
-    sdk = _sdk(url)
+    proxy = start_app(models=MODELS, compaction={"summarizer": "llm"})
+    sdk = _sdk(proxy)
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You review long documents, part by part."},
     ]
@@ -488,13 +488,13 @@ def _with_diff(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_an_identical_resend_of_an_oversized_request_makes_no_new_summary(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 3: the newest message alone (a 151k-character diff) exceeds the window."""
     upstream = realistic
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     body = {"model": MODEL, "messages": _with_diff(_review_session(random.Random(3)))}
-    statuses = [_post(url, body).status_code for _ in range(3)]
+    statuses = [_post(proxy, body).status_code for _ in range(3)]
     calls = len(upstream.summary_requests)
     print(f"\n3 identical sends: statuses {statuses}, {calls} summarizer calls")
     assert statuses == [200, 200, 200]
@@ -515,11 +515,11 @@ ERROR_LINES = (
 
 
 def test_error_lines_of_condensed_turns_reach_the_summarizer(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 4: error lines buried in long tool outputs, in turns that get condensed."""
     upstream = realistic
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     rng = random.Random(4)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent. Use the tools."},
@@ -537,7 +537,7 @@ def test_error_lines_of_condensed_turns_reach_the_summarizer(
             output,
             text=f"Step {step}: {_prose(rng, 200)}",  # ~1,200 characters: not pruned
         )
-    response = _post(url, {"model": MODEL, "messages": messages})
+    response = _post(proxy, {"model": MODEL, "messages": messages})
     assert response.status_code == 200
     assert upstream.summary_requests, "precondition: the session was condensed"
     prompts = "\n".join(upstream.summary_prompts)
@@ -613,7 +613,7 @@ def _wrong_notes(
 
 
 def test_an_oversized_message_is_excerpted_or_summarized_and_removal_notes_count_true(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 5: a diff too large for the window, once a newer turn follows it.
 
@@ -624,7 +624,7 @@ def test_an_oversized_message_is_excerpted_or_summarized_and_removal_notes_count
     """
     upstream = realistic
     _tag_summaries(upstream)
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     session = _review_session(random.Random(5))
     first = [
         *session,
@@ -640,7 +640,7 @@ def test_an_oversized_message_is_excerpted_or_summarized_and_removal_notes_count
     ]
     sends = []
     for messages in (first, second):
-        assert _post(url, {"model": MODEL, "messages": messages}).status_code == 200
+        assert _post(proxy, {"model": MODEL, "messages": messages}).status_code == 200
         sends.append((messages, upstream.chat_requests[-1]))
 
     wrong_notes = [_wrong_notes(messages, sent, upstream) for messages, sent in sends]
@@ -703,14 +703,14 @@ def _near_the_limit(counter: TokenCounter, low: float, high: float) -> list[dict
 
 
 def test_a_streamed_overflow_answered_as_an_empty_200_is_retried_smaller(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 7: llama-cpp-python answers an over-long stream with 200 and no events."""
     upstream = realistic
     upstream.error_style = "llama-cpp-python"
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     messages = _near_the_limit(TokenCounter(MODEL), 0.93, 0.97)
-    stream = _sdk(url).chat.completions.create(
+    stream = _sdk(proxy).chat.completions.create(
         model=MODEL,
         messages=messages,
         max_tokens=LLAMA_MAX_TOKENS,
@@ -729,14 +729,14 @@ def test_a_streamed_overflow_answered_as_an_empty_200_is_retried_smaller(
 
 
 def test_an_empty_200_stream_for_a_small_request_reaches_the_client_as_an_error(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 7: a small request's stream that ends before its first event."""
     upstream = realistic
     upstream.behaviours = ["empty-stream", "empty-stream"]
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     with pytest.raises(openai.APIError):
-        stream = _sdk(url).chat.completions.create(
+        stream = _sdk(proxy).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
         )
         print(f"\nthe client read {_stream_text(stream)!r} and no error")
@@ -747,22 +747,22 @@ def test_an_empty_200_stream_for_a_small_request_reaches_the_client_as_an_error(
 
 @pytest.mark.parametrize("reply", sorted(NOT_SUMMARIES))
 def test_a_reply_that_is_not_a_summary_is_rejected_for_the_extractive_one(
-    realistic: FakeUpstream, start_proxy: ProxyFactory, reply: str
+    realistic: FakeUpstream, start_app: AppFactory, reply: str
 ) -> None:
     """Observation 8: "I'm ready to help. What's the next step?" replaced 10 messages."""
     upstream = realistic
     upstream.summary_reply = reply
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     body = {"model": MODEL, "messages": agent_session(seed=8, steps=60)}
     bad = NOT_SUMMARIES[reply]
 
-    report = httpx.post(f"{url}/compaction/preview", json=body, timeout=60).json()["report"]
+    report = proxy.http.post(f"{proxy.url}/compaction/preview", json=body).json()["report"]
     assert upstream.summary_requests, "precondition: the llm summarizer was asked"
     print(f"\npreview: summarizer {report['summarizer']!r}, notes {report['notes']}")
     assert report["summarizer"] == "extractive", "the reply was accepted as a summary"
     assert any("extractive" in note for note in report["notes"]), report["notes"]
 
-    response = _post(url, body)
+    response = _post(proxy, body)
     assert response.status_code == 200
     sent = upstream.chat_requests[-1].json()["messages"]
     summaries = _summaries(sent)
@@ -770,7 +770,7 @@ def test_a_reply_that_is_not_a_summary_is_rejected_for_the_extractive_one(
     assert not any(bad in _text(m) for m in sent), "the reply that is not a summary was forwarded"
     missing = [h for h in SECTION_HEADINGS if h not in summaries[0]]
     assert not missing, f"the forwarded summary lacks {missing}"
-    failures = _metric(_metrics(url), "compaction_proxy_summarizer_failures_total")
+    failures = _metric(_metrics(proxy), "compaction_proxy_summarizer_failures_total")
     assert failures >= 1, "the rejected summary is not counted as a summarizer failure"
 
 
@@ -778,11 +778,11 @@ def test_a_reply_that_is_not_a_summary_is_rejected_for_the_extractive_one(
 
 
 def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 9: head + newest turn leave less than summary_min_tokens (500)."""
     upstream = realistic
-    url = start_proxy(models=MODELS, compaction={"summary_min_tokens": 500})
+    proxy = start_app(models=MODELS, compaction={"summary_min_tokens": 500})
     counter = TokenCounter(MODEL)
     rng = random.Random(9)
     messages = _review_session(rng)
@@ -792,7 +792,7 @@ def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one
     while counter.count_text(question) < room:
         question += _prose(rng, 400) + "\n"
     messages.append({"role": "user", "content": question})
-    response = _post(url, {"model": MODEL, "messages": messages})
+    response = _post(proxy, {"model": MODEL, "messages": messages})
     calls = len(upstream.summary_requests)
     print(f"\nno room for a summary: {calls} summarizer calls, status {response.status_code}")
     assert response.status_code == 200
@@ -803,10 +803,10 @@ def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one
 
 
 def test_a_newest_group_that_cannot_fit_is_reported_with_its_own_size(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
+    realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
     """Observation 10: the error counted the system prompt and task with the newest group."""
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     counter = TokenCounter(MODEL)
     rng = random.Random(10)
     system = {"role": "system", "content": "You review screenshots. " + _prose(rng, 2_400)}
@@ -819,7 +819,7 @@ def test_a_newest_group_that_cannot_fit_is_reported_with_its_own_size(
     messages = [system, task, {"role": "assistant", "content": "Send them."}, newest]
     head = counter.count_request({"messages": [system, task]})
     own = counter.count_request({"messages": [newest]})
-    response = _post(url, {"model": MODEL, "messages": messages})
+    response = _post(proxy, {"model": MODEL, "messages": messages})
     error = response.json().get("error", {})
     figures = [
         int(n.replace(",", "")) for n in re.findall(r"\d[\d,]{2,}", error.get("message", ""))
@@ -838,7 +838,7 @@ def test_a_newest_group_that_cannot_fit_is_reported_with_its_own_size(
 
 
 def test_a_request_that_reuses_a_checkpoint_says_so(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
     """A request that reused a stored checkpoint answered ``x-compaction-stage: none``.
 
@@ -846,14 +846,14 @@ def test_a_request_that_reuses_a_checkpoint_says_so(
     beside the stored summary (with a calibrated budget it might not, and
     would rightly be compacted again).
     """
-    upstream, _ = fake
-    url = start_proxy(models=MODELS)
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=11, steps=60)
-    first = _post(url, {"model": MODEL, "messages": messages})
+    first = _post(proxy, {"model": MODEL, "messages": messages})
     assert first.status_code == 200 and first.headers["x-compaction-stage"] == "condensed"
     calls = len(upstream.summary_requests)
     follow_up = [*messages, {"role": "user", "content": "Thanks. Anything else?"}]
-    second = _post(url, {"model": MODEL, "messages": follow_up})
+    second = _post(proxy, {"model": MODEL, "messages": follow_up})
     print(
         f"\nreusing the checkpoint: x-compaction-stage {second.headers['x-compaction-stage']!r}, "
         f"id {second.headers.get('x-compaction-id')!r}"
@@ -864,16 +864,14 @@ def test_a_request_that_reuses_a_checkpoint_says_so(
     assert second.headers.get("x-compaction-id") == first.headers["x-compaction-id"]
 
 
-def test_compact_is_counted_in_the_metrics(
-    realistic: FakeUpstream, start_proxy: ProxyFactory
-) -> None:
+def test_compact_is_counted_in_the_metrics(realistic: FakeUpstream, start_app: AppFactory) -> None:
     """``/compact`` went uncounted in ``compaction_proxy_compactions_total``."""
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     messages = [*agent_session(seed=12, steps=60), {"role": "user", "content": "/compact"}]
-    manual = _post(url, {"model": MODEL, "messages": messages})
+    manual = _post(proxy, {"model": MODEL, "messages": messages})
     assert manual.status_code == 200
     assert manual.json()["choices"][0]["message"]["content"].startswith("Context compacted")
-    metrics = _metrics(url)
+    metrics = _metrics(proxy)
     counted = _metric(metrics, "compaction_proxy_compactions_total", reason="manual")
     print(f"\nmanual compactions counted: {counted:g}")
     assert counted == 1
