@@ -186,6 +186,27 @@ def test_the_manual_events_are_a_stream_its_sdk_reads(api: Api, text: str) -> No
     assert api.text(_stream(events), True) == text
 
 
+@pytest.mark.parametrize("asked", [True, False, "yes", None])
+def test_chat_reports_usage_in_a_last_chunk_only_when_the_client_asked(asked: Any) -> None:
+    request = {"stream": True, "stream_options": {"include_usage": asked}}
+    chunks = list(
+        _openai(_stream(CHAT.manual_events("m", TEXT, request))).chat.completions.create(
+            model="m",
+            messages=_ASK,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == TEXT
+    if asked is True:
+        assert [c.usage is None for c in chunks] == [True, True, True, False]
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert chunks[-1].usage.total_tokens == 0
+    else:
+        assert len(chunks) == 3 and all(c.usage is None for c in chunks)
+
+
 @EACH_API
 def test_the_error_event_is_pinned_byte_for_byte(api: Api) -> None:
     assert api.dialect.error_event("m", "c") == api.error_bytes
