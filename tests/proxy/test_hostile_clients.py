@@ -14,12 +14,11 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import pytest
 
 from config import load_settings
 from proxy.app import create_app
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory
 from tests.proxy.servers import FakeUpstream, serve_in_thread, serve_raw
 
 HI = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
@@ -34,16 +33,17 @@ def chat_requests(fake: tuple[FakeUpstream, str]) -> list[str]:
 
 
 def test_a_web_pages_simple_post_is_refused_before_the_upstream(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy()
+    proxy = start_app()
     page = {"content-type": "text/plain", "origin": "https://evil.example"}
-    response = httpx.post(f"{url}/chat/completions", content=HI, headers=page)
+    response = proxy.http.post(f"{proxy.url}/chat/completions", content=HI, headers=page)
     assert response.status_code == 403
     error = response.json()["error"]
     assert error["code"] == "forbidden_origin" and error["type"] == "invalid_request_error"
     assert "evil.example" in error["message"]
-    assert fake[0].received == []
+    assert fake_upstream.received == []
 
 
 @pytest.mark.parametrize("origin", ["https://evil.example", "null", "http://127.0.0.1:1"])
@@ -58,47 +58,57 @@ def test_a_web_pages_simple_post_is_refused_before_the_upstream(
     ],
 )
 def test_a_foreign_origin_is_refused_on_every_path(
-    start_proxy: ProxyFactory,
-    fake: tuple[FakeUpstream, str],
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
     origin: str,
     method: str,
     path: str,
 ) -> None:
-    base = start_proxy(server={"cors_origins": ["https://app.example"]}).removesuffix("/v1")
-    response = httpx.request(method, base + path, content=HI, headers={**JSON, "origin": origin})
+    proxy = start_app(server={"cors_origins": ["https://app.example"]})
+    base = proxy.url.removesuffix("/v1")
+    response = proxy.http.request(
+        method, base + path, content=HI, headers={**JSON, "origin": origin}
+    )
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "forbidden_origin"
-    assert fake[0].received == []
+    assert fake_upstream.received == []
 
 
 def test_an_allowed_origin_and_clients_without_one_are_served(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy(server={"cors_origins": ["https://app.example"]})
+    proxy = start_app(server={"cors_origins": ["https://app.example"]})
     page = {**JSON, "origin": "https://app.example"}
-    from_page = httpx.post(f"{url}/chat/completions", content=HI, headers=page)
+    from_page = proxy.http.post(f"{proxy.url}/chat/completions", content=HI, headers=page)
     assert from_page.status_code == 200
     assert from_page.headers["access-control-allow-origin"] == "https://app.example"
-    assert httpx.post(f"{url}/chat/completions", content=HI, headers=JSON).status_code == 200
-    assert httpx.get(f"{url}/models", headers={"origin": "https://app.example"}).status_code == 200
-    assert len(fake[0].received) == 3
+    assert (
+        proxy.http.post(f"{proxy.url}/chat/completions", content=HI, headers=JSON).status_code
+        == 200
+    )
+    assert (
+        proxy.http.get(f"{proxy.url}/models", headers={"origin": "https://app.example"}).status_code
+        == 200
+    )
+    assert len(fake_upstream.received) == 3
 
 
 @pytest.mark.parametrize("api_key", [None, "proxy-secret"])
 def test_a_preflight_from_an_allowed_origin_still_works(
-    start_proxy: ProxyFactory, api_key: str | None
+    start_app: AppFactory, api_key: str | None
 ) -> None:
-    url = start_proxy(server={"cors_origins": ["https://app.example"], "api_key": api_key})
+    proxy = start_app(server={"cors_origins": ["https://app.example"], "api_key": api_key})
     preflight = {
         "origin": "https://app.example",
         "access-control-request-method": "POST",
         "access-control-request-headers": "authorization, content-type",
     }
-    allowed = httpx.options(f"{url}/chat/completions", headers=preflight)
+    allowed = proxy.http.options(f"{proxy.url}/chat/completions", headers=preflight)
     assert allowed.status_code == 200
     assert allowed.headers["access-control-allow-origin"] == "https://app.example"
-    foreign = httpx.options(
-        f"{url}/chat/completions", headers={**preflight, "origin": "https://evil.example"}
+    foreign = proxy.http.options(
+        f"{proxy.url}/chat/completions", headers={**preflight, "origin": "https://evil.example"}
     )
     assert foreign.status_code == 403
 
@@ -117,15 +127,15 @@ def test_a_preflight_from_an_allowed_origin_still_works(
 )
 @pytest.mark.parametrize("path", ["/chat/completions", "/compaction/preview"])
 def test_the_json_endpoints_refuse_bodies_that_are_not_json(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], content_type: str | None, path: str
+    start_app: AppFactory, fake_upstream: FakeUpstream, content_type: str | None, path: str
 ) -> None:
-    url = start_proxy()
+    proxy = start_app()
     headers = {"content-type": content_type} if content_type else {}
-    response = httpx.post(url + path, content=HI, headers=headers)
+    response = proxy.http.post(proxy.url + path, content=HI, headers=headers)
     assert response.status_code == 415
     error = response.json()["error"]
     assert error["code"] == "unsupported_content_type" and "application/json" in error["message"]
-    assert fake[0].received == []
+    assert fake_upstream.received == []
 
 
 @pytest.mark.parametrize(
@@ -133,11 +143,11 @@ def test_the_json_endpoints_refuse_bodies_that_are_not_json(
     ["application/json", "Application/JSON; charset=utf-8", "application/vnd.api+json"],
 )
 def test_json_content_types_with_parameters_are_accepted(
-    start_proxy: ProxyFactory, content_type: str
+    start_app: AppFactory, content_type: str
 ) -> None:
-    url = start_proxy()
-    response = httpx.post(
-        f"{url}/chat/completions", content=HI, headers={"content-type": content_type}
+    proxy = start_app()
+    response = proxy.http.post(
+        f"{proxy.url}/chat/completions", content=HI, headers={"content-type": content_type}
     )
     assert response.status_code == 200
 
@@ -270,20 +280,21 @@ def test_the_path_goes_upstream_as_received_under_the_base_path(
 )
 @pytest.mark.parametrize("path", ["/chat/completions", "/compaction/preview"])
 def test_a_top_level_key_named_twice_is_refused(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], raw: bytes, key: str, path: str
+    start_app: AppFactory, fake_upstream: FakeUpstream, raw: bytes, key: str, path: str
 ) -> None:
-    url = start_proxy()
-    response = httpx.post(url + path, content=raw, headers=JSON)
+    proxy = start_app()
+    response = proxy.http.post(proxy.url + path, content=raw, headers=JSON)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == key and "more than once" in error["message"]
-    assert fake[0].received == []
+    assert fake_upstream.received == []
 
 
 def test_nested_keys_named_like_top_level_ones_pass(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy()
+    proxy = start_app()
     raw = (
         b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "the \\"model\\" key"}],'
         b' "tools": [{"type": "function", "function": {"name": "f", "parameters":'
@@ -291,6 +302,6 @@ def test_nested_keys_named_like_top_level_ones_pass(
         b' "messages": {"type": "array"}, "model ": {}}}}}],'
         b' "metadata": {"a": 1, "a": 2}}'
     )
-    response = httpx.post(f"{url}/chat/completions", content=raw, headers=JSON)
+    response = proxy.http.post(f"{proxy.url}/chat/completions", content=raw, headers=JSON)
     assert response.status_code == 200
-    assert fake[0].received[0].body == raw  # the client's own bytes went on
+    assert fake_upstream.received[0].body == raw  # the client's own bytes went on
