@@ -15,7 +15,12 @@ plan (:func:`compaction.execute.execute`); the policy lives here:
 
 * **the trigger** — a request within it is forwarded (over its checkpoint);
 * **the progress guard** — a span whose last compaction barely shrank the
-  request is not summarized again until new messages outgrow the tail;
+  request (:func:`made_progress`) is not summarized again until new messages
+  outgrow the tail;
+* **the session's settings** (:class:`Steering`, set from the dashboard or
+  the JSON routes) — compaction switched off turns a compaction (and one
+  prepared ahead) into a forward, a "compact now" makes the request a manual
+  compaction, and the session's instructions join the request's own;
 * **a manual compaction** (``/compact``, "compact now") is never held back by
   the guard, and folds the stored summary with what came after it — unless
   nothing but the newest group came after it (or less than the summary
@@ -65,6 +70,28 @@ BLIND_RETRY_SHARE = 0.5
 DEFAULT_PROGRESS_MIN_RATIO = 0.1
 
 Action = Literal["forward", "compact"]
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What the owner of a session set for it, as :func:`decide` takes it."""
+
+    #: False: the session is never compacted automatically (``/compact`` and
+    #: "compact now" still compact it).
+    enabled: bool = True
+    #: Added to the summarizer's instructions (before a ``/compact``'s own).
+    instructions: str = ""
+    #: A "compact now" is pending: this request is compacted as by ``/compact``.
+    compact_now: bool = False
+
+
+def made_progress(
+    tokens_before: int, tokens_after: int, min_ratio: float = DEFAULT_PROGRESS_MIN_RATIO
+) -> bool:
+    """Whether a compaction from ``tokens_before`` to ``tokens_after`` shrank the
+    request by at least ``min_ratio``: when it did not, the progress guard holds
+    the next summary of the same span back (:attr:`Checkpoint.progress_ok`)."""
+    return 1 - tokens_after / max(tokens_before, 1) >= min_ratio
 
 
 def clamp_ratio(ratio: float) -> float:
@@ -174,6 +201,11 @@ class Decision:
     #: Tokens expected to arrive before the compaction this plan prepares
     #: (:func:`ahead`); 0 for a compaction needed now.
     growth: int = 0
+    #: For the summarizer: the session's instructions and the request's own.
+    instructions: str | None = None
+    #: The progress guard's share, for the checkpoint this compaction makes
+    #: (:func:`made_progress`).
+    progress_min_ratio: float = DEFAULT_PROGRESS_MIN_RATIO
 
     @property
     def untouched(self) -> bool:
@@ -188,9 +220,12 @@ def decide(
     reason: Reason = "threshold",
     stored: Mapping[str, Checkpoint] | None = None,
     progress_min_ratio: float = DEFAULT_PROGRESS_MIN_RATIO,
+    steering: Steering | None = None,
+    instructions: str | None = None,
 ) -> Decision:
     """Apply the newest of ``stored`` (the store's answer for the chain) and
-    choose: forward, or compact to ``budget``.
+    choose: forward, or compact to ``budget`` — as the session's ``steering``
+    has it (module doc); ``instructions`` are the request's own (``/compact``'s).
 
     A checkpoint that would split a tool group is not applied (a note says
     so) and the conversation is compacted afresh. Past the trigger, a
@@ -200,6 +235,9 @@ def decide(
     """
     notes: list[str] = []
     stored = stored or {}
+    steering = steering or Steering()
+    if steering.compact_now:
+        reason = "manual"
     state = _State(conversation.messages, conversation.counts, conversation.problems, None)
     found = _usable(find_checkpoint(conversation.chain, stored), budget, notes)
     if found is not None and reason == "manual" and _nothing_after(conversation, found, budget):
@@ -243,6 +281,10 @@ def decide(
         elif state.checkpoint is not None and reason != "manual":
             # The user asked for this one: the guard does not stand in the way.
             profile = _guarded(profile, budget, state.checkpoint, conversation, progress_min_ratio)
+    if not steering.enabled and reason != "manual":
+        # Switched off for this session: forwarded as it stands, and nothing
+        # is prepared ahead for it either.
+        action, prepare = "forward", False
     return Decision(
         action=action,
         reason=reason,
@@ -256,6 +298,8 @@ def decide(
         notes=tuple(notes),
         prepare=prepare,
         fixed=fixed,
+        instructions="\n".join(p for p in (steering.instructions, instructions) if p) or None,
+        progress_min_ratio=progress_min_ratio,
     )
 
 

@@ -13,10 +13,8 @@ checkpoints, the retry rule, calibration, events, metrics — is shared.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
-from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -27,6 +25,9 @@ from compaction import (
     CannotFitError,
     InvalidMessagesError,
     OverflowReport,
+    Reason,
+    credible_report,
+    empty_stream_is_overflow,
     message_text,
     retry_budget,
 )
@@ -54,9 +55,9 @@ from proxy.flow.send import (
     shown_url,
 )
 from proxy.flow.usage import UsageTap
-from proxy.session.conversation import Prepared, prepare
+from proxy.session.conversation import Resolved, resolve
 from proxy.state.logs import REQUESTS
-from proxy.state.runtime import WINDOW_BOUNDS, ProxyState
+from proxy.state.runtime import ProxyState
 from proxy.state.stores import EMPTY_STREAM_STATUS
 from proxy.upstream.transport import UpstreamResponse
 
@@ -107,18 +108,18 @@ async def _forward_untouched(call: Call, started: float) -> Response:
 
 async def _forward(call: Call, started: float) -> Response:
     """Forward, and retry once, smaller, after an upstream overflow."""
-    prepared = await _prepare(call, reason="threshold")
-    sent = call.encode(prepared)
+    resolved = await _compact_for(call, reason="threshold")
+    sent = call.encode(resolved)
     upstream = await _send(call, sent)
-    report = await _overflow(call, prepared, upstream, started, sent)
+    report = await _overflow(call, resolved, upstream, started, sent)
     if isinstance(report, Response):
         return report
     if report is not None:
         state = call.state
         state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
-        budget = await _retry_budget(call, prepared, report)
-        prepared = await _prepare(call, reason="overflow", budget=budget)
-        retry = call.encode(prepared)
+        budget = await _retry_budget(call, resolved, report)
+        resolved = await _compact_for(call, reason="overflow", budget=budget)
+        retry = call.encode(resolved)
         if retry == sent:  # cannot happen by the retry rule; never resend what failed
             raise ContextLengthExceeded(
                 "This request cannot be made smaller than what the upstream refused.",
@@ -127,24 +128,18 @@ async def _forward(call: Call, started: float) -> Response:
         upstream = await _send(call, retry)
         if upstream.status == 200 and call.streamed and not await _first_bytes(call, upstream):
             empty_stream(call)
-            return _empty_stream_error(call, prepared, upstream, started)
+            return _empty_stream_error(call, resolved, upstream, started)
     try:
-        _finish(call, prepared, upstream.status, started)
-        return Relay(upstream, prepared.headers(), _usage_tap(call, prepared), dialect=call.dialect)
+        _finish(call, resolved, upstream.status, started)
+        return Relay(upstream, resolved.headers(), _usage_tap(call, resolved), dialect=call.dialect)
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
 
 
-#: An upstream stream that ends before its first event, for a request using at
-#: least this share of the input limit, is taken for an overflow: some servers
-#: (llama-cpp-python) answer an over-long streamed prompt that way.
-EMPTY_STREAM_NEAR_LIMIT = 0.5
-
-
 async def _overflow(
     call: Call,
-    prepared: Prepared,
+    resolved: Resolved,
     upstream: UpstreamResponse,
     started: float,
     sent: bytes,
@@ -155,17 +150,17 @@ async def _overflow(
         error = await read_whole(upstream)
         overflow = detect_overflow(upstream.status, error, sent)
         if overflow is None:
-            _finish(call, prepared, upstream.status, started)
-            return relay_bytes(upstream, error, prepared.headers())
+            _finish(call, resolved, upstream.status, started)
+            return relay_bytes(upstream, error, resolved.headers())
         return OverflowReport(window=overflow.limit, count=overflow.count)
     if upstream.status != 200 or not call.streamed or await _first_bytes(call, upstream):
         return None
-    result = prepared.result
+    result = resolved.result
     empty_stream(call)
-    if result.tokens_after >= EMPTY_STREAM_NEAR_LIMIT * result.input_limit:
+    if empty_stream_is_overflow(result.tokens_after, result.input_limit):
         upstream.release()
         return OverflowReport()
-    return _empty_stream_error(call, prepared, upstream, started)
+    return _empty_stream_error(call, resolved, upstream, started)
 
 
 async def _first_bytes(call: Call, upstream: UpstreamResponse) -> bool:
@@ -180,37 +175,34 @@ async def _first_bytes(call: Call, upstream: UpstreamResponse) -> bool:
 
 
 def _empty_stream_error(
-    call: Call, prepared: Prepared, upstream: UpstreamResponse, started: float
+    call: Call, resolved: Resolved, upstream: UpstreamResponse, started: float
 ) -> Response:
     """The answer to an upstream stream that ended empty: a stream that carries
     one error event, never a clean empty answer."""
     upstream.release()
     # An error, not the 200 its headers said: counted and logged as one.
-    _finish(call, prepared, EMPTY_STREAM_STATUS, started, error="upstream_empty")
+    _finish(call, resolved, EMPTY_STREAM_STATUS, started, error="upstream_empty")
     message = "The upstream ended the stream before sending anything."
     return Response(
         call.dialect.error_event(message, "upstream_empty"),
         media_type="text/event-stream",
-        headers=prepared.headers(),
+        headers=resolved.headers(),
     )
 
 
-async def _retry_budget(call: Call, prepared: Prepared, report: OverflowReport) -> Budget:
+async def _retry_budget(call: Call, resolved: Resolved, report: OverflowReport) -> Budget:
     """The retry's budget by the library's rule; what the error taught is kept."""
     state, model = call.state, call.config.model
-    if report.window:
-        if await state.learn_window(call.config, report.window):
-            call.config = state.resolve(model)
-        else:  # not a figure to aim at either
-            report = dataclasses.replace(report, window=None)
-    if report.count and report.count > WINDOW_BOUNDS[1]:
-        report = dataclasses.replace(report, count=None)  # no prompt is that large
+    taken = bool(report.window) and await state.learn_window(call.config, report.window or 0)
+    if taken:
+        call.config = state.resolve(model)
+    report = credible_report(report, window_taken=taken)
     config = call.config
     retry = retry_budget(
         config.profile,
         requested_output(call.body),
         state.ratio(config),
-        prepared.result.tokens_after,
+        resolved.result.tokens_after,
         report,
     )
     if report.count:
@@ -218,9 +210,9 @@ async def _retry_budget(call: Call, prepared: Prepared, report: OverflowReport) 
     return retry.budget
 
 
-def _usage_tap(call: Call, prepared: Prepared) -> UsageTap:
+def _usage_tap(call: Call, resolved: Resolved) -> UsageTap:
     """Learns the upstream's ratio from the ``usage`` of the answer."""
-    state, config, estimate = call.state, call.config, prepared.result.tokens_after
+    state, config, estimate = call.state, call.config, resolved.result.tokens_after
 
     def observed(upstream_tokens: int) -> None:
         state.observe(config, estimate, upstream_tokens)
@@ -228,29 +220,27 @@ def _usage_tap(call: Call, prepared: Prepared) -> UsageTap:
     return UsageTap(observed, cached=call.dialect.cached_usage_apart)
 
 
-async def _prepare(
+async def _compact_for(
     call: Call,
     *,
-    reason: Any,
+    reason: Reason,
     budget: Budget | None = None,
     instructions: str | None = None,
     store: bool = True,
-) -> Prepared:
+) -> Resolved:
+    """The request's conversation as it is to be sent: decided once, compacted
+    if needed (:func:`proxy.session.conversation.resolve`), the engine's
+    refusals turned into the client's errors."""
     summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
     try:
-        return await prepare(
+        return await resolve(
             call.state,
-            call.body,
-            call.messages,
-            call.config,
+            call,
             summarizer,
             reason=reason,
             instructions=instructions,
             budget=budget,
             store=store,
-            identified=call.identified,
-            scope=call.scope,
-            owner=call.owner,
         )
     except CannotFitError as exc:
         advice = (
@@ -278,11 +268,11 @@ async def _prepare(
 async def _manual(call: Call, instructions: str, started: float) -> Response:
     history = call.messages[:-1]
     call.messages = history
-    prepared = await _prepare(call, reason="manual", instructions=instructions or None)
-    text = manual.reply_text(manual.outcome_of(prepared))
-    _finish(call, prepared, 200, started, upstream=False)
+    resolved = await _compact_for(call, reason="manual", instructions=instructions or None)
+    text = manual.reply_text(manual.outcome_of(resolved))
+    _finish(call, resolved, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"
-    headers = prepared.headers()
+    headers = resolved.headers()
     if call.streamed:
         events = call.dialect.manual_events(model, text, call.original or call.body)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
@@ -296,13 +286,13 @@ async def _manual(call: Call, instructions: str, started: float) -> Response:
 async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
     """``POST /v1/compaction/preview``: what would be sent, and the report."""
     call = await read_call(request, state, uses_proxy_key)
-    prepared = await _prepare(call, reason="threshold", store=False)
-    result = prepared.result
+    resolved = await _compact_for(call, reason="threshold", store=False)
+    result = resolved.result
     report = {
         "model": call.config.model,
         "stage": result.stage,
         "reason": result.reason,
-        "tokens_before": prepared.tokens_before,
+        "tokens_before": resolved.tokens_before,
         "tokens_after": result.tokens_after,
         "context_window": call.config.profile.context_window,
         "window_source": call.config.window_source,
@@ -312,16 +302,16 @@ async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key:
         "messages_after": result.messages_after,
         "summarizer": result.summarizer_used,
         "summarizer_calls": result.summarizer_calls,
-        "checkpoint": prepared.checkpoint.id if prepared.checkpoint else None,
+        "checkpoint": resolved.checkpoint.id if resolved.checkpoint else None,
         "notes": list(result.notes),
     }
     try:
         # The messages sit a level deeper here than in the request: a body
         # nested to the parser's limit cannot be written back.
-        answer = orjson.dumps({"messages": prepared.messages, "report": report})
+        answer = orjson.dumps({"messages": resolved.messages, "report": report})
     except orjson.JSONEncodeError as exc:
         raise too_deep(exc) from exc
-    return Response(answer, media_type="application/json", headers=prepared.headers())
+    return Response(answer, media_type="application/json", headers=resolved.headers())
 
 
 async def _send(call: Call, body: bytes) -> UpstreamResponse:
@@ -347,7 +337,7 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
 
 def _finish(
     call: Call,
-    prepared: Prepared,
+    resolved: Resolved,
     status: int,
     started: float,
     *,
@@ -360,15 +350,15 @@ def _finish(
     answered by the proxy) — the proxy's own.
     """
     metrics = call.state.metrics
-    metrics.record_request(call.config.model, prepared.result, prepared.tokens_before)
-    metrics.record_compaction(prepared.result, call.config.profile.summarizer == "llm")
-    stage = prepared.stage
+    metrics.record_request(call.config.model, resolved.result, resolved.tokens_before)
+    metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
+    stage = resolved.stage
     fields: dict[str, object] = {
         "model": call.config.model or "-",
         "stage": stage,
-        "reason": prepared.reason,
-        "tokens_before": prepared.tokens_before,
-        "tokens_after": prepared.result.tokens_after,
+        "reason": resolved.reason,
+        "tokens_before": resolved.tokens_before,
+        "tokens_after": resolved.result.tokens_after,
         "upstream_status" if upstream else "status": status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
@@ -380,7 +370,7 @@ def _finish(
     logger.info("chat", extra={"fields": fields})
     if call.state.recorder is not None:  # queued for the dashboard; never waits
         ms = (time.perf_counter() - started) * 1000
-        call.state.recorder.record(request_record(call, prepared, status, ms, error=error))
+        call.state.recorder.record(request_record(call, resolved, status, ms, error=error))
 
 
 def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:

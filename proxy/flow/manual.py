@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from compaction import SUMMARY_MARKER, Message, message_text
 
 if TYPE_CHECKING:
-    from proxy.session.conversation import Prepared
+    from proxy.session.conversation import Resolved
 
 COMMAND = "/compact"
 #: Every synthetic reply starts with one of these; how later requests find it.
@@ -79,7 +79,7 @@ class Outcome:
     earlier: bool
 
 
-def outcome_of(prepared: Prepared) -> Outcome:
+def outcome_of(prepared: Resolved) -> Outcome:
     result, made, base = prepared.result, prepared.made, prepared.base
     folded = (
         result.summary is not None

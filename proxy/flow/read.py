@@ -26,7 +26,7 @@ from proxy.edge.disconnect import ClientWatch
 from proxy.flow import manual
 from proxy.flow.continued import continued, remembered
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
-from proxy.session.conversation import Conversation, Prepared, identify, scope_of
+from proxy.session.conversation import Conversation, Resolved, identify, scope_of
 from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer
 
@@ -35,7 +35,7 @@ from proxy.upstream.summarizer import UpstreamSummarizer
 #: on it). Smaller ones are parsed on the loop — a few milliseconds at most;
 #: with the GIL a thread would only slice that work, at ~2 ms of hand-over
 #: cost — and only their new text, if there is much, is tokenized in a
-#: thread (see conversation.prepare).
+#: thread (see proxy.session.conversation.resolve).
 OFF_LOOP_BYTES = 1 << 20
 
 
@@ -96,14 +96,14 @@ class Call:
             on_call=self.state.metrics.summarizer_calls.inc,
         )
 
-    def encode(self, prepared: Prepared) -> bytes:
+    def encode(self, resolved: Resolved) -> bytes:
         mapped = self.mapped
         engine_messages = self.body["messages"] if mapped is None else mapped.messages
-        if prepared.untouched and self.messages is engine_messages:
+        if resolved.untouched and self.messages is engine_messages:
             return self.raw  # nothing changed: the client's own bytes
         if mapped is None or self.original is None:
-            return orjson.dumps({**self.body, "messages": prepared.messages})
-        return orjson.dumps(self.dialect.from_engine(self.original, mapped, prepared.messages))
+            return orjson.dumps({**self.body, "messages": resolved.messages})
+        return orjson.dumps(self.dialect.from_engine(self.original, mapped, resolved.messages))
 
 
 @dataclasses.dataclass(frozen=True)

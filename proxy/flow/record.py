@@ -16,7 +16,7 @@ from typing import Final
 
 from compaction import SUMMARY_MARKER, Message, message_text
 from proxy.flow.read import Call
-from proxy.session.conversation import Prepared
+from proxy.session.conversation import Resolved
 from proxy.state.stores import RequestRecord
 
 #: A label's task: at most this many characters of the first request, cut
@@ -27,12 +27,12 @@ USER_AGENT_CHARS: Final = 80
 
 
 def request_record(
-    call: Call, prepared: Prepared, status: int, ms: float, *, error: str = ""
+    call: Call, resolved: Resolved, status: int, ms: float, *, error: str = ""
 ) -> RequestRecord:
     """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
-    result = prepared.result
+    result = resolved.result
     return RequestRecord(
-        session=prepared.session,
+        session=resolved.session,
         owner=call.owner,
         model=call.config.model,
         api=call.dialect.name,
@@ -52,7 +52,7 @@ def request_record(
         # overflow retry compacts twice), as /metrics counts them.
         summarizer_calls=call.summarizer_calls,
         summarizer_tokens=call.summarizer_tokens,
-        checkpoint_id=prepared.checkpoint.id if prepared.checkpoint is not None else None,
+        checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
         task=task_words(call.messages),
         user_agent=call.request.headers.get("user-agent", "")[:USER_AGENT_CHARS],
     )

@@ -7,8 +7,10 @@ conversation near its trigger, starts :func:`prepare_ahead` as a task of
 :class:`proxy.session.background.Background`:
 
 1. single flight: one task per span in this process, and the store's lock of
-   the span across replicas; under it the store is asked again, and the job
-   stops if the span was prepared or compacted meanwhile (``superseded``);
+   the span across replicas; under it the store is asked again
+   (:meth:`~proxy.session.compacting.Job.recheck`): the decision of the request
+   that started the job stands when the answer is unchanged, and the job stops
+   if the span was prepared or compacted meanwhile (``superseded``);
 2. :func:`compaction.ahead` plans the compaction with the growth still
    expected, and :func:`proxy.session.compacting.run_plan` runs it; when pruning will
    do at the trigger the model is never asked, and nothing is stored or
@@ -18,7 +20,7 @@ conversation near its trigger, starts :func:`prepare_ahead` as a task of
 
 The request that crosses the trigger applies it (:func:`compaction.decide`),
 waiting for a preparation still running for its span rather than asking the
-model twice (:func:`proxy.session.conversation.prepare`).
+model twice (:func:`proxy.session.conversation.resolve`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ import asyncio
 import dataclasses
 
 from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
-from proxy.session import steering
-from proxy.session.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
+from proxy.session.compacting import (
+    Basis,
+    Emitter,
+    Job,
+    checkpoint_of,
+    event_notes,
+    look_up,
+    run_plan,
+)
 from proxy.state.stores import RequestRecord
 
 
@@ -44,14 +53,23 @@ def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
     return f"precompute:{conversation.session}:{conversation.chain[0]}"
 
 
-def prepares_ahead(job: Job) -> bool:
+def prepares_ahead(job: Job, decision: Decision) -> bool:
     """Whether compactions of ``job``'s conversation are prepared in the background."""
-    return job.reason == "threshold" and job.summarizer is not None and job.profile.prepares_ahead
+    return (
+        decision.reason == "threshold"
+        and job.summarizer is not None
+        and job.config.profile.prepares_ahead
+    )
 
 
-async def prepare_ahead(job: Job, span: str) -> None:
+async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None:
     """Prepare the compaction ``job``'s conversation will need at its trigger,
     and store it as a precomputed checkpoint (see the module docstring).
+
+    ``basis`` is the decision of the request that starts the job (a forward
+    with :attr:`~compaction.Decision.prepare`) and the store's answer it was
+    made on; ``None`` after a compaction, whose own checkpoint makes the store's
+    answer a new one to decide on.
 
     Events are written only once the model is asked: when pruning will do at
     the trigger, nothing is prepared and nothing recorded.
@@ -60,8 +78,12 @@ async def prepare_ahead(job: Job, span: str) -> None:
     outcome = "cancelled"
     try:
         async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
-            decision = await job.decide()  # prepared or compacted meanwhile?
-            job, decision = await steering.steer(job, decision, ahead=True)
+            if basis is None:
+                stored = await look_up(state, job.conversation)
+                basis = Basis(stored, job.decide(stored))
+            else:  # prepared or compacted meanwhile?
+                basis = await job.recheck(basis)
+            decision = basis.decision
             if decision.action != "forward" or not decision.prepare:
                 outcome = "superseded"
                 return
@@ -73,7 +95,7 @@ async def prepare_ahead(job: Job, span: str) -> None:
 async def _ahead(job: Job, plan: Decision) -> str:
     """Run ``plan`` (:func:`compaction.ahead`) and store its result; the outcome's name."""
     state, conversation = job.state, job.conversation
-    emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
+    emit = Emitter(state, conversation.session, job.config.model, plan.reason, job.owner)
     announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
     spent, asked = _tokens(job.summarizer), _calls(job.summarizer)
     try:
@@ -100,7 +122,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
                 owner=job.owner,
                 model=job.config.model,
                 stage=result.stage,
-                reason=job.reason,
+                reason=plan.reason,
                 tokens_before=0,
                 tokens_after=0,
                 input_limit=0,
@@ -116,7 +138,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
     # have at the trigger: kept too, so the model is not asked twice.
     made = None
     if result.stage == "condensed":
-        made = checkpoint_of(job, result, precomputed=True, base=plan.checkpoint)
+        made = checkpoint_of(job, plan, result, precomputed=True)
     if made is None:
         await emit(
             "compaction.failed",

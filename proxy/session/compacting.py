@@ -3,9 +3,12 @@
 Shared by the request path (:mod:`proxy.session.conversation`) and the compactions
 prepared ahead of need (:mod:`proxy.session.ahead`):
 
-* :class:`Job` — what stays the same while one conversation is compacted, and
-  :meth:`Job.decide`, the store asked for the chain's checkpoints and the
-  library's decision;
+* :class:`Job` — what stays the same while one conversation is compacted,
+  and :meth:`Job.decide`, the library's decision on the store's answer
+  (:func:`look_up`, asked once before it);
+* :meth:`Job.recheck` — under the conversation's lock, the store asked again:
+  the decision stands when its answer is unchanged, and is made anew on the
+  new answer (another request compacted meanwhile) otherwise;
 * :func:`run_plan` — :func:`compaction.execute`, in a worker thread for a
   large conversation (the summarizer's calls sent back to this loop);
 * :func:`checkpoint_of` — the checkpoint to store for a result;
@@ -18,6 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +32,12 @@ from compaction import (
     Conversation,
     Decision,
     Message,
-    Profile,
     Reason,
+    Steering,
     Summarizer,
     decide,
     execute,
+    made_progress,
     new_checkpoint,
     text_size,
 )
@@ -45,54 +50,82 @@ if TYPE_CHECKING:
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
 
+async def look_up(state: ProxyState, conversation: Conversation) -> dict[str, Checkpoint]:
+    """The store's answer for ``conversation``: the checkpoints on its chain."""
+    chain = conversation.chain
+    return await state.store.lookup(chain) if chain else {}
+
+
 @dataclass(frozen=True)
 class Job:
-    """What stays the same for one conversation while it is being compacted."""
+    """What stays the same for one conversation while it is being compacted:
+    the inputs of its decision but the store's answer."""
 
     state: ProxyState
     conversation: Conversation
     config: ModelConfig
-    profile: Profile
     budget: Budget
-    reason: Reason
+    reason: Reason  #: as asked (a pending "compact now" makes the decision's manual)
     summarizer: Summarizer | None
-    instructions: str | None
+    steering: Steering
+    instructions: str | None  #: the request's own (``/compact``'s)
     owner: str
 
-    async def decide(self) -> Decision:
-        chain = self.conversation.chain
-        stored = await self.state.store.lookup(chain) if chain else {}
+    def decide(self, stored: Mapping[str, Checkpoint]) -> Decision:
+        """The library's decision on ``stored``, the store's answer for the chain."""
         decision = decide(
             self.conversation,
-            self.profile,
+            self.config.profile,
             self.budget,
             reason=self.reason,
             stored=stored,
             progress_min_ratio=self.state.settings.store.progress_min_ratio,
+            steering=self.steering,
+            instructions=self.instructions,
         )
         for note in decision.notes:
             logger.warning("%s", note)
         return decision
 
+    async def recheck(self, basis: Basis) -> Basis:
+        """``basis`` if the store still answers as it did, else the decision on
+        its new answer: what another request (or replica) stored meanwhile is a
+        new input, decided on once more. Called under the lock that makes the
+        answer stay put until this job has acted on it."""
+        stored = await look_up(self.state, self.conversation)
+        if stored == basis.stored:
+            return basis
+        return Basis(stored, self.decide(stored))
+
+
+@dataclass(frozen=True)
+class Basis:
+    """A decision and the store's answer it was made on."""
+
+    stored: Mapping[str, Checkpoint]
+    decision: Decision
+
 
 def checkpoint_of(
     job: Job,
+    decision: Decision,
     result: CompactionResult,
     *,
     precomputed: bool = False,
-    base: Checkpoint | None = None,
 ) -> Checkpoint | None:
-    shrink = 1 - result.tokens_after / max(result.tokens_before, 1)
+    """The checkpoint to store for ``result``, the compaction ``decision`` planned."""
     return new_checkpoint(
         job.conversation,
         result,
         id=uuid.uuid4().hex,
         created_at=time.time(),
-        progress_ok=shrink >= job.state.settings.store.progress_min_ratio,
+        progress_ok=made_progress(
+            result.tokens_before, result.tokens_after, decision.progress_min_ratio
+        ),
         model=job.config.model,
         window=job.budget.context_window,
         precomputed=precomputed,
-        base=base,
+        base=decision.checkpoint if precomputed else None,
     )
 
 
@@ -116,7 +149,7 @@ async def run_plan(job: Job, decision: Decision) -> CompactionResult:
         # The worker runs its own event loop; the summarizer's HTTP client
         # belongs to this one, so its calls are sent back here to run.
         summarizer = _OnLoop(summarizer, asyncio.get_running_loop())
-    work = execute(job.conversation, decision, summarizer, instructions=job.instructions)
+    work = execute(job.conversation, decision, summarizer, instructions=decision.instructions)
     if off_loop:
         return await asyncio.to_thread(asyncio.run, work)
     return await work

@@ -1,35 +1,40 @@
-"""One request's conversation against the store: look up, lock, execute,
-store, record.
+"""One request's conversation against the store: look up, decide, lock,
+execute, store, record — :func:`resolve`.
 
 The policy is the library's (:mod:`compaction.decide`); this module does
-the I/O around it:
+the I/O around it, and decides once:
 
 1. the conversation is read once (:func:`compaction.read_conversation`);
-2. the store is asked for the checkpoints on its chain, and the library
-   decides: forward (over the newest checkpoint, if any) or compact;
+2. the store is asked, at the same time, for the checkpoints on its chain
+   and for the session's settings (:func:`proxy.session.steering.steering_for`);
+   on those answers the library decides, once: forward (over the newest
+   checkpoint, if any) or compact, with the settings applied;
 3. forwarding takes no lock and writes nothing;
-4. compacting takes the conversation's single-flight lock, asks the store
-   again (another request may have just compacted it), and runs the plan
-   with ``compaction.queued → compaction.started → context.compacted`` (or
+4. compacting takes the conversation's single-flight lock and asks the store
+   again (another request may have just compacted it): an unchanged answer
+   keeps the decision; a changed one is a new input, decided on once more
+   (:meth:`~proxy.session.compacting.Job.recheck`). The plan runs with
+   ``compaction.queued → compaction.started → context.compacted`` (or
    ``compaction.failed``) events;
 5. the result is stored as a checkpoint with the messages it replaced.
 
 Ahead of need (the llm summarizer): a forward past ``precompute_share`` of
-the trigger starts :func:`proxy.session.ahead.prepare_ahead` in the background: it
-stores the compaction the conversation will need as a *precomputed*
-checkpoint, which the request crossing the trigger applies instead of waiting
-for a model. That request waits only for a preparation still running for its
-span, never asks the model twice. :mod:`proxy.session.compacting` runs a compaction
-for both.
+the trigger starts :func:`proxy.session.ahead.prepare_ahead` in the background,
+handing it the decision and the answer it was made on: it stores the
+compaction the conversation will need as a *precomputed* checkpoint, which the
+request crossing the trigger applies instead of waiting for a model. That
+request waits only for a preparation still running for its span, never asks
+the model twice. :mod:`proxy.session.compacting` runs a compaction for both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from compaction import (
     Budget,
@@ -49,15 +54,23 @@ from compaction import (
 from config import ModelConfig
 from proxy.session import steering
 from proxy.session.ahead import prepare_ahead, prepares_ahead, span_key
-from proxy.session.compacting import Emitter, Job, checkpoint_of, event_notes, run_plan
+from proxy.session.compacting import (
+    Basis,
+    Emitter,
+    Job,
+    checkpoint_of,
+    event_notes,
+    look_up,
+    run_plan,
+)
 from proxy.state.runtime import ProxyState
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """What to forward for one request, and what happened on the way."""
+class Resolved:
+    """What to forward for one request, and what happened on the way (:func:`resolve`)."""
 
     messages: list[Message]
     #: True when ``messages`` is exactly what the client sent.
@@ -123,71 +136,97 @@ def identify(
 ) -> Conversation:
     """:func:`compaction.read_conversation` with this model's counter: tokenizes
     what the cache has not seen, so the caller may run it in a worker thread
-    and hand the result to :func:`prepare`."""
+    and hand the result to :func:`resolve`."""
     counter = state.counter(config)
     return read_conversation(body, messages, counter, config.profile.head_count, scope=scope)
 
 
-async def prepare(
+class Asked(Protocol):
+    """One request's conversation, as :func:`resolve` reads it (the handler's
+    :class:`proxy.flow.read.Call` is one)."""
+
+    @property
+    def body(self) -> Mapping[str, Any]: ...  # every field but the messages, for counting
+    @property
+    def messages(self) -> list[Message]: ...  # the client's (``/compact`` exchanges removed)
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def scope(self) -> bytes: ...  # :func:`scope_of` the request
+    @property
+    def owner(self) -> str: ...  # whose events and checkpoint (proxy.edge.access.owner_of)
+    @property
+    def identified(self) -> Conversation | None: ...  # :func:`identify` of the messages
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A conversation to :func:`resolve`, for callers without a request of their own."""
+
+    body: Mapping[str, Any]
+    messages: list[Message]
+    config: ModelConfig
+    scope: bytes = b""
+    owner: str = ""
+    identified: Conversation | None = None
+
+
+async def resolve(
     state: ProxyState,
-    body: Mapping[str, Any],
-    messages: list[Message],
-    config: ModelConfig,
+    asked: Asked,
     summarizer: Summarizer | None,
     *,
     reason: Reason = "threshold",
     instructions: str | None = None,
     budget: Budget | None = None,
     store: bool = True,
-    identified: Conversation | None = None,
-    scope: bytes = b"",
-    owner: str = "",
-) -> Prepared:
-    """Decide, and compact if needed, remembering the result.
+) -> Resolved:
+    """Decide, once, and compact if needed, remembering the result.
 
-    ``messages`` is the client's conversation (``/compact`` exchanges already
-    removed); ``body`` supplies every other field for counting;
-    ``identified`` is :func:`identify` of ``messages`` if the caller has it;
-    ``scope`` is :func:`scope_of` the request, and ``owner`` whose events and
-    checkpoint it records (:func:`proxy.edge.access.owner_of`).
-    ``budget`` replaces the calibrated one (the overflow retry's).
-    ``store=False`` (the preview) changes nothing: no lock, no events, no
-    checkpoint. Raises what :func:`compaction.execute` raises.
+    ``instructions`` are the request's own (``/compact <focus>``); ``budget``
+    replaces the calibrated one (the overflow retry's). ``store=False`` (the
+    preview) changes nothing: no lock, no events, no checkpoint. Raises what
+    :func:`compaction.execute` raises.
     """
-    profile = config.profile
-    counter = state.counter(config)
-    conversation = identified
-    if (
-        conversation is None
-        or conversation.messages is not messages
-        or conversation.head_count != profile.head_count
-        or conversation.counter is not counter
-        or conversation.scope != scope
-    ):
-        conversation = await read_conversation_async(
-            body, messages, counter, profile.head_count, scope=scope
-        )
+    config = asked.config
+    conversation = await _conversation(state, asked)
     if budget is None:
-        budget = calibrated_budget(profile, requested_output_tokens(body), state.ratio(config))
-    job = Job(state, conversation, config, profile, budget, reason, summarizer, instructions, owner)
-    decision = await job.decide()
-    job, decision = await steering.steer(job, decision, preview=not store)  # its settings
+        budget = calibrated_budget(
+            config.profile, requested_output_tokens(asked.body), state.ratio(config)
+        )
+    steering_of, stored = await asyncio.gather(
+        steering.steering_for(state, conversation.session, asked.owner, preview=not store),
+        look_up(state, conversation),
+    )
+    job = Job(
+        state=state,
+        conversation=conversation,
+        config=config,
+        budget=budget,
+        reason=reason,
+        summarizer=summarizer,
+        steering=steering_of,
+        instructions=instructions,
+        owner=asked.owner,
+    )
+    basis = Basis(stored, job.decide(stored))
+    decision = basis.decision
     if not store:  # the preview: run everything, remember nothing
         result = await run_plan(job, decision)
         untouched = _untouched(conversation, result)
-        return Prepared(
+        return Resolved(
             result.messages, untouched, result, decision.checkpoint, conversation.session
         )
     if decision.action == "forward":
         if decision.prepare and summarizer is not None:
             span = span_key(conversation, decision.checkpoint)
             if span is not None:
-                state.background.start(span, prepare_ahead(job, span))
+                state.background.start(span, prepare_ahead(job, span, basis))
         return _forward(conversation, decision)
     ttl = state.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed
-    if span is not None and not ready and prepares_ahead(job):
+    if span is not None and not ready and prepares_ahead(job, decision):
         # A compaction being prepared for this span (here or by another
         # replica, which holds the span's lock) is waited for, not redone.
         await state.background.wait(span)
@@ -195,22 +234,40 @@ async def prepare(
             pass
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with state.store.lock(key, ttl):
-        decision = await job.decide()  # another request may have just compacted it
+        basis = await job.recheck(basis)  # another request may have just compacted it
+        decision = basis.decision
         if decision.action == "forward":
             return _forward(conversation, decision)
-        prepared = await _run(job, decision)
-    span = span_key(conversation, prepared.checkpoint)
-    if prepared.checkpoint is not None and span is not None and prepares_ahead(job):
+        resolved = await _run(job, decision)
+    span = span_key(conversation, resolved.checkpoint)
+    if resolved.checkpoint is not None and span is not None and prepares_ahead(job, decision):
         # Left near the trigger, the conversation may need its next compaction
         # soon: the job asks the store and prepares it if so.
         state.background.start(span, prepare_ahead(job, span))
-    return prepared
+    return resolved
 
 
-def _forward(conversation: Conversation, decision: Decision) -> Prepared:
+async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
+    """``asked.identified`` when it was read for this model and scope, else read now."""
+    profile, counter = asked.config.profile, state.counter(asked.config)
+    conversation = asked.identified
+    if (
+        conversation is None
+        or conversation.messages is not asked.messages
+        or conversation.head_count != profile.head_count
+        or conversation.counter is not counter
+        or conversation.scope != asked.scope
+    ):
+        conversation = await read_conversation_async(
+            asked.body, asked.messages, counter, profile.head_count, scope=asked.scope
+        )
+    return conversation
+
+
+def _forward(conversation: Conversation, decision: Decision) -> Resolved:
     """A request forwarded as it is, or over its stored compaction: no lock, no write."""
     result = forwarded(conversation, decision)
-    return Prepared(
+    return Resolved(
         result.messages, decision.untouched, result, decision.checkpoint, conversation.session
     )
 
@@ -219,10 +276,10 @@ def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
     return result.messages is conversation.messages
 
 
-async def _run(job: Job, decision: Decision) -> Prepared:
+async def _run(job: Job, decision: Decision) -> Resolved:
     """Compact with events, and store the result as a checkpoint."""
     state, conversation = job.state, job.conversation
-    emit = Emitter(state, conversation.session, job.config.model, job.reason, job.owner)
+    emit = Emitter(state, conversation.session, job.config.model, decision.reason, job.owner)
     await emit("compaction.queued")
     await emit("compaction.started")
     try:
@@ -232,7 +289,7 @@ async def _run(job: Job, decision: Decision) -> Prepared:
         raise
     made = None
     if result.changed:
-        made = checkpoint_of(job, result)
+        made = checkpoint_of(job, decision, result)
         if made is not None:
             head = conversation.head
             originals = conversation.messages[head : head + made.covered]
@@ -246,7 +303,7 @@ async def _run(job: Job, decision: Decision) -> Prepared:
         checkpoint_id=made.id if made else None,
         notes=event_notes(result),
     )
-    return Prepared(
+    return Resolved(
         messages=result.messages,
         untouched=_untouched(conversation, result),
         result=result,

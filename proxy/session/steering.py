@@ -2,19 +2,19 @@
 instructions or switch compaction off, and "compact now".
 
 Used by the JSON routes (:mod:`proxy.api.steering`) and the dashboard's buttons
-alike, and by :func:`steer`, the one call :func:`proxy.session.conversation.prepare`
-makes into this module:
-
-* a request about to be **forwarded** costs nothing here: no store call (one
-  set lookup, and only while a "compact now" is pending in this process);
-* a request about to be **compacted** (or a compaction prepared ahead, in the
-  background) reads its session's settings once: compaction off turns it
-  into a forward (``/compact`` still compacts), instructions are added to
-  those of the built-in prompt (and to a ``/compact``'s own).
+alike, and by :func:`steering_for`, the one call
+:func:`proxy.session.conversation.resolve` makes into this module: it reads
+the session's settings (alongside the store's lookup of its checkpoints, at
+the same time) and a pending "compact now" into the
+:class:`compaction.Steering` that :func:`compaction.decide` takes — the rules
+(compaction off turns a compaction into a forward, ``/compact`` still
+compacts; the instructions join those of a ``/compact``) are the engine's.
 
 An edited summary is stored in place of the old one under the same id, so the
 next request of the conversation forwards the edited text; the old text is
-kept in a ``checkpoint.edited`` event.
+kept in a ``checkpoint.edited`` event. The summary's format, and so what a
+user may edit of it (the body, not the file lists the proxy computed), is
+:mod:`compaction.summary`'s.
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from compaction import Checkpoint, Decision, is_summary, parse_summary, with_body
+from compaction import Checkpoint, Steering, is_summary, parse_summary, with_body
 from proxy.edge.errors import BadRequest, NotFound
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import Event, SessionSettings
-
-if TYPE_CHECKING:
-    from proxy.session.compacting import Job
 
 #: A summary longer than this is not a summary.
 MAX_SUMMARY_CHARS: Final = 200_000
@@ -39,31 +36,19 @@ MAX_INSTRUCTIONS_CHARS: Final = 4_000
 _OWNER_SEARCH: Final = 1_000
 
 
-async def steer(
-    job: Job, decision: Decision, *, ahead: bool = False, preview: bool = False
-) -> tuple[Job, Decision]:
-    """``job`` and ``decision`` as the session's settings have them (module doc).
+async def steering_for(
+    state: ProxyState, session: str, owner: str, *, preview: bool = False
+) -> Steering:
+    """What ``owner`` set for ``session``, as :func:`compaction.decide` takes it.
 
-    ``ahead``: ``decision`` is a compaction prepared in the background;
-    ``preview``: nothing will be done (a pending "compact now" stays pending).
+    A pending "compact now" is taken by this request (it stays pending for a
+    ``preview``, which does nothing).
     """
-    state, session = job.state, job.conversation.session
-    if not ahead and state.compact_now and (job.owner, session) in state.compact_now:
-        if not preview:
-            state.compact_now.discard((job.owner, session))
-        job = dataclasses.replace(job, reason="manual")
-        decision = await job.decide()
-    wanted = decision.prepare if ahead else decision.action == "compact"
-    if not wanted:
-        return job, decision
-    settings = await state.store.session_settings(session, job.owner)
-    if not settings.enabled and job.reason != "manual":
-        # Nor is one prepared ahead for it.
-        return job, dataclasses.replace(decision, action="forward", prepare=False)
-    if settings.instructions:
-        joined = "\n".join(part for part in (settings.instructions, job.instructions) if part)
-        job = dataclasses.replace(job, instructions=joined)
-    return job, decision
+    pending = (owner, session) in state.compact_now
+    if pending and not preview:
+        state.compact_now.discard((owner, session))
+    settings = await state.store.session_settings(session, owner)
+    return Steering(settings.enabled, settings.instructions, compact_now=pending)
 
 
 # --- the actions -------------------------------------------------------------

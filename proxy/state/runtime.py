@@ -19,8 +19,10 @@ from compaction import (
     TokenCounter,
     encoding_for_model,
     load_encoding,
+    proven_floor,
     ratio_sample,
     update_ratio,
+    window_to_learn,
 )
 from config import ModelConfig, ModelResolver, Settings
 from proxy.session.background import Background
@@ -31,9 +33,6 @@ from proxy.upstream.transport import Transport
 
 logger = logging.getLogger(__name__)
 
-#: Windows an overflow error may teach: below the smallest models in use,
-#: above any model's window, a stated figure is a misreading or a lie.
-WINDOW_BOUNDS = (512, 10_000_000)
 #: A learned ratio is written to the store again only when it moved by more
 #: than this share: every answer refines it, and a write per request would cost.
 RATIO_WRITE_STEP = 0.005
@@ -99,19 +98,17 @@ class ProxyState:
         """Remember a window an overflow error stated, for this upstream and model,
         here and in the store; whether it was taken.
 
-        Refused: a window outside :data:`WINDOW_BOUNDS`, and one below a prompt
-        this upstream already answered for the model (an error that lies, or
-        one that quoted a number it did not mean).
+        The rule is the engine's (:func:`compaction.window_to_learn`).
         """
         key = calibration_key(config)
-        low, high = WINDOW_BOUNDS
-        if not low <= window <= high or window <= self.proven.get(key, 0):
+        lesson = window_to_learn(self.learned_windows.get(key), window, self.proven.get(key, 0))
+        if not lesson.taken:
             logger.warning("an overflow error stated an implausible window; not learned")
             return False
-        if self.learned_windows.get(key) != window:
-            self.learned_windows[key] = window
+        if lesson.remember is not None:
+            self.learned_windows[key] = lesson.remember
             try:
-                await self.store.set_learned_window(key, window)
+                await self.store.set_learned_window(key, lesson.remember)
             except Exception:  # the store being down must not fail a request
                 logger.warning("could not store the learned window", exc_info=True)
         return True
@@ -119,8 +116,7 @@ class ProxyState:
     def prove(self, config: ModelConfig, prompt_tokens: int) -> None:
         """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
         key = calibration_key(config)
-        if prompt_tokens > self.proven.get(key, 0):
-            self.proven[key] = prompt_tokens
+        self.proven[key] = proven_floor(self.proven.get(key, 0), prompt_tokens)
 
     def ratio(self, config: ModelConfig) -> float:
         """The calibration ratio for this model's upstream (1.0 until one is learned)."""

@@ -15,8 +15,10 @@ from compaction.decide import (
     MAX_RATIO,
     MIN_RATIO,
     OverflowReport,
+    Steering,
     calibrated_budget,
     decide,
+    made_progress,
     ratio_sample,
     retry_budget,
     update_ratio,
@@ -155,3 +157,47 @@ def test_a_broken_conversation_under_the_trigger_is_repaired_not_compacted() -> 
     assert result.stage == "none" and result.changed
     assert result.messages == messages  # the orphan dropped, nothing else touched
     assert any(note.startswith("repaired input:") for note in result.notes)
+
+
+# --- the progress guard's measure and the session's settings ------------------
+
+
+def test_a_compaction_made_progress_only_when_it_shrank_the_request_by_the_share() -> None:
+    assert made_progress(1_000, 899, 0.1)
+    assert not made_progress(1_000, 901, 0.1)
+    assert not made_progress(1_000, 1_000, 0.1)
+    assert made_progress(0, 0, 0.0)  # nothing to shrink, nothing asked
+
+
+def test_a_session_switched_off_is_forwarded_and_prepares_nothing() -> None:
+    messages = _session(30)
+    small = Profile(context_window=4_096)
+    conversation, budget = _conversation(messages), calibrated_budget(small)
+    off = decide(conversation, small, budget, steering=Steering(enabled=False))
+    assert off.action == "forward" and not off.prepare
+    assert off.messages is messages  # as the client sent it
+    manual = decide(conversation, small, budget, reason="manual", steering=Steering(enabled=False))
+    assert manual.action == "compact"  # /compact still compacts
+
+
+def test_compact_now_makes_the_request_a_manual_compaction() -> None:
+    messages = _session(2)
+    roomy = Profile(context_window=128_000)
+    decision = decide(
+        _conversation(messages),
+        roomy,
+        calibrated_budget(roomy),
+        steering=Steering(compact_now=True),
+    )
+    assert decision.action == "compact" and decision.reason == "manual"
+
+
+def test_the_sessions_instructions_come_before_the_requests_own() -> None:
+    messages = _session(30)
+    small = Profile(context_window=4_096)
+    conversation, budget = _conversation(messages), calibrated_budget(small)
+    steering = Steering(instructions="Keep the paths.")
+    both = decide(conversation, small, budget, steering=steering, instructions="Focus on tests.")
+    assert both.instructions == "Keep the paths.\nFocus on tests."
+    assert decide(conversation, small, budget).instructions is None
+    assert decide(conversation, small, budget, instructions="x").instructions == "x"

@@ -15,7 +15,7 @@ from compaction.checkpoints import chain_hashes, session_key
 from compaction.messages import group_messages
 from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
 from config import load_settings
-from proxy.session.conversation import identify, prepare
+from proxy.session.conversation import Ask, identify, resolve
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import MemoryStore
 from tests.synthetic import agent_session
@@ -60,7 +60,7 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
         state, config = _state()
         summarizer = RecordingSummarizer()
         results = await asyncio.gather(
-            *(prepare(state, body, messages, config, summarizer) for _ in range(concurrent))
+            *(resolve(state, Ask(body, messages, config), summarizer) for _ in range(concurrent))
         )
         await state.transport.aclose()
         return summarizer.calls, {r.checkpoint.id for r in results if r.checkpoint}
@@ -102,13 +102,13 @@ def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
         later = [*messages, *new]
         summarizer = RecordingSummarizer()
         body = {"model": "m", "messages": later}
-        prepared = await prepare(state, body, later, config, summarizer)
+        resolved = await resolve(state, Ask(body, later, config), summarizer)
         await state.transport.aclose()
         return (
             summarizer.calls,
-            prepared.stage,
-            prepared.result.tokens_after,
-            (prepared.result.input_limit),
+            resolved.stage,
+            resolved.result.tokens_after,
+            (resolved.result.input_limit),
         )
 
     # A little new material (beyond the tail, but not by 10 % of the limit):
@@ -126,7 +126,7 @@ def _fresh_counter(config: Any) -> TokenCounter:
     )
 
 
-def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
+def test_identify_works_out_what_resolve_needs_and_resolve_reuses_it() -> None:
     async def run() -> None:
         state, config = _state()
         messages = agent_session(seed=54, steps=4, output_chars=400)
@@ -139,16 +139,16 @@ def test_identify_works_out_what_prepare_needs_and_prepare_reuses_it() -> None:
 
         counter = state.counter(config)
         hits, misses = counter.hits, counter.misses
-        reused = await prepare(state, body, messages, config, None, identified=identified)
+        reused = await resolve(state, Ask(body, messages, config, identified=identified), None)
         assert (counter.hits, counter.misses) == (hits, misses)  # nothing counted again
-        worked_out = await prepare(state, body, messages, config, None)
+        worked_out = await resolve(state, Ask(body, messages, config), None)
         assert counter.hits > hits
         assert reused.stage == "none" and reused.untouched
         assert reused.headers() == worked_out.headers()
         # What identifies other messages is not used for these.
         other_messages = agent_session(seed=55, steps=2, output_chars=400)
         other = identify(state, config, {"model": "m"}, other_messages)
-        mismatched = await prepare(state, body, messages, config, None, identified=other)
+        mismatched = await resolve(state, Ask(body, messages, config, identified=other), None)
         assert mismatched.headers() == worked_out.headers()
         await state.transport.aclose()
 
@@ -166,14 +166,14 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
         later = [*messages, {"role": "user", "content": "and now?"}]
         body = {"model": "m", "messages": later}
         for _ in range(2):  # cold, then warm
-            prepared = await prepare(state, body, later, config, None)
-            assert prepared.stage == "reused" and not prepared.untouched
-            assert prepared.checkpoint is not None and prepared.checkpoint.id == checkpoint.id
-            assert prepared.messages == [*later[:2], *checkpoint.replacement, *later[starts[-1] :]]
+            resolved = await resolve(state, Ask(body, later, config), None)
+            assert resolved.stage == "reused" and not resolved.untouched
+            assert resolved.checkpoint is not None and resolved.checkpoint.id == checkpoint.id
+            assert resolved.messages == [*later[:2], *checkpoint.replacement, *later[starts[-1] :]]
             counter = _fresh_counter(config)
-            assert prepared.tokens_before == counter.count_request(body)
-            forwarded = {**body, "messages": prepared.messages}
-            assert prepared.result.tokens_after == counter.count_request(forwarded)
+            assert resolved.tokens_before == counter.count_request(body)
+            forwarded = {**body, "messages": resolved.messages}
+            assert resolved.result.tokens_after == counter.count_request(forwarded)
         await state.transport.aclose()
 
     asyncio.run(run())
@@ -181,7 +181,7 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
 
 @dataclasses.dataclass
 class _Compacted:
-    prepared: Any
+    resolved: Any
     loop: asyncio.AbstractEventLoop
     loop_thread: int  #: the thread the event loop runs in
     compacted_in: list[int]  #: the threads the compaction ran in
@@ -190,7 +190,7 @@ class _Compacted:
 def _compact_recording_threads(
     summarizer: Any, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> _Compacted:
-    """prepare() of a ~340k-token session over the trigger, recording which
+    """resolve() of a ~340k-token session over the trigger, recording which
     thread ran the compaction (habit 15: structure, not the wall clock)."""
     messages = agent_session(seed=7, steps=600, output_chars=4_000)
     body = {"model": "m", "messages": messages}
@@ -206,9 +206,9 @@ def _compact_recording_threads(
         state, config = _state()
         profile = dataclasses.replace(config.profile, summarizer=mode)
         configured = dataclasses.replace(config, profile=profile)
-        prepared = await prepare(state, body, messages, configured, summarizer)
+        resolved = await resolve(state, Ask(body, messages, configured), summarizer)
         await state.transport.aclose()
-        return _Compacted(prepared, asyncio.get_running_loop(), threading.get_ident(), compacted_in)
+        return _Compacted(resolved, asyncio.get_running_loop(), threading.get_ident(), compacted_in)
 
     return asyncio.run(run())
 
@@ -217,7 +217,7 @@ def test_a_large_compaction_leaves_the_event_loop_free(monkeypatch: pytest.Monke
     """The extractive summary never awaits: on the loop, pruning and condensing
     a few hundred thousand tokens would stall every other request."""
     done = _compact_recording_threads(None, "extractive", monkeypatch)
-    assert done.prepared.stage == "condensed"
+    assert done.resolved.stage == "condensed"
     assert len(done.compacted_in) == 1 and done.compacted_in[0] != done.loop_thread
 
 
@@ -237,7 +237,7 @@ def test_a_large_compaction_still_summarizes_on_the_event_loop(
 
     summarizer = LoopRecording()
     done = _compact_recording_threads(summarizer, "llm", monkeypatch)
-    assert done.prepared.stage == "condensed" and done.prepared.result.summarizer_used == "llm"
+    assert done.resolved.stage == "condensed" and done.resolved.result.summarizer_used == "llm"
     assert done.compacted_in[0] != done.loop_thread  # compacted in a worker thread…
     assert summarizer.calls >= 1 and summarizer.loops == {done.loop}  # …summarized on the loop
 
@@ -267,8 +267,8 @@ def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None
         for turn in range(3):
             broken = [*broken, {"role": "user", "content": f"and now {turn}?"}]
             body = {"model": "m", "messages": broken}
-            prepared = await prepare(state, body, broken, config, summarizer)
-            stages.append(prepared.stage)
+            resolved = await resolve(state, Ask(body, broken, config), summarizer)
+            stages.append(resolved.stage)
             calls.append(summarizer.calls)
         await state.transport.aclose()
         return calls, stages

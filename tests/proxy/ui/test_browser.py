@@ -22,7 +22,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from compaction import SUMMARY_MARKER, session_key
+from compaction import SUMMARY_MARKER, parse_summary, session_key
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
 from tests.synthetic import agent_session
@@ -133,4 +133,7 @@ def test_the_dashboard_shows_a_session_and_edits_its_summary(
     _chat(url, follow_up)
     sent = upstream.chat_requests[-1].json()["messages"]
     summaries = [m["content"] for m in sent if str(m["content"]).startswith(SUMMARY_MARKER)]
-    assert summaries and summaries[0].endswith(EDITED)
+    assert summaries
+    forwarded = parse_summary({"role": "user", "content": summaries[0]})
+    # The edit replaced the body; the file lists the proxy computed stay after it.
+    assert forwarded is not None and forwarded.body == EDITED and forwarded.files
