@@ -12,20 +12,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import anthropic
-import httpx
 import orjson
 import pytest
 from openai import OpenAI
 
 from config import load_settings
-from proxy.app import create_app
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
-from tests.proxy.servers import serve_in_thread
+from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
 
 COMPACTED = ("pruned", "condensed", "truncated")
 #: Small windows, so that a session of a few dozen turns compacts several times.
@@ -44,16 +42,38 @@ TOOL_OUTPUT = "\n".join(
 )
 
 
+#: Where the proxy is told the Anthropic upstream is (in-process, nothing listens).
+CLAUDE_URL = "http://anthropic.test/v1"
+
+
 @contextmanager
-def _proxy(upstream_url: str, **upstream: Any) -> Iterator[str]:
+def _proxy(
+    openai_upstream: Any = None, claude: Any = None, store: Any = None
+) -> Iterator[InProcessProxy]:
+    """The proxy in-process in front of the fake upstreams of either API."""
+    transport = RecordingTransport(
+        app=openai_upstream.app() if openai_upstream is not None else None,
+        routes={CLAUDE_URL: claude.app()} if claude is not None else {},
+    )
     settings = load_settings(
         None,
-        upstream={"base_url": upstream_url + "/v1", "trust_env": False, **upstream},
+        upstream={"base_url": UPSTREAM_URL, "trust_env": False, "anthropic_base_url": CLAUDE_URL},
         store={"url": "memory://"},
         models={MODEL: PROFILE, CLAUDE: PROFILE},
     )
-    with serve_in_thread(create_app(settings)) as url:
-        yield url
+    with running(settings, transport, store=store) as proxy:
+        yield proxy
+
+
+def _openai(proxy: InProcessProxy) -> OpenAI:
+    return OpenAI(base_url=proxy.url, api_key="sk-test", max_retries=0, http_client=proxy.http)
+
+
+def _anthropic(proxy: InProcessProxy) -> anthropic.Anthropic:
+    root = proxy.url.removesuffix("/v1")
+    return anthropic.Anthropic(
+        base_url=root, api_key="sk-ant-test", max_retries=0, http_client=proxy.http
+    )
 
 
 # --- OpenAI Responses ----------------------------------------------------------
@@ -65,14 +85,8 @@ def _responses_session(
     upstream = ResponsesUpstream(window=window, tool_turns=40)
     stages: list[str] = []
     reasons: list[str] = []
-    with (
-        serve_in_thread(upstream.app()) as upstream_url,
-        _proxy(upstream_url) as proxy,
-        ExitStack() as stack,
-    ):
-        client = stack.enter_context(
-            OpenAI(base_url=proxy + "/v1", api_key="sk-test", max_retries=0)
-        )
+    with _proxy(upstream) as proxy:
+        client = _openai(proxy)
         tools = [
             {
                 "type": "function",
@@ -147,11 +161,8 @@ def _anthropic_session(stream: bool, window: int) -> tuple[AnthropicUpstream, li
     upstream = AnthropicUpstream(window=window, tool_turns=40)
     stages: list[str] = []
     reasons: list[str] = []
-    with (
-        serve_in_thread(upstream.app()) as upstream_url,
-        _proxy(upstream_url, anthropic_base_url=upstream_url + "/v1") as proxy,
-        anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0) as client,
-    ):
+    with _proxy(claude=upstream) as proxy:
+        client = _anthropic(proxy)
         system = [
             {
                 "type": "text",
@@ -255,13 +266,8 @@ def _history(turns: int) -> list[dict[str, Any]]:
 def test_compact_is_answered_in_each_api_without_calling_the_model(stream: bool) -> None:
     claude = AnthropicUpstream()
     responses = ResponsesUpstream()
-    with (
-        serve_in_thread(claude.app()) as claude_url,
-        serve_in_thread(responses.app()) as responses_url,
-        _proxy(responses_url, anthropic_base_url=claude_url + "/v1") as proxy,
-        anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0) as a,
-        OpenAI(base_url=proxy + "/v1", api_key="sk-test", max_retries=0) as o,
-    ):
+    with _proxy(responses, claude) as proxy:
+        a, o = _anthropic(proxy), _openai(proxy)
         command = {"role": "user", "content": "/compact keep the file names"}
         request = {"model": CLAUDE, "max_tokens": 1024, "messages": [*_history(8), command]}
         if stream:
@@ -288,19 +294,9 @@ def test_anthropic_count_tokens_is_forwarded_and_calibrates_the_proxy() -> None:
 
     upstream = AnthropicUpstream()
     store = MemoryStore()
-    with serve_in_thread(upstream.app()) as upstream_url:
-        settings = load_settings(
-            None,
-            upstream={"trust_env": False, "anthropic_base_url": upstream_url + "/v1"},
-            store={"url": "memory://"},
-            models={CLAUDE: PROFILE},
-        )
-        with (
-            serve_in_thread(create_app(settings, store=store)) as proxy,
-            anthropic.Anthropic(base_url=proxy, api_key="sk-ant-test", max_retries=0) as client,
-        ):
-            counted = client.messages.count_tokens(model=CLAUDE, messages=_history(6))
-            learned = _stored_ratio(store, CLAUDE)
+    with _proxy(claude=upstream, store=store) as proxy:
+        counted = _anthropic(proxy).messages.count_tokens(model=CLAUDE, messages=_history(6))
+        learned = _stored_ratio(store, CLAUDE)
     assert counted.input_tokens > 1000  # the upstream's own figure, relayed
     assert [r.path for r in upstream.received] == ["/v1/messages/count_tokens"]
     assert learned is not None and 0.8 <= learned <= 2.0  # learned from that one count
@@ -329,13 +325,9 @@ def test_a_responses_request_on_server_side_state_goes_upstream_byte_for_byte(
     rest = {**extra, "input": [*_history(6), {"role": "user", "content": "go"}]}
     # Spelled as no serializer would: a rewrite could not give these bytes back.
     raw = b'{"model" :  "' + MODEL.encode() + b'",' + orjson.dumps(rest)[1:]
-    with (
-        serve_in_thread(upstream.app()) as upstream_url,
-        _proxy(upstream_url) as proxy,
-        httpx.Client() as client,
-    ):
-        answer = client.post(
-            proxy + "/v1/responses", content=raw, headers={"content-type": "application/json"}
+    with _proxy(upstream) as proxy:
+        answer = proxy.http.post(
+            proxy.url + "/responses", content=raw, headers={"content-type": "application/json"}
         )
     assert [r.body for r in upstream.received] == [raw]  # the client's own bytes
     assert "x-compaction-stage" not in answer.headers
