@@ -45,6 +45,7 @@ from proxy.state.stores.figures import (
     SessionSettings,
     SessionSummary,
 )
+from proxy.state.stores.health import HealthReport, StoreHealth
 from proxy.state.stores.memory import MemoryStore
 from proxy.state.stores.protocols import (
     CalibrationStore,
@@ -61,9 +62,7 @@ from proxy.state.stores.protocols import (
 from proxy.state.stores.redis import DEFAULT_KEY_PREFIX, RedisStore
 from proxy.state.stores.resilient import (
     FailureKind,
-    HealthReport,
     ResilientStore,
-    StoreHealth,
     StoreObserver,
     StoreUnavailable,
 )

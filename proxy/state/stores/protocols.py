@@ -24,9 +24,9 @@ SQLite worker thread, the Redis client and key scheme) and what the backends
 could share is already shared as plain functions (:func:`~proxy.state.stores.figures.fold`,
 :func:`~proxy.state.stores.base.interrupted`, :class:`~proxy.state.stores.locks.LeaseLocks`).
 
-The protocols are runtime-checkable, so a test can ask ``isinstance`` (which
-sees that the members exist, not their signatures: mypy checks those where a
-backend is used as a :class:`Store`).
+The protocols are runtime-checkable, so a test can ask ``isinstance`` of
+each; that sees only that the members exist, so the tests compare the
+parameters too, and mypy the types wherever a backend is used as a :class:`Store`.
 """
 
 from __future__ import annotations

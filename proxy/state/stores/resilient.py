@@ -26,19 +26,13 @@ Which operation gets which answer is decided once, in the body of
 (:mod:`proxy.state.stores.protocols`).
 
 A call that **timed out** makes the calls after it skip the store for
-:data:`PAUSE_AFTER_TIMEOUT` seconds: a hung Redis would otherwise cost every
-request one timeout per store call (seven for a compaction). A call that
-failed at once (a refused connection, a full disk) costs nothing to repeat,
-so the next call tries again.
+:data:`~proxy.state.stores.health.PAUSE_AFTER_TIMEOUT` seconds: a hung Redis
+would otherwise cost every request one timeout per store call (seven for a
+compaction). A call that failed at once (a refused connection, a full disk)
+costs nothing to repeat, so the next call tries again.
 
-The store is **degraded** (``/healthz``) from a failed call until a call of
-the same side — read or write — succeeds: a full disk still reads, so a read
-proves nothing of the writes. A write proves itself only if it must have
-written (a heartbeat to SQLite, a purge with nothing to purge do not).
-
-Failures are logged at error level by exception type only — a store error
-may quote a key or a value, never the conversation — at most once every
-:data:`LOG_EVERY` seconds, so a store that flaps does not flood the log.
+What the outcomes say of the store (``/healthz``) and how failures are
+logged is :mod:`proxy.state.stores.health`.
 """
 
 from __future__ import annotations
@@ -46,16 +40,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
 from functools import partial
 from typing import (
     Any,
     Concatenate,
-    Final,
     Generic,
     Literal,
     ParamSpec,
@@ -67,6 +58,7 @@ from typing import (
 
 from proxy.state.stores.base import checked_ratio
 from proxy.state.stores.figures import SessionSettings
+from proxy.state.stores.health import Side, StoreHealth
 from proxy.state.stores.protocols import (
     CalibrationStore,
     CheckpointStore,
@@ -84,14 +76,7 @@ logger = logging.getLogger("compaction_proxy.store")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-#: Seconds the store is left alone after a call timed out (the keep-alive
-#: probe, every 10 s, is not held back: it costs no request anything).
-PAUSE_AFTER_TIMEOUT: Final = 10.0
-#: At most one error line in this many seconds, with the count of the others.
-LOG_EVERY: Final = 60.0
-
 FailureKind = Literal["error", "timeout", "skipped"]
-Side = Literal["read", "write"]
 
 
 class StoreUnavailable(Exception):
@@ -108,101 +93,6 @@ class StoreObserver(Protocol):
     def store_call(self, operation: str, seconds: float) -> None: ...
 
     def store_failed(self, operation: str, kind: FailureKind) -> None: ...
-
-
-@dataclass(frozen=True)
-class HealthReport:
-    """What the proxy knows of its store, from the calls it made."""
-
-    ok: bool
-    operation: str | None = None  #: the call that failed first in this run of failures
-    error: str | None = None  #: its exception type, or ``"timeout"``
-    since: float | None = None  #: wall-clock time of that failure
-    failed_calls: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        if self.ok:
-            return {"status": "ok"}
-        store = {
-            "operation": self.operation,
-            "error": self.error,
-            "since": self.since,
-            "failed_calls": self.failed_calls,
-        }
-        return {"status": "degraded", "store": store}
-
-
-@dataclass
-class _Run:
-    """Failures with no successful call between them."""
-
-    report: HealthReport
-    logged: bool
-
-
-class StoreHealth:
-    """The store's health as the outcomes of its calls tell it; logs the failures.
-
-    Reads and writes are told apart: a full disk still reads, so a read that
-    succeeds says nothing of the writes. Degraded from a failed call until a
-    call of the same side succeeds (one that must have done I/O: a no-op
-    heartbeat proves nothing). ``clock`` (monotonic seconds) is for tests.
-    """
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._run: _Run | None = None
-        self._failing: set[Side] = set()
-        self._pause_until = -math.inf
-        self._logged_at = -math.inf
-        self._unlogged = 0  #: failures since the last error line
-
-    @property
-    def failing(self) -> bool:
-        return self._run is not None
-
-    def paused(self) -> bool:
-        """Whether calls skip the store now (after a timeout)."""
-        return self._clock() < self._pause_until
-
-    def report(self) -> HealthReport:
-        return HealthReport(ok=True) if self._run is None else self._run.report
-
-    def succeeded(self, side: Side) -> None:
-        run = self._run
-        if run is None:
-            return
-        self._pause_until = -math.inf
-        self._failing.discard(side)
-        if self._failing:
-            return
-        self._run = None
-        if run.logged:
-            logger.warning(
-                "the store answers again, after %d failed call(s)", run.report.failed_calls
-            )
-
-    def failed(self, operation: str, error: str, side: Side, *, timed_out: bool) -> None:
-        self._failing.add(side)
-        now = self._clock()
-        if timed_out:
-            self._pause_until = now + PAUSE_AFTER_TIMEOUT
-        run = self._run
-        if run is None:
-            first = HealthReport(False, operation, error, time.time(), 1)
-            run = self._run = _Run(first, logged=False)
-        else:
-            run.report = replace(run.report, failed_calls=run.report.failed_calls + 1)
-        self._unlogged += 1
-        if now - self._logged_at >= LOG_EVERY:
-            logger.error(
-                "store call failed (%s in %s; %d failure(s) since the last report); "
-                "requests are served without the store until it answers again",
-                error,
-                operation,
-                self._unlogged,
-            )
-            self._logged_at, self._unlogged, run.logged = now, 0, True
 
 
 def _timed_out(exc: BaseException) -> bool:

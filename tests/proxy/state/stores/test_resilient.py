@@ -19,7 +19,7 @@ from proxy.state.stores import (
     StoreHealth,
     StoreUnavailable,
 )
-from proxy.state.stores.resilient import LOG_EVERY, PAUSE_AFTER_TIMEOUT
+from proxy.state.stores.health import LOG_EVERY, PAUSE_AFTER_TIMEOUT
 from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
 
 pytestmark = pytest.mark.anyio
