@@ -426,11 +426,37 @@ class InProcessProxy:
     def app(self) -> Any:
         return self.http.app
 
+    def client(self, **kwargs: Any) -> TestClient:
+        """Another client of the same running app, with cookies of its own (a
+        second visitor): it runs its requests in the first one's portal, so
+        they reach the same app on the same event loop (no second lifespan)."""
+        kwargs.setdefault("base_url", self.url.removesuffix("/v1"))
+        other = _Visitor(
+            self.http.app,
+            raise_server_exceptions=False,
+            follow_redirects=False,
+            client=("127.0.0.1", 50001),
+            **kwargs,
+        )
+        other.portal = self.http.portal
+        return other
+
     def openai(self, **kwargs: Any) -> openai.OpenAI:
         """The real openai SDK, its requests handed to the app in-process."""
         kwargs.setdefault("api_key", "sk-client")
         kwargs.setdefault("max_retries", 0)
         return openai.OpenAI(base_url=self.url, http_client=self.http, **kwargs)
+
+
+class _Visitor(TestClient):
+    """A TestClient running in another one's portal: entering it starts no
+    lifespan (the app's is running), leaving it stops nothing."""
+
+    def __enter__(self) -> _Visitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 @contextlib.contextmanager

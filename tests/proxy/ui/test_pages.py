@@ -1,5 +1,6 @@
-"""The dashboard's pages over real loopback servers: who sees what, the CSRF and
-Origin checks on its buttons, and that no key and no raw HTML ever shows."""
+"""The dashboard's pages, the app in-process: who sees what, the CSRF and Origin
+checks on its buttons, and that no key and no raw HTML ever shows. Each visitor
+is a client of its own (its own cookies) on the same running app."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import httpx
 import pytest
 
 from compaction import session_key
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory
+from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import FakeUpstream
 from tests.synthetic import agent_session
 
@@ -21,12 +23,13 @@ ADMIN = "admin-secret-4242"
 PROXY_KEY = "proxy-secret-1717"
 
 
-def _chat(base: str, messages: list[dict[str, Any]], key: str, **headers: str) -> httpx.Response:
-    response = httpx.post(
-        f"{base}/v1/chat/completions",
+def _chat(
+    proxy: InProcessProxy, messages: list[dict[str, Any]], key: str, **headers: str
+) -> httpx.Response:
+    response = proxy.http.post(
+        f"{proxy.url}/chat/completions",
         json={"model": "gpt-4o", "messages": messages},
         headers={"authorization": f"Bearer {key}", **headers},
-        timeout=60,
     )
     assert response.status_code == 200, response.text
     return response
@@ -68,15 +71,16 @@ def _sign_in(client: httpx.Client, key: str, proxy_key: str = "") -> httpx.Respo
 
 
 def test_each_visitor_sees_their_own_sessions_and_never_a_key(
-    start_proxy: ProxyFactory,
+    start_app: AppFactory,
 ) -> None:
-    base = _root(start_proxy(models=MODELS, server={"admin_key": ADMIN}))
+    proxy = start_app(models=MODELS, server={"admin_key": ADMIN})
+    base = _root(proxy.url)
     alice = agent_session(seed=11, steps=60, task="Pages: Alice's task.")
     bob = agent_session(seed=12, steps=60, task="Pages: Bob's task.")
-    _chat(base, alice, ALICE)
-    _chat(base, bob, BOB)
+    _chat(proxy, alice, ALICE)
+    _chat(proxy, bob, BOB)
 
-    with httpx.Client(base_url=base) as anonymous:
+    with proxy.client(base_url=base) as anonymous:
         # Nothing of theirs, but how many there are and how to see them.
         page = _wait_for(anonymous, "/ui", "2 sessions of callers that send an API key")
         assert "2 sessions of callers that send an API key are not shown" in page
@@ -85,7 +89,7 @@ def test_each_visitor_sees_their_own_sessions_and_never_a_key(
         assert "Alice" not in page and "Bob" not in page  # no label of theirs
         assert session_key(alice) not in page and session_key(bob) not in page
 
-    with httpx.Client(base_url=base) as client:
+    with proxy.client(base_url=base) as client:
         assert _sign_in(client, ALICE).status_code == 303
         page = _wait_for_rows(client, 1)
         assert session_key(alice) in page and session_key(bob) not in page
@@ -100,7 +104,7 @@ def test_each_visitor_sees_their_own_sessions_and_never_a_key(
         assert "Bob" not in theirs.text and "Edit this summary" not in theirs.text
         assert "hidden-sessions" not in page  # a signed-in owner is not told of others' sessions
 
-    with httpx.Client(base_url=base) as admin:
+    with proxy.client(base_url=base) as admin:
         assert _sign_in(admin, ADMIN).status_code == 303
         page = _wait_for_rows(admin, 2)
         assert session_key(alice) in page and session_key(bob) in page
@@ -108,18 +112,19 @@ def test_each_visitor_sees_their_own_sessions_and_never_a_key(
 
 
 def test_a_button_needs_the_pages_token_and_its_own_origin(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    base = _root(start_proxy(models=MODELS))
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
+    base = _root(proxy.url)
     messages = agent_session(seed=13, steps=60, task="Pages: CSRF.")
     # A keyless caller: its sessions are the anonymous visitor's.
-    response = httpx.post(
-        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=60
+    response = proxy.http.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}
     )
     checkpoint_id = response.headers["x-compaction-id"]
     session = session_key(messages)
-    with httpx.Client(base_url=base) as client:
+    with proxy.client(base_url=base) as client:
         page = client.get(f"/ui/sessions/{session}").text
         token = _csrf(page)
         target = f"/ui/checkpoints/{checkpoint_id}"
@@ -129,7 +134,7 @@ def test_a_button_needs_the_pages_token_and_its_own_origin(
         forged = client.post(target, data={"summary": "forged", "csrf": token}, headers=evil)
         assert forged.status_code == 403
         # Another browser (another cookie) cannot use this page's token either.
-        with httpx.Client(base_url=base) as other:
+        with proxy.client(base_url=base) as other:
             other.get("/ui")
             assert other.post(target, data={"summary": "x", "csrf": token}).status_code == 403
 
@@ -148,21 +153,22 @@ def test_a_button_needs_the_pages_token_and_its_own_origin(
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "?"},
     ]
-    httpx.post(
-        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": follow_up}, timeout=60
+    proxy.http.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": follow_up}
     ).raise_for_status()
     forwarded = str(upstream.chat_requests[-1].json()["messages"])
     assert "<script>alert(1)</script> keep **bold**" in forwarded  # the text, as typed
 
 
-def test_the_settings_and_compact_now_buttons(start_proxy: ProxyFactory) -> None:
-    base = _root(start_proxy(models=MODELS))
+def test_the_settings_and_compact_now_buttons(start_app: AppFactory) -> None:
+    proxy = start_app(models=MODELS)
+    base = _root(proxy.url)
     messages = agent_session(seed=14, steps=4, task="Pages: buttons.")
     session = session_key(messages)
-    httpx.post(
-        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=60
+    proxy.http.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}
     ).raise_for_status()
-    with httpx.Client(base_url=base) as client:
+    with proxy.client(base_url=base) as client:
         token = _csrf(_wait_for(client, f"/ui/sessions/{session}", "Compact now"))
         off = client.post(
             f"/ui/sessions/{session}/settings", data={"csrf": token, "instructions": "Keep paths."}
@@ -174,15 +180,16 @@ def test_the_settings_and_compact_now_buttons(start_proxy: ProxyFactory) -> None
         assert now.status_code == 303
         assert "pending: the next request compacts" in client.get(f"/ui/sessions/{session}").text
     # Off does not stop a compaction asked for: compact now is manual, like /compact.
-    answered = httpx.post(
-        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}, timeout=60
+    answered = proxy.http.post(
+        f"{base}/v1/chat/completions", json={"model": "gpt-4o", "messages": messages}
     )
     assert answered.headers["x-compaction-reason"] == "manual"
 
 
-def test_with_a_proxy_key_the_dashboard_asks_for_it(start_proxy: ProxyFactory) -> None:
-    base = _root(start_proxy(models=MODELS, server={"api_key": PROXY_KEY}))
-    with httpx.Client(base_url=base) as client:
+def test_with_a_proxy_key_the_dashboard_asks_for_it(start_app: AppFactory) -> None:
+    proxy = start_app(models=MODELS, server={"api_key": PROXY_KEY})
+    base = _root(proxy.url)
+    with proxy.client(base_url=base) as client:
         first = client.get("/ui")
         assert first.status_code == 303 and first.headers["location"] == "/ui/login"
         assert 'name="proxy_key"' in client.get("/ui/login").text
@@ -196,18 +203,17 @@ def test_with_a_proxy_key_the_dashboard_asks_for_it(start_proxy: ProxyFactory) -
         assert client.post("/ui/logout", data={"csrf": token}).status_code == 303
         assert client.get("/ui").status_code == 303
     # The JSON routes keep the proxy key guard.
-    assert httpx.get(f"{base}/v1/compaction/sessions").status_code == 401
+    assert proxy.http.get(f"{base}/v1/compaction/sessions").status_code == 401
 
 
 @pytest.mark.parametrize(
     ("path", "status"),
     [("/ui", 200), ("/ui/login", 200), ("/ui/sessions/abc", 404), ("/ui/nothing/here", 404)],
 )
-def test_pages_forbid_scripts_and_framing(
-    start_proxy: ProxyFactory, path: str, status: int
-) -> None:
-    base = _root(start_proxy(models=MODELS))
-    response = httpx.get(base + path)
+def test_pages_forbid_scripts_and_framing(start_app: AppFactory, path: str, status: int) -> None:
+    proxy = start_app(models=MODELS)
+    base = _root(proxy.url)
+    response = proxy.http.get(base + path)
     assert response.status_code == status
     policy = response.headers["content-security-policy"]
     assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
@@ -215,13 +221,14 @@ def test_pages_forbid_scripts_and_framing(
 
 
 def test_a_session_or_checkpoint_the_visitor_has_nothing_of_is_a_404_page(
-    start_proxy: ProxyFactory,
+    start_app: AppFactory,
 ) -> None:
-    base = _root(start_proxy(models=MODELS, server={"admin_key": ADMIN}))
+    proxy = start_app(models=MODELS, server={"admin_key": ADMIN})
+    base = _root(proxy.url)
     bob = agent_session(seed=15, steps=60, task="Pages: a session of Bob.")
-    checkpoint_id = _chat(base, bob, BOB).headers["x-compaction-id"]
+    checkpoint_id = _chat(proxy, bob, BOB).headers["x-compaction-id"]
     session = session_key(bob)
-    with httpx.Client(base_url=base) as client:
+    with proxy.client(base_url=base) as client:
         assert _sign_in(client, ALICE).status_code == 303
         token = _csrf(client.get("/ui").text)
         own = {"origin": base}
@@ -241,7 +248,7 @@ def test_a_session_or_checkpoint_the_visitor_has_nothing_of_is_a_404_page(
         )
         assert edit.status_code == 404 and "No such checkpoint" in edit.text
         assert client.get("/ui/checkpoints/not-a-checkpoint").status_code == 404
-    with httpx.Client(base_url=base) as owner:
+    with proxy.client(base_url=base) as owner:
         assert _sign_in(owner, BOB).status_code == 303
         found = owner.get(f"/ui/checkpoints/{checkpoint_id}")
         assert found.status_code == 303
@@ -251,21 +258,21 @@ def test_a_session_or_checkpoint_the_visitor_has_nothing_of_is_a_404_page(
 
 
 def test_a_session_shows_its_label_window_and_tokens_received_and_sent(
-    start_proxy: ProxyFactory,
+    start_app: AppFactory,
 ) -> None:
-    base = _root(start_proxy(models=MODELS))
+    proxy = start_app(models=MODELS)
+    base = _root(proxy.url)
     messages = agent_session(seed=16, steps=60, task="Rename the config loader and fix its tests")
     session = session_key(messages)
-    response = httpx.post(
+    response = proxy.http.post(
         f"{base}/v1/chat/completions",
         json={"model": "gpt-4o", "messages": messages},
         headers={"user-agent": "my-agent/2.1"},
-        timeout=60,
     )
     received = int(response.headers["x-compaction-tokens-before"])
     sent = int(response.headers["x-compaction-tokens-after"])
     assert received > sent, "precondition: the request was compacted"
-    with httpx.Client(base_url=base) as client:
+    with proxy.client(base_url=base) as client:
         overview = _wait_for(client, "/ui", "session-link")
         page = client.get(f"/ui/sessions/{session}").text
     # Named by the task's first words (cut between words), and the client.
