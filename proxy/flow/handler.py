@@ -13,6 +13,7 @@ checkpoints, the retry rule, calibration, events, metrics — is shared.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -77,8 +78,7 @@ async def handle_chat(
     started = time.perf_counter()
     call: Call | None = None
     try:
-        call = await read_call(request, state, uses_proxy_key, dialect)
-        call.watch = watch
+        call = await read_call(request, state, uses_proxy_key, dialect, watch=watch)
         if call.untouchable is not None:
             return await _forward_untouched(call, started)
         instructions = manual.command_instructions(call.messages)
@@ -117,8 +117,9 @@ async def _forward(call: Call, started: float) -> Response:
     if report is not None:
         state = call.state
         state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
-        budget = await _retry_budget(call, resolved, report)
-        resolved = await _compact_for(call, reason="overflow", budget=budget)
+        retrying = await _retry_budget(call, resolved, report)
+        call = retrying.call
+        resolved = await _compact_for(call, reason="overflow", budget=retrying.budget)
         retry = call.encode(resolved)
         if retry == sent:  # cannot happen by the retry rule; never resend what failed
             raise ContextLengthExceeded(
@@ -190,12 +191,19 @@ def _empty_stream_error(
     )
 
 
-async def _retry_budget(call: Call, resolved: Resolved, report: OverflowReport) -> Budget:
-    """The retry's budget by the library's rule; what the error taught is kept."""
+@dataclasses.dataclass(frozen=True)
+class _Retry:
+    call: Call  #: with the window the error taught, if it taught one
+    budget: Budget
+
+
+async def _retry_budget(call: Call, resolved: Resolved, report: OverflowReport) -> _Retry:
+    """The retry's budget by the library's rule; what the error taught is kept
+    (the call, with the window it learned, is the retry's)."""
     state, model = call.state, call.config.model
     taken = bool(report.window) and await state.learn_window(call.config, report.window or 0)
     if taken:
-        call.config = state.resolve(model)
+        call = dataclasses.replace(call, config=state.resolve(model))
     report = credible_report(report, window_taken=taken)
     config = call.config
     retry = retry_budget(
@@ -207,7 +215,7 @@ async def _retry_budget(call: Call, resolved: Resolved, report: OverflowReport) 
     )
     if report.count:
         state.learn_ratio(config, retry.ratio)
-    return retry.budget
+    return _Retry(call, retry.budget)
 
 
 def _usage_tap(call: Call, resolved: Resolved) -> UsageTap:
@@ -261,13 +269,12 @@ async def _compact_for(
         # Read before anything else runs: a compaction this request started in
         # the background uses the same summarizer, and is recorded on its own.
         if summarizer is not None:
-            call.summarizer_tokens += summarizer.tokens
-            call.summarizer_calls += summarizer.calls
+            call.tally.summarizer_tokens += summarizer.tokens
+            call.tally.summarizer_calls += summarizer.calls
 
 
 async def _manual(call: Call, instructions: str, started: float) -> Response:
-    history = call.messages[:-1]
-    call.messages = history
+    call = dataclasses.replace(call, messages=call.messages[:-1])  # without the command
     resolved = await _compact_for(call, reason="manual", instructions=instructions or None)
     text = manual.reply_text(manual.outcome_of(resolved))
     _finish(call, resolved, 200, started, upstream=False)
@@ -331,7 +338,7 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
         raise
     metrics.record_upstream("chat", time.perf_counter() - started, response.status)
     if response.status >= 400:
-        call.upstream_errors += 1
+        call.tally.upstream_errors += 1
     return response
 
 

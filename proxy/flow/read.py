@@ -40,8 +40,24 @@ OFF_LOOP_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
+class Tally:
+    """What a request's answers cost, counted as they come: the one part of a
+    :class:`Call` that changes on the way."""
+
+    #: What the summarizer's calls made for this request cost, as the upstream
+    #: reported it (those of a compaction it started in the background not included).
+    summarizer_tokens: int = 0
+    #: The summarizer's requests made for this request, and the upstream's error
+    #: answers to it (an overflow retried, an empty stream), for its figures.
+    summarizer_calls: int = 0
+    upstream_errors: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Call:
-    """One chat request as it moves through the handler."""
+    """One chat request as it moves through the handler (a step that changes
+    what it is — the model's config after a learned window, the messages
+    without a ``/compact`` command — makes a new one)."""
 
     request: Request
     state: ProxyState
@@ -64,13 +80,7 @@ class Call:
     original: dict[str, Any] | None = None
     mapped: Mapped | None = None
     untouchable: str | None = None
-    #: What the summarizer's calls made for this request cost, as the upstream
-    #: reported it (those of a compaction it started in the background not included).
-    summarizer_tokens: int = 0
-    #: The summarizer's requests made for this request, and the upstream's error
-    #: answers to it (an overflow retried, an empty stream), for its figures.
-    summarizer_calls: int = 0
-    upstream_errors: int = 0
+    tally: Tally = dataclasses.field(default_factory=Tally)
 
     @property
     def base_url(self) -> str:
@@ -158,7 +168,12 @@ def _read_conversation(
 
 
 async def read_call(
-    request: Request, state: ProxyState, uses_proxy_key: bool, dialect: Dialect = CHAT
+    request: Request,
+    state: ProxyState,
+    uses_proxy_key: bool,
+    dialect: Dialect = CHAT,
+    *,
+    watch: ClientWatch | None = None,
 ) -> Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
     client_headers = request.headers.items()
@@ -200,6 +215,7 @@ async def read_call(
     return Call(
         request=request,
         state=state,
+        watch=watch,
         raw=raw,
         body=read.body,
         messages=read.messages,

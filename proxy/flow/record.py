@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from compaction import SUMMARY_MARKER, Message, message_text
+from compaction import Message, is_summary, message_text
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
 from proxy.state.stores import RequestRecord
@@ -46,12 +46,12 @@ def request_record(
         window_source=call.config.window_source,
         status=status,
         error=error,
-        upstream_errors=call.upstream_errors,
+        upstream_errors=call.tally.upstream_errors,
         ms=ms,
         # The summarizer's own counts, over every compaction of the request (an
         # overflow retry compacts twice), as /metrics counts them.
-        summarizer_calls=call.summarizer_calls,
-        summarizer_tokens=call.summarizer_tokens,
+        summarizer_calls=call.tally.summarizer_calls,
+        summarizer_tokens=call.tally.summarizer_tokens,
         checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
         task=task_words(call.messages),
         user_agent=call.request.headers.get("user-agent", "")[:USER_AGENT_CHARS],
@@ -61,7 +61,7 @@ def request_record(
 def empty_stream(call: Call) -> None:
     """Count an upstream stream that ended before its first event: an error
     answer, in /metrics and in the request's figures alike."""
-    call.upstream_errors += 1
+    call.tally.upstream_errors += 1
     call.state.metrics.record_empty_stream()
 
 
@@ -69,11 +69,9 @@ def task_words(messages: Sequence[Message]) -> str:
     """The first words of the conversation's first request (its first user
     message that is not a summary the proxy wrote), on one line."""
     for message in messages:
-        if message.get("role") != "user":
+        if message.get("role") != "user" or is_summary(message):
             continue
         text = message_text(message)
-        if text.startswith(SUMMARY_MARKER):
-            continue
         # Only the start is read: a first message of megabytes costs nothing more.
         words = " ".join(text[: TASK_CHARS * 4].split())
         if not words:
