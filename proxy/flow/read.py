@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from compaction import Message
+from compaction import Conversation, Message
 from config import ModelConfig, with_client_window
 from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
@@ -26,7 +26,7 @@ from proxy.edge.disconnect import ClientWatch
 from proxy.flow import manual
 from proxy.flow.continued import continued, remembered
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
-from proxy.session.conversation import Conversation, Resolved, identify, scope_of
+from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer
 
