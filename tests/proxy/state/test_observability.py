@@ -15,7 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from compaction import TokenCounter, session_key
 from proxy.state.logs import REQUESTS, JsonFormatter, TextFormatter
 from proxy.state.stores import EMPTY_STREAM_STATUS
-from tests.proxy.conftest import ProxyFactory
+from proxy.upstream.transport import ConnectFailed
+from tests.proxy.conftest import AppFactory, ProxyFactory
+from tests.proxy.inprocess import RecordingTransport, failure
 from tests.proxy.servers import FakeUpstream
 from tests.proxy.session.test_background import _post, _prepared_session
 from tests.synthetic import agent_session, shell_step
@@ -29,18 +31,19 @@ def _metric(text: str, line_start: str) -> float:
 
 
 def test_metrics_count_requests_compactions_tokens_and_upstream(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy(models={"gpt-4o": {"context_window": 8192}})
-    root = url.removesuffix("/v1")
+    proxy = start_app(models={"gpt-4o": {"context_window": 8192}})
+    root = proxy.url.removesuffix("/v1")
     small = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
-    httpx.post(f"{url}/chat/completions", json=small)
+    proxy.http.post(f"{proxy.url}/chat/completions", json=small)
     big = {"model": "gpt-4o", "messages": agent_session(seed=61, steps=120)}
-    compacted = httpx.post(f"{url}/chat/completions", json=big, timeout=60)
-    fake[0].behaviours = ["500"]
-    httpx.post(f"{url}/chat/completions", json=small)
+    compacted = proxy.http.post(f"{proxy.url}/chat/completions", json=big)
+    fake_upstream.behaviours = ["500"]
+    proxy.http.post(f"{proxy.url}/chat/completions", json=small)
 
-    response = httpx.get(f"{root}/metrics")
+    response = proxy.http.get(f"{root}/metrics")
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
     stage = compacted.headers["x-compaction-stage"]
@@ -75,43 +78,45 @@ def test_json_log_lines_carry_the_request_fields() -> None:
 
 
 def test_log_content_is_off_unless_asked(
-    start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+    start_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = "PRIVATE-WORDS-123"
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": secret}]}
-    quiet = start_proxy()
+    quiet = start_app()
     with caplog.at_level(logging.INFO, logger=REQUESTS):
-        httpx.post(f"{quiet}/chat/completions", json=body)
+        quiet.http.post(f"{quiet.url}/chat/completions", json=body)
     lines = [r for r in caplog.records if r.name == REQUESTS]
     assert lines and all(secret not in str(getattr(r, "fields", "")) for r in lines)
     caplog.clear()
-    loud = start_proxy(server={"log_content": True})
+    loud = start_app(server={"log_content": True})
     with caplog.at_level(logging.INFO, logger=REQUESTS):
-        httpx.post(f"{loud}/chat/completions", json=body)
+        loud.http.post(f"{loud.url}/chat/completions", json=body)
     assert any(secret in str(getattr(r, "fields", "")) for r in caplog.records)
 
 
 def test_every_chat_request_gets_its_log_line_whoever_answered_it(
-    start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture
+    start_app: AppFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The proxy's own 400s and 502/504s and a /compact, not only relayed answers."""
-    url = start_proxy(compaction={"summarizer": "extractive"})
-    unreachable = start_proxy(upstream={"base_url": "http://127.0.0.1:9/v1"})
+    proxy = start_app(compaction={"summarizer": "extractive"})
+    # No connection can be opened: what the transport raises for a closed port.
+    refusing = RecordingTransport()
+    refusing.script(failure(ConnectFailed("no connection could be opened")))
+    unreachable = start_app(transport=refusing)
     history = agent_session(seed=3, steps=20)
     sends = [
-        (url, b"not json"),
-        (url, json.dumps({"model": "gpt-4o", "messages": history}).encode()),
-        (url, json.dumps({"model": "gpt-4o", "messages": [*history, _command()]}).encode()),
+        (proxy, b"not json"),
+        (proxy, json.dumps({"model": "gpt-4o", "messages": history}).encode()),
+        (proxy, json.dumps({"model": "gpt-4o", "messages": [*history, _command()]}).encode()),
         (unreachable, json.dumps({"model": "gpt-4o", "messages": history[:3]}).encode()),
     ]
     statuses = []
     with caplog.at_level(logging.INFO, logger=REQUESTS):
-        for base, body in sends:
-            response = httpx.post(
-                f"{base}/chat/completions",
+        for app, body in sends:
+            response = app.http.post(
+                f"{app.url}/chat/completions",
                 content=body,
                 headers={"content-type": "application/json"},
-                timeout=30,
             )
             statuses.append(response.status_code)
     assert statuses == [400, 200, 200, 502]
@@ -173,26 +178,27 @@ def _grown(counter: TokenCounter, rng: random.Random, low: int) -> list[dict[str
 
 
 def test_the_overview_and_metrics_count_the_same_run(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
     """Errors, an overflow, a compaction prepared in the background and applied,
     one made on the request path and a /compact: every total the overview shows
     is the figure /metrics gives for the same run."""
-    upstream, _ = fake
-    url = start_proxy(
+    upstream = fake_upstream
+    proxy = start_app(
         models={
             AGENT: PROFILE,
             PLAIN: {**PROFILE, "precompute_share": 0},
             SMALL: {"context_window": 8192, "precompute_share": 0},
         }
     )
-    root = url.removesuffix("/v1")
+    root = proxy.url.removesuffix("/v1")
     rng = random.Random(19)
     counter = TokenCounter("gpt-4o")
 
     def post(model: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
         body = {"model": model, "messages": messages, **extra}
-        return httpx.post(f"{url}/chat/completions", json=body, timeout=60)
+        return proxy.http.post(f"{proxy.url}/chat/completions", json=body)
 
     # A session whose compaction is prepared in the background, then applied.
     history = _grown(counter, rng, 0)
@@ -221,11 +227,11 @@ def test_the_overview_and_metrics_count_the_same_run(
     upstream.behaviours = ["empty-stream"]
     assert "upstream_empty" in post(AGENT, small, stream=True).text
 
-    samples = _samples(httpx.get(f"{root}/metrics").text)
+    samples = _samples(proxy.http.get(f"{root}/metrics").text)
     requests = _sum(samples, "compaction_proxy_requests_total")
     deadline = time.monotonic() + 10
     while True:  # the figures are written in batches, off the request path
-        totals = httpx.get(f"{url}/compaction/sessions", timeout=10).json()["totals"]
+        totals = proxy.http.get(f"{proxy.url}/compaction/sessions").json()["totals"]
         if totals["requests"] == requests or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -249,29 +255,28 @@ def test_the_overview_and_metrics_count_the_same_run(
 
 
 def test_an_empty_stream_is_counted_logged_and_recorded_as_an_upstream_error(
-    start_proxy: ProxyFactory,
-    fake: tuple[FakeUpstream, str],
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy()
+    upstream = fake_upstream
+    proxy = start_app()
     messages = [{"role": "user", "content": "An empty stream, please."}]
     upstream.behaviours = ["empty-stream"]
     with caplog.at_level(logging.INFO, logger=REQUESTS):
-        answer = httpx.post(
-            f"{url}/chat/completions",
+        answer = proxy.http.post(
+            f"{proxy.url}/chat/completions",
             json={"model": "gpt-4o", "messages": messages, "stream": True},
-            timeout=30,
         )
     assert "upstream_empty" in answer.text
     [line] = [getattr(r, "fields", {}) for r in caplog.records if r.name == REQUESTS]
     assert line["upstream_status"] == EMPTY_STREAM_STATUS and line["error"] == "upstream_empty"
-    text = httpx.get(f"{url.removesuffix('/v1')}/metrics").text
+    text = proxy.http.get(f"{proxy.url.removesuffix('/v1')}/metrics").text
     assert _metric(text, 'compaction_proxy_upstream_errors_total{kind="empty"}') == 1
     session = session_key(messages)
     deadline = time.monotonic() + 10
     while True:
-        found = httpx.get(f"{url}/compaction/sessions/{session}", timeout=10).json()
+        found = proxy.http.get(f"{proxy.url}/compaction/sessions/{session}").json()
         if found["requests"] or time.monotonic() > deadline:
             break
         time.sleep(0.05)
