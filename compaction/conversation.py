@@ -192,12 +192,21 @@ def _regroup(previous: Conversation, messages: list[Message]) -> Grouping:
             start = min(start, group_of(groups, problem.index).start)
             break
     found = group_and_validate(messages[start:])
-    kept = tuple(group for group in groups if group.end <= start)
+    kept = groups[: _index_of(groups, start)]
     moved = tuple(Group(g.start + start, g.end + start, g.kind) for g in found.groups)
     problems = tuple(p for p in previous.problems if p.index < start) + tuple(
         PairingProblem(p.index + start, p.kind, p.tool_call_id) for p in found.problems
     )
     return Grouping(kept + moved, problems)
+
+
+def _index_of(groups: tuple[Group, ...], start: int) -> int:
+    """The index of the group that starts at ``start``, looking from the end (it
+    is one of the last)."""
+    for index in range(len(groups) - 1, -1, -1):
+        if groups[index].start == start:
+            return index
+    raise ValueError(start)
 
 
 def _chain_on(

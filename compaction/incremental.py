@@ -168,7 +168,12 @@ def continue_body(raw: bytes, reading: Reading) -> Continued | None:
     end = reading.end
     if len(raw) <= end or not raw.startswith(reading.prefix):
         return None
-    rest = raw[end:].lstrip(_WHITESPACE)
+    return _continued(raw, reading)
+
+
+def _continued(raw: bytes, reading: Reading) -> Continued | None:
+    """:func:`continue_body` of bytes known to start with the reading's."""
+    rest = raw[reading.end :].lstrip(_WHITESPACE)
     if rest.startswith(b","):
         tail = rest[1:]
     elif rest.startswith(b"]"):
@@ -246,7 +251,7 @@ class ReadingCache:
                 best = reading
         found = None
         if best is not None and (max_tail is None or len(raw) - best.end <= max_tail):
-            found = continue_body(raw, best)
+            found = _continued(raw, best)  # its bytes compared above
         with self._lock:
             if found is None:
                 self.misses += 1

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import orjson
@@ -30,13 +31,7 @@ from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import BadRequest, ProxyError, ServiceUnavailable
-from proxy.edge.guards import (
-    KEY_IN_AUTHORIZATION,
-    HostGuard,
-    OriginGuard,
-    ProxyKeyGuard,
-    is_loopback,
-)
+from proxy.edge.guards import KEY_IN_AUTHORIZATION, Edge, is_loopback
 from proxy.edge.paths import forward_url, raw_path_of
 from proxy.flow.handler import handle_chat
 from proxy.flow.send import Relay, error_response, send, upstream_headers
@@ -48,7 +43,6 @@ from proxy.state.metrics import Metrics
 from proxy.state.recorder import Recorder
 from proxy.state.runtime import ProxyState, build_transport, state_of
 from proxy.state.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
-from proxy.ui import DashboardRoute
 from proxy.ui import install as install_dashboard
 from proxy.upstream.transport import Transport
 
@@ -278,15 +272,13 @@ def create_app(
         requests_log.info("forward", extra={"fields": fields})
         return Relay(upstream, {}, tap if upstream.status == 200 else None)
 
-    wrapped: ASGIApp = ChatRoute(app)
     server = settings.server
-    if server.api_key is not None:
-        wrapped = ProxyKeyGuard(wrapped, server.api_key.get_secret_value())
-    # Outside the key guard: a browser's preflight carries no key, and a 401
-    # needs CORS headers for the page to read it.
+    cors: Callable[[ASGIApp], ASGIApp] | None = None
     if server.cors_origins:
-        wrapped = CORSMiddleware(
-            wrapped,
+        # Outside the key check: a browser's preflight carries no key, and a
+        # 401 needs CORS headers for the page to read it.
+        cors = functools.partial(
+            CORSMiddleware,
             allow_origins=server.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],
@@ -298,11 +290,18 @@ def create_app(
                 "x-compaction-tokens-after",
             ],
         )
-    wrapped = OriginGuard(wrapped, server.cors_origins)
-    wrapped = DashboardRoute(wrapped, app)  # signs its visitors in itself (proxy/ui)
-    if server.check_host or is_loopback(server.host):
-        wrapped = HostGuard(wrapped, server.allowed_hosts)
-    return wrapped
+    # One plain ASGI callable checks every request, then the compacted
+    # endpoints go straight to their handler and the rest to FastAPI.
+    return Edge(
+        ChatRoute(app),
+        dashboard=app,  # the pages sign their visitors in themselves (proxy/ui)
+        allowed_hosts=server.allowed_hosts
+        if server.check_host or is_loopback(server.host)
+        else None,
+        allowed_origins=server.cors_origins,
+        proxy_key=server.api_key.get_secret_value() if server.api_key is not None else None,
+        cors=cors,
+    )
 
 
 #: A pass-through body declared up to this size is read and sent with its

@@ -1,4 +1,4 @@
-"""The Host check (proxy/edge/guards.py HostGuard) as create_app switches it on.
+"""The Host check (proxy/edge/guards.py, Edge) as create_app switches it on.
 
 The apps here are told they bind 0.0.0.0 (as the Docker image does) while the
 test server listens on loopback, so only ``server.check_host`` decides.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory, ProxyFactory
 from tests.proxy.servers import FakeUpstream
 
 HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -68,3 +68,48 @@ def test_the_setting_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     server = load_settings(None).server
     assert server.check_host is True
     assert server.allowed_hosts == ["proxy.internal"]
+
+
+# --- the order of the checks, all in one Edge ----------------------------------
+
+ORIGIN = "https://app.example"
+
+
+def test_with_cors_a_preflight_needs_no_key_and_a_401_carries_cors_headers(
+    start_app: AppFactory,
+) -> None:
+    proxy = start_app(server={"api_key": "sk-proxy", "cors_origins": [ORIGIN]})
+    preflight = proxy.http.options(
+        "/v1/chat/completions",
+        headers={"origin": ORIGIN, "access-control-request-method": "POST"},
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    refused = proxy.http.post("/v1/chat/completions", json=HI, headers={"origin": ORIGIN})
+    assert refused.status_code == 401
+    assert refused.headers["access-control-allow-origin"] == ORIGIN
+    allowed = proxy.http.post(
+        "/v1/chat/completions",
+        json=HI,
+        headers={"origin": ORIGIN, "authorization": "Bearer sk-proxy"},
+    )
+    assert allowed.status_code == 200
+
+
+def test_a_foreign_origin_is_refused_before_the_key_is_asked_for(start_app: AppFactory) -> None:
+    proxy = start_app(server={"api_key": "sk-proxy"})
+    foreign = proxy.http.post("/v1/chat/completions", json=HI, headers={"origin": ORIGIN})
+    assert foreign.status_code == 403
+    assert foreign.json()["error"]["code"] == "forbidden_origin"
+    assert proxy.http.post("/v1/chat/completions", json=HI).status_code == 401
+    assert proxy.http.get("/healthz").status_code == 200
+
+
+def test_the_dashboard_passes_the_key_and_origin_checks_but_not_the_host_check(
+    start_app: AppFactory,
+) -> None:
+    proxy = start_app(server={"api_key": "sk-proxy", "check_host": True})
+    page = proxy.http.get("/ui", headers={"origin": ORIGIN})
+    assert page.status_code not in (401, 403)  # the page signs its visitors in itself
+    rebound = proxy.http.get("/ui", headers={"host": REBOUND})
+    assert rebound.status_code == 403
