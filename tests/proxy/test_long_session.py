@@ -12,11 +12,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import httpx
 import orjson
 
 from compaction import TokenCounter
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory
+from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import FakeUpstream
 from tests.synthetic import shell_step
 
@@ -30,7 +30,7 @@ def _messages_prefix_bytes(body: bytes) -> bytes:
     return orjson.dumps(messages)[:-1]  # without the closing bracket
 
 
-def run_session(url: str) -> dict[str, Any]:
+def run_session(proxy: InProcessProxy) -> dict[str, Any]:
     rng = random.Random(300)
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
@@ -38,24 +38,23 @@ def run_session(url: str) -> dict[str, Any]:
     ]
     stages: list[str] = []
     tokens_after: list[int] = []
-    with httpx.Client(timeout=60) as client:
-        for i in range(TURNS):
-            history.extend(shell_step(rng, i))
-            response = client.post(
-                f"{url}/chat/completions", json={"model": "agent-model", "messages": history}
-            )
-            assert response.status_code == 200, response.text
-            stages.append(response.headers["x-compaction-stage"])
-            tokens_after.append(int(response.headers["x-compaction-tokens-after"]))
+    for i in range(TURNS):
+        history.extend(shell_step(rng, i))
+        response = proxy.http.post(
+            f"{proxy.url}/chat/completions", json={"model": "agent-model", "messages": history}
+        )
+        assert response.status_code == 200, response.text
+        stages.append(response.headers["x-compaction-stage"])
+        tokens_after.append(int(response.headers["x-compaction-tokens-after"]))
     return {"stages": stages, "tokens_after": tokens_after, "history": history}
 
 
 def test_long_session_compacts_rarely_and_keeps_requests_cache_stable(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models={"agent-model": {"context_window": WINDOW}})
-    outcome = run_session(url)
+    upstream = fake_upstream
+    proxy = start_app(models={"agent-model": {"context_window": WINDOW}})
+    outcome = run_session(proxy)
     sent = [r.body for r in upstream.chat_requests]
     assert len(sent) == TURNS
 
