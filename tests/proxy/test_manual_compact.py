@@ -22,11 +22,11 @@ import pytest
 
 from compaction import session_key
 from config import load_settings
-from proxy.app import create_app
 from proxy.state.logs import REQUESTS
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 from tests.proxy.dialects.responses_upstream import ResponsesUpstream
-from tests.proxy.servers import FakeUpstream, serve_in_thread
+from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
+from tests.proxy.servers import FakeUpstream
 
 MODEL = "manual-model"
 #: A small window, so that a few long answers cross the trigger; answers
@@ -112,7 +112,7 @@ def _texts(value: Any) -> Iterator[str]:
 
 
 @contextmanager
-def _api(name: str) -> Iterator[tuple[Api, str]]:
+def _api(name: str) -> Iterator[tuple[Api, InProcessProxy]]:
     """The API's upstream and a proxy in front of it; the proxy's /v1 URL."""
     if name == "chat":
         chat = FakeUpstream()
@@ -144,43 +144,39 @@ def _api(name: str) -> Iterator[tuple[Api, str]]:
             lambda r: "".join(_texts(r["output"])),
             lambda: ["\n".join(_texts(s.json())) for s in responses.summary_requests],
         )
-    with serve_in_thread(upstream_app) as upstream_url:
-        settings = load_settings(
-            None,
-            upstream={
-                "base_url": upstream_url + "/v1",
-                "anthropic_base_url": upstream_url + "/v1",
-                "trust_env": False,
-            },
-            store={"url": "memory://"},
-            models={MODEL: PROFILE},
-        )
-        with serve_in_thread(create_app(settings)) as proxy_url:
-            yield api, proxy_url + "/v1"
+    settings = load_settings(
+        None,
+        upstream={"base_url": UPSTREAM_URL, "anthropic_base_url": UPSTREAM_URL, "trust_env": False},
+        store={"url": "memory://"},
+        models={MODEL: PROFILE},
+    )
+    with running(settings, RecordingTransport(app=upstream_app)) as proxy:
+        yield api, proxy
 
 
-def _post(url: str, api: Api, turns: list[tuple[str, str]]) -> httpx.Response:
-    response = httpx.post(
-        f"{url}{api.path}",
+def _post(proxy: InProcessProxy, api: Api, turns: list[tuple[str, str]]) -> httpx.Response:
+    response = proxy.http.post(
+        f"{proxy.url}{api.path}",
         json=api.body(turns),
         headers={"authorization": f"Bearer {KEY}", "x-api-key": KEY},
-        timeout=60,
     )
     assert response.status_code == 200, response.text
     return response
 
 
-def _until_compacted(url: str, api: Api) -> list[tuple[str, str]]:
+def _until_compacted(proxy: InProcessProxy, api: Api) -> list[tuple[str, str]]:
     """Talk until the proxy compacts on its own: the request it compacted."""
     for count in range(1, 12):
         turns = _turns(count)
-        if _post(url, api, turns).headers["x-compaction-stage"] == "condensed":
+        if _post(proxy, api, turns).headers["x-compaction-stage"] == "condensed":
             return turns
     raise AssertionError("the conversation never crossed the trigger")
 
 
-def _events(url: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{url}/compaction/events", headers={"authorization": f"Bearer {KEY}"})
+def _events(proxy: InProcessProxy) -> list[dict[str, Any]]:
+    response = proxy.http.get(
+        f"{proxy.url}/compaction/events", headers={"authorization": f"Bearer {KEY}"}
+    )
     data: list[dict[str, Any]] = response.json()["data"]
     return data
 
@@ -189,13 +185,13 @@ def _events(url: str) -> list[dict[str, Any]]:
 def test_compact_after_an_automatic_compaction_summarizes_again_with_the_focus(
     name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with _api(name) as (api, url):
-        compacted = _until_compacted(url, api)
+    with _api(name) as (api, proxy):
+        compacted = _until_compacted(proxy, api)
         # Its long answer is all that follows the automatic summary's span.
         history = [*compacted, ("assistant", _answer(len(compacted)))]
         asked = len(api.summary_prompts())
         with caplog.at_level(logging.INFO, logger=REQUESTS):
-            response = _post(url, api, [*history, ("user", f"/compact {FOCUS}")])
+            response = _post(proxy, api, [*history, ("user", f"/compact {FOCUS}")])
         prompts = api.summary_prompts()[asked:]
         assert prompts, "the summarizer was asked again"
         assert all(FOCUS in prompt for prompt in prompts)
@@ -220,26 +216,26 @@ def test_compact_after_an_automatic_compaction_summarizes_again_with_the_focus(
         assert (fields["stage"], fields["reason"]) == ("condensed", "manual")
         assert (fields["tokens_before"], fields["tokens_after"]) == (before, after)
 
-        [event] = [e for e in _events(url) if e["type"] == "context.compacted"][:1]
+        [event] = [e for e in _events(proxy) if e["type"] == "context.compacted"][:1]
         assert (event["reason"], event["tokens_after"]) == ("manual", after)
         assert event["checkpoint_id"] == headers["x-compaction-id"]
         # The count is the messages the new checkpoint stands for: more than the
         # automatic one covered (it folded that one and what came after it).
-        checkpoint = httpx.get(
-            f"{url}/compaction/checkpoints/{headers['x-compaction-id']}",
+        checkpoint = proxy.http.get(
+            f"{proxy.url}/compaction/checkpoints/{headers['x-compaction-id']}",
             headers={"authorization": f"Bearer {KEY}"},
         ).json()
         assert condensed == checkpoint["covered"]
 
 
 def test_compact_folds_the_earlier_summary_with_what_came_after_it() -> None:
-    with _api("chat") as (api, url):
-        compacted = _until_compacted(url, api)
+    with _api("chat") as (api, proxy):
+        compacted = _until_compacted(proxy, api)
         count = len(compacted)
         history = [*compacted, ("assistant", _answer(count)), ("user", "And then?")]
         history += [("assistant", _answer(count + 1))]
         asked = len(api.summary_prompts())
-        response = _post(url, api, [*history, ("user", f"/compact {FOCUS}")])
+        response = _post(proxy, api, [*history, ("user", f"/compact {FOCUS}")])
         prompts = api.summary_prompts()[asked:]
         assert prompts and all(FOCUS in prompt for prompt in prompts)
         # The automatic summary (the fake's text) travels as the one to update.
@@ -255,8 +251,8 @@ def test_compact_folds_the_earlier_summary_with_what_came_after_it() -> None:
 
 
 def test_compact_with_nothing_to_condense_says_so() -> None:
-    with _api("chat") as (api, url):
-        response = _post(url, api, [("user", "hello"), ("user", "/compact")])
+    with _api("chat") as (api, proxy):
+        response = _post(proxy, api, [("user", "hello"), ("user", "/compact")])
         text = api.reply_text(response.json())
         assert text.startswith("Nothing to compact:")
         assert f"{int(response.headers['x-compaction-tokens-before']):,} tokens" in text
@@ -264,24 +260,24 @@ def test_compact_with_nothing_to_condense_says_so() -> None:
 
 
 def test_compact_now_after_an_automatic_compaction_summarizes_again() -> None:
-    with _api("chat") as (api, url):
-        compacted = _until_compacted(url, api)
+    with _api("chat") as (api, proxy):
+        compacted = _until_compacted(proxy, api)
         # Less has come since the automatic compaction than its summary holds.
         later = [*compacted, ("assistant", "Let me check."), ("user", "Go on.")]
         session = session_key(api.body(later)["messages"])
-        queued = httpx.post(
-            f"{url}/compaction/sessions/{session}/compact",
+        queued = proxy.http.post(
+            f"{proxy.url}/compaction/sessions/{session}/compact",
             headers={"authorization": f"Bearer {KEY}"},
         )
         assert queued.status_code == 202
         asked = len(api.summary_prompts())
-        response = _post(url, api, later)
+        response = _post(proxy, api, later)
         assert len(api.summary_prompts()) > asked
         headers = response.headers
         assert (headers["x-compaction-stage"], headers["x-compaction-reason"]) == (
             "condensed",
             "manual",
         )
-        [event] = [e for e in _events(url) if e["type"] == "context.compacted"][:1]
+        [event] = [e for e in _events(proxy) if e["type"] == "context.compacted"][:1]
         assert (event["reason"], event["checkpoint_id"]) == ("manual", headers["x-compaction-id"])
         assert event["tokens_after"] == int(headers["x-compaction-tokens-after"])
