@@ -12,9 +12,8 @@ import httpx
 import orjson
 
 from config import load_settings
-from proxy.app import create_app
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
-from tests.proxy.servers import serve_in_thread
+from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
 
 BETA = "interleaved-thinking-2025-05-14,context-1m-2025-08-07"
 _WORDS = "the parser reads each header line and keeps the numbers it finds there".split()
@@ -40,21 +39,20 @@ def _long_conversation(model: str, turns: int = 34) -> dict[str, Any]:
 
 
 @contextmanager
-def _proxy(**models: Any) -> Iterator[tuple[str, AnthropicUpstream]]:
+def _proxy(**models: Any) -> Iterator[tuple[InProcessProxy, AnthropicUpstream]]:
     upstream = AnthropicUpstream()
-    with serve_in_thread(upstream.app()) as upstream_url:
-        settings = load_settings(
-            None,
-            upstream={"anthropic_base_url": upstream_url + "/v1", "trust_env": False},
-            store={"url": "memory://"},
-            compaction={"summarizer": "extractive"},
-            models=models,
-        )
-        with serve_in_thread(create_app(settings)) as url:
-            yield url + "/v1", upstream
+    settings = load_settings(
+        None,
+        upstream={"anthropic_base_url": UPSTREAM_URL, "trust_env": False},
+        store={"url": "memory://"},
+        compaction={"summarizer": "extractive"},
+        models=models,
+    )
+    with running(settings, RecordingTransport(app=upstream.app())) as proxy:
+        yield proxy, upstream
 
 
-def _send(url: str, body: dict[str, Any], beta: str | None) -> httpx.Response:
+def _send(proxy: InProcessProxy, body: dict[str, Any], beta: str | None) -> httpx.Response:
     headers = {
         "x-api-key": "sk-ant-test",
         "anthropic-version": "2023-06-01",
@@ -62,19 +60,17 @@ def _send(url: str, body: dict[str, Any], beta: str | None) -> httpx.Response:
     }
     if beta is not None:
         headers["anthropic-beta"] = beta
-    response = httpx.post(
-        f"{url}/messages", content=orjson.dumps(body), headers=headers, timeout=120
-    )
+    response = proxy.http.post(f"{proxy.url}/messages", content=orjson.dumps(body), headers=headers)
     assert response.status_code == 200, response.text
     return response
 
 
-def _preview(url: str, body: dict[str, Any], beta: str | None) -> dict[str, Any]:
+def _preview(proxy: InProcessProxy, body: dict[str, Any], beta: str | None) -> dict[str, Any]:
     headers = {"x-api-key": "sk-ant-test"}
     if beta is not None:
         headers["anthropic-beta"] = beta
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "messages": body["messages"]}
-    response = httpx.post(f"{url}/compaction/preview", json=chat, headers=headers, timeout=120)
+    response = proxy.http.post(f"{proxy.url}/compaction/preview", json=chat, headers=headers)
     assert response.status_code == 200, response.text
     report: dict[str, Any] = response.json()["report"]
     return report
@@ -82,8 +78,8 @@ def _preview(url: str, body: dict[str, Any], beta: str | None) -> dict[str, Any]
 
 def test_claude_codes_default_model_with_the_1m_beta_is_forwarded_whole() -> None:
     body = _long_conversation("claude-opus-4-8")
-    with _proxy() as (url, upstream):
-        answered = _send(url, body, BETA)
+    with _proxy() as (proxy, upstream):
+        answered = _send(proxy, body, BETA)
         assert answered.headers["x-compaction-stage"] == "none"
         assert int(answered.headers["x-compaction-tokens-before"]) > 160_000
         assert upstream.message_requests[-1].json() == body
@@ -91,13 +87,13 @@ def test_claude_codes_default_model_with_the_1m_beta_is_forwarded_whole() -> Non
 
 def test_the_1m_beta_header_lifts_a_200k_model_and_explicit_settings_still_win() -> None:
     body = _long_conversation("claude-sonnet-4-5")
-    with _proxy() as (url, _):
-        assert _send(url, body, None).headers["x-compaction-stage"] != "none"  # 200k
-        assert _send(url, body, BETA).headers["x-compaction-stage"] == "none"
-        report = _preview(url, body, BETA)
+    with _proxy() as (proxy, _):
+        assert _send(proxy, body, None).headers["x-compaction-stage"] != "none"  # 200k
+        assert _send(proxy, body, BETA).headers["x-compaction-stage"] == "none"
+        report = _preview(proxy, body, BETA)
         assert (report["context_window"], report["window_source"]) == (1_000_000, "client")
         assert report["trigger"] <= report["input_limit"] < report["context_window"]
-    with _proxy(**{"claude-sonnet-4-5": {"context_window": 100_000}}) as (url, _):
-        assert _send(url, body, BETA).headers["x-compaction-stage"] != "none"
-        report = _preview(url, body, BETA)
+    with _proxy(**{"claude-sonnet-4-5": {"context_window": 100_000}}) as (proxy, _):
+        assert _send(proxy, body, BETA).headers["x-compaction-stage"] != "none"
+        report = _preview(proxy, body, BETA)
         assert (report["context_window"], report["window_source"]) == (100_000, "override")
