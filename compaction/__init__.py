@@ -23,16 +23,13 @@ from compaction.checkpoints import Checkpoint, session_key
 from compaction.conversation import Conversation, read_conversation, read_conversation_async
 from compaction.decide import (
     Decision,
-    OverflowReport,
     RetryBudget,
     Steering,
     ahead,
     calibrated_budget,
     decide,
     made_progress,
-    ratio_sample,
     retry_budget,
-    update_ratio,
 )
 from compaction.encodings import load_encoding
 from compaction.errors import (
@@ -44,10 +41,13 @@ from compaction.errors import (
 from compaction.execute import execute
 from compaction.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
 from compaction.lessons import (
+    OverflowReport,
     WindowLesson,
     credible_report,
     empty_stream_is_overflow,
     proven_floor,
+    ratio_sample,
+    update_ratio,
     window_to_learn,
 )
 from compaction.messages import (

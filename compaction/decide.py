@@ -7,7 +7,8 @@ plan (:func:`compaction.execute.execute`); the policy lives here:
 
 * **calibration** — the upstream counts with its own tokenizer and chat
   template; the ratio of its count to our estimate (learned per upstream and
-  model from ``usage`` and from overflow errors) scales every budget::
+  model from ``usage`` and from overflow errors, :mod:`compaction.lessons`)
+  scales every budget::
 
       scale   = (1 − safety_margin) / ratio
       limit   = ⌊L × scale⌋                   in estimated tokens
@@ -46,21 +47,11 @@ from compaction.checkpoints import (
     replacement_digest,
 )
 from compaction.conversation import Conversation
+from compaction.lessons import OverflowReport, clamp_ratio
 from compaction.messages import PairingProblem, tail_start
 from compaction.profile import Budget, Profile, compute_budget
 from compaction.types import Message, Reason
 
-#: Bounds of a learned ratio: beyond them a sample is a misreading (a
-#: provider that reports cached tokens apart, an error counting the reply).
-MIN_RATIO = 0.8
-MAX_RATIO = 2.0
-#: Requests smaller than this teach no ratio: a chat template's few fixed
-#: tokens would dominate it.
-MIN_CALIBRATION_TOKENS = 1_000
-#: How far one sample moves the ratio: fast up (an overflow is expensive),
-#: slowly down (one small request must not undo what an overflow taught).
-RATIO_RISE = 0.5
-RATIO_FALL = 0.1
 #: A retry never aims above this share of what failed.
 RETRY_CEILING = 0.9
 #: Without any figure in the error, the retry aims at this share of what failed.
@@ -94,26 +85,6 @@ def made_progress(
     return 1 - tokens_after / max(tokens_before, 1) >= min_ratio
 
 
-def clamp_ratio(ratio: float) -> float:
-    return min(max(ratio, MIN_RATIO), MAX_RATIO)
-
-
-def ratio_sample(upstream_tokens: int, estimate: int) -> float | None:
-    """The ratio one answer shows, or ``None`` when it is too small to tell."""
-    if estimate < MIN_CALIBRATION_TOKENS or upstream_tokens <= 0:
-        return None
-    return upstream_tokens / estimate
-
-
-def update_ratio(old: float | None, sample: float) -> float:
-    """The smoothed ratio after ``sample``: the first sample is taken as it is."""
-    sample = clamp_ratio(sample)
-    if old is None:
-        return sample
-    weight = RATIO_RISE if sample > old else RATIO_FALL
-    return clamp_ratio(old + weight * (sample - old))
-
-
 def calibrated_budget(profile: Profile, requested_output: int = 0, ratio: float = 1.0) -> Budget:
     """:func:`~compaction.profile.compute_budget` in estimated tokens: scaled by
     the upstream's ratio and the safety margin (see the module docstring)."""
@@ -127,15 +98,6 @@ def _limited(budget: Budget, profile: Profile, limit: int, trigger: int) -> Budg
     """``budget`` held to another input limit and trigger, its tail following."""
     tail = min(profile.keep_recent_tokens, max(limit, 0) // 2)
     return dataclasses.replace(budget, input_limit=limit, trigger=trigger, tail_budget=tail)
-
-
-@dataclass(frozen=True)
-class OverflowReport:
-    """What an upstream's context-length error states: its window, and its own
-    count of the request that failed (either may be missing)."""
-
-    window: int | None = None
-    count: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
-"""What the upstream's answers teach about its context window.
+"""What the upstream's answers teach: how it counts, and its context window.
 
 Pure rules; the proxy keeps what they return (in memory and in its store):
 
+* **the ratio** — of the upstream's token count to our estimate, from each
+  answer's ``usage`` (:func:`ratio_sample`), smoothed fast up and slowly
+  down (:func:`update_ratio`) within :data:`MIN_RATIO` – :data:`MAX_RATIO`;
 * **a stated window** — an overflow error names the window (``maximum
   context length is 8192 tokens``); it is learned only when plausible: within
   :data:`WINDOW_BOUNDS`, and above the largest prompt the upstream already
   answered for the model (:func:`proven_floor`), since a window below that
   is an error that lies or quotes a number it did not mean;
 * **a stated count** — the error's own count of the request that failed is
-  believed only when no window could be smaller (:func:`credible_report`);
+  believed unless it is larger than any window (:func:`credible_report`);
 * **an empty stream** — a streamed answer that ends before its first event,
   for a request using at least :data:`EMPTY_STREAM_NEAR_LIMIT` of its input
   limit, is taken for an overflow (:func:`empty_stream_is_overflow`): some
@@ -20,14 +23,52 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from compaction.decide import OverflowReport
-
+#: Bounds of a learned ratio: beyond them a sample is a misreading (a
+#: provider that reports cached tokens apart, an error counting the reply).
+MIN_RATIO = 0.8
+MAX_RATIO = 2.0
+#: Requests smaller than this teach no ratio: a chat template's few fixed
+#: tokens would dominate it.
+MIN_CALIBRATION_TOKENS = 1_000
+#: How far one sample moves the ratio: fast up (an overflow is expensive),
+#: slowly down (one small request must not undo what an overflow taught).
+RATIO_RISE = 0.5
+RATIO_FALL = 0.1
 #: Windows an overflow error may teach: below the smallest models in use,
 #: above any model's window, a stated figure is a misreading or a lie.
 WINDOW_BOUNDS = (512, 10_000_000)
 #: An empty stream is an overflow for a request using at least this share of
 #: its input limit; below it, it is the upstream's own failure.
 EMPTY_STREAM_NEAR_LIMIT = 0.5
+
+
+def clamp_ratio(ratio: float) -> float:
+    return min(max(ratio, MIN_RATIO), MAX_RATIO)
+
+
+def ratio_sample(upstream_tokens: int, estimate: int) -> float | None:
+    """The ratio one answer shows, or ``None`` when it is too small to tell."""
+    if estimate < MIN_CALIBRATION_TOKENS or upstream_tokens <= 0:
+        return None
+    return upstream_tokens / estimate
+
+
+def update_ratio(old: float | None, sample: float) -> float:
+    """The smoothed ratio after ``sample``: the first sample is taken as it is."""
+    sample = clamp_ratio(sample)
+    if old is None:
+        return sample
+    weight = RATIO_RISE if sample > old else RATIO_FALL
+    return clamp_ratio(old + weight * (sample - old))
+
+
+@dataclass(frozen=True)
+class OverflowReport:
+    """What an upstream's context-length error states: its window, and its own
+    count of the request that failed (either may be missing)."""
+
+    window: int | None = None
+    count: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,8 @@ from hypothesis import strategies as st
 from compaction import Profile, TokenCounter
 from compaction.checkpoints import Checkpoint, chain_hashes
 from compaction.conversation import read_conversation
-from compaction.decide import (
-    MAX_RATIO,
-    MIN_RATIO,
-    OverflowReport,
-    Steering,
-    calibrated_budget,
-    decide,
-    made_progress,
-    ratio_sample,
-    retry_budget,
-    update_ratio,
-)
+from compaction.decide import Steering, calibrated_budget, decide, made_progress, retry_budget
+from compaction.lessons import MAX_RATIO, MIN_RATIO, OverflowReport, ratio_sample, update_ratio
 from compaction.profile import compute_budget
 from tests.conftest import assistant, system, tool_group, user
 

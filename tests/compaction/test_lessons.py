@@ -3,10 +3,10 @@ the figures a retry may aim at, and the empty stream taken for an overflow."""
 
 from __future__ import annotations
 
-from compaction.decide import OverflowReport
 from compaction.lessons import (
     EMPTY_STREAM_NEAR_LIMIT,
     WINDOW_BOUNDS,
+    OverflowReport,
     credible_report,
     empty_stream_is_overflow,
     proven_floor,
