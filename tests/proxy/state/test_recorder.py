@@ -8,14 +8,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
 import pytest
 
-from config import load_settings
-from proxy.app import create_app
 from proxy.state.recorder import Recorder
 from proxy.state.stores import MemoryStore, RequestRecord
-from tests.proxy.servers import FakeUpstream, serve_in_thread
+from tests.proxy.inprocess import RecordingTransport, running, settings_for
+from tests.proxy.servers import FakeUpstream
 from tests.synthetic import agent_session
 
 pytestmark = pytest.mark.anyio
@@ -115,26 +113,23 @@ def test_chat_requests_are_answered_while_the_store_is_blocked() -> None:
         "models": {"gpt-4o": {"context_window": 8192}},
         "store": {"url": "memory://", "timeout_seconds": 600},
     }
-    with serve_in_thread(upstream.app()) as upstream_url:
-        settings_sections["upstream"] = {"base_url": upstream_url + "/v1"}
-        settings = load_settings(None, **settings_sections)
-        with serve_in_thread(create_app(settings, store=store)) as url:
-            messages = agent_session(seed=9, steps=3, task="Recorder test.")
+    settings = settings_for(**settings_sections)
+    with running(settings, RecordingTransport(app=upstream.app()), store=store) as proxy:
+        messages = agent_session(seed=9, steps=3, task="Recorder test.")
 
-            def chat() -> None:
-                response = httpx.post(
-                    f"{url}/v1/chat/completions",
-                    json={"model": "gpt-4o", "messages": messages},
-                    timeout=30,
-                )
-                assert response.status_code == 200
+        def chat() -> None:
+            response = proxy.http.post(
+                f"{proxy.url}/chat/completions",
+                json={"model": "gpt-4o", "messages": messages},
+            )
+            assert response.status_code == 200
 
+        chat()
+        deadline = time.monotonic() + 10
+        while store.started == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the writer gathers for a second, then writes
+        assert store.started == 1  # the writer is inside the store, blocked
+        for _ in range(3):
             chat()
-            deadline = time.monotonic() + 10
-            while store.started == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)  # the writer gathers for a second, then writes
-            assert store.started == 1  # the writer is inside the store, blocked
-            for _ in range(3):
-                chat()
-            assert store.batches == []  # nothing written yet: no request waited for it
-            store.gate.set()
+        assert store.batches == []  # nothing written yet: no request waited for it
+        store.gate.set()
