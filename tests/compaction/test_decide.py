@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,7 +11,7 @@ from compaction import Profile, TokenCounter
 from compaction.checkpoints import Checkpoint, chain_hashes
 from compaction.conversation import read_conversation
 from compaction.decide import Steering, calibrated_budget, decide, made_progress, retry_budget
-from compaction.lessons import MAX_RATIO, MIN_RATIO, OverflowReport, ratio_sample, update_ratio
+from compaction.lessons import MAX_RATIO, MIN_RATIO, OverflowReport
 from compaction.profile import compute_budget
 from tests.conftest import assistant, system, tool_group, user
 
@@ -36,20 +35,6 @@ def test_a_ratio_is_kept_within_its_bounds() -> None:
     raw = compute_budget(profile).input_limit
     assert calibrated_budget(profile, 0, 50.0).input_limit == math.floor(raw / MAX_RATIO)
     assert calibrated_budget(profile, 0, 0.01).input_limit == math.floor(raw / MIN_RATIO)
-
-
-def test_the_ratio_rises_fast_and_falls_slowly() -> None:
-    assert update_ratio(None, 1.12) == pytest.approx(1.12)
-    up = update_ratio(1.0, 1.2)
-    down = update_ratio(1.2, 1.0)
-    assert up - 1.0 > 1.2 - down > 0  # a bigger step up than down
-    assert update_ratio(1.0, 99.0) <= MAX_RATIO
-
-
-def test_small_requests_teach_no_ratio() -> None:
-    assert ratio_sample(30, 12) is None  # a template's few tokens would dominate
-    assert ratio_sample(11_200, 10_000) == pytest.approx(1.12)
-    assert ratio_sample(0, 10_000) is None
 
 
 @given(

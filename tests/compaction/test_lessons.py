@@ -1,15 +1,21 @@
-"""compaction.lessons: which windows an overflow error teaches, the proven floor,
-the figures a retry may aim at, and the empty stream taken for an overflow."""
+"""compaction.lessons: the ratio's smoothing, which windows an overflow error
+teaches, the proven floor, the figures a retry may aim at, and the empty stream
+taken for an overflow."""
 
 from __future__ import annotations
 
+import pytest
+
 from compaction.lessons import (
     EMPTY_STREAM_NEAR_LIMIT,
+    MAX_RATIO,
     WINDOW_BOUNDS,
     OverflowReport,
     credible_report,
     empty_stream_is_overflow,
     proven_floor,
+    ratio_sample,
+    update_ratio,
     window_to_learn,
 )
 
@@ -62,3 +68,17 @@ def test_an_empty_stream_is_an_overflow_only_near_the_limit() -> None:
     assert empty_stream_is_overflow(near, limit)
     assert empty_stream_is_overflow(limit, limit)
     assert not empty_stream_is_overflow(near - 1, limit)
+
+
+def test_the_ratio_rises_fast_and_falls_slowly() -> None:
+    assert update_ratio(None, 1.12) == pytest.approx(1.12)
+    up = update_ratio(1.0, 1.2)
+    down = update_ratio(1.2, 1.0)
+    assert up - 1.0 > 1.2 - down > 0  # a bigger step up than down
+    assert update_ratio(1.0, 99.0) <= MAX_RATIO
+
+
+def test_small_requests_teach_no_ratio() -> None:
+    assert ratio_sample(30, 12) is None  # a template's few tokens would dominate
+    assert ratio_sample(11_200, 10_000) == pytest.approx(1.12)
+    assert ratio_sample(0, 10_000) is None
