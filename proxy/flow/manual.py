@@ -79,8 +79,8 @@ class Outcome:
     earlier: bool
 
 
-def outcome_of(prepared: Resolved) -> Outcome:
-    result, made, base = prepared.result, prepared.made, prepared.base
+def outcome_of(resolved: Resolved) -> Outcome:
+    result, made, base = resolved.result, resolved.made, resolved.base
     folded = (
         result.summary is not None
         and base is not None
@@ -92,7 +92,7 @@ def outcome_of(prepared: Resolved) -> Outcome:
         tokens_after=result.tokens_after,
         messages=made.covered if made is not None else None,
         folded=folded,
-        earlier=prepared.checkpoint is not None and made is None,
+        earlier=resolved.checkpoint is not None and made is None,
     )
 
 
