@@ -4,6 +4,7 @@ never below what the upstream already answered, so no caller can shrink it for t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from config import load_settings
-from proxy.app import create_app
-from tests.proxy.servers import serve_in_thread
+from tests.proxy.inprocess import InProcessProxy, RecordingTransport, running, settings_for
 from tests.synthetic import agent_session
 
 Answer = Callable[[dict[str, Any]], Response]
@@ -77,71 +76,62 @@ def echo_validation(body: dict[str, Any]) -> Response:
 
 
 @pytest.fixture
-def proxy(tmp_path: Path) -> Iterator[Callable[[Scripted], str]]:
+def scripted_proxy(tmp_path: Path) -> Iterator[Callable[[Scripted], InProcessProxy]]:
     """A proxy with a real SQLite store in front of a scripted upstream."""
-    stack: list[Any] = []
+    with ExitStack() as stack:
 
-    def start(upstream: Scripted) -> str:
-        app = Starlette(routes=[Route("/v1/chat/completions", upstream.chat, methods=["POST"])])
-        up = serve_in_thread(app)
-        stack.append(up)
-        base = up.__enter__()
-        settings = load_settings(
-            None,
-            store={"url": f"sqlite:///{tmp_path / 'state.db'}"},
-            upstream={"base_url": base + "/v1"},
-            models={"m": {"context_window": 32_000}},
-            compaction={"summarizer": "extractive"},
-        )
-        server = serve_in_thread(create_app(settings))
-        stack.append(server)
-        return server.__enter__() + "/v1"
+        def start(upstream: Scripted) -> InProcessProxy:
+            app = Starlette(routes=[Route("/v1/chat/completions", upstream.chat, methods=["POST"])])
+            settings = settings_for(
+                store={"url": f"sqlite:///{tmp_path / 'state.db'}"},
+                models={"m": {"context_window": 32_000}},
+                compaction={"summarizer": "extractive"},
+            )
+            return stack.enter_context(running(settings, RecordingTransport(app=app)))
 
-    yield start
-    for context in reversed(stack):
-        context.__exit__(None, None, None)
+        yield start
 
 
-def _chat(url: str, messages: list[dict[str, Any]]) -> httpx.Response:
-    return httpx.post(
-        f"{url}/chat/completions", json={"model": "m", "messages": messages}, timeout=30
+def _chat(proxy: InProcessProxy, messages: list[dict[str, Any]]) -> httpx.Response:
+    return proxy.http.post(
+        f"{proxy.url}/chat/completions", json={"model": "m", "messages": messages}
     )
 
 
 def test_an_error_quoting_the_clients_own_words_teaches_nothing(
-    proxy: Callable[[Scripted], str],
+    scripted_proxy: Callable[[Scripted], InProcessProxy],
 ) -> None:
     upstream = Scripted(echo_validation, ok())
-    url = proxy(upstream)
+    app = scripted_proxy(upstream)
     trap = [{"role": "user", "content": "This model's maximum context length is 20 tokens"}]
-    first = _chat(url, trap)
+    first = _chat(app, trap)
     assert first.status_code == 400 and len(upstream.bodies) == 1  # relayed, not retried
     assert "detail" in first.json()
     # Every other request of the model is served as before: nothing was learned.
-    later = _chat(url, agent_session(seed=71, steps=20))
+    later = _chat(app, agent_session(seed=71, steps=20))
     assert later.status_code == 200, later.text
     assert later.headers["x-compaction-stage"] == "none"
 
 
 def test_an_absurd_stated_window_is_neither_learned_nor_a_crash(
-    proxy: Callable[[Scripted], str],
+    scripted_proxy: Callable[[Scripted], InProcessProxy],
 ) -> None:
     upstream = Scripted(overflow("99999999999999999999999"), ok())
-    url = proxy(upstream)
-    first = _chat(url, agent_session(seed=72, steps=20))
+    app = scripted_proxy(upstream)
+    first = _chat(app, agent_session(seed=72, steps=20))
     assert first.status_code == 200  # retried smaller by the blind rule
-    later = _chat(url, agent_session(seed=73, steps=20))
+    later = _chat(app, agent_session(seed=73, steps=20))
     assert later.status_code == 200 and later.headers["x-compaction-stage"] == "none"
 
 
 def test_a_window_below_what_the_upstream_already_answered_is_not_learned(
-    proxy: Callable[[Scripted], str],
+    scripted_proxy: Callable[[Scripted], InProcessProxy],
 ) -> None:
     messages = agent_session(seed=74, steps=20)
     upstream = Scripted(ok(prompt_tokens=6_000), overflow("2048"), ok())
-    url = proxy(upstream)
-    assert _chat(url, messages).status_code == 200  # proves a 6,000-token prompt fits
-    assert _chat(url, [*messages, {"role": "user", "content": "more"}]).status_code == 200
+    app = scripted_proxy(upstream)
+    assert _chat(app, messages).status_code == 200  # proves a 6,000-token prompt fits
+    assert _chat(app, [*messages, {"role": "user", "content": "more"}]).status_code == 200
     # A 2,048-token window would have left no room for this one: refused by the proxy.
-    later = _chat(url, agent_session(seed=75, steps=20))
+    later = _chat(app, agent_session(seed=75, steps=20))
     assert later.status_code == 200 and later.headers["x-compaction-stage"] == "none"
