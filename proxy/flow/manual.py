@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from compaction import SUMMARY_MARKER, Message, message_text
+from compaction import Message, is_summary, message_text
 
 if TYPE_CHECKING:
     from proxy.session.conversation import Resolved
@@ -84,7 +84,7 @@ def outcome_of(resolved: Resolved) -> Outcome:
     folded = (
         result.summary is not None
         and base is not None
-        and any(message_text(m).startswith(SUMMARY_MARKER) for m in base.replacement)
+        and any(is_summary(m) for m in base.replacement)
     )
     return Outcome(
         stage=result.stage,
