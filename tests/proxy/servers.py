@@ -648,6 +648,32 @@ def _is_turn_prefix(body: dict[str, Any]) -> bool:
     )
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, told to stop rather than noticing on its next tick.
+
+    uvicorn looks at ``should_exit`` every 0.1 s; a test suite that starts a
+    few hundred servers waited for that tick once per server."""
+
+    _stopping: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter += 1
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 0.1)
+
+    def stop(self) -> None:
+        self.should_exit = True
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None:
+            with suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(stopping.set)
+
+
 @contextmanager
 def serve_in_thread(app: ASGIApp) -> Iterator[str]:
     """Run ``app`` on a free loopback port; yields its base URL (no trailing slash)."""
@@ -656,7 +682,7 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
+    server = _PromptServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -667,7 +693,7 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(timeout=10)
         sock.close()
 
