@@ -1,7 +1,7 @@
 """The Host check (proxy/edge/guards.py, Edge) as create_app switches it on.
 
-The apps here are told they bind 0.0.0.0 (as the Docker image does) while the
-test server listens on loopback, so only ``server.check_host`` decides.
+The apps here are told they bind 0.0.0.0 (as the Docker image does) while
+their clients reach them in-process, so only ``server.check_host`` decides.
 """
 
 from __future__ import annotations
@@ -9,55 +9,57 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.proxy.conftest import AppFactory, ProxyFactory
+from tests.proxy.conftest import AppFactory
+from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import FakeUpstream
 
 HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 REBOUND = "evil.example.com"
 
 
-def _chat(url: str, host: str) -> httpx.Response:
-    return httpx.post(f"{url}/chat/completions", json=HI, headers={"host": host})
+def _chat(proxy: InProcessProxy, host: str) -> httpx.Response:
+    return proxy.http.post(f"{proxy.url}/chat/completions", json=HI, headers={"host": host})
 
 
 def test_a_rebinding_host_is_refused_on_all_interfaces_when_checked(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
 ) -> None:
-    url = start_proxy(server={"host": "0.0.0.0", "check_host": True})
-    refused = _chat(url, f"{REBOUND}:8808")
+    proxy = start_app(server={"host": "0.0.0.0", "check_host": True})
+    refused = _chat(proxy, f"{REBOUND}:8808")
     assert refused.status_code == 403
     assert refused.json()["error"]["message"] == f"Host {REBOUND!r} is not allowed."
-    assert fake[0].received == []
+    assert fake_upstream.received == []
     # /healthz is no way round it either.
-    health = httpx.get(url.removesuffix("/v1") + "/healthz", headers={"host": REBOUND})
+    health = proxy.http.get(proxy.url.removesuffix("/v1") + "/healthz", headers={"host": REBOUND})
     assert health.status_code == 403
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:8808", "localhost:8808", "[::1]:8808", "localhost"])
 def test_local_hosts_pass_the_check(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], host: str
+    start_app: AppFactory, fake_upstream: FakeUpstream, host: str
 ) -> None:
-    url = start_proxy(server={"host": "0.0.0.0", "check_host": True})
-    assert _chat(url, host).status_code == 200
-    assert len(fake[0].received) == 1
+    proxy = start_app(server={"host": "0.0.0.0", "check_host": True})
+    assert _chat(proxy, host).status_code == 200
+    assert len(fake_upstream.received) == 1
 
 
-def test_allowed_hosts_pass_the_check_and_others_do_not(start_proxy: ProxyFactory) -> None:
-    url = start_proxy(
+def test_allowed_hosts_pass_the_check_and_others_do_not(start_app: AppFactory) -> None:
+    proxy = start_app(
         server={"host": "0.0.0.0", "check_host": True, "allowed_hosts": ["Proxy.Internal"]}
     )
-    assert _chat(url, "proxy.internal:8808").status_code == 200
-    assert _chat(url, "PROXY.INTERNAL").status_code == 200
-    assert _chat(url, "other.internal:8808").status_code == 403
+    assert _chat(proxy, "proxy.internal:8808").status_code == 200
+    assert _chat(proxy, "PROXY.INTERNAL").status_code == 200
+    assert _chat(proxy, "other.internal:8808").status_code == 403
 
 
 def test_without_the_setting_a_non_loopback_bind_skips_the_check(
-    start_proxy: ProxyFactory,
+    start_app: AppFactory,
 ) -> None:
     # The default for a proxy deliberately bound to the network (behind a
     # load balancer that sends its own Host): unchanged by the new setting.
-    url = start_proxy(server={"host": "0.0.0.0"})
-    assert _chat(url, REBOUND).status_code == 200
+    proxy = start_app(server={"host": "0.0.0.0"})
+    assert _chat(proxy, REBOUND).status_code == 200
 
 
 def test_the_setting_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
