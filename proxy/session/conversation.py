@@ -194,9 +194,10 @@ async def resolve(
         budget = calibrated_budget(
             config.profile, requested_output_tokens(asked.body), state.ratio(config)
         )
-    steering_of, stored = await asyncio.gather(
-        steering.steering_for(state, conversation.session, asked.owner, preview=not store),
+    # Asked together: the settings' read costs a forward no extra wait.
+    stored, steering_of = await asyncio.gather(
         look_up(state, conversation),
+        steering.steering_for(state, conversation.session, asked.owner, preview=not store),
     )
     job = Job(
         state=state,
