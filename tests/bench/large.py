@@ -3,11 +3,12 @@
 * Under the trigger: a ~100k-token conversation to gpt-4o (128k window), sent
   again and again, so the proxy's token cache is warm — the steady state of a
   long agent session that still fits.
-* First compaction: a conversation the proxy has never seen (nothing cached,
-  no checkpoint), to a model with a 32k window, so the whole pipeline runs
-  with the extractive summarizer: in-process (``compaction.compact`` with a
-  fresh ``TokenCounter``, then again with that counter warm) and through the
-  server (``x-compaction-stage`` confirms it compacted).
+* First compaction, at 100k, 500k and 1M tokens: a conversation the proxy
+  has never seen (nothing cached, no checkpoint), to a model with a 32k
+  window, so the whole pipeline runs with the extractive summarizer:
+  in-process (``compaction.compact`` with a fresh ``TokenCounter``, then again
+  with that counter warm) and through the server (``x-compaction-stage``
+  confirms it compacted).
 * The corpus: every fixture compacted in-process at a 16k window.
 """
 
@@ -26,7 +27,7 @@ from tests.bench.rig import DIRECT, Rig, Rounds
 from tests.bench.stats import Spread, ms, percentile, spread
 from tests.bench.workloads import Fixture, chat_body, conversation
 
-SIZES = (100_000, 500_000)
+SIZES = (100_000, 500_000, 1_000_000)
 WINDOW = 32_000
 CORPUS_WINDOW = 16_384
 #: Corpus size buckets, in tokens (upper bounds).

@@ -177,8 +177,14 @@ def start_upstream(logs: Path, chunks: int, interval: float) -> Server:
 #: windows, so the same conversations compact.
 MODEL_32K = "gpt-4o-bench-32k"
 MODEL_16K = "gpt-4o-bench-16k"
+#: A window a million-token session fits under (the 1M models' sessions, resent every turn).
+MODEL_2M = "gpt-4o-bench-2m"
 BENCH_MODELS = json.dumps(
-    {MODEL_32K: {"context_window": 32_000}, MODEL_16K: {"context_window": 16_384}}
+    {
+        MODEL_32K: {"context_window": 32_000},
+        MODEL_16K: {"context_window": 16_384},
+        MODEL_2M: {"context_window": 2_000_000},
+    }
 )
 
 
@@ -203,4 +209,21 @@ def start_proxy(
     argv = [*proxy_command(), "--port", str(port), "--upstream", upstream.base_url]
     return start(
         name, argv, port=port, core=PROXY_CORE, env=env, logs=logs, health="/healthz", timeout=60
+    )
+
+
+def start_forwarder(upstream: Server, logs: Path) -> Server:
+    """The bare forwarder (``tests/bench/forwarder.py``), pinned like the proxies."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.bench.forwarder", "--port", str(port)]
+    argv += ["--upstream", upstream.base_url]
+    return start(
+        "forwarder",
+        argv,
+        port=port,
+        core=PROXY_CORE,
+        env=_base_env(),
+        logs=logs,
+        health="/healthz",
+        timeout=30,
     )

@@ -25,6 +25,7 @@ from tests.bench import (
     background,
     clients,
     dashboard,
+    growing,
     large,
     memory,
     passthrough,
@@ -35,6 +36,7 @@ from tests.bench import (
 from tests.bench.client import Target, run, sequential
 from tests.bench.processes import (
     CLIENT_CORE,
+    MODEL_2M,
     MODEL_16K,
     MODEL_32K,
     PROXY_CORE,
@@ -43,6 +45,7 @@ from tests.bench.processes import (
     Server,
     cores,
     pin_self,
+    start_forwarder,
     start_proxy,
     start_upstream,
 )
@@ -151,6 +154,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
     )
     stream_settings = streaming.Settings(rounds=1 if quick else 3)
     large_settings = large.Settings(rounds=2, runs=1) if quick else large.Settings()
+    grow_settings = growing.Settings(rounds=2, turns=5) if quick else growing.Settings()
 
     with (
         tempfile.TemporaryDirectory(prefix="compaction-bench-") as tmp,
@@ -189,7 +193,16 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         rss = {name: (idle[name], server.rss_kib()) for name, server in rig.proxies.items()}
         if litellm is not None:
             litellm.stop()
-        with clock.phase("4b. first compactions, 100k and 500k tokens"):
+        with clock.phase("4d. growing sessions at 10k, 100k and 1M tokens, and a bare forwarder"):
+            forwarder = start_forwarder(upstream, logs)
+            stack.callback(forwarder.stop)
+            beside = Rig(upstream, {PROXY: proxy, growing.FORWARDER: forwarder})
+            before = proxy.rss_kib()
+            grown = growing.measure(beside, grow_settings, PROXY)
+            grown_rss = (before, proxy.rss_kib())
+            floor = growing.small(beside, grow_settings, PROXY)
+            forwarder.stop()
+        with clock.phase("4b. first compactions, 100k, 500k and 1M tokens"):
             first = large.first_compaction(rig, large_settings, PROXY)
         fixtures = corpus()
         if not fixtures:
@@ -199,6 +212,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         proxy.stop()
         with clock.phase("5. memory: idle, 10,000 requests, the corpus"):
             mem = memory.measure(upstream, logs, fixtures)
+            reading = growing.reading_memory()
         with clock.phase("6. the dashboard over 1,000 sessions, 100,000 requests"):
             board = dashboard.measure(upstream, logs)
         with clock.phase("7. compactions prepared in the background (a 4 s summarizer)"):
@@ -243,9 +257,16 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
             "compaction-proxy",
             "`compaction-proxy serve --port P --upstream URL`, default log level (info, to a "
             "file), store `sqlite:///<temp dir>/state.db`, summarizer `extractive`, "
-            f"`COMPACTION_PROXY_MODELS` adds {MODEL_32K} (32k window) and {MODEL_16K} (16k)",
+            f"`COMPACTION_PROXY_MODELS` adds {MODEL_32K} (32k window), {MODEL_16K} (16k) "
+            f"and {MODEL_2M} (2M)",
         ),
         ("peer", peer_line),
+        (
+            "bare forwarder",
+            "raw ASGI app under uvicorn that sends the client's bytes on with aiohttp and "
+            "streams the answer back (`tests/bench/forwarder.py`), pinned like the proxies; "
+            "section 4d only",
+        ),
         (
             "client",
             "a minimal asyncio/uvloop HTTP/1.1 keep-alive client (`tests/bench/client.py`); "
@@ -257,7 +278,8 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
             f"{pass_settings.throughput_rounds}× ladder {passthrough.LADDER} at "
             f"{pass_settings.step_seconds:.1f} s a step; streaming {stream_settings.rounds}×; "
             f"large {large_settings.rounds}×{large_settings.requests}; first compactions "
-            f"{large_settings.runs} per size" + (" (--quick)" if quick else ""),
+            f"{large_settings.runs} per size; growing sessions {grow_settings.rounds}×"
+            f"{grow_settings.turns} turns" + (" (--quick)" if quick else ""),
         ),
     ]
     return Results(
@@ -279,6 +301,10 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         notes=notes,
         dashboard=board,
         background=ahead,
+        growing=grown,
+        growing_floor=floor,
+        growing_rss=grown_rss,
+        reading=reading,
     )
 
 
