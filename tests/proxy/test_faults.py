@@ -31,8 +31,8 @@ from compaction import SUMMARY_MARKER, TokenCounter
 from config import load_settings
 from proxy.app import create_app
 from proxy.cli.server import GRACEFUL_SHUTDOWN_SECONDS
-from tests.proxy.conftest import AppFactory, ProxyFactory
-from tests.proxy.inprocess import RecordingTransport, Reply, json_reply
+from tests.proxy.conftest import AppFactory
+from tests.proxy.inprocess import RecordingTransport, Reply, json_reply, running, settings_for
 from tests.proxy.servers import FakeUpstream, ProxyProcess, serve_hangup, serve_in_thread
 from tests.synthetic import agent_session, conversations
 
@@ -517,18 +517,13 @@ def test_bad_bodies_never_get_a_5xx(fake: tuple[FakeUpstream, str]) -> None:
 )
 def test_known_compaction_crashes_get_a_4xx(body: dict[str, Any]) -> None:
     statuses = []
-    with serve_in_thread(FakeUpstream().app()) as upstream_base:
-        proxy_settings = load_settings(
-            None,
-            upstream={"base_url": upstream_base + "/v1"},
-            store={"url": "memory://"},
-            compaction={"summarizer": "extractive"},
-            models={"tiny": {"context_window": 700}},
-        )
-        with serve_in_thread(create_app(proxy_settings)) as base:
-            for path in ("/v1/chat/completions", "/v1/compaction/preview"):
-                statuses.append(httpx.post(base + path, json=body, timeout=30).status_code)
-    # Asserted once every server thread has stopped: pytest renders a failure
+    proxy_settings = settings_for(
+        compaction={"summarizer": "extractive"}, models={"tiny": {"context_window": 700}}
+    )
+    with running(proxy_settings, RecordingTransport(app=FakeUpstream().app())) as proxy:
+        for path in ("/chat/completions", "/compaction/preview"):
+            statuses.append(proxy.http.post(proxy.url + path, json=body).status_code)
+    # Asserted once the app's thread has stopped: pytest renders a failure
     # with ast.parse, which CPython before 3.11.8 can break (INTERNALERROR)
     # while other threads run (gh-106905).
     assert statuses == [400, 400], statuses
@@ -539,15 +534,15 @@ def test_known_compaction_crashes_get_a_4xx(body: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("reply", ["garbage", "no-choices", "empty", "tool-calls", "error"])
 def test_a_broken_summarizer_falls_back_to_the_extractive_summary(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory, reply: str
+    fake_upstream: FakeUpstream, start_app: AppFactory, reply: str
 ) -> None:
-    upstream, _ = fake
+    upstream = fake_upstream
     upstream.summary_reply = reply
-    url = start_proxy(models={"gpt-4o": {"context_window": 8192}})  # summarizer "llm"
+    proxy = start_app(models={"gpt-4o": {"context_window": 8192}})  # summarizer "llm"
     body = {"model": "gpt-4o", "messages": agent_session(seed=21, steps=120)}
     auth = {"authorization": "Bearer sk-client"}
 
-    preview = httpx.post(f"{url}/compaction/preview", json=body, headers=auth, timeout=30)
+    preview = proxy.http.post(f"{proxy.url}/compaction/preview", json=body, headers=auth)
     assert preview.status_code == 200
     report = preview.json()["report"]
     assert report["summarizer"] == "extractive"
@@ -555,7 +550,7 @@ def test_a_broken_summarizer_falls_back_to_the_extractive_summary(
     asked = len(upstream.summary_requests)
     assert asked >= 1  # the llm was tried first
 
-    response = httpx.post(f"{url}/chat/completions", json=body, headers=auth, timeout=30)
+    response = proxy.http.post(f"{proxy.url}/chat/completions", json=body, headers=auth)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"].startswith("I saw")
     assert response.headers["x-compaction-stage"] == "condensed"
@@ -570,7 +565,7 @@ def test_a_broken_summarizer_falls_back_to_the_extractive_summary(
     assert summaries and "## Goal" in summaries[0]
     assert not any("parse_window_header" in summary for summary in summaries)
 
-    events = httpx.get(f"{url}/compaction/events", headers=auth).json()["data"]
+    events = proxy.http.get(f"{proxy.url}/compaction/events", headers=auth).json()["data"]
     kinds = [event["type"] for event in events]
     assert kinds == ["context.compacted", "compaction.started", "compaction.queued"]
     assert events[0]["stage"] == "condensed"
@@ -581,21 +576,21 @@ def test_a_broken_summarizer_falls_back_to_the_extractive_summary(
 
 
 def test_upstream_errors_on_a_stream_are_relayed_with_body_and_retry_after(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    fake_upstream: FakeUpstream, start_app: AppFactory
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy()
+    upstream = fake_upstream
+    proxy = start_app()
     upstream.behaviours = ["429", "500", "429"]
     body = {**HI, "stream": True}
-    limited = httpx.post(f"{url}/chat/completions", json=body)
+    limited = proxy.http.post(f"{proxy.url}/chat/completions", json=body)
     assert limited.status_code == 429
     assert limited.headers["retry-after"] == "7"
     assert limited.headers["content-type"].startswith("application/json")
     assert limited.json()["error"]["code"] == "rate_limit_exceeded"
-    broken = httpx.post(f"{url}/chat/completions", json=body)
+    broken = proxy.http.post(f"{proxy.url}/chat/completions", json=body)
     assert broken.status_code == 500 and broken.json()["error"]["message"] == "boom"
 
-    sdk = openai.OpenAI(base_url=url, api_key="sk-client", max_retries=0)
+    sdk = proxy.openai(api_key="sk-client", max_retries=0)
     with pytest.raises(openai.RateLimitError) as info:
         sdk.chat.completions.create(
             model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
