@@ -212,8 +212,12 @@ def _excerpt(
     cut = _shrink_group(whole, room, counter, inside)
     if sum(c for i, c in enumerate(counter.count_messages(cut)) if i not in inside) > room:
         return None
-    # Fresh objects throughout: only the verbatim suffix shares the caller's.
-    return group.start, [dict(m) if m is o else m for m, o in zip(cut, whole, strict=True)]
+    # Fresh objects throughout: only the verbatim suffix shares the caller's,
+    # and the system messages inside the group, which are forwarded as sent.
+    return group.start, [
+        dict(m) if m is o and i not in inside else m
+        for i, (m, o) in enumerate(zip(cut, whole, strict=True))
+    ]
 
 
 def _turn_opener(messages: Sequence[Message], floor: int, start: int) -> int | None:

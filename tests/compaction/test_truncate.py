@@ -337,6 +337,17 @@ def test_a_system_message_inside_the_newest_group_is_never_cut() -> None:
     assert len(result.messages[4]["content"]) < len(group[1]["content"])
 
 
+def test_a_system_message_inside_an_excerpted_older_group_is_forwarded_as_sent() -> None:
+    rule = {"role": "system", "content": "Run the linter before committing."}
+    group = tool_group("bash", {"command": "cat big.log"}, _words(3_000))
+    messages = [system(), user("go"), group[0], rule, group[1], user("and now?"), assistant("ok")]
+    limit = _tokens([*messages[:2], rule, *messages[5:]]) + 600
+    result = _truncate(messages, limit)
+    _check(messages, result, limit, 2)
+    assert any(note.startswith("excerpted") for note in result.notes)  # not dropped
+    assert any(m is rule for m in result.messages), "the client's own object is forwarded"
+
+
 def test_system_messages_too_large_to_keep_are_the_heads_error() -> None:
     messages = [system(), user("go"), {"role": "system", "content": _words(2_000)}, user("x")]
     with pytest.raises(CannotFitError) as caught:
