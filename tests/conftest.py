@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
+from hypothesis import settings
 
 from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
 
@@ -23,6 +24,12 @@ _ids = itertools.count(1)
 # running it is configured with. The tests of the proxy support set their own.
 for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
     os.environ.pop(_name, None)
+
+# CI runs every property test on the same examples, so a run that lands or fails
+# says something about the change and not about the draw; a developer's run
+# keeps exploring (and remembers what it found in .hypothesis/).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def system(text: str = "You are a helpful assistant.") -> dict[str, Any]:
