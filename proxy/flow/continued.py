@@ -24,6 +24,7 @@ from config import ModelConfig
 from proxy.dialects.base import Dialect, Reading
 from proxy.edge.body import too_deep
 from proxy.edge.errors import BadRequest
+from proxy.flow import manual
 from proxy.state.runtime import ProxyState
 
 #: A tail larger than this is parsed no quicker than the whole body is read
@@ -37,6 +38,20 @@ class Continuation:
 
     reading: Reading
     previous: Conversation | None  #: the previous request's conversation, read
+    #: How many of the first messages are known to hold no ``/compact``
+    #: exchange: the previous request's, when it had none to remove.
+    settled: int = 0
+
+
+def without_commands(messages: list[Message], settled: int = 0) -> list[Message]:
+    """:func:`proxy.flow.manual.strip_commands` of ``messages`` whose first
+    ``settled`` hold no ``/compact`` exchange: an exchange is a pair of
+    neighbours judged by those two alone, so only the pairs from the last
+    settled message on are looked at."""
+    if settled < 2:
+        return manual.strip_commands(messages)
+    tail = messages[settled - 1 :]
+    return messages if manual.strip_commands(tail) is tail else manual.strip_commands(messages)
 
 
 def _owner_key(dialect: Dialect, owner: str) -> str:
@@ -62,7 +77,12 @@ def continued(state: ProxyState, dialect: Dialect, owner: str, raw: bytes) -> Co
     if part.messages is not part.body.get(field):
         return None
     body = found.body
-    return Continuation(Reading(body=body, messages=body[field]), found.reading.conversation)
+    previous = found.reading.conversation
+    # The previous request's conversation is its array itself when nothing was removed.
+    settled = (
+        found.known if previous is not None and previous.messages is found.reading.messages else 0
+    )
+    return Continuation(Reading(body=body, messages=body[field]), previous, settled)
 
 
 async def remembered(

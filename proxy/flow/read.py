@@ -23,8 +23,7 @@ from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
 from proxy.edge.body import read_body, too_deep
 from proxy.edge.disconnect import ClientWatch
-from proxy.flow import manual
-from proxy.flow.continued import continued, remembered
+from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.state.runtime import ProxyState
@@ -141,16 +140,18 @@ def _read_conversation(
     *,
     ahead: bool,
     reading: Reading | None = None,
+    settled: int = 0,
 ) -> _Read:
     """Parse, map to the engine, resolve the model, drop /compact exchanges; with
     ``ahead``, also key, count and chain the messages (what a large body does in
-    a worker thread). ``reading`` is the body already read, if it was."""
+    a worker thread). ``reading`` is the body already read, if it was, its first
+    ``settled`` messages known to hold no /compact exchange."""
     reading = dialect.read(raw) if reading is None else reading
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
     beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
     config = with_client_window(state.resolve(body.get("model")), ",".join(beta) or None)
-    messages = manual.strip_commands(engine_messages)
+    messages = without_commands(engine_messages, settled)
     headers = upstream_headers(
         client_headers,
         fallback_key=state.configured_key(dialect.route(config)[1]),
@@ -189,6 +190,7 @@ async def read_call(
             dialect,
             ahead=False,
             reading=continuation.reading,
+            settled=continuation.settled,
         )
     elif len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall

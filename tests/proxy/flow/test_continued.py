@@ -110,3 +110,35 @@ def test_a_bad_message_in_what_is_new_gets_the_error_a_full_read_gives(
     (status, error), (again, twice) = answers[0]
     assert status == 400 and error["error"]["param"] == f"messages[{count}].role"
     assert again == 400 and twice["error"]["param"] == "stream"
+
+
+def _with_exchange(raw: bytes, text: str = "/compact") -> bytes:
+    """``raw`` grown by a /compact command and the proxy's reply to it."""
+    body = orjson.loads(raw)
+    exchange = [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "Context compacted: 1 message."},
+    ]
+    return orjson.dumps({**body, "messages": [*body["messages"], *exchange]})
+
+
+def _grown_by(raw: bytes, text: str) -> bytes:
+    body = orjson.loads(raw)
+    messages = [*body["messages"], {"role": "user", "content": text}]
+    return orjson.dumps({**body, "messages": messages})
+
+
+def test_a_compact_exchange_new_or_in_the_history_is_removed_as_in_a_full_read(
+    start_app: AppFactory,
+) -> None:
+    first = _bodies("huge", 1)[0]
+    exchanged = _with_exchange(first)  # the exchange is what is new
+    later = _grown_by(exchanged, "and now?")  # the exchange is in the history
+    session = [first, exchanged, later, _grown_by(later, "more")]
+    sent = []
+    for cache in (256, 0):
+        proxy = start_app(models=MODELS, server={"incremental_cache_mb": cache})
+        assert [_post(proxy, raw).status_code for raw in session] == [200] * 4
+        sent.append([a.json()["messages"] for a in proxy.transport.asked()])
+    assert sent[0] == sent[1]
+    assert all(m["content"] != "/compact" for messages in sent[0] for m in messages)
