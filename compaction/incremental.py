@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +51,10 @@ READINGS_PER_OWNER = 32
 #: Parsed JSON held per byte of it, about (strings, dicts, lists): what the
 #: memory estimate charges besides the bytes themselves.
 PARSED_BYTES_PER_BYTE = 1.5
-#: The last ``]`` candidates tried when finding where the array ends: a
-#: trailing field with many arrays (tool schemas) should not make it costly.
-MAX_BOUNDARY_TRIES = 64
+#: Places tried when finding where the array ends (each a parse of what
+#: follows it): a field after the array quoting its neighbour's key should not
+#: make it costly.
+MAX_BOUNDARY_TRIES = 16
 #: Bytes compared first, before the whole prefix: most readings of another
 #: conversation differ right there.
 _PROBE = 64
@@ -130,12 +131,7 @@ def reading_of(
     keys = list(body)
     at = keys.index(field)
     trailing = keys[at + 1 :]
-    stop = len(raw)
-    for _ in range(MAX_BOUNDARY_TRIES):
-        close = raw.rfind(b"]", 0, stop)
-        if close < 0:
-            return None
-        stop = close
+    for close in _closings(raw, orjson.dumps(trailing[0]) if trailing else None):
         parsed = _parse_tail(raw[close:])
         if (
             parsed is None
@@ -153,6 +149,36 @@ def reading_of(
         size = int(len(raw) * (1 + PARSED_BYTES_PER_BYTE)) + 64 * len(messages)
         return Reading(raw, end, field, leading, messages, conversation, size)
     return None
+
+
+def _closings(raw: bytes, first: bytes | None) -> Iterator[int]:
+    """Where the array may close, from the end: a ``]`` followed by ``, "first"``
+    (the first field after the array, as orjson writes its key), or by the
+    body's final ``}`` when no field follows. At most
+    :data:`MAX_BOUNDARY_TRIES` of them; a key written otherwise (escaped) finds
+    none, and the body is read in full each time."""
+    if first is None:
+        stripped = raw.rstrip(_WHITESPACE)
+        if stripped.endswith(b"}"):
+            close = stripped[:-1].rstrip(_WHITESPACE)
+            if close.endswith(b"]"):
+                yield len(close) - 1
+        return
+    stop = len(raw)
+    tries = 0
+    while tries < MAX_BOUNDARY_TRIES:
+        at = raw.rfind(first, 0, stop)
+        if at < 0:
+            return
+        stop = at
+        before = raw[max(at - 64, 0) : at].rstrip(_WHITESPACE)
+        if not before.endswith(b","):
+            continue
+        before = before[:-1].rstrip(_WHITESPACE)
+        if not before.endswith(b"]"):
+            continue
+        tries += 1
+        yield max(at - 64, 0) + len(before) - 1
 
 
 def continue_body(raw: bytes, reading: Reading) -> Continued | None:

@@ -188,6 +188,17 @@ def test_a_body_read_as_its_previous_bytes_plus_a_tail_equals_its_full_parse(
         assert reading is not None
 
 
+def test_many_tool_schemas_after_the_array_still_let_it_be_delimited() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"required": ["a"]}}}
+    body = {"messages": [{"role": "user", "content": "a"}], "tools": [tool] * 500}
+    raw = json.dumps(body, indent=1).encode()
+    reading = reading_of(raw, orjson.loads(raw))
+    assert reading is not None
+    grown = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "b"}]}
+    continued = continue_body(json.dumps(grown, indent=1).encode(), reading)
+    assert continued is not None and continued.body == grown
+
+
 def test_a_tail_naming_a_leading_field_again_is_read_in_full() -> None:
     raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "a"}]})
     reading = reading_of(raw, orjson.loads(raw))
