@@ -55,7 +55,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     # Neither format prints the caller's file, thread or process: collecting
     # them costs a stack walk and three lookups per record (the logging
     # HOWTO's "Optimization" section names these switches).
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
