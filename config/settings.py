@@ -133,7 +133,42 @@ class ServerSettings(BaseModel):
         "header sees every caller's compaction events and checkpoints (others see their own).",
     )
     max_body_bytes: _PositiveInt = Field(
-        default=DEFAULT_MAX_BODY_BYTES, description="Larger request bodies get 413 before parsing."
+        default=DEFAULT_MAX_BODY_BYTES,
+        description="Larger bodies sent to the compacted and pass-through routes get 413, "
+        "refused as they stream in.",
+    )
+    max_form_bytes: _PositiveInt = Field(
+        default=1024 * 1024,
+        description="Larger bodies sent to the dashboard's forms (/ui) or the JSON routes "
+        "under /v1/compaction get 413 before they are read in full.",
+    )
+    max_model_chars: _PositiveInt = Field(
+        default=256, description="A longer model name in a request gets 400."
+    )
+    max_session_id_chars: _PositiveInt = Field(
+        default=128,
+        description="A longer session id in a /v1/compaction or /ui path gets 400 "
+        "(the proxy's own are 16 characters).",
+    )
+    max_instructions_chars: _PositiveInt = Field(
+        default=4_000, description="Longer per-session instructions get 400."
+    )
+    max_summary_chars: _PositiveInt = Field(
+        default=200_000, description="A longer edited summary gets 400."
+    )
+    header_timeout_seconds: _PositiveFloat = Field(
+        default=10.0,
+        description="A connection that has not sent a request's complete headers this long "
+        "after it opened (or after the first byte of its next request) is closed.",
+    )
+    body_timeout_seconds: _PositiveFloat = Field(
+        default=30.0,
+        description="A connection whose request body stops arriving for this long is closed.",
+    )
+    max_connections: _PositiveInt = Field(
+        default=500,
+        description="Client connections held at once; one more is answered 503 and closed "
+        "(keep it below the descriptor limit, ulimit -n, less upstream.max_connections).",
     )
     incremental_cache_mb: _NonNegativeInt = Field(
         default=DEFAULT_READING_CACHE_BYTES // (1024 * 1024),

@@ -29,6 +29,7 @@ from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
+from proxy.edge.body import BodyLimit
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import BadRequest, ProxyError, ServiceUnavailable
 from proxy.edge.guards import KEY_IN_AUTHORIZATION, Edge, is_loopback
@@ -291,8 +292,9 @@ def create_app(
             ],
         )
     # One plain ASGI callable checks every request, then the compacted
-    # endpoints go straight to their handler and the rest to FastAPI.
-    return Edge(
+    # endpoints go straight to their handler and the rest to FastAPI; every
+    # body is bounded as it streams in, whichever route reads it.
+    edge = Edge(
         ChatRoute(app),
         dashboard=app,  # the pages sign their visitors in themselves (proxy/ui)
         allowed_hosts=server.allowed_hosts
@@ -302,6 +304,7 @@ def create_app(
         proxy_key=server.api_key.get_secret_value() if server.api_key is not None else None,
         cors=cors,
     )
+    return BodyLimit(edge, large=server.max_body_bytes, small=server.max_form_bytes)
 
 
 #: A pass-through body declared up to this size is read and sent with its

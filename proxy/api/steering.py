@@ -7,6 +7,12 @@
 * ``PUT  /v1/compaction/sessions/{session}/settings``
   ``{"enabled": false, "instructions": "…"}`` — either or both;
 * ``POST /v1/compaction/sessions/{session}/compact`` — compact at its next request.
+
+A session or checkpoint the caller has nothing of — none such, or another
+caller's — is a 404, the same in both cases (as on the dashboard's pages).
+Bodies are bounded by ``server.max_form_bytes`` as they stream in
+(:class:`proxy.edge.body.BodyLimit`); a session id, the instructions and a
+summary by their own ``server.max_*`` lengths, with a 400.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ def steering_routes() -> APIRouter:
     async def session(session: str, request: Request) -> Response:
         state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
-        owner = await steering.session_owner(state, session, seen)
+        owner = await steering.steered_session(state, session, seen)
         view = await read_session(state.store, session, seen, owner)
         return _json(
             {
@@ -99,7 +105,7 @@ def steering_routes() -> APIRouter:
         body = await _json_object(request)
         enabled = _field(body, "enabled", bool)
         instructions = _field(body, "instructions", str)
-        owner = await steering.session_owner(state, session, seen)
+        owner = await steering.steered_session(state, session, seen)
         changed = await steering.update_settings(
             state, session, owner, enabled=enabled, instructions=instructions
         )
@@ -109,7 +115,7 @@ def steering_routes() -> APIRouter:
     async def compact(session: str, request: Request) -> Response:
         state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
-        owner = await steering.session_owner(state, session, seen)
+        owner = await steering.steered_session(state, session, seen)
         steering.compact_now(state, session, owner)
         return _json({"session": session, "status": "pending"}, status=202)
 

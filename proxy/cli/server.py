@@ -1,10 +1,38 @@
-"""Running the proxy under uvicorn."""
+"""Running the proxy under uvicorn, with deadlines on what clients send.
+
+uvicorn bounds the idle time between requests (``timeout_keep_alive``) but
+nothing while a request is being received: a client that sends half its
+headers, or stops half-way through its body, holds a connection and a
+descriptor for ever, and some thousand of them lock every other client out.
+The protocol :func:`server_config` gives uvicorn adds what it lacks, at the
+one level that sees a request before it is complete:
+
+* **headers** — complete within ``server.header_timeout_seconds`` of the
+  connection opening (or of the first byte of its next request), and at most
+  :data:`MAX_HEADER_BYTES`; otherwise the connection is closed;
+* **body** — no pause longer than ``server.body_timeout_seconds`` between
+  two pieces of it (while the proxy itself is not the one holding the reading
+  back, as when it streams an upload on to a slower upstream);
+* **connections** — at most ``server.max_connections`` at once: one more is
+  answered 503 and closed at once, so descriptors remain for the upstream and
+  the store. (HTTP/1.1 runs one request per connection at a time, so this
+  caps the requests in flight too.)
+
+A response, however long it streams, is never cut: no deadline runs while
+the request is complete.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+from typing import Any, ClassVar, cast
 
 import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from config import Settings
 from proxy.app import create_app
@@ -13,6 +41,134 @@ from proxy.state import logs
 
 #: Seconds open streams get to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_SECONDS = 30
+#: A request's headers larger than this close the connection (h11's own
+#: limit is set to it too; httptools has none).
+MAX_HEADER_BYTES = 64 * 1024
+_FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
+    b"content-length: 26\r\nconnection: close\r\n\r\nToo many open connections.\n"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadLimits:
+    """What a client may hold of the server while it sends a request."""
+
+    header_seconds: float
+    body_seconds: float
+    max_connections: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> ReadLimits:
+        server = settings.server
+        return cls(
+            server.header_timeout_seconds, server.body_timeout_seconds, server.max_connections
+        )
+
+
+class _ReadDeadlines:
+    """The deadlines above, over either of uvicorn's HTTP/1.1 protocols (it
+    reads what both keep: the current request's cycle, the flow control, the
+    set of open connections)."""
+
+    limits: ClassVar[ReadLimits]
+    # uvicorn's, on the protocol this is mixed into:
+    transport: asyncio.Transport
+    cycle: Any
+    flow: Any
+    connections: set[Any]
+
+    _deadline: asyncio.TimerHandle | None = None
+    #: What the connection is waiting for: "headers", "body" or "" (nothing).
+    _awaiting = ""
+    _header_bytes = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if len(self.connections) > self.limits.max_connections:
+            self.transport.write(_FULL)
+            self.transport.close()
+            return
+        self._await("headers")
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            awaiting = "headers"  # the bytes were the start of a request
+        elif cycle.more_body:
+            awaiting = "body"
+        else:
+            awaiting = ""
+        if awaiting == "headers":
+            self._header_bytes += len(data) if self._awaiting == "headers" else 0
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self.transport.close()
+                return
+        # The header deadline runs from the first byte; the body's from the last.
+        if awaiting == "body" or awaiting != self._awaiting:
+            self._await(awaiting)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._await("")
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _await(self, what: str) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if what != self._awaiting:
+            self._header_bytes = 0
+        self._awaiting = what
+        if what:
+            seconds = self.limits.header_seconds if what == "headers" else self.limits.body_seconds
+            self._deadline = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self._awaiting == "body" and self.flow is not None and self.flow.read_paused:
+            self._await("body")  # the proxy holds the reading back, not the client
+            return
+        self.transport.close()
+
+
+class _GuardedHttpTools(_ReadDeadlines, HttpToolsProtocol):
+    pass
+
+
+class _GuardedH11(_ReadDeadlines, H11Protocol):
+    pass
+
+
+def guarded_protocol(limits: ReadLimits, *, h11: bool = False) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools, or h11) with ``limits`` applied."""
+    base = _GuardedH11 if h11 else _GuardedHttpTools
+    return cast(type[asyncio.Protocol], type(base.__name__, (base,), {"limits": limits}))
+
+
+def server_config(
+    settings: Settings, app: ASGIApp, *, log_level: str = "info", **extra: Any
+) -> uvicorn.Config:
+    """How ``serve`` runs ``app`` (and the tests that need its real sockets)."""
+    return uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        loop="auto",
+        http=guarded_protocol(ReadLimits.of(settings)),
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        log_level=log_level,
+        log_config=None,  # keep the handler configured above (text or JSON) for uvicorn too
+        server_header=False,
+        # The proxy writes its own line per request (proxy/state/logs.py), with the
+        # figures that matter; uvicorn's would be a second one.
+        access_log=False,
+        proxy_headers=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        **extra,
+    )
 
 
 def startup_line(settings: Settings) -> str:
@@ -37,18 +193,4 @@ def startup_line(settings: Settings) -> str:
 def serve(settings: Settings, *, log_level: str = "info") -> None:
     logs.configure(log_level, settings.server.log_format)
     logging.getLogger("compaction_proxy").info("%s", startup_line(settings))
-    uvicorn.run(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        loop="auto",
-        http="auto",
-        log_level=log_level,
-        log_config=None,  # keep the handler configured above (text or JSON) for uvicorn too
-        server_header=False,
-        # The proxy writes its own line per request (proxy/state/logs.py), with the
-        # figures that matter; uvicorn's would be a second one.
-        access_log=False,
-        proxy_headers=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-    )
+    uvicorn.Server(server_config(settings, create_app(settings), log_level=log_level)).run()

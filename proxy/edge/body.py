@@ -6,6 +6,12 @@ cannot); one over the size limit 413 before it is parsed; a compressed one
 415; one that is not a JSON object with a ``messages`` list of objects, or
 that names a top-level key twice, 400 — all in OpenAI's error shape
 (:mod:`proxy.edge.errors`).
+
+:class:`BodyLimit` bounds every other route's body the same way, while it
+streams in: whatever reads it — a FastAPI route's ``request.body()``, a form,
+an upload streamed on — gets :class:`~proxy.edge.errors.PayloadTooLarge`
+from ``receive`` once the body passes its route's limit, so no route ever
+holds more than its limit, and each answers the 413 in its own shape.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import orjson
 import simdjson
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compaction import InvalidMessagesError, check_messages
 from proxy.edge.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
@@ -31,7 +38,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
+        raise too_large(limit)
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding not in ("identity", ""):
         raise UnsupportedMediaType(
@@ -42,9 +49,71 @@ async def read_body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is larger than the limit of {limit:,} bytes.")
+
+
+def check_model(model: object, limit: int) -> None:
+    """A 400 for a model name longer than ``limit`` characters: it would be
+    matched against every configured pattern, logged and labelled."""
+    if isinstance(model, str) and len(model) > limit:
+        raise BadRequest(f"The model name is longer than {limit:,} characters.", param="model")
+
+
+#: Paths whose bodies are small by nature (forms, settings, summary edits).
+_SMALL_BODY_PREFIXES = ("/ui", "/v1/compaction/")
+
+
+class BodyLimit:
+    """Every request body bounded while it streams in, per kind of route:
+    ``small`` bytes for the dashboard's forms and ``/v1/compaction/*``,
+    ``large`` for everything else (the compacted and pass-through routes).
+
+    A body declared larger than its limit is refused at the first read,
+    before a byte of it is taken; one sent without a length, or longer than
+    declared, as soon as it passes the limit. Plain ASGI: one wrapped
+    ``receive`` per request, nothing buffered here.
+    """
+
+    def __init__(self, app: ASGIApp, *, large: int, small: int) -> None:
+        self.app = app
+        self.large = large
+        self.small = small
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        small = path == "/ui" or path.startswith(_SMALL_BODY_PREFIXES)
+        limit = self.small if small else self.large
+        declared = _declared_length(scope)
+        size = 0
+
+        async def bounded() -> Message:
+            nonlocal size
+            if declared is not None and declared > limit:
+                raise too_large(limit)
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > limit:
+                    raise too_large(limit)
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for key, value in scope.get("headers", ()):
+        if key == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def is_json(content_type: str) -> bool:

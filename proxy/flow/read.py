@@ -21,7 +21,7 @@ from config import ModelConfig, with_client_window
 from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
-from proxy.edge.body import read_body, too_deep
+from proxy.edge.body import check_model, read_body, too_deep
 from proxy.edge.disconnect import ClientWatch
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
@@ -149,6 +149,7 @@ def _read_conversation(
     reading = dialect.read(raw) if reading is None else reading
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
+    check_model(body.get("model"), state.settings.server.max_model_chars)
     beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
     config = with_client_window(state.resolve(body.get("model")), ",".join(beta) or None)
     messages = without_commands(engine_messages, settled)

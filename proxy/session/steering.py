@@ -29,9 +29,6 @@ from proxy.edge.errors import BadRequest, NotFound
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import Event, SessionSettings
 
-#: A summary longer than this is not a summary.
-MAX_SUMMARY_CHARS: Final = 200_000
-MAX_INSTRUCTIONS_CHARS: Final = 4_000
 #: Sessions searched for the owner of a session the admin steers.
 _OWNER_SEARCH: Final = 1_000
 
@@ -75,10 +72,9 @@ async def edit_summary(
     text = _plain_lines(text)
     if not text.strip():
         raise BadRequest("The summary must not be empty.", param="summary")
-    if len(text) > MAX_SUMMARY_CHARS:
-        raise BadRequest(
-            f"The summary is longer than {MAX_SUMMARY_CHARS:,} characters.", param="summary"
-        )
+    limit = state.settings.server.max_summary_chars
+    if len(text) > limit:
+        raise BadRequest(f"The summary is longer than {limit:,} characters.", param="summary")
     found = await state.store.get(checkpoint_id, owner=viewer)
     if found is None:
         raise NotFound("No such checkpoint.")
@@ -121,6 +117,31 @@ async def _owner_of_checkpoint(state: ProxyState, checkpoint: Checkpoint) -> str
     return await session_owner(state, checkpoint.session, None)
 
 
+def check_session_id(state: ProxyState, session: str) -> None:
+    """A 400 for a session id longer than any the proxy makes (or allows)."""
+    limit = state.settings.server.max_session_id_chars
+    if len(session) > limit:
+        raise BadRequest(f"The session id is longer than {limit:,} characters.", param="session")
+
+
+async def session_exists(state: ProxyState, session: str, viewer: str | None) -> bool:
+    """Whether ``viewer`` (``None``: the admin) has anything of ``session`` —
+    figures or events. Another caller's session does not exist for them, so
+    steering it is the same 404 as steering one that never was."""
+    if await state.store.requests(session, owner=viewer, limit=1):
+        return True
+    return bool(await state.store.events(session=session, owner=viewer, limit=1))
+
+
+async def steered_session(state: ProxyState, session: str, viewer: str | None) -> str:
+    """The owner whose ``session`` ``viewer`` steers, or a 404 when ``viewer``
+    has nothing of it (see :func:`session_exists`)."""
+    check_session_id(state, session)
+    if not await session_exists(state, session, viewer):
+        raise NotFound("No such session.")
+    return await session_owner(state, session, viewer)
+
+
 async def session_owner(state: ProxyState, session: str, viewer: str | None) -> str:
     """The owner whose ``session`` is steered: the viewer's own, or for the admin
     the owner of the session as its events or figures say (the anonymous owner
@@ -145,10 +166,10 @@ async def update_settings(
     instructions: str | None = None,
 ) -> SessionSettings:
     """Change what is given, keep the rest; the settings now in force."""
-    if instructions is not None and len(instructions) > MAX_INSTRUCTIONS_CHARS:
+    limit = state.settings.server.max_instructions_chars
+    if instructions is not None and len(instructions) > limit:
         raise BadRequest(
-            f"The instructions are longer than {MAX_INSTRUCTIONS_CHARS:,} characters.",
-            param="instructions",
+            f"The instructions are longer than {limit:,} characters.", param="instructions"
         )
     if instructions is not None:
         instructions = _plain_lines(instructions)

@@ -3,6 +3,12 @@
 Request lines carry their figures in ``extra={"fields": {...}}``; both
 formats render them. Nothing here logs message content or headers: a handler
 that wants to (``--log-content``) must put it in the fields itself.
+
+Fields carry what clients sent (a model name, a path), so the text format
+escapes every control character in every part of a line — C0, DEL, C1 and
+the Unicode line separators, as ``\n``, ``\x1b``, ``\u2028`` — and indents a
+traceback's lines: one record is one line that no client can forge a
+second of. The JSON format needs none of it: a JSON string escapes them.
 """
 
 from __future__ import annotations
@@ -34,16 +40,44 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
+def _escapes() -> dict[int, str]:
+    named = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+    controls = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+    table = {code: named.get(code, f"\\x{code:02x}") for code in controls}
+    table.update({code: f"\\u{code:04x}" for code in (0x2028, 0x2029)})
+    return table
+
+
+_ESCAPES = _escapes()
+
+
+def escaped(value: object) -> str:
+    """``value`` as text with no control character left in it (see above)."""
+    return str(value).translate(_ESCAPES)
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        super().__init__()
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = (
+            f"{self.formatTime(record)} {escaped(record.levelname)} {escaped(record.name)}: "
+            f"{escaped(record.getMessage())}"
+        )
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            line += " " + " ".join(f"{key}={value}" for key, value in fields.items())
+            line += " " + " ".join(f"{escaped(k)}={escaped(v)}" for k, v in fields.items())
+        if record.exc_info:
+            line += _indented(self.formatException(record.exc_info))
+        if record.stack_info:
+            line += _indented(self.formatStack(record.stack_info))
         return line
+
+
+def _indented(text: str) -> str:
+    """A traceback's lines, each escaped and indented under its record."""
+    return "".join(f"\n    {escaped(part)}" for part in text.splitlines())
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:

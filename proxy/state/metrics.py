@@ -1,7 +1,9 @@
 """Prometheus metrics, one registry per app (no process-global state).
 
 Model names come from clients, so they are used as label values only for the
-first :data:`MAX_MODELS` distinct names; later ones are counted as "other".
+first :data:`MAX_MODELS` distinct names of at most :data:`MAX_LABEL_CHARS`
+characters; later ones, and longer ones, are counted as "other". A scrape is
+so bounded whatever clients send: every other label value is the proxy's own.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from compaction import CompactionResult
 from proxy.state.stores import FailureKind
 
 MAX_MODELS = 100
+#: Longer model names are labelled "other" (real ones are far shorter).
+MAX_LABEL_CHARS = 100
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5)
@@ -116,6 +120,8 @@ class Metrics:
     def model(self, name: str) -> str:
         if name in self._models:
             return name
+        if len(name) > MAX_LABEL_CHARS:
+            return "other"
         if len(self._models) < MAX_MODELS:
             self._models.add(name)
             return name

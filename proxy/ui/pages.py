@@ -8,7 +8,9 @@
 
 A session or checkpoint the visitor has nothing of — none such, or another
 caller's — is a 404 page, the same in both cases, so that it tells nobody
-whether another caller's exists.
+whether another caller's exists. A form larger than ``server.max_form_bytes``
+(refused as it streams in, :class:`proxy.edge.body.BodyLimit`) is a 413 page;
+a session id, instructions or a summary over its length limit a 400 page.
 
 No script, no build step, nothing fetched from elsewhere: the styles are
 inlined from ``templates/style.css`` and the charts are inline SVG.
@@ -17,16 +19,18 @@ inlined from ``templates/style.css`` and the charts are inline SVG.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
-from proxy.edge.errors import NotFound, ProxyError
+from proxy.edge.errors import BadRequest, NotFound, PayloadTooLarge
 from proxy.session import steering
 from proxy.state.runtime import state_of
 from proxy.state.stores.figures import SAVINGS_BUCKET_SECONDS
@@ -37,11 +41,7 @@ from proxy.ui.views import (
     SessionView,
     read_overview,
     read_session,
-    session_exists,
 )
-
-#: Form bodies larger than this are refused (a summary is well below it).
-MAX_FORM_BYTES = 1 << 20
 
 
 def _environment() -> Environment:
@@ -105,8 +105,31 @@ def _session_chart(view: SessionView) -> str:
 
 
 def dashboard_routes(signer: Signer) -> APIRouter:
-    router = APIRouter(prefix="/ui")
     env = _environment()
+
+    class PageRoute(APIRoute):
+        """A dashboard route whose refusals of what was sent — a form over its
+        size limit, a field or a path over its length limit — are pages too."""
+
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def answered(request: Request) -> Response:
+                try:
+                    return await handler(request)
+                except (BadRequest, PayloadTooLarge) as exc:
+                    return refused(request, exc)
+
+            return answered
+
+    router = APIRouter(prefix="/ui", route_class=PageRoute)
+
+    def refused(request: Request, exc: BadRequest | PayloadTooLarge) -> Response:
+        cookie = request.cookies.get(COOKIE)
+        role = signer.role_of(cookie) or ANONYMOUS
+        shown = ANONYMOUS if role.startswith(ANONYMOUS) else role
+        visitor = Visitor(None, shown, cookie or "", fresh=False)
+        return page("refused.html", visitor, status=exc.status, message=exc.message)
 
     def page(name: str, visitor: Visitor, status: int = 200, **values: Any) -> Response:
         body = env.get_template(name).render(
@@ -124,12 +147,12 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         return page("missing.html", visitor, status=404, what=what)
 
     async def known(request: Request, visitor: Visitor, session: str) -> bool:
-        return await session_exists(state_of(request).store, session, visitor.viewer)
+        state = state_of(request)
+        steering.check_session_id(state, session)
+        return await steering.session_exists(state, session, visitor.viewer)
 
     async def form(request: Request, visitor: Visitor) -> dict[str, str]:
-        raw = await request.body()
-        if len(raw) > MAX_FORM_BYTES:
-            raise _FormError("The form is too large.")
+        raw = await request.body()  # bounded as it streams in (BodyLimit)
         fields = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
         # parse_qs drops blank values: a cleared field must still arrive.
         for name in ("instructions", "summary", "key", "proxy_key"):
@@ -240,10 +263,6 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         return missing(signed_in(request), "page")
 
     return router
-
-
-class _FormError(ProxyError):
-    status = 413
 
 
 _SECURITY_HEADERS = {

@@ -115,14 +115,6 @@ async def read_overview(
     return Overview(sessions, totals_of(sessions), await store.savings(owner=viewer), hidden)
 
 
-async def session_exists(store: Store, session: str, viewer: str | None) -> bool:
-    """Whether ``viewer`` has anything of ``session`` (figures, or events):
-    a session of another caller's does not exist for them."""
-    if await store.requests(session, owner=viewer, limit=1):
-        return True
-    return bool(await store.events(session=session, owner=viewer, limit=1))
-
-
 async def read_session(
     store: Store, session: str, viewer: str | None, owner: str | None = None
 ) -> SessionView:

@@ -7,6 +7,7 @@ proxy.session.compacting calls, wrapped by a recorder."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,6 +105,12 @@ def test_a_request_with_session_settings_is_decided_once(
     proxy = start_app(models=MODELS)
     messages = agent_session(seed=4, steps=60, task="Decide once: settings.")
     session = session_key(messages)
+    _chat(proxy, messages[:2])  # a session is steered once the proxy has seen it
+    for _ in range(400):  # its first figure is written about a second later
+        if proxy.http.get(f"/v1/compaction/sessions/{session}", headers=KEY).status_code == 200:
+            break
+        time.sleep(0.025)
+    decisions.taken()
     answer = proxy.http.put(
         f"/v1/compaction/sessions/{session}/settings",
         json={"enabled": False, "instructions": "Keep the paths."},

@@ -32,6 +32,22 @@ def _chat(url: str, messages: list[dict[str, Any]], key: str = ALICE) -> httpx.R
     return response
 
 
+def _opened(
+    url: str, messages: list[dict[str, Any]], key: str = ALICE, model: str = "gpt-4o"
+) -> str:
+    """The session of ``messages``, once the proxy has recorded a request of it:
+    until then steering it is a 404, as for any session the caller has nothing of."""
+    session = session_key(messages)
+    first = {"model": model, "messages": messages[:2]}  # the system prompt and the task
+    httpx.post(f"{url}/chat/completions", json=first, headers=_auth(key), timeout=60)
+    for _ in range(400):  # figures are written about a second after their request
+        found = httpx.get(f"{url}/compaction/sessions/{session}", headers=_auth(key))
+        if found.status_code == 200:
+            return session
+        time.sleep(0.025)
+    raise AssertionError(f"session {session} was never recorded")
+
+
 def _summary_of(messages: list[dict[str, Any]]) -> str:
     """The main summary (a turn-prefix note may follow it)."""
     found = [m["content"] for m in messages if str(m.get("content", "")).startswith(SUMMARY_MARKER)]
@@ -174,7 +190,7 @@ def test_a_session_with_compaction_off_is_forwarded_whole(
     upstream, _ = fake
     url = start_proxy(models=MODELS)
     messages = agent_session(seed=4, steps=60, task="Off test: leave me alone.")
-    session = session_key(messages)
+    session = _opened(url, messages)
     response = httpx.put(
         f"{url}/compaction/sessions/{session}/settings",
         json={"enabled": False},
@@ -199,7 +215,7 @@ def test_a_compact_command_still_compacts_a_session_switched_off(
     url = start_proxy(models=MODELS)
     messages = agent_session(seed=5, steps=20, task="Off test: but /compact.")
     httpx.put(
-        f"{url}/compaction/sessions/{session_key(messages)}/settings",
+        f"{url}/compaction/sessions/{_opened(url, messages)}/settings",
         json={"enabled": False},
         headers=_auth(ALICE),
     ).raise_for_status()
@@ -214,7 +230,7 @@ def test_session_instructions_reach_the_summarizer(
     url = start_proxy(models=MODELS)
     messages = agent_session(seed=6, steps=60, task="Instructions test.")
     response = httpx.put(
-        f"{url}/compaction/sessions/{session_key(messages)}/settings",
+        f"{url}/compaction/sessions/{_opened(url, messages)}/settings",
         json={"instructions": "Keep the word PAPAYA-77 verbatim."},
         headers=_auth(ALICE),
     )
@@ -233,7 +249,7 @@ def test_compact_now_compacts_the_next_request_as_compact_would(
     url = start_proxy(models=MODELS)
     messages = agent_session(seed=7, steps=6, task="Compact-now test.")
     assert _chat(url, messages).headers["x-compaction-stage"] == "none"  # below the trigger
-    session = session_key(messages)
+    session = _opened(url, messages)
     response = httpx.post(f"{url}/compaction/sessions/{session}/compact", headers=_auth(ALICE))
     assert response.status_code == 202
     later = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
@@ -323,7 +339,7 @@ def test_a_session_switched_off_is_not_prepared_in_the_background_either(
     url = start_proxy(models=BACKGROUND_MODEL)
     requests = _agent_turns("Off test: background.", 120)
     httpx.put(
-        f"{url}/compaction/sessions/{session_key(requests[0])}/settings",
+        f"{url}/compaction/sessions/{_opened(url, requests[0], model='agent-model')}/settings",
         json={"enabled": False},
         headers=_auth(ALICE),
     ).raise_for_status()
@@ -344,7 +360,7 @@ def test_session_instructions_reach_a_summary_prepared_in_the_background(
     url = start_proxy(models=BACKGROUND_MODEL)
     requests = _agent_turns("Instructions test: background.", 120)
     httpx.put(
-        f"{url}/compaction/sessions/{session_key(requests[0])}/settings",
+        f"{url}/compaction/sessions/{_opened(url, requests[0], model='agent-model')}/settings",
         json={"instructions": "Name the file KIWI-88 first."},
         headers=_auth(ALICE),
     ).raise_for_status()

@@ -1,0 +1,151 @@
+"""Clients that send slowly, over real sockets, against the server ``serve`` runs.
+
+Many half-sent requests do not lock out a new client; the server closes the
+idle ones once their (test-short) deadline passes — seen as the end of the
+stream on the client's socket, not measured on a clock; and past
+``server.max_connections`` one more connection is answered 503 and closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import uvicorn
+
+from config import load_settings
+from proxy.app import create_app
+from proxy.cli.server import server_config
+
+#: Long enough for the test to open its connections and ask once before any
+#: expires, even on a busy machine; short enough to wait for.
+DEADLINE = 3.0
+
+
+@contextlib.contextmanager
+def _serving(**server: Any) -> Iterator[tuple[str, int]]:
+    settings = load_settings(
+        None,
+        server={"header_timeout_seconds": DEADLINE, "body_timeout_seconds": DEADLINE, **server},
+        store={"url": "memory://"},
+    )
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    config = server_config(settings, create_app(settings), log_level="warning", lifespan="on")
+    uvicorn_server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=uvicorn_server.run, kwargs={"sockets": [listener]}, daemon=True
+    )
+    thread.start()
+    for _ in range(1000):
+        if uvicorn_server.started or not thread.is_alive():
+            break
+        threading.Event().wait(0.01)
+    assert uvicorn_server.started, "the server did not start"
+    try:
+        yield "127.0.0.1", port
+    finally:
+        uvicorn_server.should_exit = True
+        thread.join(timeout=30)
+        listener.close()
+
+
+def _connect(address: tuple[str, int], sent: bytes) -> socket.socket:
+    client = socket.create_connection(address, timeout=60)
+    client.sendall(sent)
+    return client
+
+
+def _open(client: socket.socket) -> bool:
+    """True while the server has not closed ``client`` (nothing to read yet)."""
+    client.setblocking(False)
+    try:
+        return client.recv(1) != b""
+    except BlockingIOError:
+        return True
+    finally:
+        client.setblocking(True)
+
+
+def _read_to_end(client: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    return received
+
+
+HALF_HEADERS = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */"
+HALF_BODY = (
+    b"PUT /v1/compaction/sessions/abc/settings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"enabled":'
+)
+
+
+def test_many_half_sent_requests_lock_nobody_out_and_are_closed_after_their_deadline() -> None:
+    with _serving(max_connections=500) as address:
+        slow = [_connect(address, HALF_HEADERS if i % 2 else HALF_BODY) for i in range(200)]
+        try:
+            answer = httpx.get(f"http://{address[0]}:{address[1]}/healthz", timeout=30)
+            assert answer.status_code == 200
+            # Served while every one of them was still held open.
+            assert all(_open(client) for client in slow)
+            # Then the server ends each of them: headers that never finished, and a
+            # body that stopped coming. Nothing is answered to a request never sent whole.
+            for client in slow:
+                assert _read_to_end(client) == b""
+        finally:
+            for client in slow:
+                client.close()
+
+
+def test_headers_trickled_a_byte_at_a_time_are_cut_off_at_their_deadline() -> None:
+    # Each byte would renew an idle timer: the header deadline runs from the first.
+    headers = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"s" * 400
+    with _serving() as address:
+        client = socket.create_connection(address, timeout=60)
+        sent = 0
+        with client:
+            for byte in headers:
+                try:
+                    client.sendall(bytes([byte]))
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += 1
+                readable, _, _ = select.select([client], [], [], 0.05)
+                if readable and client.recv(1) == b"":
+                    break
+            assert sent < len(headers), "the server waited for every byte"
+
+
+def test_past_the_connection_cap_one_more_is_answered_503_and_closed() -> None:
+    with _serving(max_connections=20) as address:
+        held = []
+        try:
+            for _ in range(20):
+                # A request answered proves the server holds this connection.
+                client = _connect(address, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert client.recv(65536).startswith(b"HTTP/1.1 200")
+                held.append(client)
+            with socket.create_connection(address, timeout=60) as extra:
+                refused = _read_to_end(extra)
+            assert refused.startswith(b"HTTP/1.1 503")
+            assert b"connection: close" in refused
+        finally:
+            for client in held:
+                client.close()
+        # With the held ones gone there is room again (once the server has
+        # seen them go: their ends and the new connection arrive in any order).
+        statuses = []
+        for _ in range(50):
+            statuses.append(httpx.get(f"http://{address[0]}:{address[1]}/healthz").status_code)
+            if statuses[-1] == 200:
+                break
+        assert statuses[-1] == 200 and set(statuses) <= {200, 503}
