@@ -13,12 +13,19 @@ in doubt: a window set too small only compacts early, one set too large costs
 an overflow error and a retry. Ollama serves every model with its own
 ``num_ctx`` (a few thousand tokens unless configured), which no name reveals:
 give such models a ``[models."…"]`` table.
+
+The name comes from the client, so the lookup is linear in its length: each
+glob becomes :func:`fnmatch.translate`'s regex, whose every ``*`` but the last
+is an atomic group that never gives back what it matched, so no name makes the
+engine retry one star's choices for each of another's. A name longer than
+:data:`MAX_NAME_CHARS` is not looked up at all: no vendor names a model so.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from fnmatch import translate
 from typing import Final
 
 _K128: Final = 128_000
@@ -27,6 +34,10 @@ _LLAMA: Final = 131_072
 _GEMINI: Final = 1_048_576
 _M1: Final = 1_000_000
 _GPT_1M: Final = 1_050_000
+
+#: The longest name the table is asked about (four times the edge's default
+#: limit on a request's model name); a longer one gets ``None``, the default.
+MAX_NAME_CHARS: Final = 1_024
 
 # (glob, window). Order does not matter: the most specific match wins.
 _TABLE: Final[tuple[tuple[str, int], ...]] = (
@@ -169,28 +180,25 @@ _RULES: Final = tuple(
 )
 
 
-def _glob_to_regex(pattern: str) -> str:
-    return re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
-
-
 @functools.cache
 def _matcher() -> re.Pattern[str]:
-    # One alternation in specificity order: a full match stops at the first
-    # (most specific) alternative that matches, and ``lastindex`` says which.
-    # About 10x faster than trying the globs one by one with fnmatch; compiled
-    # on first use to keep it out of import time.
-    alternatives = (f"({_glob_to_regex(pattern)})" for pattern, _ in _RULES)
-    return re.compile("|".join(alternatives), re.DOTALL)
+    # One alternation in specificity order: a match stops at the first (most
+    # specific) alternative that matches, and ``lastindex`` says which. About
+    # 10x faster than trying the globs one by one; compiled on first use to
+    # keep it out of import time. Joining translate()'s results with "|" is a
+    # use its source promises to keep working; each result ends in ``\Z``.
+    alternatives = (f"({translate(pattern)})" for pattern, _ in _RULES)
+    return re.compile("|".join(alternatives))
 
 
 def builtin_context_window(model: str) -> int | None:
     """The documented context window of ``model``, or ``None`` if the table does not know it."""
     name = model.strip().lower()
-    if not name:
+    if not name or len(name) > MAX_NAME_CHARS:
         return None
     bare = name.rsplit("/", 1)[-1]
     matcher = _matcher()
-    match = matcher.fullmatch(bare) or (matcher.fullmatch(name) if bare != name else None)
+    match = matcher.match(bare) or (matcher.match(name) if bare != name else None)
     if match is None or match.lastindex is None:
         return None
     return _RULES[match.lastindex - 1][1]

@@ -16,19 +16,23 @@ passes them in. Precedence, strongest first::
 One ``[models."…"]`` table applies: the one named exactly, otherwise the
 matching glob (case-insensitive) with the most literal characters; the first
 one written wins a tie. Globs match the name as the client sends it, provider
-prefix included (``"*/qwen*"``).
+prefix included (``"*/qwen*"``), in time linear in its length (the name is the
+client's: see :mod:`config.model_table` for why :func:`fnmatch.translate`'s
+regexes cannot backtrack).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
+from fnmatch import translate
 from typing import Literal
 
 from compaction import Profile
-from config.model_table import builtin_context_window
+from config.model_table import MAX_NAME_CHARS, builtin_context_window
 from config.settings import ModelOverride, Settings
 
 WindowSource = Literal["learned", "override", "client", "table", "default"]
@@ -74,10 +78,23 @@ def find_override(
     best: tuple[str, ModelOverride] | None = None
     best_score = -1
     for pattern, override in models.items():
-        score = _specificity(pattern)
-        if score > best_score and fnmatchcase(name, pattern.lower()):
-            best, best_score = (pattern, override), score
+        glob = _glob(pattern)
+        if glob.specificity > best_score and glob.regex.match(name):
+            best, best_score = (pattern, override), glob.specificity
     return best
+
+
+@dataclass(frozen=True)
+class _Glob:
+    specificity: int
+    regex: re.Pattern[str]
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob(pattern: str) -> _Glob:
+    # Patterns come from the settings, not from clients, so a cache of them
+    # stays as small as the configuration; each is read once, not per request.
+    return _Glob(_specificity(pattern), re.compile(translate(pattern.lower())))
 
 
 def resolve_model(
@@ -112,6 +129,8 @@ class ModelResolver:
         config = self._cache.get(key)
         if config is None:
             config = _apply_learned(_resolve(self.settings, name), learned_windows)
+            if len(name) > MAX_NAME_CHARS:  # no real model's: not worth keeping
+                return config
             if len(self._cache) >= self._max_cached:
                 self._cache.clear()
             self._cache[key] = config

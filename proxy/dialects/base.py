@@ -26,7 +26,11 @@ away.
 
 Origin ids are content hashes of the item (:func:`item_id`), not positions:
 a checkpoint made on one request is applied to the next, where the same item
-may sit elsewhere.
+may sit elsewhere. The n-th of several identical items is told apart by ``'``
+appended n-1 times to the hashed bytes, so it gets the same id on every request
+that holds as many before it; :class:`Mapped` carries each repeated content's
+hash state along, so a body of many twins costs one hash per item, not one per
+twin before it.
 """
 
 from __future__ import annotations
@@ -49,9 +53,13 @@ ORIGIN = ORIGIN_KEY
 
 def item_id(item: Any, salt: str = "") -> str:
     """A stable id for a request item: its content's hash (``salt`` tells twins apart)."""
+    return _content_hash(item, salt).hexdigest()
+
+
+def _content_hash(item: Any, salt: str) -> hashlib.blake2b:
     digest = hashlib.blake2b(orjson.dumps(item), digest_size=12)
     digest.update(salt.encode())
-    return digest.hexdigest()
+    return digest
 
 
 def tag(message: Message, origin: str, part: int = 0) -> Message:
@@ -81,18 +89,40 @@ class Mapped:
     items: dict[str, Any] = field(default_factory=dict)
     #: Origin id → the engine messages made from it, in order (to tell unchanged parts).
     parts: dict[str, list[Message]] = field(default_factory=dict)
+    #: The id of a content's first item → the hash of its last twin's bytes, to go on from.
+    _twins: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: ``id()`` of an item added once, and its salt → its origin id, so adding it
+    #: again changes nothing.
+    _added: dict[tuple[int, str], str] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, item: Any, messages: Sequence[Message], salt: str = "") -> None:
         """Record ``item`` and the engine messages it maps to, tagging them."""
-        origin = item_id(item, salt)
-        while origin in self.items and self.items[origin] is not item:
-            salt += "'"  # the same content twice in one request: a distinct id
-            origin = item_id(item, salt)
+        origin = self._added.get((id(item), salt))
+        if origin is None:
+            origin = self._origin(item, salt)
+            self._added[id(item), salt] = origin
         self.items[origin] = item
         self.parts[origin] = list(messages)
         for part, message in enumerate(messages):
             tag(message, origin, part)
         self.messages.extend(messages)
+
+    def _origin(self, item: Any, salt: str) -> str:
+        """The first id, of content plus ``salt`` plus ``'`` repeated, that no item holds."""
+        digest = _content_hash(item, salt)
+        first = digest.hexdigest()
+        if first not in self.items:
+            return first
+        # The same content again: each ``'`` extends the last twin's hash by
+        # one byte, where hashing the item anew for every twin before it would
+        # make n twins cost n² item hashes.
+        digest = self._twins.get(first, digest)
+        origin = first
+        while origin in self.items:
+            digest.update(b"'")
+            origin = digest.hexdigest()
+        self._twins[first] = digest
+        return origin
 
 
 #: Builds a request item from the original item and the engine messages that

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-import pytest
+from fnmatch import fnmatchcase
 
-from config.model_table import builtin_context_window, builtin_table
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from config.model_table import MAX_NAME_CHARS, builtin_context_window, builtin_table
 
 
 @pytest.mark.parametrize(
@@ -111,3 +115,36 @@ def test_table_is_ordered_most_specific_first() -> None:
     assert literal == sorted(literal, reverse=True)
     assert len({pattern for pattern, _ in table}) == len(table)
     assert all(window > 0 for _, window in table)
+
+
+def test_a_name_within_the_length_limit_is_looked_up_and_a_longer_one_is_not() -> None:
+    padded = "anthropic/claude-sonnet-4-6-" + "x" * MAX_NAME_CHARS
+    assert builtin_context_window(padded[:MAX_NAME_CHARS]) == 1_000_000
+    assert builtin_context_window(padded[: MAX_NAME_CHARS + 1]) is None
+
+
+def _reference(model: str) -> int | None:
+    """The table read the slow, obvious way: each glob tried in turn with fnmatch."""
+    name = model.strip().lower()
+    bare = name.rsplit("/", 1)[-1]
+    for candidate in (bare, name):
+        for pattern, window in builtin_table():
+            if fnmatchcase(candidate, pattern):
+                return window
+    return None
+
+
+_PIECES = st.sampled_from(
+    [pattern.replace("*", "") for pattern, _ in builtin_table()] + ["-", "/", "x", "*", "?", "4"]
+)
+
+
+@given(st.lists(_PIECES, max_size=5).map("".join))
+def test_the_most_specific_glob_wins_for_the_bare_name_before_the_prefixed_one(model: str) -> None:
+    for name in (model, model.upper(), f"provider/{model}", f"a/b/{model}"):
+        assert builtin_context_window(name) == _reference(name)
+
+
+def test_no_glob_in_the_table_uses_a_set_which_would_read_as_one_character() -> None:
+    # The globs are read by fnmatch, where "[…]" is a set of characters.
+    assert not any("[" in pattern for pattern, _ in builtin_table())
