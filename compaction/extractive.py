@@ -90,7 +90,9 @@ _DECISION = re.compile(
     r"let's (?:use|go with|switch|replace|change|implement|keep|fix|add|remove|modify)"
     r")"
 )
-_HEADING = re.compile(r"^\s*(?:#{1,6}\s*)?(?:\*\*)?\s*([A-Za-z &]+?)\s*(?:\*\*)?\s*:?\s*$")
+# Possessive: a space could belong to the name or to the blanks around it, and
+# trying every split took time growing with the fourth power of a line's blanks.
+_HEADING = re.compile(r"^\s*+(?:#{1,6}\s*+)?(?:\*\*)?\s*+([A-Za-z &]++)\s*+(?:\*\*)?\s*+:?\s*+$")
 _PREVIOUS_SECTIONS = {
     "goal": "Goal",
     "constraints & preferences": "Constraints & Preferences",
