@@ -272,9 +272,11 @@ _SECTION_NAMES = {
     "context needed next": "Context Needed Next",
 }
 #: A heading line: ``## Goal``, ``**Goal:**``, ``Goal:`` (text may follow the
-#: colon), ``1. Next steps``, any case. The name is matched afterwards.
+#: colon), ``1. Next steps``, any case. The name is matched afterwards. The
+#: blanks before the name are possessive: a line of blanks with no name after
+#: them was otherwise tried split every way among them, in quadratic time.
 _HEADING_LINE = re.compile(
-    r"^[ \t]*(?:[-*+][ \t]+|\d+[.)][ \t]+)?(?P<hashes>#{1,6}[ \t]*)?(?:\*\*|__)?[ \t]*"
+    r"^[ \t]*+(?:[-*+][ \t]++|\d++[.)][ \t]++)?(?P<hashes>#{1,6}+[ \t]*+)?(?:\*\*|__)?[ \t]*+"
     r"(?P<name>[A-Za-z][A-Za-z &]*)[ \t]*(?:\*\*|__)?[ \t]*(?P<colon>:)?"
     r"[ \t]*(?:\*\*|__)?(?P<rest>.*)$"
 )

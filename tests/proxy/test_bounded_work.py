@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction import Profile, TokenCounter, extractive
+from compaction import Profile, TokenCounter, extractive, prompts
 from compaction.files import parse_file_lists, strip_file_lists
 from compaction.pruner import prune, tool_brief
 from compaction.shell import shell_files
@@ -143,6 +143,14 @@ def test_the_heading_of_a_previous_summary_is_read_without_backtracking() -> Non
     # A summary the user edited is read line by line; a line of blanks between
     # two words once took minutes.
     assert backtracking_risks(extractive._HEADING.pattern) == []
+
+
+def test_the_blanks_before_a_summary_headings_name_are_read_one_way() -> None:
+    # What follows the name ends in ".*$", which any line without a newline
+    # matches on the first try; before it, a line of blanks and no name made
+    # the engine try every split of the blanks.
+    before_name = prompts._HEADING_LINE.pattern.split("(?P<name>")[0]
+    assert backtracking_risks(before_name) == []
 
 
 # --- model names -------------------------------------------------------------------
