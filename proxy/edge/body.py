@@ -74,10 +74,12 @@ class BodyLimit:
     ``small`` bytes for the dashboard's forms and ``/v1/compaction/*``,
     ``large`` for everything else (the compacted and pass-through routes).
 
-    A body declared larger than its limit is refused at the first read,
-    before a byte of it is taken; one sent without a length, or longer than
-    declared, as soon as it passes the limit. Plain ASGI: one wrapped
-    ``receive`` per request, nothing buffered here.
+    A body declared within its limit needs nothing here (the server delivers
+    no more than a declared length). One declared larger is refused at its
+    first read, before a byte of it is taken; one sent without a length as
+    soon as it passes the limit. Whatever the route made of that refusal — an
+    upload streamed on to the upstream sees only a broken body, a 502 — the
+    answer is the 413. Plain ASGI, nothing buffered here.
     """
 
     def __init__(self, app: ASGIApp, *, large: int, small: int) -> None:
@@ -93,27 +95,50 @@ class BodyLimit:
         small = path == "/ui" or path.startswith(_SMALL_BODY_PREFIXES)
         limit = self.small if small else self.large
         declared = _declared_length(scope)
+        if declared is not None and declared <= limit:
+            await self.app(scope, receive, send)
+            return
         size = 0
+        refused: PayloadTooLarge | None = None
+        replaced = False
 
         async def bounded() -> Message:
-            nonlocal size
-            if declared is not None and declared > limit:
-                raise too_large(limit)
+            nonlocal size, refused
+            if declared is not None:
+                refused = too_large(limit)
+                raise refused
             message = await receive()
             if message["type"] == "http.request":
                 size += len(message.get("body", b""))
                 if size > limit:
-                    raise too_large(limit)
+                    refused = too_large(limit)
+                    raise refused
             return message
 
-        await self.app(scope, bounded, send)
+        async def answered(message: Message) -> None:
+            nonlocal replaced
+            if refused is not None and message["type"] == "http.response.start":
+                replaced = message["status"] != refused.status
+            if not replaced:
+                await send(message)
+            elif message["type"] == "http.response.start" and refused is not None:
+                await _answer(refused, send)
+
+        await self.app(scope, bounded, answered)
+
+
+async def _answer(error: PayloadTooLarge, send: Send) -> None:
+    body = error.json_bytes()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _declared_length(scope: Scope) -> int | None:
     for key, value in scope.get("headers", ()):
         if key == b"content-length":
             return int(value) if value.isdigit() else None
-    return None
+    return None  # chunked, or no body at all
 
 
 def is_json(content_type: str) -> bool:

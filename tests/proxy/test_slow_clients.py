@@ -58,20 +58,21 @@ def _serving(**server: Any) -> Iterator[tuple[str, int]]:
 
 
 def _connect(address: tuple[str, int], sent: bytes) -> socket.socket:
-    client = socket.create_connection(address, timeout=60)
+    client = socket.create_connection(address, timeout=30)
     client.sendall(sent)
     return client
 
 
 def _open(client: socket.socket) -> bool:
     """True while the server has not closed ``client`` (nothing to read yet)."""
+    timeout = client.gettimeout()
     client.setblocking(False)
     try:
         return client.recv(1) != b""
     except BlockingIOError:
         return True
     finally:
-        client.setblocking(True)
+        client.settimeout(timeout)  # a server that never closes fails the test, not hangs it
 
 
 def _read_to_end(client: socket.socket) -> bytes:

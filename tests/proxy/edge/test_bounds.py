@@ -15,14 +15,17 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from proxy.state.logs import JsonFormatter, TextFormatter
 from proxy.state.metrics import MAX_LABEL_CHARS
-from tests.proxy.conftest import AppFactory
+from tests.proxy.conftest import AppFactory, ProxyFactory
 from tests.proxy.inprocess import InProcessProxy
+from tests.proxy.servers import FakeUpstream
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-9876543210"
 CHUNK = b"x" * 65536
@@ -332,3 +335,20 @@ def test_a_json_log_line_is_one_line_whatever_a_field_holds() -> None:
     line = JsonFormatter().format(record)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
     assert json.loads(line)["model"] == 'gpt\n{"level": "error"}\r\x1b'
+
+
+def test_an_upload_over_the_limit_through_the_real_transport_is_a_413_and_never_sent_whole(
+    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+) -> None:
+    upstream, _ = fake
+    url = start_proxy(server={"max_body_bytes": BODY_LIMIT})
+
+    def pieces() -> Iterator[bytes]:
+        for _ in range(64):  # 4 MiB, sixteen times the limit
+            yield CHUNK
+
+    for content in (CHUNK * 64, pieces()):  # with a length, and without one
+        answer = httpx.post(f"{url}/files", content=content, timeout=30)
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["error"]["code"] == "request_too_large"
+    assert not any(r.path == "/v1/files" and len(r.body) > BODY_LIMIT for r in upstream.received)
