@@ -9,6 +9,7 @@ stream on the client's socket, not measured on a clock; and past
 from __future__ import annotations
 
 import contextlib
+import json
 import select
 import socket
 import threading
@@ -21,6 +22,7 @@ import uvicorn
 from config import load_settings
 from proxy.app import create_app
 from proxy.cli.server import server_config
+from tests.proxy.servers import FakeUpstream, serve_in_thread
 
 #: Long enough for the test to open its connections and ask once before any
 #: expires, even on a busy machine; short enough to wait for.
@@ -28,11 +30,12 @@ DEADLINE = 3.0
 
 
 @contextlib.contextmanager
-def _serving(**server: Any) -> Iterator[tuple[str, int]]:
+def _serving(upstream: str | None = None, **server: Any) -> Iterator[tuple[str, int]]:
     settings = load_settings(
         None,
         server={"header_timeout_seconds": DEADLINE, "body_timeout_seconds": DEADLINE, **server},
         store={"url": "memory://"},
+        upstream={"base_url": upstream} if upstream else {},
     )
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -150,3 +153,17 @@ def test_past_the_connection_cap_one_more_is_answered_503_and_closed() -> None:
             if statuses[-1] == 200:
                 break
         assert statuses[-1] == 200 and set(statuses) <= {200, 503}
+
+
+def test_an_answer_that_streams_longer_than_every_deadline_is_never_cut() -> None:
+    # Eight chunks, each after half a second: the answer outlasts both deadlines.
+    upstream = FakeUpstream(chunks=8, chunk_delay=DEADLINE / 6)
+    with serve_in_thread(upstream.app()) as upstream_url, _serving(upstream_url + "/v1") as address:
+        body = {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        url = f"http://{address[0]}:{address[1]}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=60) as answer:
+            events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+        assert answer.status_code == 200
+        assert events[-1] == "data: [DONE]"
+        words = [e for e in events[:-1] if json.loads(e[6:])["choices"][0]["delta"].get("content")]
+        assert len(words) == 8
