@@ -1,6 +1,7 @@
 """Steering a conversation through the JSON routes: edit a summary and
 see the next request forward it; switch compaction off for one session; add
-instructions to its summaries; compact it now. Real servers on loopback."""
+instructions to its summaries; compact it now. The proxy in-process, in
+front of the fake upstream (through the recording transport)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import httpx
 import pytest
 
 from compaction import SUMMARY_MARKER, parse_summary, session_key
-from tests.proxy.conftest import ProxyFactory
+from tests.proxy.conftest import AppFactory
+from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import FakeUpstream
+from tests.proxy.session.conftest import figures_written
 from tests.synthetic import agent_session, shell_step
 
 MODELS = {"gpt-4o": {"context_window": 8192}}
@@ -25,26 +28,29 @@ def _auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
-def _chat(url: str, messages: list[dict[str, Any]], key: str = ALICE) -> httpx.Response:
+def _chat(
+    proxy: InProcessProxy, messages: list[dict[str, Any]], key: str = ALICE
+) -> httpx.Response:
     body = {"model": "gpt-4o", "messages": messages}
-    response = httpx.post(f"{url}/chat/completions", json=body, headers=_auth(key), timeout=60)
+    response = proxy.http.post("/v1/chat/completions", json=body, headers=_auth(key))
     assert response.status_code == 200, response.text
     return response
 
 
 def _opened(
-    url: str, messages: list[dict[str, Any]], key: str = ALICE, model: str = "gpt-4o"
+    proxy: InProcessProxy, messages: list[dict[str, Any]], key: str = ALICE, model: str = "gpt-4o"
 ) -> str:
     """The session of ``messages``, once the proxy has recorded a request of it:
     until then steering it is a 404, as for any session the caller has nothing of."""
     session = session_key(messages)
     first = {"model": model, "messages": messages[:2]}  # the system prompt and the task
-    httpx.post(f"{url}/chat/completions", json=first, headers=_auth(key), timeout=60)
-    for _ in range(400):  # figures are written about a second after their request
-        found = httpx.get(f"{url}/compaction/sessions/{session}", headers=_auth(key))
+    proxy.http.post("/v1/chat/completions", json=first, headers=_auth(key))
+    for _ in range(100):  # the figure is queued as the answer ends
+        figures_written(proxy)
+        found = proxy.http.get(f"/v1/compaction/sessions/{session}", headers=_auth(key))
         if found.status_code == 200:
             return session
-        time.sleep(0.025)
+        time.sleep(0.01)
     raise AssertionError(f"session {session} was never recorded")
 
 
@@ -56,27 +62,27 @@ def _summary_of(messages: list[dict[str, Any]]) -> str:
     return text
 
 
-def _events(url: str, key: str = ALICE) -> list[dict[str, Any]]:
-    response = httpx.get(f"{url}/compaction/events", headers=_auth(key))
+def _events(proxy: InProcessProxy, key: str = ALICE) -> list[dict[str, Any]]:
+    response = proxy.http.get("/v1/compaction/events", headers=_auth(key))
     assert response.status_code == 200, response.text
     data: list[dict[str, Any]] = response.json()["data"]
     return data
 
 
 def test_an_edited_summary_is_what_the_next_request_forwards(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=MODELS)
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=1, steps=60, task="Edit test: fix the parser.")
-    first = _chat(url, messages)
+    first = _chat(proxy, messages)
     checkpoint_id = first.headers["x-compaction-id"]
     before = _summary_of(upstream.chat_requests[-1].json()["messages"])
     assert "Make the failing test" in before  # the fake summarizer's text
 
     edited = "## Goal\n- Keep the frobnicator at 42 rpm.\n\n## Next Steps\n- Ship it."
-    response = httpx.put(
-        f"{url}/compaction/checkpoints/{checkpoint_id}",
+    response = proxy.http.put(
+        f"/v1/compaction/checkpoints/{checkpoint_id}",
         json={"summary": edited},
         headers=_auth(ALICE),
     )
@@ -88,34 +94,34 @@ def test_an_edited_summary_is_what_the_next_request_forwards(
         {"role": "assistant", "content": "Done."},
         {"role": "user", "content": "Next?"},
     ]
-    second = _chat(url, follow_up)
+    second = _chat(proxy, follow_up)
     assert second.headers["x-compaction-id"] == checkpoint_id
     forwarded = _summary_of(upstream.chat_requests[-1].json()["messages"])
     assert forwarded.startswith(SUMMARY_MARKER)
     assert parse_summary({"role": "user", "content": forwarded}).body == edited  # type: ignore[union-attr]
     assert "Make the failing test" not in forwarded
 
-    [event] = [e for e in _events(url) if e["type"] == "checkpoint.edited"]
+    [event] = [e for e in _events(proxy) if e["type"] == "checkpoint.edited"]
     assert event["checkpoint_id"] == checkpoint_id
     assert "Make the failing test" in event["previous_summary"]  # the old text is kept
 
 
 def test_an_edited_summary_keeps_the_file_lists_out_of_its_body_and_intact_in_the_message(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=MODELS)
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=4, steps=60, task="Edit test: the file lists stay.")
-    first = _chat(url, messages)
+    first = _chat(proxy, messages)
     checkpoint_id = first.headers["x-compaction-id"]
     made = parse_summary(
         {"role": "user", "content": _summary_of(upstream.chat_requests[-1].json()["messages"])}
     )
     assert made is not None and made.files, "the session read and changed files"
 
-    target = f"{url}/compaction/checkpoints/{checkpoint_id}"
+    target = f"/v1/compaction/checkpoints/{checkpoint_id}"
     edited = "## Goal\n- Only the goal is rewritten."
-    response = httpx.put(target, json={"summary": edited}, headers=_auth(ALICE))
+    response = proxy.http.put(target, json={"summary": edited}, headers=_auth(ALICE))
     assert response.status_code == 200, response.text
     stored = next(
         m
@@ -133,28 +139,30 @@ def test_an_edited_summary_keeps_the_file_lists_out_of_its_body_and_intact_in_th
         {"role": "assistant", "content": "Done."},
         {"role": "user", "content": "?"},
     ]
-    _chat(url, follow_up)
+    _chat(proxy, follow_up)
     forwarded = parse_summary(
         {"role": "user", "content": _summary_of(upstream.chat_requests[-1].json()["messages"])}
     )
     assert forwarded == after  # what the next request forwards, file lists and all
 
 
-def test_only_the_owner_or_the_admin_may_edit_a_summary(start_proxy: ProxyFactory) -> None:
-    url = start_proxy(models=MODELS, server={"admin_key": ADMIN})
+def test_only_the_owner_or_the_admin_may_edit_a_summary(start_app: AppFactory) -> None:
+    proxy = start_app(models=MODELS, server={"admin_key": ADMIN})
     messages = agent_session(seed=2, steps=60, task="Edit test: owners.")
-    checkpoint_id = _chat(url, messages).headers["x-compaction-id"]
-    target = f"{url}/compaction/checkpoints/{checkpoint_id}"
+    checkpoint_id = _chat(proxy, messages).headers["x-compaction-id"]
+    target = f"/v1/compaction/checkpoints/{checkpoint_id}"
 
-    theirs = httpx.put(target, json={"summary": "mine now"}, headers=_auth(BOB))
+    theirs = proxy.http.put(target, json={"summary": "mine now"}, headers=_auth(BOB))
     assert theirs.status_code == 404
     assert theirs.json()["error"]["code"] == "not_found"
 
     admin = {**_auth(BOB), "x-compaction-proxy-admin-key": ADMIN}
-    assert httpx.put(target, json={"summary": "by the admin"}, headers=admin).status_code == 200
+    assert (
+        proxy.http.put(target, json={"summary": "by the admin"}, headers=admin).status_code == 200
+    )
     # The checkpoint stays its owner's: Alice still reads it, Bob still does not.
-    assert httpx.get(target, headers=_auth(ALICE)).status_code == 200
-    assert httpx.get(target, headers=_auth(BOB)).status_code == 404
+    assert proxy.http.get(target, headers=_auth(ALICE)).status_code == 200
+    assert proxy.http.get(target, headers=_auth(BOB)).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -168,13 +176,13 @@ def test_only_the_owner_or_the_admin_may_edit_a_summary(start_proxy: ProxyFactor
     ],
 )
 def test_a_bad_edit_is_a_400_in_openais_shape(
-    start_proxy: ProxyFactory, body: bytes, param: str | None
+    start_app: AppFactory, body: bytes, param: str | None
 ) -> None:
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=3, steps=60, task="Edit test: bad bodies.")
-    checkpoint_id = _chat(url, messages).headers["x-compaction-id"]
-    response = httpx.put(
-        f"{url}/compaction/checkpoints/{checkpoint_id}",
+    checkpoint_id = _chat(proxy, messages).headers["x-compaction-id"]
+    response = proxy.http.put(
+        f"/v1/compaction/checkpoints/{checkpoint_id}",
         content=body,
         headers={**_auth(ALICE), "content-type": "application/json"},
     )
@@ -185,57 +193,57 @@ def test_a_bad_edit_is_a_400_in_openais_shape(
 
 
 def test_a_session_with_compaction_off_is_forwarded_whole(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=MODELS)
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=4, steps=60, task="Off test: leave me alone.")
-    session = _opened(url, messages)
-    response = httpx.put(
-        f"{url}/compaction/sessions/{session}/settings",
+    session = _opened(proxy, messages)
+    response = proxy.http.put(
+        f"/v1/compaction/sessions/{session}/settings",
         json={"enabled": False},
         headers=_auth(ALICE),
     )
     assert response.status_code == 200, response.text
     assert response.json()["enabled"] is False
 
-    answered = _chat(url, messages)
+    answered = _chat(proxy, messages)
     assert answered.headers["x-compaction-stage"] == "none"
     assert upstream.chat_requests[-1].json()["messages"] == messages
     assert upstream.summary_requests == []
-    assert _events(url) == []
+    assert _events(proxy) == []
 
     # Another caller's same conversation is not switched off by Alice.
-    assert _chat(url, messages, key=BOB).headers["x-compaction-stage"] != "none"
+    assert _chat(proxy, messages, key=BOB).headers["x-compaction-stage"] != "none"
 
 
 def test_a_compact_command_still_compacts_a_session_switched_off(
-    start_proxy: ProxyFactory,
+    start_app: AppFactory,
 ) -> None:
-    url = start_proxy(models=MODELS)
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=5, steps=20, task="Off test: but /compact.")
-    httpx.put(
-        f"{url}/compaction/sessions/{_opened(url, messages)}/settings",
+    proxy.http.put(
+        f"/v1/compaction/sessions/{_opened(proxy, messages)}/settings",
         json={"enabled": False},
         headers=_auth(ALICE),
     ).raise_for_status()
-    answered = _chat(url, [*messages, {"role": "user", "content": "/compact"}])
+    answered = _chat(proxy, [*messages, {"role": "user", "content": "/compact"}])
     assert answered.headers["x-compaction-reason"] == "manual"
 
 
 def test_session_instructions_reach_the_summarizer(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=MODELS)
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=6, steps=60, task="Instructions test.")
-    response = httpx.put(
-        f"{url}/compaction/sessions/{_opened(url, messages)}/settings",
+    response = proxy.http.put(
+        f"/v1/compaction/sessions/{_opened(proxy, messages)}/settings",
         json={"instructions": "Keep the word PAPAYA-77 verbatim."},
         headers=_auth(ALICE),
     )
     assert response.status_code == 200, response.text
-    assert _chat(url, messages).headers["x-compaction-stage"] == "condensed"
+    assert _chat(proxy, messages).headers["x-compaction-stage"] == "condensed"
     assert upstream.summary_prompts
     assert all("PAPAYA-77" in prompt for prompt in upstream.summary_prompts)
     # The built-in prompt is still there: the instructions are added to it.
@@ -243,60 +251,56 @@ def test_session_instructions_reach_the_summarizer(
 
 
 def test_compact_now_compacts_the_next_request_as_compact_would(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=MODELS)
+    upstream = fake_upstream
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=7, steps=6, task="Compact-now test.")
-    assert _chat(url, messages).headers["x-compaction-stage"] == "none"  # below the trigger
-    session = _opened(url, messages)
-    response = httpx.post(f"{url}/compaction/sessions/{session}/compact", headers=_auth(ALICE))
+    assert _chat(proxy, messages).headers["x-compaction-stage"] == "none"  # below the trigger
+    session = _opened(proxy, messages)
+    response = proxy.http.post(f"/v1/compaction/sessions/{session}/compact", headers=_auth(ALICE))
     assert response.status_code == 202
     later = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
     # A preview shows it and leaves it pending.
-    preview = httpx.post(
-        f"{url}/compaction/preview",
+    preview = proxy.http.post(
+        "/v1/compaction/preview",
         json={"model": "gpt-4o", "messages": later},
         headers=_auth(ALICE),
-        timeout=60,
     )
     assert preview.json()["report"]["reason"] == "manual"
-    compacted = _chat(url, later)
+    compacted = _chat(proxy, later)
     assert compacted.headers["x-compaction-reason"] == "manual"
     assert compacted.headers["x-compaction-stage"] != "none"
     assert upstream.chat_requests[-1].json()["messages"] != later
     # Once only: the request after it is a plain one again.
-    again = _chat(url, [*later, {"role": "assistant", "content": "ok"}])
+    again = _chat(proxy, [*later, {"role": "assistant", "content": "ok"}])
     assert again.headers["x-compaction-reason"] == "none"
 
 
-def _wait_for_sessions(url: str, key: str, count: int) -> list[dict[str, Any]]:
-    """The overview once the recorder has written ``count`` requests (it writes
-    in the background)."""
-    deadline = time.monotonic() + 10
-    while True:
-        response = httpx.get(f"{url}/compaction/sessions", headers=_auth(key))
-        assert response.status_code == 200, response.text
-        data: list[dict[str, Any]] = response.json()["data"]
-        if sum(s["requests"] for s in data) >= count or time.monotonic() > deadline:
-            return data
-        time.sleep(0.05)
+def _sessions(proxy: InProcessProxy, key: str) -> list[dict[str, Any]]:
+    """The overview once the recorder has written every request so far (it
+    writes in the background)."""
+    figures_written(proxy)
+    response = proxy.http.get("/v1/compaction/sessions", headers=_auth(key))
+    assert response.status_code == 200, response.text
+    data: list[dict[str, Any]] = response.json()["data"]
+    return data
 
 
-def test_every_request_leaves_its_figures_for_its_owner(start_proxy: ProxyFactory) -> None:
-    url = start_proxy(models=MODELS)
+def test_every_request_leaves_its_figures_for_its_owner(start_app: AppFactory) -> None:
+    proxy = start_app(models=MODELS)
     messages = agent_session(seed=8, steps=60, task="Figures test.")
-    _chat(url, messages[:4])
-    _chat(url, messages)
-    [summary] = _wait_for_sessions(url, ALICE, 2)
+    _chat(proxy, messages[:4])
+    _chat(proxy, messages)
+    [summary] = _sessions(proxy, ALICE)
     assert summary["session"] == session_key(messages)
     assert summary["requests"] == 2
     assert summary["compactions"] == 1
     assert summary["saved"] > 0
     assert summary["tokens_after"] < summary["input_limit"]
-    assert _wait_for_sessions(url, BOB, 0) == []  # nothing of Alice's for Bob
+    assert _sessions(proxy, BOB) == []  # nothing of Alice's for Bob
 
-    detail = httpx.get(f"{url}/compaction/sessions/{summary['session']}", headers=_auth(ALICE))
+    detail = proxy.http.get(f"/v1/compaction/sessions/{summary['session']}", headers=_auth(ALICE))
     records = detail.json()["requests"]
     assert [r["stage"] for r in records] == ["none", "condensed"]  # oldest first
     assert all("content" not in r for r in records)
@@ -321,51 +325,50 @@ def _agent_turns(task: str, turns: int) -> list[list[dict[str, Any]]]:
     return requests
 
 
-def _send_all(url: str, requests: list[list[dict[str, Any]]], key: str) -> list[str]:
+def _send_all(proxy: InProcessProxy, requests: list[list[dict[str, Any]]], key: str) -> list[str]:
     stages = []
-    with httpx.Client(headers=_auth(key), timeout=60) as client:
-        for messages in requests:
-            body = {"model": "agent-model", "messages": messages}
-            response = client.post(f"{url}/chat/completions", json=body)
-            assert response.status_code == 200, response.text
-            stages.append(response.headers["x-compaction-stage"])
+    for messages in requests:
+        body = {"model": "agent-model", "messages": messages}
+        response = proxy.http.post("/v1/chat/completions", json=body, headers=_auth(key))
+        assert response.status_code == 200, response.text
+        stages.append(response.headers["x-compaction-stage"])
     return stages
 
 
 def test_a_session_switched_off_is_not_prepared_in_the_background_either(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=BACKGROUND_MODEL)
+    upstream = fake_upstream
+    proxy = start_app(models=BACKGROUND_MODEL)
     requests = _agent_turns("Off test: background.", 120)
-    httpx.put(
-        f"{url}/compaction/sessions/{_opened(url, requests[0], model='agent-model')}/settings",
+    proxy.http.put(
+        f"/v1/compaction/sessions/{_opened(proxy, requests[0], model='agent-model')}/settings",
         json={"enabled": False},
         headers=_auth(ALICE),
     ).raise_for_status()
-    assert set(_send_all(url, requests, ALICE)) == {"none"}
+    assert set(_send_all(proxy, requests, ALICE)) == {"none"}
     assert upstream.summary_requests == []  # nothing prepared ahead, nothing compacted
-    assert _events(url, ALICE) == []
+    assert _events(proxy, ALICE) == []
     # Bob's same conversation, not switched off, is prepared and compacted: the
     # session did cross the zone where preparing starts, and the trigger.
-    assert set(_send_all(url, requests, BOB)) != {"none"}
-    assert any(e["background"] for e in _events(url, BOB))
+    assert set(_send_all(proxy, requests, BOB)) != {"none"}
+    assert any(e["background"] for e in _events(proxy, BOB))
     assert upstream.summary_requests
 
 
 def test_session_instructions_reach_a_summary_prepared_in_the_background(
-    start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str]
+    start_app: AppFactory, fake_upstream: FakeUpstream
 ) -> None:
-    upstream, _ = fake
-    url = start_proxy(models=BACKGROUND_MODEL)
+    upstream = fake_upstream
+    proxy = start_app(models=BACKGROUND_MODEL)
     requests = _agent_turns("Instructions test: background.", 120)
-    httpx.put(
-        f"{url}/compaction/sessions/{_opened(url, requests[0], model='agent-model')}/settings",
+    proxy.http.put(
+        f"/v1/compaction/sessions/{_opened(proxy, requests[0], model='agent-model')}/settings",
         json={"instructions": "Name the file KIWI-88 first."},
         headers=_auth(ALICE),
     ).raise_for_status()
-    _send_all(url, requests, ALICE)
-    events = _events(url, ALICE)
+    _send_all(proxy, requests, ALICE)
+    events = _events(proxy, ALICE)
     assert any(e["background"] for e in events), "a summary was prepared in the background"
     assert upstream.summary_prompts
     assert all("KIWI-88" in prompt for prompt in upstream.summary_prompts)
