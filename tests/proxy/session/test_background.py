@@ -1,51 +1,227 @@
-"""Compactions prepared in the background (proxy/session/background.py), through real servers.
+"""Compactions prepared in the background (proxy/session/background.py).
 
-The summarizer of the fake upstream answers after a delay, as a model would;
-the client paces its turns as an agent does (a model's answer, a tool run).
-The target: with a slow summarizer, over a 100-turn tool session at
-a 16k window that condenses several times, at most one turn waits for the
-summarizer, and the summarizer is asked at most once per compaction plus one
-prepared for a compaction the session ends before needing. The delays are
-scaled down tenfold from the bench's (a 4 s summarizer, turns 1 s apart) to
-keep the suite fast; ``make bench`` runs them at full size.
+The proxy runs in-process in front of the fake upstream, and the model's
+time is counted in the agent's turns rather than in seconds: a summary asked
+for by a preparation is answered once the client has made ``pace`` more
+turns (the bench's 4 s summarizer with turns 1 s apart is a pace of 4), or
+as soon as a request waits for that preparation. Each turn ends with the
+agent's pause: every preparation started has either finished or is waiting
+at the summarizer for its answer. What a request waited for is recorded
+where it happens (the request path awaiting a running preparation, or
+asking the summarizer itself), so the tests count waits and say which
+request waited on which preparation, whatever the machine's speed.
+
+The target: over a 100-turn tool session at a 16k window that condenses
+several times, at most one turn waits for the summarizer, and the
+summarizer is asked at most once per compaction plus one prepared for a
+compaction the session ends before needing. A client leaving mid-stream is
+about the network, and stays on real servers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import random
 import time
+from collections.abc import Coroutine, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from tests.proxy.conftest import ProxyFactory
+from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
+from proxy.session.background import Background
+from tests.proxy.conftest import AppFactory, ProxyFactory
+from tests.proxy.inprocess import InProcessProxy, RecordingTransport
 from tests.proxy.servers import FakeUpstream
+from tests.proxy.session.conftest import figures_written
 from tests.synthetic import shell_step
 
 WINDOW = 16_384
 MODEL = "agent-model"
 #: No pruning: every compaction of this session condenses, so each needs a summary.
 PROFILE = {"context_window": WINDOW, "tool_result_chars": 1_000_000}
-SUMMARY_DELAY = 0.4
-TURN_PAUSE = 0.1
-#: A turn that took this long waited for the summarizer; one that did not
-#: takes a few milliseconds.
-WAITED = SUMMARY_DELAY / 2
+#: The agent's turns a summary takes (the bench: a 4 s summarizer, turns 1 s apart).
+SUMMARY_TURNS = 4
+#: A summary that never comes by the turns alone: only a request waiting for it answers it.
+NEVER = 1_000_000
 COMPACTED = ("pruned", "condensed", "truncated")
 
+#: The span of the preparation a piece of work belongs to (None: the request path).
+_preparing: contextvars.ContextVar[str | None] = contextvars.ContextVar("preparing", default=None)
+_SUMMARY_PROMPTS = tuple(
+    p.split("\n", 1)[0] for p in (SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT)
+)
 
-def _start(messages: str = "Make the test suite pass.") -> list[dict[str, Any]]:
+
+def _asks_for_a_summary(body: bytes) -> bool:
+    try:
+        first = orjson.loads(body)["messages"][0]["content"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return False
+    return isinstance(first, str) and first.startswith(_SUMMARY_PROMPTS)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A request that awaited a running preparation: its turn, and the preparation's span."""
+
+    turn: int
+    span: str
+
+
+@dataclass
+class _Preparation:
+    span: str
+    #: The turn whose request started it.
+    started: int
+    #: Set when its summaries may be answered.
+    answer: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when it asks the summarizer (it may finish without asking).
+    asked: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when it is over, whatever its outcome.
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class Session:
+    """The record of a session's turns: what was prepared, waited for and summarized when."""
+
+    #: Turns a preparation's summary takes to answer.
+    pace: int = 0
+    #: The turn the client is on (0, 1, …).
+    turn: int = 0
+    preparations: list[_Preparation] = field(default_factory=list)
+    #: Requests that awaited a running preparation.
+    waits: list[Wait] = field(default_factory=list)
+    #: The turns whose request asked the summarizer itself (and waited for it).
+    summarized_on_the_path: list[int] = field(default_factory=list)
+    #: The spans of the preparations that asked the summarizer.
+    summarized_ahead: list[str] = field(default_factory=list)
+
+    def of(self, span: str) -> _Preparation | None:
+        found = [p for p in self.preparations if p.span == span]
+        return found[-1] if found else None
+
+    @property
+    def waited(self) -> list[int]:
+        """The turns that waited for the summarizer, one way or the other."""
+        return sorted({w.turn for w in self.waits} | set(self.summarized_on_the_path))
+
+    @property
+    def summarizations(self) -> int:
+        """How many times a summary was asked for: a compaction whose tail starts
+        inside a turn asks for two at once (the summary, and a note on the
+        turn's first steps), and counts once."""
+        return len(set(self.summarized_ahead)) + len(set(self.summarized_on_the_path))
+
+
+class PacedTransport(RecordingTransport):
+    """The recording transport, with a preparation's summaries held until due."""
+
+    def __init__(self, session: Session, upstream: FakeUpstream) -> None:
+        super().__init__(app=upstream.app())
+        self.session = session
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: Any,
+    ) -> Any:
+        if isinstance(body, bytes) and _asks_for_a_summary(body):
+            span = _preparing.get()
+            preparation = self.session.of(span) if span is not None else None
+            if preparation is None:
+                self.session.summarized_on_the_path.append(self.session.turn)
+            else:
+                self.session.summarized_ahead.append(preparation.span)
+                preparation.asked.set()
+                await preparation.answer.wait()
+        return await super().request(method, url, headers, body)
+
+
+@pytest.fixture
+def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[Session]:
+    """The record, kept where preparations start and where requests wait for them."""
+    record = Session()
+    start, wait = Background.start, Background.wait
+
+    def starting(self: Background, key: str, work: Coroutine[Any, Any, None]) -> bool:
+        if self.running(key):
+            return start(self, key, work)  # refused: the one running is the preparation
+
+        preparation = _Preparation(key, record.turn)
+
+        async def marked() -> None:
+            _preparing.set(key)
+            try:
+                await work
+            finally:
+                preparation.finished.set()
+
+        record.preparations.append(preparation)
+        return start(self, key, marked())
+
+    async def waiting(self: Background, key: str) -> None:
+        if self.running(key):
+            record.waits.append(Wait(record.turn, key))
+            preparation = record.of(key)
+            if preparation is not None:
+                preparation.answer.set()  # the model answers while the request waits
+        await wait(self, key)
+
+    monkeypatch.setattr(Background, "start", starting)
+    monkeypatch.setattr(Background, "wait", waiting)
+    yield record
+
+
+def _pause(proxy: InProcessProxy, session: Session) -> None:
+    """The agent's pause after a turn: the summaries due are answered and their
+    preparations finish; every other preparation reaches the summarizer (or
+    finishes without it)."""
+
+    async def settle() -> None:
+        session.turn += 1
+        for preparation in session.preparations:
+            if session.turn >= preparation.started + session.pace:
+                preparation.answer.set()
+            if preparation.answer.is_set():
+                await preparation.finished.wait()
+                continue
+            finished = asyncio.ensure_future(preparation.finished.wait())
+            asked = asyncio.ensure_future(preparation.asked.wait())
+            await asyncio.wait({finished, asked}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (finished, asked):
+                task.cancel()
+
+    proxy.http.portal.call(settle)
+
+
+def _start(task: str = "Make the test suite pass.") -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": messages},
+        {"role": "user", "content": task},
     ]
 
 
-def _post(client: httpx.Client, url: str, messages: list[dict[str, Any]]) -> httpx.Response:
-    response = client.post(f"{url}/chat/completions", json={"model": MODEL, "messages": messages})
+def _post(proxy: InProcessProxy, messages: list[dict[str, Any]]) -> httpx.Response:
+    body = {"model": MODEL, "messages": messages}
+    response = proxy.http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
+    return response
+
+
+def _turn(
+    proxy: InProcessProxy, session: Session, messages: list[dict[str, Any]]
+) -> httpx.Response:
+    """One turn of the agent: its request, then its pause."""
+    response = _post(proxy, messages)
+    _pause(proxy, session)
     return response
 
 
@@ -53,56 +229,55 @@ def _prefix(body: bytes) -> bytes:
     return orjson.dumps(orjson.loads(body)["messages"])[:-1]
 
 
-def _events(url: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{url}/compaction/events", params={"limit": 1000}, timeout=10)
+def _events(proxy: InProcessProxy) -> list[dict[str, Any]]:
+    response = proxy.http.get("/v1/compaction/events", params={"limit": 1000})
     assert response.status_code == 200, response.text
     events: list[dict[str, Any]] = response.json()["data"]
     return sorted(events, key=lambda event: event["created_at"])
 
 
-def _wait_for(predicate: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+def _paced(
+    start_app: AppFactory, upstream: FakeUpstream, session: Session, **profile: Any
+) -> InProcessProxy:
+    return start_app(
+        transport=PacedTransport(session, upstream), models={MODEL: {**PROFILE, **profile}}
+    )
 
 
 def test_a_100_turn_session_waits_for_the_summarizer_at_most_once(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session
 ) -> None:
-    upstream, _ = fake
-    upstream.summary_delay = SUMMARY_DELAY
-    url = start_proxy(models={MODEL: PROFILE})
+    upstream = fake_upstream
+    session.pace = SUMMARY_TURNS
+    proxy = _paced(start_app, upstream, session)
     rng = random.Random(12)
     history = _start()
     stages: list[str] = []
-    took: list[float] = []
     precomputed: list[str | None] = []
-    with httpx.Client(timeout=60) as client:
-        for i in range(100):
-            history.extend(shell_step(rng, i))
-            began = time.monotonic()
-            response = _post(client, url, history)
-            took.append(time.monotonic() - began)
-            stages.append(response.headers["x-compaction-stage"])
-            precomputed.append(response.headers.get("x-compaction-precomputed"))
-            time.sleep(TURN_PAUSE)  # the model answers, the tool runs
+    for i in range(100):
+        history.extend(shell_step(rng, i))
+        response = _turn(proxy, session, history)
+        stages.append(response.headers["x-compaction-stage"])
+        precomputed.append(response.headers.get("x-compaction-precomputed"))
 
     compactions = [i for i, stage in enumerate(stages) if stage in COMPACTED]
-    waited = [i for i, seconds in enumerate(took) if seconds >= WAITED]
     calls = len(upstream.summary_requests)
-    summaries = upstream.summary_rounds(gap=SUMMARY_DELAY / 4)
     prepared = [i for i in compactions if precomputed[i]]
     print(
-        f"\n100 turns, summarizer {SUMMARY_DELAY} s: {len(compactions)} compactions at "
-        f"{compactions} ({len(prepared)} prepared ahead), {summaries} summarizations "
-        f"({calls} summarizer calls), "
-        f"turns that waited: {waited} ({[round(took[i], 2) for i in waited]} s)"
+        f"\n100 turns, summaries {SUMMARY_TURNS} turns long: {len(compactions)} compactions "
+        f"at {compactions} ({len(prepared)} prepared ahead), {session.summarizations} "
+        f"summarizations ({calls} summarizer calls), turns that waited: {session.waited} "
+        f"(on preparations: {session.waits}; summarized on the path: "
+        f"{session.summarized_on_the_path})"
     )
     assert len(compactions) >= 4, stages
     assert all(stages[i] == "condensed" for i in compactions), stages
-    assert len(waited) <= 1, f"turns {waited} waited for the summarizer"
-    assert summaries <= len(compactions) + 1
+    assert len(session.waited) <= 1, f"turns {session.waited} waited for the summarizer"
+    # A request that waited is one that compacted, over what it waited for.
+    for wait in session.waits:
+        assert wait.turn in compactions
+        assert precomputed[wait.turn], f"turn {wait.turn} waited and then summarized again"
+    assert session.summarizations <= len(compactions) + 1
     assert calls <= 2 * (len(compactions) + 1)
     assert len(prepared) >= len(compactions) - 1
 
@@ -115,87 +290,84 @@ def test_a_100_turn_session_waits_for_the_summarizer_at_most_once(
 
 
 def _into_the_zone(
-    send: Any,
-    upstream: FakeUpstream,
+    proxy: InProcessProxy,
+    session: Session,
     rng: random.Random,
     history: list[dict[str, Any]],
-    asked: int = 0,
 ) -> None:
-    """Grow ``history`` a turn at a time (``send`` posts it) until the proxy
-    starts preparing a compaction: the upstream is asked for a summary (more
-    than ``asked`` in all)."""
+    """Grow ``history`` a turn at a time until a preparation asks the
+    summarizer (one more than before)."""
+    asked = len(set(session.summarized_ahead))
     for i in range(200):
         history.extend(shell_step(rng, len(history) + i))
-        send(history)
-        time.sleep(0.05)  # the agent's own pause; the preparation starts meanwhile
-        if len(upstream.summary_requests) > asked:
+        _turn(proxy, session, history)
+        if len(set(session.summarized_ahead)) > asked:
             return
     raise AssertionError("the conversation never came near its trigger")
 
 
 def _over_the_trigger(
-    client: httpx.Client, url: str, rng: random.Random, history: list[dict[str, Any]]
+    proxy: InProcessProxy, session: Session, rng: random.Random, history: list[dict[str, Any]]
 ) -> httpx.Response:
     for i in range(200):
         history.extend(shell_step(rng, len(history) + i))
-        response = _post(client, url, history)
+        response = _turn(proxy, session, history)
         if response.headers["x-compaction-stage"] in COMPACTED:
             return response
     raise AssertionError("the conversation never crossed its trigger")
 
 
-def _prepared(url: str) -> bool:
-    return any(e["type"] == "context.compacted" and e["background"] for e in _events(url))
+def _prepared(proxy: InProcessProxy) -> bool:
+    return any(e["type"] == "context.compacted" and e["background"] for e in _events(proxy))
 
 
 def _prepared_session(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory, seed: int
-) -> tuple[FakeUpstream, str, random.Random, list[dict[str, Any]]]:
+    start_app: AppFactory, upstream: FakeUpstream, session: Session, seed: int
+) -> tuple[InProcessProxy, random.Random, list[dict[str, Any]]]:
     """A session grown until the proxy prepared its next compaction (summaries
-    numbered: ``(summary #1)`` is the prepared one)."""
-    upstream, _ = fake
+    numbered: ``(summary #1)`` is the prepared one); summaries answer at once."""
     upstream.summary_text += "\n- (summary #{call})"
-    url = start_proxy(models={MODEL: PROFILE})
+    proxy = _paced(start_app, upstream, session)
     rng = random.Random(seed)
     history = _start()
-    with httpx.Client(timeout=60) as client:
-        _into_the_zone(lambda h: _post(client, url, h), upstream, rng, history)
-    _wait_for(lambda: _prepared(url))
-    return upstream, url, rng, history
+    _into_the_zone(proxy, session, rng, history)
+    assert _prepared(proxy)
+    return proxy, rng, history
 
 
 def test_background_work_is_logged_like_foreground_and_applied_at_the_trigger(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session
 ) -> None:
-    upstream, url, rng, history = _prepared_session(fake, start_proxy, 3)
-    background = [e for e in _events(url) if e["background"]]
+    upstream = fake_upstream
+    proxy, rng, history = _prepared_session(start_app, upstream, session, 3)
+    background = [e for e in _events(proxy) if e["background"]]
     assert [e["type"] for e in background] == [
         "compaction.queued",
         "compaction.started",
         "context.compacted",
     ]
     assert len(upstream.summary_requests) == 1
-    with httpx.Client(timeout=60) as client:
-        response = _over_the_trigger(client, url, rng, history)
+    response = _over_the_trigger(proxy, session, rng, history)
 
     assert response.headers["x-compaction-stage"] == "condensed"
     assert response.headers["x-compaction-precomputed"] == background[-1]["checkpoint_id"]
     assert len(upstream.summary_requests) == 1, "the model was asked twice for one compaction"
-    foreground = [e for e in _events(url) if not e["background"]]
+    assert session.waits == [] and session.summarized_on_the_path == []  # it was ready
+    foreground = [e for e in _events(proxy) if not e["background"]]
     assert [e["type"] for e in foreground][-1] == "context.compacted"
     # The summary prepared ahead is what the upstream received.
     assert "(summary #1)" in upstream.chat_requests[-1].body.decode()
 
 
 def test_a_prepared_compaction_of_an_edited_history_is_never_applied(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session
 ) -> None:
-    upstream, url, rng, history = _prepared_session(fake, start_proxy, 4)
-    stale = [e for e in _events(url) if e["type"] == "context.compacted"][-1]
+    upstream = fake_upstream
+    proxy, rng, history = _prepared_session(start_app, upstream, session, 4)
+    stale = [e for e in _events(proxy) if e["type"] == "context.compacted"][-1]
     # The client rewrites an early step (an edited history, a rewind).
     history[3] = {**history[3], "content": "Step 0 was redone differently."}
-    with httpx.Client(timeout=60) as client:
-        response = _over_the_trigger(client, url, rng, history)
+    response = _over_the_trigger(proxy, session, rng, history)
 
     assert response.headers["x-compaction-stage"] == "condensed"
     # What is applied was prepared for the edited history (or made now), never the stale one.
@@ -208,21 +380,85 @@ def test_a_prepared_compaction_of_an_edited_history_is_never_applied(
 
 
 def test_the_crossing_turn_waits_for_a_preparation_in_flight_rather_than_asking_twice(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
+    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session
 ) -> None:
-    upstream, _ = fake
-    upstream.summary_delay = 1.0
-    url = start_proxy(models={MODEL: PROFILE})
+    upstream = fake_upstream
+    session.pace = NEVER  # the preparation's summary comes only once a request waits for it
+    proxy = _paced(start_app, upstream, session)
     rng = random.Random(5)
     history = _start()
-    with httpx.Client(timeout=60) as client:
-        _into_the_zone(lambda h: _post(client, url, h), upstream, rng, history)
-        assert not _prepared(url)
-        response = _over_the_trigger(client, url, rng, history)  # at once: still preparing
+    _into_the_zone(proxy, session, rng, history)
+    assert not _prepared(proxy)
+    [in_flight] = [p for p in session.preparations if p.asked.is_set()]
+    response = _over_the_trigger(proxy, session, rng, history)
 
     assert response.headers["x-compaction-stage"] == "condensed"
     assert response.headers.get("x-compaction-precomputed")
+    # The crossing turn, and it alone, waited: on the preparation in flight.
+    assert session.waits == [Wait(session.turn - 1, in_flight.span)]
+    assert session.summarized_on_the_path == []
     assert len(upstream.summary_requests) == 1
+
+
+def test_a_summary_edited_after_a_preparation_is_not_lost_to_it(
+    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session
+) -> None:
+    upstream = fake_upstream
+    proxy, rng, history = _prepared_session(start_app, upstream, session, 9)
+    first = _over_the_trigger(proxy, session, rng, history)
+    in_use = first.headers["x-compaction-id"]
+    # The next compaction is prepared over the summary in use…
+    _into_the_zone(proxy, session, rng, history)
+    prepared = [e for e in _events(proxy) if e["background"] and e["type"] == "context.compacted"]
+    assert len(prepared) == 2
+    stale = [e for e in _events(proxy) if e["type"] == "context.compacted"][-1]
+    # …then the user corrects that summary.
+    edit = proxy.http.put(
+        f"/v1/compaction/checkpoints/{in_use}", json={"summary": "EDITED BY HAND"}
+    )
+    assert edit.status_code == 200, edit.text
+    asked = len(upstream.summary_prompts)
+    response = _over_the_trigger(proxy, session, rng, history)
+
+    assert response.headers.get("x-compaction-precomputed") != stale["checkpoint_id"]
+    # The summary made since folds in the edited text (a turn's note, asked
+    # at the same time, may arrive after it).
+    assert any("EDITED BY HAND" in prompt for prompt in upstream.summary_prompts[asked:])
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["prepared", "on-the-request-path"])
+def test_the_dashboard_counts_what_summaries_cost_and_no_request_for_a_preparation(
+    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session, ahead: bool
+) -> None:
+    upstream = fake_upstream
+    if ahead:
+        proxy, rng, history = _prepared_session(start_app, upstream, session, 10)
+    else:
+        proxy = _paced(start_app, upstream, session, precompute_share=0)
+        rng, history = random.Random(10), _start()
+    _over_the_trigger(proxy, session, rng, history)
+    asked = upstream.summary_requests
+    # What the fake upstream's usage said each summary cost: its prompt count + 5.
+    cost = sum((r.prompt_tokens or 0) + 5 for r in asked)
+    sent = len(upstream.chat_requests)
+
+    figures_written(proxy)
+    answer = proxy.http.get("/v1/compaction/sessions").json()
+    [totals] = answer["data"]
+    assert totals["summarizer_calls"] == len(asked) >= 1
+    assert totals["summarizer_tokens"] == cost > 0
+    assert totals["requests"] == sent  # the preparation is no request
+    assert (session.summarized_on_the_path == []) is ahead
+
+
+# --- a client that leaves: the network is the point -----------------------------------
+
+
+def _real_events(url: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{url}/compaction/events", params={"limit": 1000}, timeout=10)
+    assert response.status_code == 200, response.text
+    events: list[dict[str, Any]] = response.json()["data"]
+    return events
 
 
 def test_a_client_leaving_does_not_cancel_the_preparation(
@@ -239,65 +475,21 @@ def test_a_client_leaving_does_not_cancel_the_preparation(
         with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=60) as stream:
             next(stream.iter_bytes())
 
-    _into_the_zone(abandon, upstream, random.Random(6), _start())
-    _wait_for(lambda: _prepared(url))
-    assert len(upstream.summary_requests) == 1
-
-
-def test_a_summary_edited_after_a_preparation_is_not_lost_to_it(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory
-) -> None:
-    upstream, url, rng, history = _prepared_session(fake, start_proxy, 9)
-    with httpx.Client(timeout=60) as client:
-        first = _over_the_trigger(client, url, rng, history)
-        in_use = first.headers["x-compaction-id"]
-        # The next compaction is prepared over the summary in use…
-        before = len(upstream.summary_requests)
-        _into_the_zone(lambda h: _post(client, url, h), upstream, rng, history, before)
-        _wait_for(
-            lambda: (
-                sum(e["background"] and e["type"] == "context.compacted" for e in _events(url)) == 2
-            )
-        )
-        stale = [e for e in _events(url) if e["type"] == "context.compacted"][-1]
-        # …then the user corrects that summary.
-        edit = client.put(
-            f"{url}/compaction/checkpoints/{in_use}", json={"summary": "EDITED BY HAND"}
-        )
-        assert edit.status_code == 200, edit.text
-        asked = len(upstream.summary_prompts)
-        response = _over_the_trigger(client, url, rng, history)
-
-    assert response.headers.get("x-compaction-precomputed") != stale["checkpoint_id"]
-    # The summary made since folds in the edited text (a turn's note, asked
-    # at the same time, may arrive after it).
-    assert any("EDITED BY HAND" in prompt for prompt in upstream.summary_prompts[asked:])
-
-
-@pytest.mark.parametrize("ahead", [True, False], ids=["prepared", "on-the-request-path"])
-def test_the_dashboard_counts_what_summaries_cost_and_no_request_for_a_preparation(
-    fake: tuple[FakeUpstream, str], start_proxy: ProxyFactory, ahead: bool
-) -> None:
-    if ahead:
-        upstream, url, rng, history = _prepared_session(fake, start_proxy, 10)
+    rng, history = random.Random(6), _start()
+    for i in range(200):  # until a preparation asks the summarizer
+        history.extend(shell_step(rng, len(history) + i))
+        abandon(history)
+        time.sleep(0.05)  # the agent's own pause; the preparation starts meanwhile
+        if upstream.summary_requests:
+            break
     else:
-        upstream = fake[0]
-        url = start_proxy(models={MODEL: {**PROFILE, "precompute_share": 0}})
-        rng, history = random.Random(10), _start()
-    with httpx.Client(timeout=60) as client:
-        _over_the_trigger(client, url, rng, history)
-    asked = upstream.summary_requests
-    # What the fake upstream's usage said each summary cost: its prompt count + 5.
-    cost = sum((r.prompt_tokens or 0) + 5 for r in asked)
-    sent = len(upstream.chat_requests)
+        raise AssertionError("the conversation never came near its trigger")
 
-    def totals() -> dict[str, Any]:
-        answer = httpx.get(f"{url}/compaction/sessions", timeout=10).json()
-        sessions: list[dict[str, Any]] = answer["data"]
-        return sessions[0] if sessions else {}
+    def prepared() -> bool:
+        return any(e["type"] == "context.compacted" and e["background"] for e in _real_events(url))
 
-    _wait_for(lambda: totals().get("requests") == sent)  # the figures are written in batches
-    session = totals()
-    assert session["summarizer_calls"] == len(asked) >= 1
-    assert session["summarizer_tokens"] == cost > 0
-    assert session["requests"] == sent  # the preparation is no request
+    deadline = time.monotonic() + 20
+    while not prepared():  # the summary answers after its delay, the client long gone
+        assert time.monotonic() < deadline, "the preparation never finished"
+        time.sleep(0.02)
+    assert len(upstream.summary_requests) == 1
