@@ -4,7 +4,6 @@ locks across replicas, heartbeats deciding who is dead."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -99,11 +98,20 @@ async def test_a_dead_replicas_lock_lapses_for_the_other(replicas: Replicas) -> 
     # What a replica killed inside `async with lock(...)` leaves behind: the key.
     assert await dead._client.set(dead._key("lock", "span"), "dead", nx=True, px=300)
     await dead.close()
-    started = time.monotonic()
-    async with asyncio.timeout(5):
+    entered = asyncio.Event()
+
+    async def take() -> None:
         async with alive.lock("span", ttl=10):
-            waited = time.monotonic() - started
-    assert 0.15 <= waited < 5
+            entered.set()
+            # The lock is the live replica's now, not the dead one's left over.
+            assert await alive._client.get(alive._key("lock", "span")) != b"dead"
+
+    task = asyncio.create_task(take())
+    await asyncio.sleep(0.05)  # a pause well inside the dead one's 300 ms
+    assert not entered.is_set(), "the lock was taken while the dead replica's key stood"
+    async with asyncio.timeout(5):
+        await task  # …and it lapsed for the other in the end
+    assert entered.is_set()
 
 
 async def test_only_compactions_of_instances_without_heartbeat_are_failed(
