@@ -13,27 +13,22 @@ import proxy.session.compacting
 from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_model, execute
 from compaction.checkpoints import chain_hashes, session_key
 from compaction.messages import group_messages
-from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
 from config import load_settings
 from proxy.session.conversation import Ask, identify, resolve
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import MemoryStore
+from tests.conftest import RecordingSummarizer
 from tests.synthetic import agent_session
 
 
-class RecordingSummarizer:
-    def __init__(self) -> None:
-        self.calls = 0
+class PilingUp(RecordingSummarizer):
+    """The shared fake, answering after a pause long enough for concurrent
+    requests to pile up behind the first one's lock."""
 
     async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-        self.calls += 1
-        await asyncio.sleep(0.05)  # long enough for concurrent requests to pile up
-        if messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT:
-            return "## Done So Far\n- many steps\n## Context Needed Next\n- the last file"
-        return (
-            "## Goal\nKeep going.\n## Progress\n### Done\n- many steps\n"
-            "## Key Decisions\n- none\n## Next Steps\n- more steps"
-        )
+        reply = await super().__call__(messages, max_tokens)
+        await asyncio.sleep(0.05)
+        return reply
 
 
 def _state() -> tuple[ProxyState, Any]:
@@ -58,7 +53,7 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
 
     async def run(concurrent: int) -> tuple[int, set[str]]:
         state, config = _state()
-        summarizer = RecordingSummarizer()
+        summarizer = PilingUp()
         results = await asyncio.gather(
             *(resolve(state, Ask(body, messages, config), summarizer) for _ in range(concurrent))
         )
@@ -226,20 +221,11 @@ def test_a_large_compaction_still_summarizes_on_the_event_loop(
 ) -> None:
     """Off the loop, the llm summarizer's calls come back to the loop its HTTP client lives on."""
 
-    class LoopRecording(RecordingSummarizer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.loops: set[asyncio.AbstractEventLoop] = set()
-
-        async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-            self.loops.add(asyncio.get_running_loop())
-            return await super().__call__(messages, max_tokens)
-
-    summarizer = LoopRecording()
+    summarizer = RecordingSummarizer()
     done = _compact_recording_threads(summarizer, "llm", monkeypatch)
     assert done.resolved.stage == "condensed" and done.resolved.result.summarizer_used == "llm"
     assert done.compacted_in[0] != done.loop_thread  # compacted in a worker thread…
-    assert summarizer.calls >= 1 and summarizer.loops == {done.loop}  # …summarized on the loop
+    assert summarizer.calls >= 1 and set(summarizer.loops) == {done.loop}  # …summarized on the loop
 
 
 def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None:

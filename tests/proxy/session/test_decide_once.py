@@ -7,7 +7,6 @@ proxy.session.compacting calls, wrapped by a recorder."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from proxy.state.runtime import ProxyState, build_transport
 from proxy.state.stores import MemoryStore
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
+from tests.proxy.session.conftest import figures_written
 from tests.synthetic import agent_session
 
 #: No compaction is prepared in the background here: what is counted is the
@@ -106,10 +106,8 @@ def test_a_request_with_session_settings_is_decided_once(
     messages = agent_session(seed=4, steps=60, task="Decide once: settings.")
     session = session_key(messages)
     _chat(proxy, messages[:2])  # a session is steered once the proxy has seen it
-    for _ in range(400):  # its first figure is written about a second later
-        if proxy.http.get(f"/v1/compaction/sessions/{session}", headers=KEY).status_code == 200:
-            break
-        time.sleep(0.025)
+    figures_written(proxy)  # its first figure, written in the background
+    assert proxy.http.get(f"/v1/compaction/sessions/{session}", headers=KEY).status_code == 200
     decisions.taken()
     answer = proxy.http.put(
         f"/v1/compaction/sessions/{session}/settings",
