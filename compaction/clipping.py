@@ -31,7 +31,10 @@ _ERROR_LINE = re.compile(
     r"|(?i:error|fatal|panic)(?:\[\w+\])?:.*"
     r"|\S+:\d+(?::\d+)?:\s*(?:fatal\s+)?error\b.*"
     r"|npm ERR!.*"
-    r"|\S+:.*(?:No such file or directory|command not found|Permission denied)"
+    # The first colon is the one to try (it leaves the most room for the
+    # phrase), so the name before it is read possessively: "\S+:" tried every
+    # colon of a long first word, each followed by a scan to the line's end.
+    r"|\S[^\s:]*+:.*(?:No such file or directory|command not found|Permission denied)"
     r")$"
 )
 _PYTEST_E = re.compile(r"^E\s+")
@@ -42,7 +45,13 @@ _STATUS_LINE = re.compile(
 )
 #: A line that echoes the command that was run (shell prompts, agent wrappers).
 _COMMAND_LINE = re.compile(r"^(?:\$ |(?i:command|running|cmd):\s)")
-_PATH_TOKEN = re.compile(r"(?:[\w.-]*/)+[\w-][\w.-]*\.[A-Za-z]\w{0,5}\b|\bFile \"[^\"]+\"")
+#: A path is tried only where a run of path characters starts: from inside a
+#: run it could only find what the try at the run's start found or ruled out
+#: (the same slashes, the same names after them), and trying from every
+#: character of a run of slashes was quadratic in the run.
+_PATH_TOKEN = re.compile(
+    r"(?<![\w./-])(?:[\w.-]*/)+[\w-][\w.-]*\.[A-Za-z]\w{0,5}\b|\bFile \"[^\"]+\""
+)
 #: Lines longer than this are kept cut (between words) by :func:`clip_keeping`.
 KEPT_LINE_CHARS = 300
 #: Below this limit :func:`clip_keeping` keeps only the start and end: too

@@ -22,7 +22,7 @@ A file that was modified is never listed as read. Order is first-seen.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,8 @@ _SHELL_WORDS = frozenset(
 )
 _COMMAND_ARGUMENTS = (*COMMAND_ARGUMENTS, "script")
 
-_BLOCK = re.compile(r"<(read|modified)-files>\n?(.*?)</(?:read|modified)-files>", re.DOTALL)
+_BLOCK_OPEN = re.compile(r"<(read|modified)-files>")
+_BLOCK_CLOSE = re.compile(r"</(?:read|modified)-files>")
 _NAME_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
 
@@ -86,9 +87,9 @@ def _unique(paths: Iterable[str]) -> tuple[str, ...]:
 def parse_file_lists(text: str) -> FileLists:
     """The lists carried by an earlier summary's ``<read-files>`` / ``<modified-files>`` blocks."""
     found: dict[str, list[str]] = {"read": [], "modified": []}
-    for match in _BLOCK.finditer(text):
-        lines = (line.strip() for line in match.group(2).splitlines())
-        found[match.group(1)].extend(line for line in lines if line)
+    for block in _blocks(text):
+        lines = (line.strip() for line in text[block.body_start : block.body_end].splitlines())
+        found[block.kind].extend(line for line in lines if line)
     return FileLists().merge(FileLists(_unique(found["read"]), _unique(found["modified"])))
 
 
@@ -103,7 +104,39 @@ def render_file_lists(lists: FileLists) -> str:
 
 def strip_file_lists(text: str) -> str:
     """``text`` without its file blocks (they are recomputed, never summarized)."""
-    return _BLOCK.sub("", text).strip()
+    kept, at = [], 0
+    for block in _blocks(text):
+        kept.append(text[at : block.start])
+        at = block.end
+    kept.append(text[at:])
+    return "".join(kept).strip()
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Where one file block sits in a text: all of it, and the lines inside."""
+
+    kind: str
+    start: int
+    body_start: int
+    body_end: int
+    end: int
+
+
+def _blocks(text: str) -> Iterator[_Block]:
+    """The file blocks of ``text`` in order, each closed by the first closer after it."""
+    # Opener and closer are found apart: one regex from opener to closer
+    # retries every unclosed opener, scanning to the end each time, which is
+    # quadratic in a text repeating the tag. Once an opener has no closer
+    # after it, no later opener has one either.
+    at = 0
+    while opener := _BLOCK_OPEN.search(text, at):
+        body_start = opener.end() + text.startswith("\n", opener.end())
+        closer = _BLOCK_CLOSE.search(text, body_start)
+        if closer is None:
+            return
+        yield _Block(opener.group(1), opener.start(), body_start, closer.start(), closer.end())
+        at = closer.end()
 
 
 # --- tool calls ------------------------------------------------------------

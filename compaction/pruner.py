@@ -65,7 +65,6 @@ _EXIT_PHRASE = re.compile(
     r"\b(?:exit(?:ed with)?[ _-]?(?:code|status)|return[ _-]?code)\b[\s:=]*(-?\d+)",
     re.IGNORECASE,
 )
-_OUTPUT_TAG = re.compile(r"<output>\n?(.*)</output>", re.DOTALL)
 _TRACEBACK = "Traceback (most recent call last)"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?::|$)")
 _FAILED_START = re.compile(r"(?i)^\s*(?:error|fatal|failed|exception)\b")
@@ -243,8 +242,18 @@ def _error_lines(
 def _command_output(text: str) -> str:
     # mini-swe-agent wraps output as <returncode>N</returncode><output>…</output>;
     # the wrapper is not output the command printed.
-    match = _OUTPUT_TAG.search(text)
-    return match.group(1) if match else text
+    # Found by position, not by a regex: a regex retries every unclosed
+    # "<output>", each time scanning to the end, which is quadratic in a
+    # result that repeats the tag. If the first opener has no closer after
+    # it, no later one has either; the body runs to the last closer.
+    start = text.find("<output>")
+    if start < 0:
+        return text
+    start += len("<output>")
+    if text.startswith("\n", start):
+        start += 1
+    end = text.rfind("</output>", start)
+    return text[start:end] if end >= 0 else text
 
 
 def _line_count(text: str) -> int:

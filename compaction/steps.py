@@ -33,13 +33,13 @@ _ERRORS_PER_RESULT = 8
 
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
 _EXIT_CODE = re.compile(r"(?i)\bexit(?:\s+code|\s+status)?\s*[:=]?\s*(-?\d+)\b")
-_OUTPUT = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s|$)")
 # The pruner's briefs (pruner.tool_brief): ``→ 32 lines output (extras)`` for a
 # command, ``(45,210 chars, extras)`` otherwise. The extras are ``exit code N``
 # first, ``N images`` last and the error line between: that line may hold
 # anything, commas and brackets included, so it is what is left over.
 _BRIEF_COMMAND = re.compile(r" → (?P<size>[\d,]+ lines?) output(?: \((?P<extras>.*)\))?$")
+_BRIEF_COMMAND_BARE = re.compile(r" → (?P<size>[\d,]+ lines?) output(?P<extras>)$")
 _BRIEF_SIZED = re.compile(r" \((?P<size>[\d,]+ chars)(?:, (?P<extras>.*))?\)$")
 _BRIEF_CODE = re.compile(r"^exit code (-?\d+)(?:, |$)")
 _BRIEF_IMAGES = re.compile(r"(?:^|, )([\d,]+ images?)$")
@@ -126,8 +126,7 @@ def _outcome(result: str, *, runs: bool) -> tuple[str, str | None, tuple[str, ..
     """
     code_match = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
     code = int(code_match.group(1)) if code_match else None
-    output_match = _OUTPUT.search(result)
-    body = output_match.group(1) if output_match else result
+    body = _output_body(result)
     found = _distinct(error_lines(body))
     # Without an exit code, a result failed when it starts with an error, or
     # when a command (not a file shown) printed error lines.
@@ -148,6 +147,21 @@ def _outcome(result: str, *, runs: bool) -> tuple[str, str | None, tuple[str, ..
     return ", ".join(parts), error, errors
 
 
+def _output_body(result: str) -> str:
+    """What a ``<output>…</output>`` wrapper holds (up to its first closer), else ``result``."""
+    # By position, not by a regex: a regex retries every unclosed opener,
+    # scanning to the end each time. If the first opener has no closer after
+    # it, no later one has either.
+    start = result.find("<output>")
+    if start < 0:
+        return result
+    start += len("<output>")
+    if result.startswith("\n", start):
+        start += 1
+    end = result.find("</output>", start)
+    return result[start:end] if end >= 0 else result
+
+
 def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
     """The outcome already written by the pruner into a one-line brief.
 
@@ -157,7 +171,7 @@ def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
     """
     if "\n" in result or not result.startswith(f"[{name}] "):
         return None
-    match = _BRIEF_COMMAND.search(result) or _BRIEF_SIZED.search(result)
+    match = _brief_match(result)
     if not match:
         return None
     size, extras = match.group("size"), match.group("extras") or ""
@@ -175,6 +189,16 @@ def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
     words = [f"exit {code}"] if code is not None else []
     words.append(f"error: `{error}`" if error else size)
     return ", ".join(words), error
+
+
+def _brief_match(brief: str) -> re.Match[str] | None:
+    """A brief's size and the extras in its closing parentheses, if it has them."""
+    # Extras close with ")" at the end of the line. Without it their ".*"
+    # could only fail, after scanning to the end from every " → ", which is
+    # quadratic in a result repeating that arrow.
+    if brief.endswith(")"):
+        return _BRIEF_COMMAND.search(brief) or _BRIEF_SIZED.search(brief)
+    return _BRIEF_COMMAND_BARE.search(brief)
 
 
 def _distinct(lines: Sequence[str]) -> list[str]:

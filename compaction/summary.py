@@ -36,7 +36,10 @@ _HEADING_START = "Summary of "
 #: The heading's count of the client's messages it stands for.
 _HEADING_COUNT = re.compile(r"Summary of (?:the first )?(\d+) ")
 #: Hidden reasoning some local models put in their replies.
-_THINKING = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
+_THINKING_OPEN = re.compile(r"<(think|thinking|reasoning)>", re.IGNORECASE)
+_THINKING_CLOSE = {
+    tag: re.compile(f"</{tag}>", re.IGNORECASE) for tag in ("think", "thinking", "reasoning")
+}
 
 
 def is_summary(message: Message) -> bool:
@@ -71,7 +74,23 @@ def _render(heading: str, body: str, files: FileLists) -> str:
 
 def without_thinking(text: str) -> str:
     """``text`` without the hidden reasoning a model may have put in it."""
-    return _THINKING.sub("", text).strip()
+    # Opener and closer are found apart: one regex from opener to closer
+    # retries every unclosed opener, scanning to the end each time, which is
+    # quadratic in a reply repeating the tag. A tag with no closer after one
+    # opener has none after any later opener, so it is looked for once.
+    kept, at, search_from = [], 0, 0
+    unclosed: set[str] = set()
+    while opener := _THINKING_OPEN.search(text, search_from):
+        tag = opener.group(1).lower()
+        closer = None if tag in unclosed else _THINKING_CLOSE[tag].search(text, opener.end())
+        if closer is None:
+            unclosed.add(tag)
+            search_from = opener.start() + 1
+            continue
+        kept.append(text[at : opener.start()])
+        at = search_from = closer.end()
+    kept.append(text[at:])
+    return "".join(kept).strip()
 
 
 def summary_body(text: str) -> str:

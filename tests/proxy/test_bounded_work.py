@@ -12,14 +12,21 @@ thousand small parts — and the test counts the work instead of timing it:
 * A regex's own work, which no counter sees, by its shape: a pattern read by
   the standard parser, with no repetition that can give back what it matched
   once a later one has to (the check is tried on patterns that do backtrack).
+* A regex's own work counted after all, where its shape cannot tell: the
+  engine looks for signals every 4,096 of its steps, and a signal kept
+  pending runs a handler, one more call, at each look.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import importlib
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,10 +34,11 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction import Profile, TokenCounter, extractive, prompts
+from compaction import Profile, TokenCounter, clipping, extractive, prompts, pruner, steps
 from compaction.files import parse_file_lists, strip_file_lists
 from compaction.pruner import prune, tool_brief
 from compaction.shell import shell_files
+from compaction.summary import without_thinking
 from config import ModelResolver, Settings, find_override, model_table, resolve_model
 from config.settings import ModelOverride
 from proxy.dialects import base
@@ -439,3 +447,92 @@ def test_file_lists_are_read_in_work_linear_in_their_length() -> None:
         return _calls(lambda: (parse_file_lists(text), strip_file_lists(text)))
 
     _linear(cost, 20_000)
+
+
+# --- the engine's regexes, by their own steps ------------------------------------------
+
+
+@contextmanager
+def _regex_steps_as_calls(ticks: list[int]) -> Iterator[None]:
+    """While the block runs, every 4,096 steps of the regex engine make one call.
+
+    The engine checks for signals that often; a handler that leaves its
+    signal pending again runs at each check. It cannot raise it itself: the
+    interpreter checks again right after any call the handler makes and would
+    run it within itself without end. So the handler raises a second signal,
+    whose handler is C (libc's ``raise``, which ignores the arguments handlers
+    get beyond the first) and raises the first once the handler has returned.
+    The interpreter's own checks, between bytecodes, run it as well: Python
+    work is counted a little more, in proportion, as it should be.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+        pytest.skip("signals are handled on the main thread of a POSIX process")
+    raise_ = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.py_object)(
+        ("raise", ctypes.CDLL(None))
+    )
+    pending = [True]
+
+    def tick(signum: int, frame: Any) -> None:
+        ticks[0] += 1
+        if pending[0]:
+            raise_(signal.SIGUSR2, 0, None)
+
+    rearm = functools.partial(raise_, signal.SIGUSR1)
+    before = signal.signal(signal.SIGUSR1, tick), signal.signal(signal.SIGUSR2, rearm)
+    try:
+        signal.raise_signal(signal.SIGUSR1)
+        yield
+    finally:
+        pending[0] = False
+        signal.signal(signal.SIGUSR1, before[0])
+        signal.signal(signal.SIGUSR2, before[1])
+
+
+def _work(work: Callable[[], object]) -> int:
+    """The calls ``work()`` makes, its regexes' steps included (by 4,096)."""
+    # Counted apart from the profiler's calls: the profiler's own hook would
+    # run the handler again at each of its checks, and so on without end.
+    ticks = [0]
+    with _regex_steps_as_calls(ticks):
+        work()
+    return _calls(work) + ticks[0]
+
+
+def test_the_regex_engines_steps_are_counted() -> None:
+    unclosed = re.compile(r"<output>(.*?)</output>", re.DOTALL)
+
+    def cost(n: int) -> int:
+        text = "<output>" * n
+        return _work(lambda: unclosed.search(text))
+
+    small, large = cost(2_000), cost(4_000)
+    assert large > 3.5 * small > 3.5 * 1_000  # retried at every opener: quadratic
+
+
+#: Text a client controls, shaped to make a regex retry at every character.
+_REGEX_HOSTILE: dict[str, Callable[[int], object]] = {
+    "an unclosed output tag, unwrapped for a brief": lambda n: pruner._command_output(
+        "<output>" * n
+    ),
+    "an unclosed output tag, read for a step": lambda n: steps._outcome("<output>" * n, runs=True),
+    "unclosed file blocks": lambda n: (
+        parse_file_lists("<read-files>" * n),
+        strip_file_lists("<read-files>" * n),
+    ),
+    "unclosed thinking": lambda n: without_thinking("<think>" * n + "<Reasoning>" * n),
+    "a line of slashes": lambda n: clipping.clip_keeping("ok\n" + "a/" * n + "\nend", 1_000),
+    "a line of colons": lambda n: clipping.error_lines("a:" * n),
+    "a repeated brief arrow": lambda n: steps._pruned_brief(
+        "bash", "[bash] " + " → 1 lines output (" * n
+    ),
+    "a repeated brief size": lambda n: steps._pruned_brief(
+        "bash", "[bash] " + " (1 chars, " * n + ")"
+    ),
+}
+
+
+@pytest.mark.parametrize("work", list(_REGEX_HOSTILE.values()), ids=list(_REGEX_HOSTILE))
+def test_what_clients_write_is_read_in_regex_steps_linear_in_its_length(
+    work: Callable[[int], object],
+) -> None:
+    _linear(lambda n: _work(lambda: work(n)), 4_000)
