@@ -484,6 +484,9 @@ def _regex_steps_as_calls(ticks: list[int]) -> Iterator[None]:
         yield
     finally:
         pending[0] = False
+        # The second signal is ignored first: one still pending would otherwise
+        # raise the first after its default action (ending the process) is back.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGUSR1, before[0])
         signal.signal(signal.SIGUSR2, before[1])
 
