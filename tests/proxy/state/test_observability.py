@@ -19,7 +19,7 @@ from proxy.upstream.transport import ConnectFailed
 from tests.proxy.conftest import AppFactory, ProxyFactory
 from tests.proxy.inprocess import RecordingTransport, failure
 from tests.proxy.servers import FakeUpstream
-from tests.proxy.session.test_background import _post, _prepared_session
+from tests.proxy.session.real_servers import _post, _prepared_session
 from tests.synthetic import agent_session, shell_step
 
 

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.proxy.session.test_background import (
+from tests.proxy.session.real_servers import (
     MODEL,
     PROFILE,
     _events,
