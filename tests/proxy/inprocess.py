@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message
 
 from config import Settings, load_settings
 from proxy.app import create_app
-from proxy.upstream.transport import BodyLost, NoResponse, TransportError
+from proxy.upstream.transport import BodyLost, NoResponse, TransportError, UpstreamResponse
 from tests.proxy.servers import OVERFLOW_ERRORS
 
 #: The upstream base URL the in-process proxies are configured with; nothing
@@ -148,9 +148,10 @@ def context_length_error(window: int, tokens: int, style: str = "openai") -> Rep
 # --- the responses the proxy reads ---------------------------------------------------
 
 
-class _Response:
-    """What ``Transport.request`` returns (:class:`UpstreamResponse`'s interface),
-    fed from an async source of chunks that may raise :class:`BodyLost`."""
+class _Response(UpstreamResponse):
+    """What ``Transport.request`` returns, fed from an async source of chunks
+    that may raise :class:`BodyLost`. Only the source is the fake's:
+    reading the body and ``wait_body`` are the real response's, over ``next_chunk``."""
 
     def __init__(
         self,
@@ -200,24 +201,7 @@ class _Response:
             raise
 
     async def read(self, limit: int = 1 << 20) -> bytes:
-        parts: list[bytes] = []
-        size = 0
-        while size < limit:
-            chunk = await self.next_chunk()
-            if chunk is None:
-                break
-            parts.append(chunk)
-            size += len(chunk)
-        self.release()
-        return b"".join(parts)[:limit]
-
-    async def wait_body(self) -> bool:
-        try:
-            chunk = await self.next_chunk()
-        except BodyLost:
-            return False
-        self._ahead = chunk or b""
-        return chunk is not None
+        return await self._gathered(limit)  # the real one, less aiohttp's one-go read
 
     def release(self) -> None:
         if not self._ended:

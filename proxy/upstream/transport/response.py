@@ -75,6 +75,10 @@ class UpstreamResponse:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self.abort()
                 raise BodyLost(_body_failure(exc)) from exc
+        return await self._gathered(limit)
+
+    async def _gathered(self, limit: int) -> bytes:
+        """The body chunk by chunk, cut at ``limit`` bytes."""
         parts: list[bytes] = []
         size = 0
         while size < limit:
