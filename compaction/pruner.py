@@ -38,7 +38,7 @@ from compaction.calls import (
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
-from compaction.text import cut_middle, one_line, shrink_arguments
+from compaction.text import cut_middle, one_line, output_body, shrink_arguments
 from compaction.types import Message
 
 _BRIEF_NAME_CHARS = 64
@@ -242,18 +242,7 @@ def _error_lines(
 def _command_output(text: str) -> str:
     # mini-swe-agent wraps output as <returncode>N</returncode><output>…</output>;
     # the wrapper is not output the command printed.
-    # Found by position, not by a regex: a regex retries every unclosed
-    # "<output>", each time scanning to the end, which is quadratic in a
-    # result that repeats the tag. If the first opener has no closer after
-    # it, no later one has either; the body runs to the last closer.
-    start = text.find("<output>")
-    if start < 0:
-        return text
-    start += len("<output>")
-    if text.startswith("\n", start):
-        start += 1
-    end = text.rfind("</output>", start)
-    return text[start:end] if end >= 0 else text
+    return output_body(text, to_last=True)
 
 
 def _line_count(text: str) -> int:

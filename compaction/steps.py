@@ -22,7 +22,7 @@ from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, key_argument, sh
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.files import results_after
 from compaction.messages import call_name_and_arguments, message_text, tool_calls
-from compaction.text import one_line
+from compaction.text import one_line, output_body
 from compaction.types import Message
 
 _ARGUMENT_CHARS = 120
@@ -149,17 +149,7 @@ def _outcome(result: str, *, runs: bool) -> tuple[str, str | None, tuple[str, ..
 
 def _output_body(result: str) -> str:
     """What a ``<output>…</output>`` wrapper holds (up to its first closer), else ``result``."""
-    # By position, not by a regex: a regex retries every unclosed opener,
-    # scanning to the end each time. If the first opener has no closer after
-    # it, no later one has either.
-    start = result.find("<output>")
-    if start < 0:
-        return result
-    start += len("<output>")
-    if result.startswith("\n", start):
-        start += 1
-    end = result.find("</output>", start)
-    return result[start:end] if end >= 0 else result
+    return output_body(result, to_last=False)
 
 
 def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:

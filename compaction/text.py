@@ -27,6 +27,26 @@ _VALUE_MARKER_ROOM = 32
 _MIN_VALUE_CHARS = 40
 
 
+def output_body(text: str, *, to_last: bool) -> str:
+    """What a ``<output>…</output>`` wrapper in ``text`` holds (a newline right
+    after the opener dropped), up to the last closer or the first; ``text``
+    itself when it has no opener, and the rest of it when no closer follows.
+
+    Found by position, not by a regex: a regex retries every unclosed
+    ``<output>``, each time scanning to the end, which is quadratic in a result
+    that repeats the tag. If the first opener has no closer after it, no later
+    one has either.
+    """
+    start = text.find("<output>")
+    if start < 0:
+        return text
+    start += len("<output>")
+    if text.startswith("\n", start):
+        start += 1
+    end = text.rfind("</output>", start) if to_last else text.find("</output>", start)
+    return text[start:end] if end >= 0 else text
+
+
 def one_line(text: str, limit: int) -> str:
     """``text`` on one line, whitespace runs made single spaces, cut to ``limit`` with "…".
 
