@@ -32,7 +32,7 @@ from proxy.dialects.responses import RESPONSES
 from proxy.edge.body import BodyLimit
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import BadRequest, ProxyError, ServiceUnavailable
-from proxy.edge.guards import KEY_IN_AUTHORIZATION, Edge, is_loopback
+from proxy.edge.guards import Edge, is_loopback
 from proxy.edge.paths import forward_url, raw_path_of
 from proxy.flow.handler import handle_chat
 from proxy.flow.send import Relay, error_response, send, upstream_headers
@@ -171,9 +171,6 @@ def create_app(
         openapi_url=None,
     )
 
-    def key_in_authorization(request: Request) -> bool:
-        return bool(request.scope.get(KEY_IN_AUTHORIZATION, False))
-
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
         return error_response(exc)
@@ -238,7 +235,6 @@ def create_app(
             request.headers.items(),
             fallback_key=state.configured_key(key_env),
             fallback_header=ANTHROPIC.key_header if anthropic else CHAT.key_header,
-            drop_authorization=key_in_authorization(request),
         )
         body = await _body(request)
         tap = None
@@ -302,6 +298,7 @@ def create_app(
         else None,
         allowed_origins=server.cors_origins,
         proxy_key=server.api_key.get_secret_value() if server.api_key is not None else None,
+        admin_key=server.admin_key.get_secret_value() if server.admin_key is not None else None,
         cors=cors,
     )
     return BodyLimit(edge, large=server.max_body_bytes, small=server.max_form_bytes)
@@ -379,7 +376,6 @@ class ChatRoute:
             response = await handle_chat(
                 Request(scope, receive),
                 self.app.state.proxy,
-                uses_proxy_key=bool(scope.get(KEY_IN_AUTHORIZATION, False)),
                 watch=watch,
                 dialect=dialect,
             )

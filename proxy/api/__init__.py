@@ -15,7 +15,6 @@ from fastapi.responses import Response
 
 from proxy.api.state import state_routes
 from proxy.api.steering import steering_routes
-from proxy.edge.guards import KEY_IN_AUTHORIZATION
 from proxy.flow.handler import handle_preview
 from proxy.state.runtime import state_of
 
@@ -28,8 +27,7 @@ def api_routes() -> APIRouter:
 
     @router.post("/v1/compaction/preview")
     async def preview(request: Request) -> Response:
-        uses_proxy_key = bool(request.scope.get(KEY_IN_AUTHORIZATION, False))
-        return await handle_preview(request, state_of(request), uses_proxy_key=uses_proxy_key)
+        return await handle_preview(request, state_of(request))
 
     return router
 

@@ -22,7 +22,9 @@ on the way upstream. Every keyless caller may spend that key, so they are one
 principal: they see each other's keyless conversations and nothing of callers
 who sent a key. (The fallback key could not name the owner anyway: it belongs
 to a model's upstream, and the state routes name no model.) The same holds for
-a client whose ``Authorization`` carried the proxy key. Checkpoints and events
+a client whose ``Authorization`` carried the proxy key: :class:`proxy.edge.guards.Edge`
+takes every header holding the proxy's keys out before the owner is read, so
+what is left is the client's own credential or none. Checkpoints and events
 recorded before owners were have the owner ``""``, which only the admin sees.
 """
 
@@ -37,7 +39,6 @@ from fastapi import Request
 from pydantic import SecretStr
 
 from proxy.edge.errors import Unauthorized
-from proxy.edge.guards import KEY_IN_AUTHORIZATION
 from proxy.flow.send import ADMIN_KEY_HEADER, AUTH_HEADERS
 
 #: Keys the owner digest: an owner read from the store or a response cannot be
@@ -59,19 +60,17 @@ def owner_digest(credential: str) -> str:
     return hashlib.blake2b(token.encode(), key=_OWNER_KEY, digest_size=16).hexdigest()
 
 
-def owner_of(headers: Iterable[tuple[str, str]], *, uses_proxy_key: bool) -> str:
+def owner_of(headers: Iterable[tuple[str, str]]) -> str:
     """The owner of a request with these headers (see the module doc).
 
-    The first of ``AUTH_HEADERS`` present is the credential, as upstream;
-    with ``uses_proxy_key``, ``Authorization`` held the proxy key and is not one.
+    The first of ``AUTH_HEADERS`` present is the credential, as upstream; the
+    headers are the request's after the edge took the proxy's keys out.
     """
     presented: dict[str, str] = {}
     for name, value in headers:
         lower = name.lower()
         if lower in AUTH_HEADERS:
             presented[lower] = value  # the last one, as upstream_headers keeps it
-    if uses_proxy_key:
-        presented.pop("authorization", None)
     return owner_digest(next((presented[name] for name in AUTH_HEADERS if name in presented), ""))
 
 
@@ -83,8 +82,7 @@ def viewer(request: Request, admin_key: SecretStr | None) -> str | None:
     """
     presented = request.headers.get(ADMIN_KEY_HEADER)
     if presented is None:
-        uses_proxy_key = bool(request.scope.get(KEY_IN_AUTHORIZATION, False))
-        return owner_of(request.headers.items(), uses_proxy_key=uses_proxy_key)
+        return owner_of(request.headers.items())
     expected = admin_key.get_secret_value().encode() if admin_key is not None else None
     if expected is None or not hmac.compare_digest(presented.encode(), expected):
         raise Unauthorized("A valid admin key is required.")

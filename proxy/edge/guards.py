@@ -11,10 +11,20 @@
   user. Clients that are not browsers send no ``Origin`` and pass.
 * The proxy key — when a proxy key is configured, every request but
   ``/healthz`` must present it, as ``Authorization: Bearer <key>`` or in the
-  ``x-compaction-proxy-key`` header. The scope records which, so the handler
-  knows whether the client's ``Authorization`` is meant for the upstream.
-  With CORS headers configured, :class:`ProxyKeyGuard` checks it inside the
-  CORS middleware instead.
+  ``x-compaction-proxy-key`` header. With CORS headers configured,
+  :class:`ProxyKeyGuard` refuses a request without it inside the CORS
+  middleware instead.
+* The proxy's own keys are taken out of the request before anything behind
+  the edge reads it (:class:`_Secrets`): every ``x-compaction-proxy-key``
+  header, and every other header whose value is the proxy key or the admin key,
+  bare or as ``Bearer <key>`` (any case of ``Bearer``, any blanks around it),
+  whatever its name and however many there are. So no later stage — the
+  request sent upstream, the summarizer's and the background preparation's
+  calls, the owner of the conversation — can see or pass on a key the client
+  meant for the proxy, whichever other headers came with it; the client's own
+  credentials stay. Only ``x-compaction-proxy-admin-key`` is left in, for
+  :func:`proxy.edge.access.viewer` to check (it is never sent upstream:
+  :func:`proxy.flow.send.upstream_headers` drops it by name).
 
 Written directly against ASGI (no ``BaseHTTPMiddleware``, which hides client
 disconnects from streaming responses).
@@ -30,12 +40,18 @@ from collections.abc import Callable, Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.edge.errors import Forbidden, ProxyError, Unauthorized
-from proxy.flow.send import PROXY_KEY_HEADER
+from proxy.flow.send import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 OPEN_PATHS = frozenset({"/healthz"})
-#: Scope key set by ProxyKeyGuard: the proxy key came in ``Authorization``.
-KEY_IN_AUTHORIZATION = "compaction_proxy.key_in_authorization"
+#: Scope key set by :class:`Edge`: the request presented the proxy key (in
+#: ``x-compaction-proxy-key`` or as ``Authorization: Bearer``). The header
+#: itself is gone by then, so this is the only way to know it came.
+PROXY_KEY_PRESENTED = "compaction_proxy.proxy_key_presented"
+
+_PROXY_KEY = PROXY_KEY_HEADER.encode()
+_ADMIN_KEY = ADMIN_KEY_HEADER.encode()
+_BLANKS = b" \t"
 
 
 def is_loopback(host: str) -> bool:
@@ -68,77 +84,101 @@ async def _refuse(error: ProxyError, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _bearer(value: bytes) -> bytes | None:
+    """The token of ``Bearer <token>`` (any case, any blanks), else ``None``."""
+    value = value.strip(_BLANKS)
+    if len(value) > 6 and value[:6].lower() == b"bearer" and value[6] in _BLANKS:
+        return value[6:].strip(_BLANKS)
+    return None
+
+
+class _Secrets:
+    """The proxy's own keys: whether a header value is one of them."""
+
+    def __init__(self, proxy_key: str | None, admin_key: str | None) -> None:
+        self.proxy = proxy_key.encode() if proxy_key else None
+        self.keys = tuple(key.encode() for key in (proxy_key, admin_key) if key)
+        self._shortest = min((len(key) for key in self.keys), default=0)
+
+    def is_proxy_key(self, token: bytes | None) -> bool:
+        return (
+            token is not None and self.proxy is not None and hmac.compare_digest(token, self.proxy)
+        )
+
+    def carried_by(self, value: bytes) -> bool:
+        """Whether ``value`` is one of the keys, bare or as ``Bearer <key>``."""
+        if not self.keys or len(value) < self._shortest:
+            return False
+        bare = value.strip(_BLANKS)
+        bearer = _bearer(bare)
+        found = False
+        for key in self.keys:  # every key compared: the time tells nothing of which
+            found |= hmac.compare_digest(bare, key)
+            found |= bearer is not None and hmac.compare_digest(bearer, key)
+        return found
+
+
 @dataclasses.dataclass(frozen=True)
 class _Presented:
-    """The headers the guards read, each as first sent (one pass over them)."""
+    """What the guards read of a request's headers, in one pass over them."""
 
-    host: str
-    origin: str | None
-    dedicated: str | None  #: the x-compaction-proxy-key header
-    authorization: str
+    host: str  #: the first Host header
+    origin: str | None  #: the first Origin header
+    proxy_key: bool  #: the proxy key came in x-compaction-proxy-key or Authorization: Bearer
+    #: The headers without the proxy's keys; ``None`` when none was there to take out.
+    kept: list[tuple[bytes, bytes]] | None
 
 
-def _presented(scope: Scope) -> _Presented:
-    host = origin = dedicated = authorization = None
-    for key, value in scope.get("headers", ()):
+def _presented(scope: Scope, secrets: _Secrets) -> _Presented:
+    host = origin = None
+    proxy_key = False
+    headers = scope.get("headers", ())
+    kept: list[tuple[bytes, bytes]] | None = None
+    for index, (key, value) in enumerate(headers):
         if key == b"host":
             host = value if host is None else host
         elif key == b"origin":
             origin = value if origin is None else origin
-        elif key == _PROXY_KEY:
-            dedicated = value if dedicated is None else dedicated
-        elif key == b"authorization":
-            authorization = value if authorization is None else authorization
+        if key == _PROXY_KEY:
+            proxy_key |= secrets.is_proxy_key(value.strip(_BLANKS))
+            strip = True
+        elif key == _ADMIN_KEY:
+            strip = False
+        else:
+            strip = secrets.carried_by(value)
+            if strip and key == b"authorization":
+                proxy_key |= secrets.is_proxy_key(_bearer(value))
+        if strip and kept is None:
+            kept = list(headers[:index])
+        elif not strip and kept is not None:
+            kept.append((key, value))
     return _Presented(
         host=host.decode("latin-1") if host is not None else "",
         origin=origin.decode("latin-1") if origin is not None else None,
-        dedicated=dedicated.decode("latin-1") if dedicated is not None else None,
-        authorization=authorization.decode("latin-1") if authorization is not None else "",
+        proxy_key=proxy_key,
+        kept=kept,
     )
-
-
-_PROXY_KEY = PROXY_KEY_HEADER.encode()
 
 
 def _is_dashboard(path: str) -> bool:
     return path == "/ui" or path.startswith("/ui/")
 
 
-class _ProxyKey:
-    """Whether a request presents the proxy key, and where."""
-
-    def __init__(self, key: str) -> None:
-        self._key = key.encode()
-
-    def _matches(self, presented: str | None) -> bool:
-        return presented is not None and hmac.compare_digest(presented.encode(), self._key)
-
-    def check(self, scope: Scope, presented: _Presented) -> bool:
-        """True (recording where the key came) when the request may pass."""
-        if scope["path"] in OPEN_PATHS:
-            return True
-        authorization = presented.authorization
-        bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else None
-        if self._matches(presented.dedicated):
-            scope[KEY_IN_AUTHORIZATION] = False
-        elif self._matches(bearer):
-            scope[KEY_IN_AUTHORIZATION] = True
-        else:
-            return False
-        return True
+def _may_pass(scope: Scope) -> bool:
+    return scope["path"] in OPEN_PATHS or bool(scope.get(PROXY_KEY_PRESENTED, False))
 
 
 class ProxyKeyGuard:
     """The proxy-key check on its own, for the stack with CORS headers, where it
     sits inside the CORS middleware (a 401 needs CORS headers for a page to read
-    it, and a preflight carries no key)."""
+    it, and a preflight carries no key). :class:`Edge` has read the key already
+    (and taken it out); this refuses a request that did not present it."""
 
-    def __init__(self, app: ASGIApp, key: str) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._key = _ProxyKey(key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self._key.check(scope, _presented(scope)):
+        if scope["type"] == "http" and not _may_pass(scope):
             await _refuse(Unauthorized("A valid proxy key is required."), send)
             return
         await self.app(scope, receive, send)
@@ -146,9 +186,10 @@ class ProxyKeyGuard:
 
 class Edge:
     """Every check in front of the proxy in one plain ASGI callable, in order:
-    the Host check (if ``allowed_hosts`` is given), the dashboard's pages
-    straight to ``dashboard`` (they sign their visitors in themselves), the
-    Origin check, then the proxy key (unless ``inner`` does it, inside CORS).
+    the Host check (if ``allowed_hosts`` is given), the proxy's keys taken out
+    of the headers, the dashboard's pages straight to ``dashboard`` (they sign
+    their visitors in themselves), the Origin check, then the proxy key (unless
+    ``inner`` does it, inside CORS).
 
     One pass over the headers and one call into the app per request: the
     stack of one middleware per check cost a coroutine and a header scan each.
@@ -162,6 +203,7 @@ class Edge:
         allowed_hosts: Iterable[str] | None,
         allowed_origins: Iterable[str] = (),
         proxy_key: str | None = None,
+        admin_key: str | None = None,
         cors: Callable[[ASGIApp], ASGIApp] | None = None,
     ) -> None:
         self.dashboard = dashboard
@@ -172,23 +214,28 @@ class Edge:
         # "null" (a sandboxed frame, a file: page) passes only if listed.
         self.origins = frozenset(allowed_origins)
         self.any_origin = "*" in self.origins
+        self.secrets = _Secrets(proxy_key, admin_key)
+        guarded = proxy_key is not None
         if cors is None:
             self.app = app
-            self.key = _ProxyKey(proxy_key) if proxy_key is not None else None
+            self.check_key = guarded
         else:
-            self.app = cors(ProxyKeyGuard(app, proxy_key) if proxy_key is not None else app)
-            self.key = None
+            self.app = cors(ProxyKeyGuard(app) if guarded else app)
+            self.check_key = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        presented = _presented(scope)
+        presented = _presented(scope, self.secrets)
         if self.hosts is not None:
             host = _host_name(presented.host.lower())
             if host not in self.hosts:
                 await _refuse(Forbidden(f"Host {host!r} is not allowed."), send)
                 return
+        scope = {**scope, PROXY_KEY_PRESENTED: presented.proxy_key}
+        if presented.kept is not None:
+            scope["headers"] = presented.kept
         if _is_dashboard(scope["path"]):
             await self.dashboard(scope, receive, send)
             return
@@ -201,7 +248,7 @@ class Edge:
             )
             await _refuse(error, send)
             return
-        if self.key is not None and not self.key.check(scope, presented):
+        if self.check_key and not _may_pass(scope):
             await _refuse(Unauthorized("A valid proxy key is required."), send)
             return
         await self.app(scope, receive, send)

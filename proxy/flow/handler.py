@@ -71,14 +71,13 @@ async def handle_chat(
     request: Request,
     state: ProxyState,
     *,
-    uses_proxy_key: bool,
     watch: ClientWatch | None = None,
     dialect: Dialect = CHAT,
 ) -> Response:
     started = time.perf_counter()
     call: Call | None = None
     try:
-        call = await read_call(request, state, uses_proxy_key, dialect, watch=watch)
+        call = await read_call(request, state, dialect, watch=watch)
         if call.untouchable is not None:
             return await _forward_untouched(call, started)
         instructions = manual.command_instructions(call.messages)
@@ -290,9 +289,9 @@ async def _manual(call: Call, instructions: str, started: float) -> Response:
     )
 
 
-async def handle_preview(request: Request, state: ProxyState, *, uses_proxy_key: bool) -> Response:
+async def handle_preview(request: Request, state: ProxyState) -> Response:
     """``POST /v1/compaction/preview``: what would be sent, and the report."""
-    call = await read_call(request, state, uses_proxy_key)
+    call = await read_call(request, state)
     resolved = await _compact_for(call, reason="threshold", store=False)
     result = resolved.result
     report = {

@@ -135,7 +135,6 @@ def _read_conversation(
     state: ProxyState,
     raw: bytes,
     client_headers: list[tuple[str, str]],
-    uses_proxy_key: bool,
     dialect: Dialect,
     *,
     ahead: bool,
@@ -157,7 +156,6 @@ def _read_conversation(
         client_headers,
         fallback_key=state.configured_key(dialect.route(config)[1]),
         fallback_header=dialect.key_header,
-        drop_authorization=uses_proxy_key,
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
     scope = scope_of(config, credential, dialect.name)
@@ -172,14 +170,13 @@ def _read_conversation(
 async def read_call(
     request: Request,
     state: ProxyState,
-    uses_proxy_key: bool,
     dialect: Dialect = CHAT,
     *,
     watch: ClientWatch | None = None,
 ) -> Call:
     raw = await read_body(request, state.settings.server.max_body_bytes)
     client_headers = request.headers.items()
-    owner = owner_of(client_headers, uses_proxy_key=uses_proxy_key)
+    owner = owner_of(client_headers)
     # A growing conversation's next request: only what it adds is read.
     continuation = continued(state, dialect, owner, raw)
     if continuation is not None:
@@ -187,7 +184,6 @@ async def read_call(
             state,
             raw,
             client_headers,
-            uses_proxy_key,
             dialect,
             ahead=False,
             reading=continuation.reading,
@@ -197,10 +193,10 @@ async def read_call(
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _read_conversation, state, raw, client_headers, uses_proxy_key, dialect, ahead=True
+            _read_conversation, state, raw, client_headers, dialect, ahead=True
         )
     else:
-        read = _read_conversation(state, raw, client_headers, uses_proxy_key, dialect, ahead=False)
+        read = _read_conversation(state, raw, client_headers, dialect, ahead=False)
     identified = read.identified
     if read.original is None and read.untouchable is None:
         identified = await remembered(

@@ -81,7 +81,7 @@ AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
 PROXY_KEY_HEADER = "x-compaction-proxy-key"
 #: Header a client presents ``server.admin_key`` in (see proxy.edge.access).
 ADMIN_KEY_HEADER = "x-compaction-proxy-admin-key"
-#: The proxy's own keys: never sent upstream.
+#: The proxy's own headers: never sent upstream.
 _PROXY_HEADERS = frozenset({PROXY_KEY_HEADER, ADMIN_KEY_HEADER})
 
 
@@ -90,20 +90,20 @@ def upstream_headers(
     *,
     fallback_key: str | None,
     fallback_header: str = "authorization",
-    drop_authorization: bool = False,
 ) -> dict[str, str]:
-    """Headers for the upstream: the client's, less hop-by-hop ones and the proxy's keys.
+    """Headers for the upstream: the client's, less hop-by-hop ones and the proxy's own.
 
-    The client's own credentials are forwarded unchanged; the configured key
-    is added only when the client sent none, as ``Authorization: Bearer`` or
-    (Anthropic) ``x-api-key``.
+    ``client_headers`` are the request's as the edge passed them on: every
+    header holding the proxy key or the admin key is gone already
+    (:class:`proxy.edge.guards.Edge`), whatever its name, so what is left of
+    ``Authorization``, ``api-key`` and ``x-api-key`` is the client's own and
+    forwarded unchanged. The configured key is added only when the client
+    sent none, as ``Authorization: Bearer`` or (Anthropic) ``x-api-key``.
     """
     headers: dict[str, str] = {}
     for name, value in client_headers:
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in _PROXY_HEADERS:
-            continue
-        if drop_authorization and lower == "authorization":
             continue
         headers[lower] = value
     if fallback_key and not any(h in headers for h in AUTH_HEADERS):

@@ -33,7 +33,8 @@ from pydantic import SecretStr
 
 from proxy.edge.access import owner_digest, viewer
 from proxy.edge.errors import Forbidden, ProxyError
-from proxy.flow.send import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
+from proxy.edge.guards import PROXY_KEY_PRESENTED
+from proxy.flow.send import ADMIN_KEY_HEADER
 
 COOKIE: Final = "compaction_proxy_ui"
 ANONYMOUS: Final = "anon"
@@ -111,13 +112,8 @@ class Signer:
         return Visitor(owner_digest(""), ANONYMOUS, self.anonymous_cookie(), fresh=True)
 
     def _has_proxy_key(self, request: Request) -> bool:
-        presented = request.headers.get(PROXY_KEY_HEADER)
-        expected = self._proxy_key
-        return (
-            presented is not None
-            and expected is not None
-            and hmac.compare_digest(presented.encode(), expected.get_secret_value().encode())
-        )
+        # The edge checked the header and took it out (proxy.edge.guards).
+        return self._proxy_key is not None and bool(request.scope.get(PROXY_KEY_PRESENTED))
 
     def sign_in(self, key: str, proxy_key: str) -> str:
         """The role ``key`` (an API key or the admin key) signs in as; refused

@@ -187,17 +187,14 @@ def test_no_response_carries_a_key_and_the_admin_key_stays_here(
 
 
 def test_the_owner_is_a_digest_of_the_key_however_it_was_sent() -> None:
-    owner = owner_of([("Authorization", f"Bearer {ALICE}")], uses_proxy_key=False)
+    owner = owner_of([("Authorization", f"Bearer {ALICE}")])
     assert ALICE not in owner and len(owner) == 32
-    assert owner == owner_of([("api-key", ALICE)], uses_proxy_key=False)
-    assert owner == owner_of([("x-api-key", ALICE)], uses_proxy_key=False)
-    assert owner == owner_of([("authorization", f"bearer  {ALICE} ")], uses_proxy_key=False)
-    assert owner != owner_of([("authorization", f"Bearer {BOB}")], uses_proxy_key=False)
+    assert owner == owner_of([("api-key", ALICE)])
+    assert owner == owner_of([("x-api-key", ALICE)])
+    assert owner == owner_of([("authorization", f"bearer  {ALICE} ")])
+    assert owner != owner_of([("authorization", f"Bearer {BOB}")])
 
 
-def test_authorization_carrying_the_proxy_key_names_no_owner() -> None:
-    headers = [("authorization", f"Bearer {PROXY_KEY}")]
-    assert owner_of(headers, uses_proxy_key=True) == owner_digest("")
-    with_own = [*headers, ("x-api-key", ALICE)]
-    assert owner_of(with_own, uses_proxy_key=True) == owner_digest(ALICE)
-    assert owner_of([], uses_proxy_key=False) == owner_digest("") != ""
+def test_no_credential_is_the_anonymous_owner() -> None:
+    assert owner_of([("content-type", "application/json")]) == owner_digest("") != ""
+    assert owner_of([]) == owner_digest("")
