@@ -132,6 +132,11 @@ class ServerSettings(BaseModel):
         description="If set, a client presenting it in the x-compaction-proxy-admin-key "
         "header sees every caller's compaction events and checkpoints (others see their own).",
     )
+    dashboard_session_hours: _PositiveFloat = Field(
+        default=12.0,
+        description="A dashboard sign-in lasts this long: the cookie's Max-Age, and checked "
+        "on the server, which refuses an older cookie; signing out ends it at once.",
+    )
     max_body_bytes: _PositiveInt = Field(
         default=DEFAULT_MAX_BODY_BYTES,
         description="Larger bodies sent to the compacted and pass-through routes get 413, "

@@ -22,7 +22,9 @@ from proxy.ui.pages import dashboard_routes, sign_in_redirect
 def install(app: FastAPI, settings: Settings) -> Signer:
     """Add the dashboard's pages to ``app``."""
     server = settings.server
-    signer = Signer(server.admin_key, server.api_key)
+    signer = Signer(
+        server.admin_key, server.api_key, session_seconds=server.dashboard_session_hours * 3600
+    )
     app.include_router(dashboard_routes(signer))
 
     @app.exception_handler(SignInRequired)

@@ -2,7 +2,8 @@
 
 A browser sends no ``Authorization`` header when it opens a page, so the
 dashboard signs its visitor in once (``/ui/login``) and keeps a **signed
-cookie** (HttpOnly, SameSite=Strict, path ``/ui``) naming the viewer:
+cookie** (HttpOnly, SameSite=Strict, path ``/ui``) naming the viewer, when it
+was signed, and a random session id of its own:
 
 * ``admin`` — whoever typed ``server.admin_key``: every owner's sessions;
 * ``owner:<digest>`` — whoever typed the API key their agent sends: the
@@ -15,16 +16,30 @@ cookie** (HttpOnly, SameSite=Strict, path ``/ui``) naming the viewer:
 Clients that are not browsers may send the same headers as to the state
 routes instead (the admin key header; the proxy key).
 
+A sign-in lasts ``server.dashboard_session_hours`` (the cookie's ``Max-Age``;
+the server refuses an older cookie whatever the browser kept). Signing out
+(``POST /ui/logout``) revokes that session here, not only in the browser: a
+copy of the cookie is refused from then on. The revoked ids are kept until
+their cookies would have expired anyway, at most :data:`MAX_REVOKED` of them;
+one more signs everyone out instead (a new signing secret), so that a flood of
+sign-outs can never make the server forget a revocation.
+
 Every POST carries a **CSRF token**, an HMAC of the cookie it was issued
 with, and is refused when its ``Origin`` is not the dashboard's own. The
-signing secret is drawn per process: a restart signs everyone out.
+signing secret is drawn per process: a restart signs everyone out, and a
+cookie is good only on the process that signed it — so the revocations, kept
+in that process's memory, cover every place the cookie works (with replicas
+behind a balancer, a visitor needs the balancer to keep them on one).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +54,10 @@ from proxy.flow.send import ADMIN_KEY_HEADER
 COOKIE: Final = "compaction_proxy_ui"
 ANONYMOUS: Final = "anon"
 ADMIN: Final = "admin"
+#: Sessions signed out before their expiry, remembered at once. Each is a few
+#: dozen bytes; ten thousand sign-outs within one session's lifetime is far
+#: beyond a team's dashboard, and past it everyone is signed out instead.
+MAX_REVOKED: Final = 10_000
 
 
 class SignInRequired(ProxyError):
@@ -57,13 +76,70 @@ class Visitor:
     fresh: bool  #: the cookie must be sent to the browser
 
 
-class Signer:
-    """Signs cookies and CSRF tokens with one secret per process."""
+@dataclass(frozen=True)
+class SignedCookie:
+    """What a dashboard cookie says, once its signature checked out."""
 
-    def __init__(self, admin_key: SecretStr | None, proxy_key: SecretStr | None) -> None:
+    role: str  #: ``admin``, ``owner:<digest>`` or ``anon:<nonce>``
+    issued: int  #: when it was signed, in seconds of the signer's clock
+    session: str  #: its random id: what signing out revokes
+
+
+class _Revoked:
+    """Session ids signed out before their expiry, each until it expires, at most ``cap``."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._ids: set[str] = set()
+        self._expiries: list[tuple[float, str]] = []  # a heap: the soonest first
+
+    def __contains__(self, session: str) -> bool:
+        return session in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, session: str, expires: float, now: float) -> bool:
+        """Remember ``session`` until ``expires``; False when there is no room left."""
+        while self._expiries and self._expiries[0][0] <= now:
+            self._ids.discard(heapq.heappop(self._expiries)[1])
+        if session in self._ids:
+            return True
+        if len(self._ids) >= self._cap:
+            return False
+        self._ids.add(session)
+        heapq.heappush(self._expiries, (expires, session))
+        return True
+
+    def clear(self) -> None:
+        self._ids.clear()
+        self._expiries.clear()
+
+
+class Signer:
+    """Signs cookies and CSRF tokens with one secret per process, and ends the
+    sessions they name: at their expiry, or when signed out."""
+
+    def __init__(
+        self,
+        admin_key: SecretStr | None,
+        proxy_key: SecretStr | None,
+        *,
+        session_seconds: float,
+        clock: Callable[[], float] = time.time,
+        max_revoked: int = MAX_REVOKED,
+    ) -> None:
         self._secret = secrets.token_bytes(32)
         self._admin_key = admin_key
         self._proxy_key = proxy_key
+        self._lifetime = session_seconds
+        self._clock = clock
+        self._revoked = _Revoked(max_revoked)
+
+    @property
+    def max_age(self) -> int:
+        """The cookie's ``Max-Age``: the sign-in's lifetime, in whole seconds."""
+        return max(1, int(self._lifetime))
 
     @property
     def needs_proxy_key(self) -> bool:
@@ -74,18 +150,47 @@ class Signer:
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:32]
 
     def cookie(self, role: str) -> str:
-        return f"{role}.{self._mac('cookie', role)}"
+        """A new session for ``role``, signed now."""
+        signed = f"{role}.{int(self._clock())}.{secrets.token_hex(16)}"
+        return f"{signed}.{self._mac('cookie', signed)}"
 
     def anonymous_cookie(self) -> str:
         """A cookie of its own for each anonymous browser, so that a CSRF token
         issued to one is worth nothing in another."""
         return self.cookie(f"{ANONYMOUS}:{secrets.token_hex(8)}")
 
-    def role_of(self, cookie: str | None) -> str | None:
-        if not cookie or "." not in cookie:
+    def signed(self, cookie: str | None) -> SignedCookie | None:
+        """What ``cookie`` says, if it is one of ours, still in its lifetime and
+        not signed out; ``None`` otherwise."""
+        parts = cookie.split(".") if cookie else ()
+        if len(parts) != 4:
             return None
-        role, _, mac = cookie.rpartition(".")
-        return role if hmac.compare_digest(mac, self._mac("cookie", role)) else None
+        role, issued, session, mac = parts
+        expected = self._mac("cookie", f"{role}.{issued}.{session}")
+        if not hmac.compare_digest(mac.encode(), expected.encode()):
+            return None
+        # Signed here, so a number; the lifetime is counted from it, never
+        # from what the browser kept.
+        if self._clock() - int(issued) >= self._lifetime or session in self._revoked:
+            return None
+        return SignedCookie(role, int(issued), session)
+
+    def role_of(self, cookie: str | None) -> str | None:
+        signed = self.signed(cookie)
+        return signed.role if signed is not None else None
+
+    def sign_out(self, cookie: str | None) -> None:
+        """End the session ``cookie`` names, here: a copy of it is refused from now on."""
+        signed = self.signed(cookie)
+        # Anyone may have an anonymous cookie for the asking: revoking one
+        # protects nothing and would only take room from the sign-ins.
+        if signed is None or _anonymous(signed.role):
+            return
+        if not self._revoked.add(signed.session, signed.issued + self._lifetime, self._clock()):
+            # No room: rather than forget a revocation (a copied cookie would
+            # work again), a new secret ends every session and every form token.
+            self._secret = secrets.token_bytes(32)
+            self._revoked.clear()
 
     def csrf(self, cookie: str) -> str:
         return self._mac("csrf", cookie)
@@ -138,7 +243,7 @@ class Signer:
         host = request.headers.get("host", "")
         if origin is not None and origin.split("://", 1)[-1] != host:
             raise Forbidden("This action must come from the dashboard's own page.")
-        if token is None or not hmac.compare_digest(token, self.csrf(cookie)):
+        if token is None or not hmac.compare_digest(token.encode(), self.csrf(cookie).encode()):
             raise Forbidden("The form has expired; reload the page and try again.")
 
 

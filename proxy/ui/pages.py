@@ -4,7 +4,8 @@
 * ``POST /ui/sessions/{session}/settings`` and ``/compact``,
   ``POST /ui/checkpoints/{id}`` — the buttons (CSRF-checked, then back to the page);
   ``GET /ui/checkpoints/{id}`` — to the checkpoint on its session's page;
-* ``GET/POST /ui/login``, ``POST /ui/logout``.
+* ``GET/POST /ui/login``, ``POST /ui/logout`` (which ends the session on the
+  server too, :meth:`proxy.ui.auth.Signer.sign_out`).
 
 A session or checkpoint the visitor has nothing of — none such, or another
 caller's — is a 404 page, the same in both cases, so that it tells nobody
@@ -137,7 +138,7 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         )
         response = HTMLResponse(body, status_code=status, headers=_SECURITY_HEADERS)
         if visitor.fresh:
-            _set_cookie(response, visitor.cookie)
+            _set_cookie(response, visitor.cookie, signer.max_age)
         return response
 
     def signed_in(request: Request) -> Visitor:
@@ -247,15 +248,16 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         fields = await form(request, visitor)
         role = signer.sign_in(fields.get("key", ""), fields.get("proxy_key", ""))
         response = RedirectResponse("/ui", status_code=303)
-        _set_cookie(response, signer.cookie(role))
+        _set_cookie(response, signer.cookie(role), signer.max_age)
         return response
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
         cookie = request.cookies.get(COOKIE) or ""
         await form(request, Visitor(None, "anon", cookie, fresh=False))
+        signer.sign_out(cookie)  # here, not only in this browser: a copy is refused too
         response = RedirectResponse("/ui/login", status_code=303)
-        response.delete_cookie(COOKIE, path="/ui")
+        response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
         return response
 
     @router.get("/{anything:path}", response_class=HTMLResponse)
@@ -276,8 +278,10 @@ _SECURITY_HEADERS = {
 }
 
 
-def _set_cookie(response: Response, value: str) -> None:
-    response.set_cookie(COOKIE, value, httponly=True, samesite="strict", path="/ui")
+def _set_cookie(response: Response, value: str, max_age: int) -> None:
+    response.set_cookie(
+        COOKIE, value, max_age=max_age, httponly=True, samesite="strict", path="/ui"
+    )
 
 
 def _back(session: str, anchor: str = "") -> Response:
