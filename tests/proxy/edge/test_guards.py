@@ -115,3 +115,19 @@ def test_the_dashboard_passes_the_key_and_origin_checks_but_not_the_host_check(
     assert page.status_code not in (401, 403)  # the page signs its visitors in itself
     rebound = proxy.http.get("/ui", headers={"host": REBOUND})
     assert rebound.status_code == 403
+
+
+def test_a_client_that_is_not_a_browser_reads_the_dashboard_with_the_key_headers(
+    start_app: AppFactory,
+) -> None:
+    # The edge takes the key headers out before the pages run; what the
+    # pages go by is that the key came.
+    proxy = start_app(server={"api_key": "sk-proxy", "admin_key": "sk-admin"})
+    admin = {"x-compaction-proxy-admin-key": "sk-admin"}
+    for presented in ({"x-compaction-proxy-key": "sk-proxy"}, {"authorization": "Bearer sk-proxy"}):
+        page = proxy.http.get("/ui", headers={**presented, **admin})
+        assert page.status_code == 200
+        assert "sk-proxy" not in page.text and "sk-admin" not in page.text
+    for wrong in ({}, {"x-compaction-proxy-key": "guess"}, {"authorization": "Bearer guess"}):
+        refused = proxy.http.get("/ui", headers={**wrong, **admin})
+        assert refused.status_code == 303 and refused.headers["location"] == "/ui/login"

@@ -206,3 +206,20 @@ def test_the_summarizer_and_the_background_preparation_get_the_clients_key_only(
     assert fake_upstream.summary_requests, "the summarizer was never asked"
     for asked in transport.requests:
         _assert_forwarded_without_keys(asked.headers, sent)
+
+
+def test_with_only_an_admin_key_set_it_is_forwarded_in_no_header(
+    start_app: AppFactory, fake_upstream: FakeUpstream
+) -> None:
+    transport = RecordingTransport(app=fake_upstream.app())
+    proxy = start_app(transport=transport, server={"admin_key": ADMIN_KEY})
+    sent = [
+        ("authorization", f"BEARER  {ADMIN_KEY}"),
+        ("x-compaction-proxy-admin-key", ADMIN_KEY),
+        ("api-key", ADMIN_KEY),
+        ("x-api-key", OWN["x-api-key"]),
+    ]
+    assert proxy.http.post("/v1/chat/completions", json=HI, headers=sent).status_code == 200
+    assert proxy.http.get("/v1/models", headers=sent).status_code == 200
+    for asked in transport.requests:
+        _assert_forwarded_without_keys(asked.headers, sent)
