@@ -9,11 +9,15 @@ messages of the span, which no stage drops: stored with the rest, so that the
 next request forwards them in the same place). It is found
 again through a **hash chain** over the normalized messages after the head::
 
-    h_0 = H(m_0),  h_i = H(h_{i-1} ‖ m_i)
+    s = H(…H(H(scope ‖ t_1) ‖ t_2)… ‖ t_k)      the head's task
+    h_0 = H(s ‖ m_0),  h_i = H(h_{i-1} ‖ m_i)
 
-so ``h_{covered-1}`` identifies exactly that prefix of the conversation,
-whatever the system prompt says today. The newest checkpoint whose
-``end_hash`` occurs in the request's chain, at a group boundary, applies.
+seeded with the caller's ``scope`` and the head's messages other than system
+ones (``t_1 … t_k``: the task, usually the first user message), so that
+``h_{covered-1}`` identifies exactly that prefix of this task's conversation,
+whatever the system prompt says today (:func:`chain_hashes` says why). The
+newest checkpoint whose ``end_hash`` occurs in the request's chain, at a group
+boundary, applies.
 """
 
 from __future__ import annotations
@@ -118,21 +122,68 @@ def chain_hashes(
     keys: Sequence[bytes] | None = None,
     seed: bytes = b"",
 ) -> list[str]:
-    """``h_i`` for every message from ``start`` on, as hex strings.
+    """``h_i`` for every message from ``start`` (the head's end) on, as hex strings.
+
+    The chain is seeded with ``seed`` — the caller's scope: whose conversation
+    this is, for which model, so that the same messages sent by another caller
+    never lead to this caller's checkpoints — followed by the head's messages
+    other than system and developer ones (:data:`~compaction.messages.HEAD_ROLES`).
+    Those are the task: two conversations of one caller that begin alike (an
+    agent's first steps are often the same ``ls`` and README) but were given
+    different tasks share no hash, so one task's summary — whose goal is
+    quoted from the head, whose session is the other's — never stands in for
+    the other's span. The system messages stay out: clients rewrite the system
+    prompt (or the Responses API's ``instructions``) between requests of one
+    session — a date, the git status, the environment, a memory file — and
+    that must not lose the checkpoint. The first user message, by contrast, is
+    history the client resends as it was (its ``cache_control`` markers, which
+    move, are not part of :func:`normalize`). Editing the task therefore starts
+    a new chain, as editing any covered message does.
 
     With a ``memo``, a link it remembers (the same message after the same
     hash) is looked up by the message's :func:`~compaction.tokens.message_key`
     instead of normalized and hashed again: a client resends its history on
     every request. ``keys`` are those keys, one per message, if already known.
-    ``seed`` starts the chain (``h_{-1}``): the caller's scope — whose
-    conversation this is, for which model — so that the same messages sent by
-    another caller never lead to this caller's checkpoints.
     """
     if memo is not None and keys is None:
+        keys = [
+            b"" if i < start and m.get("role") in HEAD_ROLES else message_key(m)
+            for i, m in enumerate(messages)
+        ]
+    head = range(min(start, len(messages)))
+    task = [i for i in head if messages[i].get("role") not in HEAD_ROLES]
+    anchor = seed
+    if task:
+        task_keys = None if keys is None else [keys[i] for i in task]
+        anchor = _links([messages[i] for i in task], 0, anchor, memo, task_keys)[-1]
+    return [link.hex() for link in _links(messages, start, anchor, memo, keys)]
+
+
+def continue_chain(
+    messages: Sequence[Message],
+    start: int,
+    last: str,
+    *,
+    memo: ChainMemo | None = None,
+    keys: Sequence[bytes] | None = None,
+) -> list[str]:
+    """The links after ``last`` (a chain's last hash, of ``messages[start - 1]``)
+    for ``messages[start:]``: a chain read before, extended over new messages."""
+    if memo is not None and keys is None:
         keys = [b""] * start + [message_key(m) for m in messages[start:]]
+    return [link.hex() for link in _links(messages, start, bytes.fromhex(last), memo, keys)]
+
+
+def _links(
+    messages: Sequence[Message],
+    start: int,
+    previous: bytes,
+    memo: ChainMemo | None,
+    keys: Sequence[bytes] | None,
+) -> list[bytes]:
+    """The chain's links over ``messages[start:]``, the first one after ``previous``."""
     links: list[bytes] = []
     learned: list[tuple[bytes, bytes, bytes]] = []
-    previous = seed
     i = start
     while i < len(messages):
         if memo is not None and keys is not None:
@@ -150,7 +201,7 @@ def chain_hashes(
         i += 1
     if memo is not None and learned:
         memo.remember_links(learned)
-    return [link.hex() for link in links]
+    return links
 
 
 def _link(previous: bytes, message: Message) -> bytes:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from compaction.checkpoints import chain_hashes, session_key
+from compaction.checkpoints import chain_hashes, continue_chain, session_key
 from compaction.messages import (
     Group,
     Grouping,
@@ -50,9 +50,11 @@ class Conversation:
     problems: tuple[PairingProblem, ...]  #: how tool calls and results fail to pair up
     head: int  #: index one past the head
     head_count: int  #: the profile's ``head_count`` the head was found with
-    chain: list[str]  #: checkpoint hash chain of the messages after the head
+    #: Checkpoint hash chain of the messages after the head, seeded with the
+    #: scope and the head's task (:func:`~compaction.checkpoints.chain_hashes`).
+    chain: list[str]
     counter: TokenCounter = field(repr=False, compare=False)
-    scope: bytes = b""  #: what seeded the chain
+    scope: bytes = b""  #: whose conversation, for which model: what seeded the chain
 
     @property
     def tokens(self) -> int:
@@ -83,8 +85,13 @@ def read_conversation(
     request, run this in a worker thread or use :func:`read_conversation_async`.
     ``scope`` seeds the checkpoint chain (see
     :func:`~compaction.checkpoints.chain_hashes`): a digest of whose
-    conversation this is and for which model. ``previous``, if it
-    :func:`continues` into ``messages``, is reused for what it already read.
+    conversation this is and for which model; the head's task (its messages
+    other than system ones) is chained after it, so another task of the same
+    caller starts another chain even where their later messages agree, while a
+    system prompt rewritten between requests keeps it. ``previous``, if it
+    :func:`continues` into ``messages``, is reused for what it already read —
+    its chain too when the head is the same, for the head's messages are then
+    the same objects, and so the same seed.
     """
     known = continues(previous, messages, counter, head_count, scope)
     if previous is not None and known:
@@ -212,12 +219,16 @@ def _index_of(groups: tuple[Group, ...], start: int) -> int:
 def _chain_on(
     previous: Conversation, messages: list[Message], keys: list[bytes], counter: TokenCounter
 ) -> list[str]:
-    """``previous``'s chain, continued over the new messages (the head unchanged)."""
-    if previous.chain:
-        start, seed = len(previous.messages), bytes.fromhex(previous.chain[-1])
-    else:
-        start, seed = previous.head, previous.scope
+    """``previous``'s chain, continued over the new messages.
+
+    The head is unchanged — the same objects, found with the same scope — so
+    the seed it gave ``previous``'s chain is this one's too. With no link yet
+    (nothing after the head), the chain is started from the head as usual: its
+    links are remembered by the counter, so the head is not hashed again."""
+    if not previous.chain:
+        return chain_hashes(messages, previous.head, memo=counter, keys=keys, seed=previous.scope)
+    start = len(previous.messages)
     return [
         *previous.chain,
-        *chain_hashes(messages, start, memo=counter, keys=keys, seed=seed),
+        *continue_chain(messages, start, previous.chain[-1], memo=counter, keys=keys),
     ]
