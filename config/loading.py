@@ -37,6 +37,7 @@ from config.settings import (
     ENV_PREFIX,
     OVERRIDE_CONFLICT,
     STORE_URL_ENV,
+    BackgroundSettings,
     CompactionSettings,
     EnvSource,
     ModelOverride,
@@ -55,6 +56,7 @@ _SECTIONS: Final[Mapping[str, type[BaseModel]]] = {
     "upstream": UpstreamSettings,
     "compaction": CompactionSettings,
     "store": StoreSettings,
+    "background": BackgroundSettings,
 }
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -6,6 +6,7 @@ Layout (DESIGN.md §8)::
     [upstream]          UpstreamSettings    where requests go
     [compaction]        CompactionSettings  every Profile field + summary_model
     [store]             StoreSettings       checkpoints, originals, events (proxy.state.stores)
+    [background]        BackgroundSettings  compactions prepared ahead: caps, their own pool
     [models."<glob>"]   ModelOverride       per-model changes to [compaction]
 
 Every model forbids unknown keys and is frozen. The pipeline's fields are not
@@ -71,6 +72,10 @@ DEFAULT_KEEPALIVE_EXPIRY: Final = 4.0
 DEFAULT_RETENTION_DAYS: Final = 30.0
 DEFAULT_PROGRESS_MIN_RATIO: Final = 0.10
 DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
+#: A summary of a long span from a slow model takes tens of seconds; two
+#: minutes allows for that and still frees a request held by an upstream that
+#: trickles its answer a byte at a time (each within the read timeout).
+DEFAULT_SUMMARIZER_TIMEOUT: Final = 120.0
 #: A healthy store answers in about a millisecond (SQLite on a local disk,
 #: Redis on the LAN); two seconds is far beyond that, even for a write queued
 #: behind another process's, and short next to the model's answer the request
@@ -267,6 +272,34 @@ class UpstreamSettings(BaseModel):
         description="PEM file of the certificate authorities that upstream TLS "
         "certificates are checked against, instead of the system's.",
     )
+    summarizer_timeout_seconds: _PositiveFloat = Field(
+        default=DEFAULT_SUMMARIZER_TIMEOUT,
+        description="Seconds a summary request may take in all (connecting, every read, "
+        "its one retry), however steadily the upstream trickles bytes; past it the "
+        "extractive summary is used instead.",
+    )
+
+
+class BackgroundSettings(BaseModel):
+    """``[background]``: the compactions prepared ahead of need, off the request path."""
+
+    model_config = _SECTION
+
+    max_running: _PositiveInt = Field(
+        default=4,
+        description="Compactions prepared in the background at once in this process; "
+        "one more is not started (the request that crosses its trigger compacts itself).",
+    )
+    max_running_per_owner: _PositiveInt = Field(
+        default=1,
+        description="Of those, at once for one caller (one key); one more is not started.",
+    )
+    max_connections: _PositiveInt = Field(
+        default=2,
+        description="Size of the upstream connection pool the background summaries use, "
+        "apart from upstream.max_connections, so they never take a connection a "
+        "request is waiting for.",
+    )
 
 
 class StoreSettings(BaseModel):
@@ -424,6 +457,9 @@ class Settings(BaseSettings):
         default_factory=CompactionSettings, description="[compaction]"
     )
     store: StoreSettings = Field(default_factory=StoreSettings, description="[store]")
+    background: BackgroundSettings = Field(
+        default_factory=BackgroundSettings, description="[background]"
+    )
     models: dict[str, ModelOverride] = Field(
         default_factory=dict,
         description="Per-model overrides by exact name or glob; the most specific one applies.",

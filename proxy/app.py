@@ -37,6 +37,7 @@ from proxy.edge.paths import forward_url, raw_path_of
 from proxy.flow.handler import handle_chat
 from proxy.flow.send import Relay, error_response, send, upstream_headers
 from proxy.flow.usage import UsageTap
+from proxy.session.background import Background
 from proxy.session.conversation import identify
 from proxy.state.logs import REQUESTS
 from proxy.state.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -115,6 +116,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = transport is None
         upstream_transport = transport or build_transport(settings)
+        # The preparations' summaries get a pool of their own (a transport
+        # given by a test serves them too, and records them with the rest).
+        background_transport = build_transport(settings, background=True) if owned else None
         backend = (
             store
             if store is not None
@@ -138,6 +142,12 @@ def create_app(
             resolver=ModelResolver(settings),
             metrics=metrics,
             readings=ReadingCache(settings.server.incremental_cache_mb * MIB),
+            background=Background(
+                max_running=settings.background.max_running,
+                max_per_owner=settings.background.max_running_per_owner,
+                on_refused=lambda reason: metrics.background.labels(reason).inc(),
+            ),
+            background_transport=background_transport,
         )
         metrics.background_running.set_function(lambda: len(state.background))
         await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
@@ -162,6 +172,8 @@ def create_app(
             await state.store.close()
             if owned:
                 await upstream_transport.aclose()
+            if background_transport is not None:
+                await background_transport.aclose()
 
     app = FastAPI(
         title="compaction-proxy",

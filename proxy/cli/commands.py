@@ -166,9 +166,14 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
         headers = {"authorization": f"Bearer {key}"} if key else {}
         # The proxy's own upstream settings: timeouts, trust_env, ca_bundle.
-        transport = build_transport(load_settings(args.config))
+        settings = load_settings(args.config)
+        transport = build_transport(settings)
         summarizer = UpstreamSummarizer(
-            transport, args.upstream or config.upstream, config.summary_model, headers
+            transport,
+            args.upstream or config.upstream,
+            config.summary_model,
+            headers,
+            deadline=settings.upstream.summarizer_timeout_seconds,
         )
     try:
         result = await compact(

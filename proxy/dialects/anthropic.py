@@ -195,6 +195,9 @@ class AnthropicDialect:
     ) -> dict[str, Any] | None:
         return None
 
+    def summary_cut_off(self, reply: Any) -> bool:
+        return isinstance(reply, dict) and reply.get("stop_reason") == "max_tokens"
+
     def manual_reply(self, model: str, text: str) -> dict[str, Any]:
         return replies.message_reply(model, text)
 

@@ -257,6 +257,11 @@ class Dialect(Protocol):
         :class:`compaction.SummarizationError` if it has none."""
         ...
 
+    def summary_cut_off(self, reply: Any) -> bool:
+        """Whether a reply to :meth:`summary_request` stopped at the output limit
+        it was given, its text unfinished."""
+        ...
+
     def manual_reply(self, model: str, text: str) -> dict[str, Any]:
         """A whole (non-streamed) answer in this API carrying ``text``: ``/compact``."""
         ...

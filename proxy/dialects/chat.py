@@ -86,6 +86,12 @@ class ChatDialect:
             raise SummarizationError("summarizer reply is empty")
         return content.strip()
 
+    def summary_cut_off(self, reply: Any) -> bool:
+        try:
+            return bool(reply["choices"][0]["finish_reason"] == "length")
+        except (KeyError, IndexError, TypeError):
+            return False
+
     def manual_reply(self, model: str, text: str) -> dict[str, Any]:
         return {
             "id": _completion_id(),

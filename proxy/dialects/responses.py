@@ -337,6 +337,13 @@ class ResponsesDialect:
             raise SummarizationError("summarizer reply is empty")
         return text.strip()
 
+    def summary_cut_off(self, reply: Any) -> bool:
+        # Without details, an incomplete Response is taken as the usual case.
+        if not isinstance(reply, dict) or reply.get("status") != "incomplete":
+            return False
+        details = reply.get("incomplete_details")
+        return not isinstance(details, dict) or details.get("reason") == "max_output_tokens"
+
     def manual_reply(self, model: str, text: str) -> dict[str, Any]:
         return replies.response_object(model, text)
 

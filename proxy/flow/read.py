@@ -103,6 +103,7 @@ class Call:
             headers,
             dialect=self.dialect,
             on_call=self.state.metrics.summarizer_calls.inc,
+            deadline=self.state.settings.upstream.summarizer_timeout_seconds,
         )
 
     def encode(self, resolved: Resolved) -> bytes:

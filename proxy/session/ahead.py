@@ -21,12 +21,20 @@ conversation near its trigger, starts :func:`prepare_ahead` as a task of
 The request that crosses the trigger applies it (:func:`compaction.decide`),
 waiting for a preparation still running for its span rather than asking the
 model twice (:func:`proxy.session.conversation.resolve`).
+
+A preparation's summaries go through the upstream pool of the background
+(:attr:`proxy.state.runtime.ProxyState.background_transport`), never the one
+the requests use: however many are under way, and however slowly the model
+answers them, a request never waits for a connection they hold. A compaction
+on the request path asks through the request's pool, as the request itself.
+How many run at once is capped by :class:`~proxy.session.background.Background`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import TYPE_CHECKING
 
 from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
 from proxy.session.compacting import (
@@ -39,6 +47,10 @@ from proxy.session.compacting import (
     run_plan,
 )
 from proxy.state.stores import RequestRecord
+from proxy.upstream.summarizer import UpstreamSummarizer
+
+if TYPE_CHECKING:
+    from proxy.state.runtime import ProxyState
 
 
 def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
@@ -96,8 +108,9 @@ async def _ahead(job: Job, plan: Decision) -> str:
     """Run ``plan`` (:func:`compaction.ahead`) and store its result; the outcome's name."""
     state, conversation = job.state, job.conversation
     emit = Emitter(state, conversation.session, job.config.model, plan.reason, job.owner)
-    announcing = _Announcing(job.summarizer, emit) if job.summarizer is not None else None
-    spent, asked = _tokens(job.summarizer), _calls(job.summarizer)
+    summarizer = _off_the_request_path(state, job.summarizer)
+    announcing = _Announcing(summarizer, emit) if summarizer is not None else None
+    spent, asked = _tokens(summarizer), _calls(summarizer)
     try:
         result = await run_plan(dataclasses.replace(job, summarizer=announcing), plan)
     except asyncio.CancelledError:
@@ -129,8 +142,8 @@ async def _ahead(job: Job, plan: Decision) -> str:
                 trigger=0,
                 status=0,
                 ms=0.0,
-                summarizer_calls=_calls(job.summarizer) - asked,
-                summarizer_tokens=_tokens(job.summarizer) - spent,
+                summarizer_calls=_calls(summarizer) - asked,
+                summarizer_tokens=_tokens(summarizer) - spent,
                 background=True,
             )
         )
@@ -160,6 +173,14 @@ async def _ahead(job: Job, plan: Decision) -> str:
         background=True,
     )
     return "prepared"
+
+
+def _off_the_request_path(state: ProxyState, summarizer: Summarizer | None) -> Summarizer | None:
+    """The request's summarizer, asking through the background's own pool."""
+    pool = state.background_transport
+    if pool is not None and isinstance(summarizer, UpstreamSummarizer):
+        return summarizer.via(pool)
+    return summarizer
 
 
 def _tokens(summarizer: Summarizer | None) -> int:

@@ -222,7 +222,7 @@ async def resolve(
         if decision.prepare and summarizer is not None:
             span = span_key(conversation, decision.checkpoint)
             if span is not None:
-                state.background.start(span, prepare_ahead(job, span, basis))
+                state.background.start(span, prepare_ahead(job, span, basis), owner=job.owner)
         return _forward(conversation, decision)
     ttl = state.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
@@ -244,7 +244,7 @@ async def resolve(
     if resolved.checkpoint is not None and span is not None and prepares_ahead(job, decision):
         # Left near the trigger, the conversation may need its next compaction
         # soon: the job asks the store and prepares it if so.
-        state.background.start(span, prepare_ahead(job, span))
+        state.background.start(span, prepare_ahead(job, span), owner=job.owner)
     return resolved
 
 

@@ -58,6 +58,10 @@ class ProxyState:
     ratios: dict[str, float] = field(default_factory=dict)
     #: Compactions prepared ahead of need, running off the request path.
     background: Background = field(default_factory=Background)
+    #: The pool their summaries are asked through, apart from ``transport``
+    #: so that they never hold a connection a request waits for; ``None``
+    #: sends them through ``transport`` (a test's recording one).
+    background_transport: Transport | None = None
     #: Per-request figures on their way to the store (set in the app's lifespan).
     recorder: Recorder | None = None
     #: (owner, session) asked to "compact now" from the dashboard: their next
@@ -167,9 +171,13 @@ def calibration_key(config: ModelConfig) -> str:
     return f"{config.upstream}\x1f{config.model}"
 
 
-def build_transport(settings: Settings) -> Transport:
+def build_transport(settings: Settings, *, background: bool = False) -> Transport:
+    """The pool of the requests (``upstream.max_connections``), or with
+    ``background`` the preparations' own (``background.max_connections``), whose
+    summaries wait their turn for a connection up to their deadline: nobody is
+    waiting on the other side."""
     upstream = settings.upstream
-    if "max_keepalive_connections" in upstream.model_fields_set:
+    if not background and "max_keepalive_connections" in upstream.model_fields_set:
         logger.warning(
             "upstream.max_keepalive_connections is ignored: idle connections "
             "expire after upstream.keepalive_expiry (%.1f s)",
@@ -178,8 +186,11 @@ def build_transport(settings: Settings) -> Transport:
     return Transport(
         connect_timeout=upstream.connect_timeout,
         read_timeout=upstream.read_timeout,
-        max_connections=upstream.max_connections,
+        max_connections=(
+            settings.background.max_connections if background else upstream.max_connections
+        ),
         keepalive_expiry=upstream.keepalive_expiry,
         trust_env=upstream.trust_env,
         ca_bundle=str(upstream.ca_bundle) if upstream.ca_bundle else None,
+        pool_timeout=upstream.summarizer_timeout_seconds if background else None,
     )

@@ -4,11 +4,17 @@ Used by the CLI (``compact --summarizer llm``) and by the server, which hands
 it the client's own credentials. The request follows DESIGN.md §6: no tools,
 ``temperature: 0``, the summary budget as ``max_tokens``, not streamed. Every
 failure becomes :class:`~compaction.errors.SummarizationError`, so the
-pipeline falls back to the extractive summary.
+pipeline falls back to the extractive summary — among them a reply cut off at
+the output limit (half a summary reads as a whole one, and the span it
+replaces would be lost) and a call that outlives its ``deadline``: the
+transport's timeouts bound each wait for a byte, so an upstream trickling one
+byte a second would otherwise hold the request (and its connection) forever.
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +27,11 @@ from proxy.upstream.transport import Transport, TransportError
 
 #: A summary reply above this is not a summary; reading stops there.
 MAX_REPLY_BYTES = 4 << 20
+#: Why a reply that stopped at the output limit is not used.
+SUMMARY_CUT_OFF = "summary cut off at the output limit"
+#: Seconds a whole summary call may take unless told otherwise (the server
+#: passes ``upstream.summarizer_timeout_seconds``).
+DEFAULT_DEADLINE = 120.0
 
 
 class UpstreamSummarizer:
@@ -40,12 +51,15 @@ class UpstreamSummarizer:
         *,
         dialect: Dialect = CHAT,
         on_call: Callable[[], object] | None = None,
+        deadline: float = DEFAULT_DEADLINE,
     ) -> None:
         self._transport = transport
         self._url = base_url.rstrip("/") + dialect.path
         self._model = model
         self._headers = {**(headers or {}), "content-type": "application/json"}
         self._dialect = dialect
+        #: Seconds for the whole call: connecting, every read, the one retry.
+        self._deadline = deadline
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
         self.calls = 0
@@ -53,7 +67,27 @@ class UpstreamSummarizer:
         #: (prompt and reply), for the dashboard's figures.
         self.tokens = 0
 
+    def via(self, transport: Transport) -> UpstreamSummarizer:
+        """The same summarizer sending through ``transport`` (the background's own
+        pool), with counters of its own."""
+        other = copy.copy(self)
+        other._transport = transport
+        other.calls = other.tokens = 0
+        return other
+
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        timer = asyncio.timeout(self._deadline)
+        try:
+            async with timer:
+                return await self._ask(messages, max_tokens)
+        except TimeoutError as exc:
+            if not timer.expired():
+                raise
+            raise SummarizationError(
+                f"summarizer timed out: no whole reply within {self._deadline:g} s"
+            ) from exc
+
+    async def _ask(self, messages: list[Message], max_tokens: int) -> str:
         body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
         status, reply = await self._post(body)
         retry = self._dialect.summary_retry(body, status, reply) if status != 200 else None
@@ -67,6 +101,8 @@ class UpstreamSummarizer:
         except orjson.JSONDecodeError as exc:
             raise SummarizationError("summarizer reply is not JSON") from exc
         self.tokens += reported_tokens(payload)
+        if self._dialect.summary_cut_off(payload):
+            raise SummarizationError(SUMMARY_CUT_OFF)
         return self._dialect.summary_text(payload)
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
@@ -77,7 +113,11 @@ class UpstreamSummarizer:
             response = await self._transport.request(
                 "POST", self._url, self._headers, orjson.dumps(body)
             )
-            return response.status, await response.read(MAX_REPLY_BYTES)
+            try:
+                return response.status, await response.read(MAX_REPLY_BYTES)
+            except BaseException:  # the deadline, or shutdown: the connection is not reused
+                response.abort()
+                raise
         except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
 

@@ -122,7 +122,11 @@ class Transport:
         keepalive_expiry: float,
         trust_env: bool = True,
         ca_bundle: str | None = None,
+        pool_timeout: float | None = None,
     ) -> None:
+        """``pool_timeout`` bounds waiting for a free connection and opening one
+        together (``connect_timeout`` when unset); ``connect_timeout`` still
+        bounds opening one."""
         connector = aiohttp.TCPConnector(
             limit=max_connections,
             limit_per_host=0,
@@ -133,7 +137,7 @@ class Transport:
             connector=connector,
             timeout=aiohttp.ClientTimeout(
                 total=None,
-                connect=connect_timeout,
+                connect=pool_timeout if pool_timeout is not None else connect_timeout,
                 sock_connect=connect_timeout,
                 sock_read=read_timeout,
             ),

@@ -33,7 +33,7 @@ import orjson
 import pytest
 
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
-from proxy.session.background import Background
+from proxy.session.background import Background, Start
 from tests.proxy.conftest import AppFactory, ProxyFactory
 from tests.proxy.inprocess import InProcessProxy, RecordingTransport
 from tests.proxy.servers import FakeUpstream
@@ -151,9 +151,11 @@ def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[Session]:
     record = Session()
     start, wait = Background.start, Background.wait
 
-    def starting(self: Background, key: str, work: Coroutine[Any, Any, None]) -> bool:
-        if self.running(key):
-            return start(self, key, work)  # refused: the one running is the preparation
+    def starting(
+        self: Background, key: str, work: Coroutine[Any, Any, None], *, owner: str = ""
+    ) -> Start:
+        if self.running(key):  # refused: the one running is the preparation
+            return start(self, key, work, owner=owner)
 
         preparation = _Preparation(key, record.turn)
 
@@ -164,8 +166,12 @@ def session(monkeypatch: pytest.MonkeyPatch) -> Iterator[Session]:
             finally:
                 preparation.finished.set()
 
-        record.preparations.append(preparation)
-        return start(self, key, marked())
+        started = start(self, key, marked(), owner=owner)
+        if started == "started":
+            record.preparations.append(preparation)
+        else:  # refused for a cap: never run
+            work.close()
+        return started
 
     async def waiting(self: Background, key: str) -> None:
         if self.running(key):

@@ -16,6 +16,7 @@ from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.transport import Transport
+from tests.proxy.raw_servers import read_request, serve_script
 
 #: (status, body) the scripted upstream answers.
 Reply = tuple[int, bytes]
@@ -167,3 +168,93 @@ def test_the_tokens_a_summary_cost_are_read_from_its_usage(usage: Any, tokens: i
 
     assert reported_tokens({"usage": usage} if usage is not None else {}) == tokens
     assert reported_tokens([]) == 0
+
+
+_CHAT_CUT = {"choices": [{"message": {"role": "assistant", "content": "## Goal\nx"}}]}
+_MESSAGE = {"type": "message", "content": [{"type": "text", "text": "## Goal\nx"}]}
+_RESPONSE_TEXT = [
+    {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "## Goal\nx"}],
+    }
+]
+
+
+def _finished(choice: dict[str, Any]) -> dict[str, Any]:
+    return {"choices": [{**_CHAT_CUT["choices"][0], **choice}]}
+
+
+@pytest.mark.parametrize(
+    ("dialect", "payload"),
+    [
+        pytest.param(CHAT, _finished({"finish_reason": "length"}), id="chat"),
+        pytest.param(ANTHROPIC, {**_MESSAGE, "stop_reason": "max_tokens"}, id="anthropic"),
+        pytest.param(
+            RESPONSES,
+            {
+                "status": "incomplete",
+                "incomplete_details": {"reason": "max_output_tokens"},
+                "output": _RESPONSE_TEXT,
+            },
+            id="responses",
+        ),
+        pytest.param(
+            RESPONSES, {"status": "incomplete", "output": _RESPONSE_TEXT}, id="responses-no-details"
+        ),
+    ],
+)
+def test_a_summary_cut_off_at_the_output_limit_is_refused(
+    dialect: Dialect, payload: dict[str, Any]
+) -> None:
+    with pytest.raises(SummarizationError, match="summary cut off at the output limit"):
+        _summarize(lambda request, n: _json(200, payload), dialect)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "payload"),
+    [
+        pytest.param(CHAT, _finished({"finish_reason": "stop"}), id="chat"),
+        pytest.param(CHAT, _finished({}), id="chat-no-reason"),
+        pytest.param(ANTHROPIC, {**_MESSAGE, "stop_reason": "end_turn"}, id="anthropic"),
+        pytest.param(RESPONSES, {"status": "completed", "output": _RESPONSE_TEXT}, id="responses"),
+        pytest.param(
+            RESPONSES,
+            {
+                "status": "incomplete",
+                "incomplete_details": {"reason": "content_filter"},
+                "output": _RESPONSE_TEXT,
+            },
+            id="responses-filtered",
+        ),
+    ],
+)
+def test_a_summary_that_ended_on_its_own_is_used(dialect: Dialect, payload: dict[str, Any]) -> None:
+    text, _ = _summarize(lambda request, n: _json(200, payload), dialect)
+    assert text == "## Goal\nx"
+
+
+def test_a_summary_trickled_a_byte_at_a_time_ends_at_the_deadline() -> None:
+    """Each byte arrives well within the read timeout; the whole call still ends."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n")
+        while True:
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async def run(url: str) -> str:
+        transport = Transport(
+            connect_timeout=5, read_timeout=30, max_connections=1, keepalive_expiry=4
+        )
+        try:
+            summarizer = UpstreamSummarizer(transport, url + "/v1", "m", deadline=0.3)
+            return await summarizer([{"role": "user", "content": "x"}], 600)
+        finally:
+            await transport.aclose()
+
+    timed_out = r"timed out: no whole reply within 0.3 s"
+    with serve_script(trickle) as url, pytest.raises(SummarizationError, match=timed_out):
+        asyncio.run(run(url))
