@@ -24,8 +24,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/compaction-proxy serve $(ARGS)
 
+# Two test workers (pytest-xdist): many tests wait on loopback servers, child
+# processes and deadlines rather than compute, and the other worker runs
+# meanwhile. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check compaction config evaluation proxy tests

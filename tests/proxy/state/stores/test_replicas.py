@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,17 @@ from tests.proxy.state.stores.conftest import require_redis
 from tests.synthetic import agent_session
 
 MODELS = json.dumps({"gpt-4o": {"context_window": 8192}})
-DB = 7  # a database of its own: the replicas use the default key prefix
+
+
+def _database() -> int:
+    """A database of its own (the replicas use the default key prefix), and one
+    per test worker: a pair empties it first, which must not wipe the pair
+    another worker is running at the same time."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return 7 + int(worker.removeprefix("gw")) % 9  # databases 7 to 15 of Redis's 16
+
+
+DB = _database()
 
 
 @contextmanager
@@ -33,13 +45,21 @@ def replica_pair(
     upstream = FakeUpstream(summary_delay=summary_delay)
     env = {"COMPACTION_PROXY_STORE__URL": url, "COMPACTION_PROXY_MODELS": models}
     with serve_in_thread(upstream.app()) as upstream_url:
-        first = ProxyProcess(upstream_url + "/v1", env, str(cwd))
-        second = ProxyProcess(upstream_url + "/v1", env, str(cwd))
+        # Both start at once (each spends its second importing the proxy), and
+        # one that did start is stopped even when the other could not.
+        with ThreadPoolExecutor(2) as pool:
+            starting = [
+                pool.submit(ProxyProcess, upstream_url + "/v1", env, str(cwd)) for _ in range(2)
+            ]
+        started = [f.result() for f in starting if f.exception() is None]
         try:
+            for future in starting:
+                future.result()  # raises the failure of one that did not start
+            first, second = started
             yield upstream, first, second
         finally:
-            first.stop()
-            second.stop()
+            for process in started:
+                process.stop()
 
 
 @pytest.fixture
