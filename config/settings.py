@@ -340,6 +340,12 @@ class StoreSettings(BaseModel):
         description="A store call that takes longer is abandoned: the request is served "
         "without the store (compacted afresh, nothing stored) and /healthz says degraded.",
     )
+    max_model_rows: _PositiveInt = Field(
+        default=1_000,
+        description="Learned context windows, and calibration ratios, kept per upstream and "
+        "model (model names are the clients' to choose): past this many the least recently "
+        "updated is dropped, in the store and in memory. Unused ones go with the retention.",
+    )
 
     @property
     def retention_seconds(self) -> float:

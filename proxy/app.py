@@ -128,6 +128,7 @@ def create_app(
                 store_originals=settings.store.store_originals,
                 timeout=settings.store.timeout_seconds,
                 requests_retention_seconds=settings.store.requests_retention_seconds,
+                max_model_rows=settings.store.max_model_rows,
             )
         )
         metrics = Metrics()

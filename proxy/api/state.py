@@ -37,6 +37,7 @@ def state_routes() -> APIRouter:
         if found is None:  # also another owner's: its existence is not revealed
             raise NotFound("No such checkpoint.")
         body = to_dict(found)
+        # Read by id alone: only now that the owner-checked get found it the caller's.
         body["originals"] = await state.store.originals(checkpoint_id)
         return Response(orjson.dumps(body), media_type="application/json")
 

@@ -10,6 +10,12 @@
 
 A session or checkpoint the caller has nothing of — none such, or another
 caller's — is a 404, the same in both cases (as on the dashboard's pages).
+
+Two callers may use the same session id (the id is made from the
+conversation's start). The admin addresses one owner's session with
+``?owner=<owner>`` on the three session routes; without it, a session id
+that several owners use is a 409 naming them, never a guess. A caller who is
+not the admin may name only themselves (another owner is a 404).
 Bodies are bounded by ``server.max_form_bytes`` as they stream in
 (:class:`proxy.edge.body.BodyLimit`); a session id, the instructions and a
 summary by their own ``server.max_*`` lengths, with a 400.
@@ -31,6 +37,8 @@ from proxy.state.stores import to_dict
 from proxy.ui.views import read_overview, read_session
 
 MAX_SESSIONS: Final = 1_000
+#: An owner is a digest of 32 hex characters; anything longer is no owner.
+MAX_OWNER_CHARS: Final = 64
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -83,11 +91,16 @@ def steering_routes() -> APIRouter:
         )
 
     @router.get("/sessions/{session}")
-    async def session(session: str, request: Request) -> Response:
+    async def session(
+        session: str,
+        request: Request,
+        owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
+    ) -> Response:
         state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
-        owner = await steering.steered_session(state, session, seen)
-        view = await read_session(state.store, session, seen, owner)
+        whose = await steering.steered_session(state, session, seen, owner)
+        # One owner's session, even for the admin: another's of the same id is another.
+        view = await read_session(state.store, session, whose, whose)
         return _json(
             {
                 "session": session,
@@ -99,24 +112,32 @@ def steering_routes() -> APIRouter:
         )
 
     @router.put("/sessions/{session}/settings")
-    async def settings(session: str, request: Request) -> Response:
+    async def settings(
+        session: str,
+        request: Request,
+        owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
+    ) -> Response:
         state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
         body = await _json_object(request)
         enabled = _field(body, "enabled", bool)
         instructions = _field(body, "instructions", str)
-        owner = await steering.steered_session(state, session, seen)
+        whose = await steering.steered_session(state, session, seen, owner)
         changed = await steering.update_settings(
-            state, session, owner, enabled=enabled, instructions=instructions
+            state, session, whose, enabled=enabled, instructions=instructions
         )
         return _json(to_dict(changed))
 
     @router.post("/sessions/{session}/compact")
-    async def compact(session: str, request: Request) -> Response:
+    async def compact(
+        session: str,
+        request: Request,
+        owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
+    ) -> Response:
         state = state_of(request)
         seen = viewer(request, state.settings.server.admin_key)
-        owner = await steering.steered_session(state, session, seen)
-        steering.compact_now(state, session, owner)
+        whose = await steering.steered_session(state, session, seen, owner)
+        steering.compact_now(state, session, whose)
         return _json({"session": session, "status": "pending"}, status=202)
 
     return router

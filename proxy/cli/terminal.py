@@ -31,6 +31,7 @@ def _open(settings: Settings) -> Store:
         store_originals=store.store_originals,
         timeout=store.timeout_seconds,
         requests_retention_seconds=store.requests_retention_seconds,
+        max_model_rows=store.max_model_rows,
     )
 
 

@@ -25,12 +25,20 @@ import uuid
 from typing import Final
 
 from compaction import Checkpoint, Steering, is_summary, parse_summary, with_body
-from proxy.edge.errors import BadRequest, NotFound
+from proxy.edge.errors import BadRequest, NotFound, ProxyError
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import Event, SessionSettings
 
-#: Sessions searched for the owner of a session the admin steers.
-_OWNER_SEARCH: Final = 1_000
+#: How many owners an ambiguous session's 409 names.
+_OWNERS_NAMED: Final = 10
+
+
+class AmbiguousSession(ProxyError):
+    """The admin steered a session id that several owners use, without naming one."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "ambiguous_session"
 
 
 async def steering_for(
@@ -68,7 +76,11 @@ def summary_text(checkpoint: Checkpoint) -> str | None:
 async def edit_summary(
     state: ProxyState, checkpoint_id: str, text: str, viewer: str | None
 ) -> Checkpoint:
-    """Replace the summary of ``viewer``'s checkpoint (anyone's for ``None``, the admin)."""
+    """Replace the summary of ``viewer``'s checkpoint (anyone's for ``None``, the admin).
+
+    The edit is stored under the owner the checkpoint was stored as, read from
+    the store: an admin's edit never changes whose it is, and one whose owner
+    cannot be read is refused (404; 503 when the store cannot say)."""
     text = _plain_lines(text)
     if not text.strip():
         raise BadRequest("The summary must not be empty.", param="summary")
@@ -84,7 +96,9 @@ async def edit_summary(
             f"This checkpoint holds no summary to edit (its stage is {found.stage}).",
             param="summary",
         )
-    owner = viewer if viewer is not None else await _owner_of_checkpoint(state, found)
+    owner = viewer if viewer is not None else await state.store.owner_of(checkpoint_id)
+    if owner is None:  # gone since it was read
+        raise NotFound("No such checkpoint.")
     previous = summary_text(found) or ""
     replacement = list(found.replacement)
     replacement[index] = with_body(replacement[index], text)
@@ -107,16 +121,6 @@ async def edit_summary(
     return edited
 
 
-async def _owner_of_checkpoint(state: ProxyState, checkpoint: Checkpoint) -> str:
-    """Whose checkpoint the admin edits (it stays theirs): the owner of the
-    events that made it, written before the checkpoint was ever answered with."""
-    events = await state.store.events(session=checkpoint.session, limit=_OWNER_SEARCH)
-    for event in events:
-        if event.checkpoint_id == checkpoint.id:
-            return event.owner
-    return await session_owner(state, checkpoint.session, None)
-
-
 def check_session_id(state: ProxyState, session: str) -> None:
     """A 400 for a session id longer than any the proxy makes (or allows)."""
     limit = state.settings.server.max_session_id_chars
@@ -133,28 +137,47 @@ async def session_exists(state: ProxyState, session: str, viewer: str | None) ->
     return bool(await state.store.events(session=session, owner=viewer, limit=1))
 
 
-async def steered_session(state: ProxyState, session: str, viewer: str | None) -> str:
+async def steered_session(
+    state: ProxyState, session: str, viewer: str | None, owner: str | None = None
+) -> str:
     """The owner whose ``session`` ``viewer`` steers, or a 404 when ``viewer``
-    has nothing of it (see :func:`session_exists`)."""
+    has nothing of it (see :func:`session_exists`); ``owner`` is the one the
+    admin names (see :func:`session_owner`)."""
     check_session_id(state, session)
-    if not await session_exists(state, session, viewer):
+    if not await session_exists(state, session, viewer if owner is None else owner):
         raise NotFound("No such session.")
-    return await session_owner(state, session, viewer)
+    return await session_owner(state, session, viewer, owner)
 
 
-async def session_owner(state: ProxyState, session: str, viewer: str | None) -> str:
-    """The owner whose ``session`` is steered: the viewer's own, or for the admin
-    the owner of the session as its events or figures say (the anonymous owner
-    if nothing says)."""
+async def session_owner(
+    state: ProxyState, session: str, viewer: str | None, owner: str | None = None
+) -> str:
+    """The owner whose ``session`` is steered.
+
+    A caller steers only their own: ``owner``, if given, must be theirs (else
+    a 404, as for a session they have nothing of). The admin (``viewer=None``)
+    steers the ``owner`` named, else the one owner the store knows with a
+    session by that id; two callers may use one id, and then the admin must
+    name one (:class:`AmbiguousSession`, a 409 listing them) — a setting is
+    never put on a guessed owner's session.
+    """
     if viewer is not None:
+        if owner is not None and owner != viewer:
+            raise NotFound("No such session.")
         return viewer
-    events = await state.store.events(session=session, limit=1)
-    if events:
-        return events[0].owner
-    for summary in await state.store.sessions(limit=_OWNER_SEARCH):
-        if summary.session == session:
-            return summary.owner
-    return ""
+    if owner is not None:
+        return owner
+    owners = await state.store.owners_of_session(session)
+    if not owners:
+        raise NotFound("No such session.")
+    if len(owners) > 1:
+        named = ", ".join(repr(name) for name in owners[:_OWNERS_NAMED])
+        raise AmbiguousSession(
+            f"{len(owners)} owners have a session {session!r}; name one with ?owner= "
+            f"(one of {named}).",
+            param="owner",
+        )
+    return owners[0]
 
 
 async def update_settings(

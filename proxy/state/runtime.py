@@ -7,10 +7,12 @@ module globals.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import uuid
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from starlette.requests import HTTPConnection
 
@@ -32,6 +34,7 @@ from proxy.state.stores import Store
 from proxy.upstream.transport import Transport
 
 logger = logging.getLogger(__name__)
+_V = TypeVar("_V")
 
 #: A learned ratio is written to the store again only when it moved by more
 #: than this share: every answer refines it, and a write per request would cost.
@@ -110,7 +113,7 @@ class ProxyState:
             logger.warning("an overflow error stated an implausible window; not learned")
             return False
         if lesson.remember is not None:
-            self.learned_windows[key] = lesson.remember
+            self._remember(self.learned_windows, key, lesson.remember)
             try:
                 await self.store.set_learned_window(key, lesson.remember)
             except Exception:  # the store being down must not fail a request
@@ -120,7 +123,7 @@ class ProxyState:
     def prove(self, config: ModelConfig, prompt_tokens: int) -> None:
         """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
         key = calibration_key(config)
-        self.proven[key] = proven_floor(self.proven.get(key, 0), prompt_tokens)
+        self._remember(self.proven, key, proven_floor(self.proven.get(key, 0), prompt_tokens))
 
     def ratio(self, config: ModelConfig) -> float:
         """The calibration ratio for this model's upstream (1.0 until one is learned)."""
@@ -131,7 +134,7 @@ class ProxyState:
         when the ratio moved by more than :data:`RATIO_WRITE_STEP`."""
         key = calibration_key(config)
         old = self.ratios.get(key)
-        self.ratios[key] = ratio
+        self._remember(self.ratios, key, ratio)
         if old is not None and abs(ratio - old) <= RATIO_WRITE_STEP * old:
             return
         task = asyncio.ensure_future(self._write_ratio(key, ratio))
@@ -152,6 +155,16 @@ class ProxyState:
             await self.store.set_calibration(key, ratio)
         except Exception:  # the store being down must not fail a request
             logger.warning("could not store the calibration ratio", exc_info=True)
+
+    def _remember(self, rows: dict[str, _V], key: str, value: _V) -> None:
+        """``rows[key] = value`` as the most recently updated row; past
+        ``store.max_model_rows`` rows the least recently updated go. The keys
+        hold model names clients send, which cost nothing to invent."""
+        rows.pop(key, None)  # re-inserted last: a dict keeps insertion order
+        rows[key] = value
+        excess = len(rows) - self.settings.store.max_model_rows
+        for stale in list(itertools.islice(rows, max(excess, 0))):
+            del rows[stale]
 
     def configured_key(self, env: str | None) -> str | None:
         """The key in the variable ``env`` (a model's ``api_key_env`` or

@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 from proxy.state.stores.base import (
     DEFAULT_CAPACITY,
     DEFAULT_EVENTS_LIMIT,
+    DEFAULT_MAX_MODEL_ROWS,
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     OPEN_EVENT_TYPES,
@@ -80,10 +81,12 @@ def open_store(
     key_prefix: str = DEFAULT_KEY_PREFIX,
     timeout: float | None = None,
     requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
+    max_model_rows: int = DEFAULT_MAX_MODEL_ROWS,
 ) -> Store:
     """The store ``url`` names; nothing is opened or connected until first use.
 
-    ``capacity`` bounds the memory backend; ``key_prefix`` namespaces Redis keys;
+    ``capacity`` bounds the memory backend; ``max_model_rows`` the learned
+    windows and the calibrations of every backend; ``key_prefix`` namespaces Redis keys;
     ``timeout`` bounds each Redis command (wrap the store in a
     :class:`ResilientStore` to bound every call of every backend).
     Raises :class:`ValueError` (a :class:`StoreError`) for an unknown scheme.
@@ -97,6 +100,7 @@ def open_store(
             retention_seconds=retention_seconds,
             store_originals=store_originals,
             requests_retention_seconds=requests_retention_seconds,
+            max_model_rows=max_model_rows,
         )
     if scheme == "sqlite":
         return SQLiteStore(
@@ -104,6 +108,7 @@ def open_store(
             retention_seconds=retention_seconds,
             store_originals=store_originals,
             requests_retention_seconds=requests_retention_seconds,
+            max_model_rows=max_model_rows,
         )
     if scheme in ("redis", "rediss"):
         return RedisStore.from_url(
@@ -113,6 +118,7 @@ def open_store(
             store_originals=store_originals,
             timeout=timeout,
             requests_retention_seconds=requests_retention_seconds,
+            max_model_rows=max_model_rows,
         )
     shown = f"{scheme!r}" if scheme else "none"
     raise StoreError(

@@ -50,6 +50,9 @@ DEFAULT_EVENTS_LIMIT: Final = 100
 #: How many events are kept per session and in all (memory and Redis lists).
 DEFAULT_SESSION_EVENTS: Final = 1_000
 DEFAULT_GLOBAL_EVENTS: Final = 10_000
+#: How many learned windows, and how many calibration ratios, are kept: they
+#: are keyed by model names clients send, which cost a client nothing to invent.
+DEFAULT_MAX_MODEL_ROWS: Final = 1_000
 
 
 class StoreError(ValueError):

@@ -1,7 +1,9 @@
 """Everything in this process's memory: for tests and throwaway runs.
 
 Bounded: past ``capacity`` checkpoints the oldest is forgotten with its
-originals; the event log keeps the newest events only. Lost on exit, so
+originals, past ``capacity`` sessions' settings the least recently set; the
+event log keeps the newest events only; past ``max_model_rows`` learned windows
+(or calibrations) the least recently set. Lost on exit, so
 every other instance counts as dead for :meth:`fail_interrupted`.
 """
 
@@ -11,12 +13,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
 
 from compaction import Checkpoint, Message
 from proxy.state.stores.base import (
     DEFAULT_CAPACITY,
     DEFAULT_EVENTS_LIMIT,
     DEFAULT_GLOBAL_EVENTS,
+    DEFAULT_MAX_MODEL_ROWS,
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     Event,
@@ -39,6 +43,22 @@ from proxy.state.stores.figures import (
 from proxy.state.stores.locks import LeaseLocks
 
 _Key = tuple[str, str]  #: (owner, session)
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _set_bounded(rows: OrderedDict[_K, tuple[_V, float]], key: _K, value: _V, cap: int) -> None:
+    """``rows[key] = (value, now)`` as the most recently set; past ``cap`` rows the
+    least recently set go."""
+    rows[key] = (value, time.time())
+    rows.move_to_end(key)
+    while len(rows) > cap:
+        rows.popitem(last=False)
+
+
+def _drop_older(rows: OrderedDict[_K, tuple[_V, float]], cutoff: float) -> None:
+    for key in [key for key, (_, at) in rows.items() if at < cutoff]:
+        del rows[key]
 
 
 class MemoryStore:
@@ -54,14 +74,17 @@ class MemoryStore:
         store_originals: bool = True,
         max_events: int = DEFAULT_GLOBAL_EVENTS,
         requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
+        max_model_rows: int = DEFAULT_MAX_MODEL_ROWS,
     ) -> None:
         self._by_hash: OrderedDict[str, Checkpoint] = OrderedDict()
         self._by_id: dict[str, tuple[Checkpoint, str]] = {}  #: with its owner
         self._originals: OrderedDict[str, tuple[float, list[Message]]] = OrderedDict()
         self._events: deque[Event] = deque(maxlen=max_events)
         self._open: dict[str, Event] = {}  #: latest event of unfinished compactions
-        self._windows: dict[str, int] = {}
-        self._calibrations: dict[str, float] = {}
+        #: Least recently set first, each with when it was set.
+        self._windows: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._calibrations: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._max_model_rows = max_model_rows
         self._locks = LeaseLocks()
         self._capacity = capacity
         self._retention = retention_seconds
@@ -71,7 +94,7 @@ class MemoryStore:
         #: Least recently active first: past ``capacity`` sessions the oldest go.
         self._sessions: OrderedDict[_Key, SessionSummary] = OrderedDict()
         self._savings: dict[tuple[str, float], int] = {}
-        self._settings: dict[_Key, SessionSettings] = {}
+        self._settings: OrderedDict[_Key, tuple[SessionSettings, float]] = OrderedDict()
 
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         found = {}
@@ -107,6 +130,10 @@ class MemoryStore:
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
         kept = self._originals.get(checkpoint_id)
         return None if kept is None else list(kept[1])
+
+    async def owner_of(self, checkpoint_id: str) -> str | None:
+        found = self._by_id.get(checkpoint_id)
+        return None if found is None else found[1]
 
     async def add_event(self, event: Event) -> None:
         self._events.append(event)
@@ -145,16 +172,16 @@ class MemoryStore:
         return self._locks.hold(key, ttl)
 
     async def learned_windows(self) -> dict[str, int]:
-        return dict(self._windows)
+        return {model: window for model, (window, _) in self._windows.items()}
 
     async def set_learned_window(self, model: str, window: int) -> None:
-        self._windows[model] = window
+        _set_bounded(self._windows, model, window, self._max_model_rows)
 
     async def calibrations(self) -> dict[str, float]:
-        return dict(self._calibrations)
+        return {key: ratio for key, (ratio, _) in self._calibrations.items()}
 
     async def set_calibration(self, key: str, ratio: float) -> None:
-        self._calibrations[key] = checked_ratio(ratio)
+        _set_bounded(self._calibrations, key, checked_ratio(ratio), self._max_model_rows)
 
     async def record_requests(self, records: Sequence[RequestRecord]) -> None:
         for key, found in by_session(records).items():
@@ -202,12 +229,18 @@ class MemoryStore:
         return sorted(totals.items())
 
     async def session_settings(self, session: str, owner: str) -> SessionSettings:
-        return self._settings.get((owner, session), SessionSettings())
+        kept = self._settings.get((owner, session))
+        return SessionSettings() if kept is None else kept[0]
 
     async def set_session_settings(
         self, session: str, owner: str, settings: SessionSettings
     ) -> None:
-        self._settings[(owner, session)] = settings
+        _set_bounded(self._settings, (owner, session), settings, self._capacity)
+
+    async def owners_of_session(self, session: str) -> list[str]:
+        found = {owner for owner, name in self._sessions if name == session}
+        found.update(event.owner for event in self._events if event.session == session)
+        return sorted(found)
 
     async def purge(self, now: float | None = None) -> int:
         moment = time.time() if now is None else now
@@ -223,6 +256,9 @@ class MemoryStore:
         kept = [event for event in self._events if event.created_at >= cutoff]
         if len(kept) != len(self._events):
             self._events = deque(kept, maxlen=self._events.maxlen)
+        _drop_older(self._settings, cutoff)
+        _drop_older(self._windows, cutoff)
+        _drop_older(self._calibrations, cutoff)
         return len(dropped)
 
     def _purge_requests(self, cutoff: float) -> None:

@@ -67,7 +67,16 @@ class CheckpointStore(Protocol):
         ...
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
-        """The messages the checkpoint replaced; ``None`` if not kept or expired."""
+        """The messages the checkpoint replaced; ``None`` if not kept or expired.
+
+        Not filtered by owner: a caller reads them only for a checkpoint an
+        owner-checked :meth:`get` found (ids are random, never guessed)."""
+        ...
+
+    async def owner_of(self, checkpoint_id: str) -> str | None:
+        """The owner the checkpoint was stored as; ``None`` when there is no such
+        checkpoint. What an admin's edit stores it as again: an owner is read,
+        never inferred."""
         ...
 
 
@@ -128,7 +137,11 @@ class WindowStore(Protocol):
         ...
 
     async def set_learned_window(self, model: str, window: int) -> None:
-        """Store ``window`` under ``model``, replacing any earlier one."""
+        """Store ``window`` under ``model``, replacing any earlier one.
+
+        The model is a name a client sent: past ``max_model_rows`` windows the
+        least recently set is dropped, and a window not set again within the
+        retention is purged."""
         ...
 
 
@@ -146,6 +159,7 @@ class CalibrationStore(Protocol):
 
         Raises :class:`ValueError` unless ``ratio`` is finite and positive
         (:func:`~proxy.state.stores.base.checked_ratio`); bounding it is the caller's business.
+        Rows are bounded as the learned windows are (:meth:`WindowStore.set_learned_window`).
         """
         ...
 
@@ -192,7 +206,13 @@ class SettingsStore(Protocol):
     async def set_session_settings(
         self, session: str, owner: str, settings: SessionSettings
     ) -> None:
-        """Store ``settings`` for ``owner``'s ``session``, replacing what was set."""
+        """Store ``settings`` for ``owner``'s ``session``, replacing what was set.
+        Kept for the retention after they were last set, then purged."""
+        ...
+
+    async def owners_of_session(self, session: str) -> list[str]:
+        """Every owner with figures or events of a session by that id, sorted:
+        two callers may use one id, and the admin steers one of them by name."""
         ...
 
 
@@ -202,7 +222,9 @@ class UpkeepStore(Protocol):
 
     async def purge(self, now: float | None = None) -> int:
         """Drop what is older than the retention (per-request figures: their own
-        retention); how many originals were dropped."""
+        retention) — checkpoints, originals, events, session settings, learned
+        windows and calibrations by when they were last set; how many originals
+        were dropped."""
         ...
 
     async def close(self) -> None:

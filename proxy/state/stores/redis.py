@@ -13,7 +13,9 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
     alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
     lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
     windows              hash model → learned context window
+    windows:at           sorted set model by when it was last set (the cap, the purge)
     calibrations         hash key → calibration ratio (a float's repr)
+    calibrations:at      sorted set key by when it was last set
     reqs:<owner>:<session>  newest requests' figures, capped   TTL = figures' retention
     owners:<session>     set of the owners with that session   TTL = figures' retention
     sess:<owner>:<session>  the session's summary JSON         TTL = figures' retention
@@ -47,6 +49,7 @@ from proxy.state.stores import codec
 from proxy.state.stores.base import (
     DEFAULT_EVENTS_LIMIT,
     DEFAULT_GLOBAL_EVENTS,
+    DEFAULT_MAX_MODEL_ROWS,
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_SESSION_EVENTS,
     INTERRUPTED,
@@ -129,8 +132,10 @@ class RedisStore:
         session_events: int = DEFAULT_SESSION_EVENTS,
         global_events: int = DEFAULT_GLOBAL_EVENTS,
         requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
+        max_model_rows: int = DEFAULT_MAX_MODEL_ROWS,
     ) -> None:
         self._client = client
+        self._max_model_rows = max_model_rows
         self._figures_ms = max(1, int(requests_retention_seconds * 1000))
         self._prefix = key_prefix
         self._retention_ms = max(1, int(retention_seconds * 1000))
@@ -208,6 +213,13 @@ class RedisStore:
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
         raw = await _reply(self._client.get(self._key("orig", checkpoint_id)))
         return None if raw is None else codec.load_messages(raw)
+
+    async def owner_of(self, checkpoint_id: str) -> str | None:
+        keys = [self._key("ckpt", checkpoint_id), self._key("owner", checkpoint_id)]
+        raw, owned_by = await _reply(self._client.mget(keys))
+        if raw is None:
+            return None
+        return (owned_by or b"").decode()
 
     # -- events ------------------------------------------------------------
 
@@ -325,7 +337,39 @@ class RedisStore:
         return {model.decode(): int(window) for model, window in entries.items()}
 
     async def set_learned_window(self, model: str, window: int) -> None:
-        await _reply(self._client.hset(self._key("windows"), model, window))
+        await self._set_model_row("windows", model, window)
+
+    async def _set_model_row(self, table: str, name: str, value: int | str) -> None:
+        """``table[name] = value``, stamped now; past ``max_model_rows`` the least
+        recently set rows go (a client may invent any number of model names)."""
+        stamps = self._key(table, "at")
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key(table), name, value)
+            pipe.zadd(stamps, {name: time.time()})
+            pipe.zrange(stamps, 0, -(self._max_model_rows + 1))  # all but the newest cap
+            excess = (await pipe.execute())[2]
+        if excess:
+            await self._drop_model_rows(table, excess)
+
+    async def _drop_model_rows(self, table: str, names: Sequence[bytes]) -> None:
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._key(table), *names)
+            pipe.zrem(self._key(table, "at"), *names)
+            await pipe.execute()
+
+    async def _purge_model_rows(self, table: str, cutoff: float) -> None:
+        """Drop the rows of ``table`` last set before ``cutoff``; rows written
+        before they were stamped count as set now."""
+        stamps = self._key(table, "at")
+        names = await _reply(self._client.hkeys(self._key(table)))
+        if names:
+            now = time.time()
+            await _reply(self._client.zadd(stamps, dict.fromkeys(names, now), nx=True))
+        old = await _reply(self._client.zrangebyscore(stamps, "-inf", f"({cutoff!r}"))
+        excess = await _reply(self._client.zrange(stamps, 0, -(self._max_model_rows + 1)))
+        dropped = list(dict.fromkeys([*old, *excess]))
+        if dropped:
+            await self._drop_model_rows(table, dropped)
 
     # -- calibration ratios ------------------------------------------------
 
@@ -336,7 +380,7 @@ class RedisStore:
     async def set_calibration(self, key: str, ratio: float) -> None:
         # repr() is the shortest text that reads back as the same float.
         value = repr(checked_ratio(ratio))
-        await _reply(self._client.hset(self._key("calibrations"), key, value))
+        await self._set_model_row("calibrations", key, value)
 
     # -- per-request figures and sessions ------------------------------------
 
@@ -436,12 +480,25 @@ class RedisStore:
         self, session: str, owner: str, settings: SessionSettings
     ) -> None:
         key = self._key("settings", owner, session)
+        # The expiry, renewed at each write, is the purge by when they were last set.
         await _reply(self._client.set(key, codec.dump(settings), px=self._retention_ms))
+
+    async def owners_of_session(self, session: str) -> list[str]:
+        # Figures name their owners in a set; the session's event list is capped.
+        members = await _reply(self._client.smembers(self._key("owners", session)))
+        raws = await _reply(self._client.lrange(self._key("events", session), 0, -1))
+        found = {member.decode() for member in members}
+        found.update(codec.load_event(raw).owner for raw in raws)
+        return sorted(found)
 
     # -- lifecycle ---------------------------------------------------------
 
     async def purge(self, now: float | None = None) -> int:
-        return 0  # every record carries its own expiry
+        # Every record carries its own expiry but the rows kept by model.
+        cutoff = (time.time() if now is None else now) - self._retention_ms / 1000
+        for table in ("windows", "calibrations"):
+            await self._purge_model_rows(table, cutoff)
+        return 0
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -207,6 +207,8 @@ class ResilientStore:
 
     get = _must_answer(CheckpointStore.get)
     originals = _must_answer(CheckpointStore.originals)
+    owner_of = _must_answer(CheckpointStore.owner_of)  # an owner is read, never guessed
+    owners_of_session = _must_answer(SettingsStore.owners_of_session)
     events = _must_answer(EventStore.events)
     learned_windows = _must_answer(WindowStore.learned_windows)
     calibrations = _must_answer(CalibrationStore.calibrations)

@@ -12,6 +12,13 @@ newer version is refused rather than guessed at. A damaged file — not a
 database, truncated, corrupt — is moved aside (``state.db.corrupt-<time>``,
 with its ``-wal`` and ``-shm``) and a fresh one started, so the proxy still
 starts: its state is a cache of work, never a reason not to serve.
+
+The file holds conversations, so it is its owner's alone whatever the umask:
+the database is made (or made again) ``0600`` before SQLite opens it, and
+SQLite gives its ``-wal`` and ``-shm`` the database's own mode. A directory
+the proxy creates is ``0700``; its own default directory found wider is
+tightened, and a directory the user chose found readable by others is left
+as it is with a warning (it may be shared on purpose; the file is not).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from compaction import Checkpoint, Message
 from proxy.state.stores import codec
 from proxy.state.stores.base import (
     DEFAULT_EVENTS_LIMIT,
+    DEFAULT_MAX_MODEL_ROWS,
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     Event,
@@ -133,6 +141,23 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (owner, session)
         )""",
     ),
+    # When each learned window, calibration and session setting was last set:
+    # they are keyed by names a client chooses, so they are capped (the least
+    # recently set dropped) and purged with the retention. Rows from before
+    # count as set now, so an upgrade purges none of them at once.
+    (
+        *(
+            statement
+            for table in ("learned_windows", "calibrations", "session_settings")
+            for statement in (
+                f"ALTER TABLE {table} ADD COLUMN updated_at REAL NOT NULL DEFAULT 0",
+                f"UPDATE {table} SET updated_at = (julianday('now') - 2440587.5) * 86400.0",
+                f"CREATE INDEX {table}_updated_at ON {table} (updated_at)",
+            )
+        ),
+        # The owners of one session id (an admin steering it), without a scan.
+        "CREATE INDEX sessions_session ON sessions (session)",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
@@ -193,8 +218,10 @@ class SQLiteStore:
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         store_originals: bool = True,
         requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
+        max_model_rows: int = DEFAULT_MAX_MODEL_ROWS,
     ) -> None:
         self.path = Path(path)
+        self._max_model_rows = max_model_rows
         self._requests_retention = requests_retention_seconds
         self._retention = retention_seconds
         self._store_originals = store_originals
@@ -222,7 +249,7 @@ class SQLiteStore:
         return work(self._connection)
 
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_directory(self.path.parent)
         found = _inode(self.path)
         try:
             return self._connect()
@@ -244,6 +271,7 @@ class SQLiteStore:
         return self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        _private_file(self.path)
         connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
@@ -368,6 +396,15 @@ class SQLiteStore:
 
         return await self._run(work)
 
+    async def owner_of(self, checkpoint_id: str) -> str | None:
+        def work(connection: sqlite3.Connection) -> str | None:
+            row = connection.execute(
+                "SELECT owner FROM checkpoints WHERE id = ?", (checkpoint_id,)
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(work)
+
     # -- events ------------------------------------------------------------
 
     async def add_event(self, event: Event) -> None:
@@ -454,12 +491,25 @@ class SQLiteStore:
 
     async def set_learned_window(self, model: str, window: int) -> None:
         def work(connection: sqlite3.Connection) -> None:
-            connection.execute(
-                'INSERT OR REPLACE INTO learned_windows (model, "window") VALUES (?, ?)',
-                (model, window),
-            )
+            def write() -> None:
+                connection.execute(
+                    'INSERT OR REPLACE INTO learned_windows (model, "window", updated_at) '
+                    "VALUES (?, ?, ?)",
+                    (model, window, time.time()),
+                )
+                self._cap(connection, "learned_windows")
+
+            self._write(connection, write)
 
         await self._run(work)
+
+    def _cap(self, connection: sqlite3.Connection, table: str) -> None:
+        """Past ``max_model_rows`` rows in ``table``, drop the least recently set."""
+        connection.execute(
+            f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+            f"ORDER BY updated_at, rowid LIMIT max(0, (SELECT COUNT(*) FROM {table}) - ?))",
+            (self._max_model_rows,),
+        )
 
     # -- calibration ratios ------------------------------------------------
 
@@ -474,9 +524,14 @@ class SQLiteStore:
         value = checked_ratio(ratio)
 
         def work(connection: sqlite3.Connection) -> None:
-            connection.execute(
-                "INSERT OR REPLACE INTO calibrations (key, ratio) VALUES (?, ?)", (key, value)
-            )
+            def write() -> None:
+                connection.execute(
+                    "INSERT OR REPLACE INTO calibrations (key, ratio, updated_at) VALUES (?, ?, ?)",
+                    (key, value, time.time()),
+                )
+                self._cap(connection, "calibrations")
+
+            self._write(connection, write)
 
         await self._run(work)
 
@@ -580,11 +635,23 @@ class SQLiteStore:
     ) -> None:
         def work(connection: sqlite3.Connection) -> None:
             connection.execute(
-                "INSERT OR REPLACE INTO session_settings (owner, session, json) VALUES (?, ?, ?)",
-                (owner, session, codec.dump(settings)),
+                "INSERT OR REPLACE INTO session_settings (owner, session, json, updated_at) "
+                "VALUES (?, ?, ?, ?)",
+                (owner, session, codec.dump(settings), time.time()),
             )
 
         await self._run(work)
+
+    async def owners_of_session(self, session: str) -> list[str]:
+        def work(connection: sqlite3.Connection) -> list[str]:
+            rows = connection.execute(
+                "SELECT owner FROM sessions WHERE session = ? "
+                "UNION SELECT owner FROM events WHERE session = ? ORDER BY owner",
+                (session, session),
+            )
+            return [str(owner) for (owner,) in rows]
+
+        return await self._run(work)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -605,6 +672,8 @@ class SQLiteStore:
                 ).rowcount
                 connection.execute("DELETE FROM checkpoints WHERE created_at < ?", (cutoff,))
                 connection.execute("DELETE FROM events WHERE created_at < ?", (cutoff,))
+                for table in ("session_settings", "learned_windows", "calibrations"):
+                    connection.execute(f"DELETE FROM {table} WHERE updated_at < ?", (cutoff,))
                 return dropped
 
             self._ends = None  # re-read without the purged ones at the next lookup
@@ -649,6 +718,53 @@ def _inode(path: Path) -> int | None:
         return path.stat().st_ino
     except FileNotFoundError:
         return None
+
+
+#: The modes of what holds conversations: its owner's alone.
+PRIVATE_FILE: Final = 0o600
+PRIVATE_DIRECTORY: Final = 0o700
+
+
+def _private_directory(directory: Path) -> None:
+    """Make ``directory`` (``0700``) if it is missing; tighten it if it is the
+    proxy's own default one, else warn when others may read it."""
+    if not directory.exists():
+        directory.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
+        os.chmod(directory, PRIVATE_DIRECTORY)  # mkdir's mode is cut by the umask
+        return
+    mode = directory.stat().st_mode & 0o777
+    if not mode & 0o077:
+        return
+    if directory == default_sqlite_path().parent:
+        os.chmod(directory, PRIVATE_DIRECTORY)
+        return
+    logger.warning(
+        "the state directory %s is open to other users (mode %o); the database in it "
+        "is kept owner-only, but other files there are not the proxy's to guard",
+        directory,
+        mode,
+    )
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` owner-only before SQLite does (it would take the umask's
+    mode), and make an existing one, with its ``-wal`` and ``-shm``, owner-only."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
+    except PermissionError:
+        return  # another user's file: SQLite says what can be done with it
+    try:
+        # The umask may have cut the new file's mode, and an old file be wider.
+        for name in (path, f"{path}-wal", f"{path}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                if name == path:
+                    os.fchmod(descriptor, PRIVATE_FILE)
+                else:
+                    os.chmod(name, PRIVATE_FILE)
+    except PermissionError:
+        logger.warning("could not make the state database %s owner-only", path)
+    finally:
+        os.close(descriptor)
 
 
 def _move_aside(path: Path) -> Path:

@@ -11,8 +11,9 @@ import pytest
 
 from compaction.checkpoints import Checkpoint
 from compaction.types import Message
-from proxy.state.stores import INTERRUPTED, Event, EventType, Store
+from proxy.state.stores import INTERRUPTED, Event, EventType, SessionSettings, Store
 from tests.proxy.state.stores.conftest import Backend
+from tests.proxy.state.stores.test_figures_contract import record
 
 pytestmark = pytest.mark.anyio
 
@@ -216,6 +217,35 @@ async def test_a_newer_checkpoint_of_the_span_takes_its_owner_along(store: Store
     assert await store.get(newer.id, owner="bob") is None
 
 
+async def test_a_checkpoints_stored_owner_is_read_as_it_was_stored(store: Store) -> None:
+    mine, anonymous = checkpoint("h1"), checkpoint("h2")
+    await store.put(mine, ORIGINALS, owner="alice")
+    await store.put(anonymous)
+    assert await store.owner_of(mine.id) == "alice"
+    assert await store.owner_of(anonymous.id) == ""  # recorded with no owner: still read
+    assert await store.owner_of("no-such-id") is None
+
+
+async def test_a_checkpoint_replaced_for_its_span_has_no_owner_left(store: Store) -> None:
+    older, newer = checkpoint(), checkpoint()
+    await store.put(older, owner="alice")
+    await store.put(newer, owner="bob")
+    assert await store.owner_of(older.id) is None
+    assert await store.owner_of(newer.id) == "bob"
+
+
+async def test_the_owners_of_a_session_are_every_owner_with_events_or_figures_of_it(
+    store: Store,
+) -> None:
+    assert await store.owners_of_session("s") == []
+    await store.add_event(event("a1", session="s", owner="bob"))
+    await store.add_event(event("a2", session="s", owner="alice"))
+    await store.add_event(event("a3", session="other", owner="dave"))
+    await store.record_requests([record("s", owner="carol"), record("t", owner="erin")])
+    assert await store.owners_of_session("s") == ["alice", "bob", "carol"]
+    assert await store.owners_of_session("t") == ["erin"]
+
+
 async def test_an_owner_gets_its_own_last_events_however_busy_the_others_are(
     store: Store,
 ) -> None:
@@ -359,6 +389,64 @@ async def test_a_calibration_that_is_not_finite_and_positive_is_refused(
     with pytest.raises(ValueError, match="finite and positive"):
         await store.set_calibration(UPSTREAM_KEY, ratio)
     assert await store.calibrations() == {}
+
+
+async def test_invented_model_names_leave_at_most_the_cap_of_rows(backend: Backend) -> None:
+    store = backend.open(max_model_rows=5)
+    for number in range(12):
+        await store.set_learned_window(f"invented-{number}", 1_000 + number)
+        await store.set_calibration(f"url\x1finvented-{number}", 1.0 + number / 100)
+    assert await store.learned_windows() == {f"invented-{n}": 1_000 + n for n in range(7, 12)}
+    assert await store.calibrations() == {
+        f"url\x1finvented-{n}": 1.0 + n / 100 for n in range(7, 12)
+    }
+
+
+async def test_past_the_cap_the_least_recently_set_row_goes(backend: Backend) -> None:
+    store = backend.open(max_model_rows=3)
+    for name in ("a", "b", "c"):
+        await store.set_learned_window(name, 100)
+        await store.set_calibration(name, 1.5)
+    await store.set_learned_window("a", 90)  # set again: now the most recent
+    await store.set_calibration("a", 1.25)
+    await store.set_learned_window("d", 100)
+    await store.set_calibration("d", 1.5)
+    assert await store.learned_windows() == {"a": 90, "c": 100, "d": 100}
+    assert await store.calibrations() == {"a": 1.25, "c": 1.5, "d": 1.5}
+
+
+async def test_purge_drops_windows_and_calibrations_not_set_within_the_retention(
+    backend: Backend,
+) -> None:
+    store = backend.open(retention_seconds=DAY)
+    await store.set_learned_window("m", 8_192)
+    await store.set_calibration(UPSTREAM_KEY, 1.2)
+    await store.purge(now=time.time() + DAY / 2)
+    assert await store.learned_windows() == {"m": 8_192}
+    assert await store.calibrations() == {UPSTREAM_KEY: 1.2}
+    await store.purge(now=time.time() + 2 * DAY)
+    assert await store.learned_windows() == {}
+    assert await store.calibrations() == {}
+
+
+async def test_purge_drops_session_settings_not_set_within_the_retention(
+    backend: Backend,
+) -> None:
+    chosen = SessionSettings(enabled=False, instructions="keep the API names")
+    if backend.expires:
+        store = backend.open(retention_seconds=0.3)
+        await store.set_session_settings("s1", "ann", chosen)
+        assert await store.session_settings("s1", "ann") == chosen
+        await asyncio.sleep(0.5)
+        await store.purge()  # nothing to do: the expiry did it
+        assert await store.session_settings("s1", "ann") == SessionSettings()
+        return
+    store = backend.open(retention_seconds=DAY)
+    await store.set_session_settings("s1", "ann", chosen)
+    await store.purge(now=time.time() + DAY / 2)
+    assert await store.session_settings("s1", "ann") == chosen
+    await store.purge(now=time.time() + 2 * DAY)
+    assert await store.session_settings("s1", "ann") == SessionSettings()
 
 
 async def test_calibrations_and_learned_windows_are_kept_apart(store: Store) -> None:

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import random
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
 from compaction import Checkpoint
-from proxy.state.stores import SQLiteStore, StoreError, codec, open_store
+from proxy.state.stores import (
+    SessionSettings,
+    SQLiteStore,
+    StoreError,
+    codec,
+    default_sqlite_path,
+    open_store,
+)
 from proxy.state.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
 
@@ -356,3 +367,105 @@ async def test_a_damaged_file_is_moved_aside_and_a_fresh_one_started(
     [record] = [r for r in caplog.records if "damaged" in r.getMessage()]
     assert record.levelname == "WARNING"
     assert str(path) in record.getMessage() and str(aside) in record.getMessage()
+
+
+async def test_rows_of_a_database_from_before_they_were_stamped_are_kept_past_a_purge(
+    tmp_path: Path,
+) -> None:
+    # Version 4 knew no time of setting: what it wrote counts as set at the upgrade.
+    path = tmp_path / "state.db"
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate(connection, MIGRATIONS[:4]) == 4
+        connection.execute(
+            'INSERT INTO learned_windows (model, "window") VALUES (?, ?)', ("m", 8192)
+        )
+        connection.execute("INSERT INTO calibrations (key, ratio) VALUES (?, ?)", ("k", 1.1))
+        connection.execute(
+            "INSERT INTO session_settings (owner, session, json) VALUES (?, ?, ?)",
+            ("ann", "s1", codec.dump(SessionSettings(enabled=False))),
+        )
+    finally:
+        connection.close()
+    store = SQLiteStore(path, retention_seconds=86400.0)
+    await store.purge()
+    assert await store.learned_windows() == {"m": 8192}
+    assert await store.calibrations() == {"k": 1.1}
+    assert (await store.session_settings("s1", "ann")).enabled is False
+    await store.purge(now=time.time() + 2 * 86400.0)
+    assert await store.learned_windows() == {}
+    assert await store.calibrations() == {}
+    assert await store.session_settings("s1", "ann") == SessionSettings()
+    await store.close()
+
+
+def _mode(path: Path | str) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o000], ids=["umask-022", "umask-000"])
+async def test_the_database_and_its_wal_and_shm_are_its_owners_alone(
+    tmp_path: Path, mask: int
+) -> None:
+    path = tmp_path / "made" / "here" / "state.db"
+    with _umask(mask):
+        store = SQLiteStore(path)
+        await store.put(checkpoint(), ORIGINALS)  # written: the -wal and -shm exist
+        for name in (path, f"{path}-wal", f"{path}-shm"):
+            assert _mode(name) == 0o600, name
+        assert _mode(path.parent) == 0o700  # made by the proxy
+        await store.close()
+
+
+async def test_a_database_left_readable_by_others_is_made_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first = SQLiteStore(path)
+    await first.put(checkpoint(), ORIGINALS)
+    await first.close()
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name):
+            os.chmod(name, 0o644)  # as an earlier version left it
+    second = SQLiteStore(path)
+    assert len(await second.events()) == 0  # opened again
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name):
+            assert _mode(name) == 0o600, name
+    await second.close()
+
+
+async def test_the_default_directory_found_open_to_others_is_tightened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    path = default_sqlite_path()
+    path.parent.mkdir(mode=0o755)
+    os.chmod(path.parent, 0o755)
+    store = SQLiteStore(path)
+    await store.put(checkpoint())
+    assert _mode(path.parent) == 0o700
+    assert _mode(path) == 0o600
+    await store.close()
+
+
+async def test_a_directory_the_user_chose_is_left_as_it_is_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    store = SQLiteStore(shared / "state.db")
+    with caplog.at_level(logging.WARNING, logger="proxy.state.stores.sqlite"):
+        await store.put(checkpoint())
+    assert _mode(shared) == 0o755
+    assert _mode(shared / "state.db") == 0o600
+    assert any("open to other users" in record.getMessage() for record in caplog.records)
+    await store.close()
