@@ -16,7 +16,9 @@ holds more than its limit, and each answers the 413 in its own shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -187,14 +189,27 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
 
 
 def _writable(value: Any) -> None:
-    try:
+    with deep_nesting_refused():
         orjson.dumps(value)
-    except orjson.JSONEncodeError as exc:
-        raise too_deep(exc) from exc
 
 
-def too_deep(exc: orjson.JSONEncodeError) -> BadRequest:
-    return BadRequest(f"The request body is nested too deeply: {exc}.")
+#: What orjson says of a value nested deeper than it writes. Its error class,
+#: ``orjson.JSONEncodeError``, *is* the builtin ``TypeError`` that any bug
+#: raises too, so the message is what tells the client's fault from ours.
+_TOO_DEEP = "Recursion limit reached"
+
+
+@contextlib.contextmanager
+def deep_nesting_refused() -> Iterator[None]:
+    """Turn orjson's refusal of a body nested past its limit (met when the
+    proxy writes the body back) into the client's 400; any other
+    ``TypeError`` is a bug and stays one."""
+    try:
+        yield
+    except TypeError as exc:
+        if str(exc) != _TOO_DEEP:
+            raise
+        raise BadRequest(f"The request body is nested too deeply: {exc}.") from exc
 
 
 def repeated_key(raw: bytes) -> str | None:

@@ -17,12 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from compaction import Conversation, Message, read_conversation_async
 from config import ModelConfig
 from proxy.dialects.base import Dialect, Reading
-from proxy.edge.body import too_deep
+from proxy.edge.body import deep_nesting_refused
 from proxy.edge.errors import BadRequest
 from proxy.flow import manual
 from proxy.state.runtime import ProxyState
@@ -106,12 +104,10 @@ async def remembered(
         return identified
     if identified is None:
         counter = state.counter(config)
-        try:
+        with deep_nesting_refused():
             identified = await read_conversation_async(
                 body, messages, counter, config.profile.head_count, scope=scope, previous=previous
             )
-        except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
-            raise too_deep(exc) from exc
     conversation = f"{scope.hex()}\x1f{identified.session}"
     state.readings.remember(_owner_key(dialect, owner), conversation, raw, body, identified)
     return identified

@@ -35,7 +35,7 @@ from compaction import (
 from compaction import requested_output_tokens as requested_output
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
-from proxy.edge.body import too_deep
+from proxy.edge.body import deep_nesting_refused
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import (
     BadRequest,
@@ -240,15 +240,16 @@ async def _compact_for(
     refusals turned into the client's errors."""
     summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
     try:
-        return await resolve(
-            call.state,
-            call,
-            summarizer,
-            reason=reason,
-            instructions=instructions,
-            budget=budget,
-            store=store,
-        )
+        with deep_nesting_refused():  # messages nested deeper than orjson writes
+            return await resolve(
+                call.state,
+                call,
+                summarizer,
+                reason=reason,
+                instructions=instructions,
+                budget=budget,
+                store=store,
+            )
     except CannotFitError as exc:
         advice = (
             "Shorten the system prompt, the first messages or the tool schemas, or lower "
@@ -262,8 +263,6 @@ async def _compact_for(
         ) from exc
     except InvalidMessagesError as exc:
         raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
-    except orjson.JSONEncodeError as exc:  # messages nested deeper than orjson writes
-        raise too_deep(exc) from exc
     finally:
         # Read before anything else runs: a compaction this request started in
         # the background uses the same summarizer, and is recorded on its own.
@@ -311,12 +310,10 @@ async def handle_preview(request: Request, state: ProxyState) -> Response:
         "checkpoint": resolved.checkpoint.id if resolved.checkpoint else None,
         "notes": list(result.notes),
     }
-    try:
-        # The messages sit a level deeper here than in the request: a body
-        # nested to the parser's limit cannot be written back.
+    # The messages sit a level deeper here than in the request: a body
+    # nested to the parser's limit cannot be written back.
+    with deep_nesting_refused():
         answer = orjson.dumps({"messages": resolved.messages, "report": report})
-    except orjson.JSONEncodeError as exc:
-        raise too_deep(exc) from exc
     return Response(answer, media_type="application/json", headers=resolved.headers())
 
 

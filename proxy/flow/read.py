@@ -21,7 +21,7 @@ from config import ModelConfig, with_client_window
 from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
-from proxy.edge.body import check_model, read_body, too_deep
+from proxy.edge.body import check_model, deep_nesting_refused, read_body
 from proxy.edge.disconnect import ClientWatch
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import AUTH_HEADERS, upstream_headers
@@ -160,11 +160,9 @@ def _read_conversation(
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
     scope = scope_of(config, credential, dialect.name)
-    try:
-        ahead = ahead and untouchable is None
+    ahead = ahead and untouchable is None
+    with deep_nesting_refused():
         identified = identify(state, config, body, messages, scope) if ahead else None
-    except orjson.JSONEncodeError as exc:
-        raise too_deep(exc) from exc
     return _Read(body, config, messages, headers, scope, identified, original, mapped, untouchable)
 
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.edge.body import is_json, repeated_key
+from proxy.edge.body import deep_nesting_refused, is_json, repeated_key
+from proxy.edge.errors import BadRequest
 
 
 @pytest.mark.parametrize(
@@ -119,3 +120,18 @@ def test_the_detector_agrees_with_the_standard_library(
     raw = (_write(members, data) if members else "{}").encode()
     assert isinstance(orjson.loads(raw), dict)  # what parse_chat_body hands on
     assert repeated_key(raw) == reference(raw)
+
+
+def test_a_body_nested_past_what_orjson_writes_is_the_clients_400() -> None:
+    nested: list[Any] = []
+    for _ in range(300):
+        nested = [nested]
+    with pytest.raises(BadRequest, match="nested too deeply"), deep_nesting_refused():
+        orjson.dumps(nested)
+
+
+def test_any_other_type_error_is_a_bug_and_stays_one() -> None:
+    # orjson's error class is the builtin TypeError: a bug raising one must
+    # not be answered as the client's too-deep body.
+    with pytest.raises(TypeError, match="unexpected keyword"), deep_nesting_refused():
+        raise TypeError("work() got an unexpected keyword argument 'owner'")
