@@ -8,6 +8,7 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
     orig:<id>            replaced messages JSON     TTL = retention (purge is implicit)
     events               newest events, capped list (LPUSH + LTRIM in one MULTI)
     events:<session>     one session's, capped      TTL = retention, renewed on each event
+    evowners:<session>   set of the owners with events of it   TTL = retention, renewed
     owned:<owner>        one owner's, capped        TTL = retention, renewed on each event
     open                 hash compaction id → latest event, while queued/started
     alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
@@ -236,6 +237,10 @@ class RedisStore:
             pipe.lpush(by_owner, raw)
             pipe.ltrim(by_owner, 0, self._global_events - 1)
             pipe.pexpire(by_owner, self._retention_ms)
+            # Whose the session is outlives the capped list: another owner's
+            # events of the same id must not push this one's out of it.
+            pipe.sadd(self._key("evowners", event.session), event.owner)
+            pipe.pexpire(self._key("evowners", event.session), self._retention_ms)
             if event.is_open:
                 pipe.hset(self._key("open"), event.compaction_id, raw)
             else:
@@ -484,10 +489,12 @@ class RedisStore:
         await _reply(self._client.set(key, codec.dump(settings), px=self._retention_ms))
 
     async def owners_of_session(self, session: str) -> list[str]:
-        # Figures name their owners in a set; the session's event list is capped.
-        members = await _reply(self._client.smembers(self._key("owners", session)))
+        # Figures and events name their owners in sets; the capped event list
+        # still names those of events written before the set was kept.
+        figures = await _reply(self._client.smembers(self._key("owners", session)))
+        events = await _reply(self._client.smembers(self._key("evowners", session)))
         raws = await _reply(self._client.lrange(self._key("events", session), 0, -1))
-        found = {member.decode() for member in members}
+        found = {member.decode() for member in (*figures, *events)}
         found.update(codec.load_event(raw).owner for raw in raws)
         return sorted(found)
 

@@ -209,3 +209,16 @@ def test_a_caller_naming_another_owner_gets_a_404_and_changes_nothing(
     assert dataclasses.replace(
         _run(proxy, store.session_settings, session, BOB_OWNER), updated_at=0.0
     ) == SessionSettings(enabled=False)
+
+
+def test_an_owner_longer_than_any_digest_is_a_400(start_app: AppFactory) -> None:
+    proxy = start_app(models=MODELS, server={"admin_key": ADMIN})
+    messages = agent_session(seed=37, steps=60, task="Owner test: a long owner.")
+    session = _opened(proxy, messages, key=ALICE)
+    refused = proxy.http.post(
+        f"/v1/compaction/sessions/{session}/compact",
+        params={"owner": "f" * 65},
+        headers=ADMIN_HEADERS,
+    )
+    assert refused.status_code == 400, refused.text
+    assert proxy_state(proxy).compact_now == set()

@@ -246,6 +246,15 @@ async def test_the_owners_of_a_session_are_every_owner_with_events_or_figures_of
     assert await store.owners_of_session("t") == ["erin"]
 
 
+async def test_an_owner_stays_among_a_sessions_owners_however_many_events_another_adds(
+    store: Store,
+) -> None:
+    await store.add_event(event("mine", session="s", owner="alice"))
+    for number in range(1_001):  # past the events kept per session
+        await store.add_event(event(f"theirs-{number}", session="s", owner="bob"))
+    assert await store.owners_of_session("s") == ["alice", "bob"]
+
+
 async def test_an_owner_gets_its_own_last_events_however_busy_the_others_are(
     store: Store,
 ) -> None:
