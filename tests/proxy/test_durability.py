@@ -123,7 +123,7 @@ def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(
     from proxy.state.stores import Event, SQLiteStore
     from tests.proxy.servers import serve_in_thread
 
-    monkeypatch.setattr(proxy.app, "HEARTBEAT_TTL", 0.3)  # upkeep every 0.1 s
+    monkeypatch.setattr(proxy.app, "HEARTBEAT_TTL", 0.15)  # upkeep every 0.05 s
     db = tmp_path / "shared.db"
     settings = load_settings(None, store={"url": f"sqlite:///{db}"})
     with serve_in_thread(create_app(settings)):  # the second proxy, running
@@ -137,7 +137,7 @@ def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(
             instance="first-proxy",
         )
         asyncio.run(other.add_event(started))
-        time.sleep(1.0)  # ten upkeep rounds of the second proxy
+        time.sleep(0.5)  # ten upkeep rounds of the second proxy
         events = asyncio.run(other.events(session="s"))
         asyncio.run(other.close())
     assert [e.type for e in events] == ["compaction.started"], [e.type for e in events]
