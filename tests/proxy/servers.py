@@ -774,7 +774,11 @@ class ProxyProcess:
                 return
             except httpx.TransportError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    err = self.process.stderr.read() if self.process.stderr else b""
+                    # One still starting is ended, and its pipe closed with it: a
+                    # failed start leaves no process behind, nor a file for the
+                    # collector to warn about in whichever test runs next.
+                    self.process.kill()
+                    _, err = self.process.communicate(timeout=30)
                     raise RuntimeError(f"proxy did not start: {err.decode()[-2000:]}") from None
                 time.sleep(0.05)
 
