@@ -9,7 +9,15 @@
 
 A session or checkpoint the visitor has nothing of — none such, or another
 caller's — is a 404 page, the same in both cases, so that it tells nobody
-whether another caller's exists. A form larger than ``server.max_form_bytes``
+whether another caller's exists.
+
+Two callers may use one session id (it is made from how the conversation
+starts), and each one's is a session of its own. The admin's links carry the
+owner (``?owner=<owner>`` on the session page and its two buttons, as on the
+JSON routes); the admin opening an id several owners use without one gets a
+page listing them to pick from (409), never a guess. Any other visitor's
+links name no owner: they see only their own, and naming another owner is the
+404 page. A form larger than ``server.max_form_bytes``
 (refused as it streams in, :class:`proxy.edge.body.BodyLimit`) is a 413 page;
 a session id, instructions or a summary over its length limit a 400 page.
 
@@ -21,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
@@ -38,11 +46,15 @@ from proxy.state.stores.figures import SAVINGS_BUCKET_SECONDS
 from proxy.ui.auth import ANONYMOUS, COOKIE, Signer, SignInRequired, Visitor
 from proxy.ui.charts import Mark, Rule, Series, line_chart, tokens
 from proxy.ui.views import (
+    MAX_OWNER_CHARS,
     Overview,
     SessionView,
     read_overview,
     read_session,
 )
+
+#: The owners of one session id the admin is offered to pick from.
+OWNERS_LISTED: Final = 100
 
 
 def _environment() -> Environment:
@@ -147,10 +159,41 @@ def dashboard_routes(signer: Signer) -> APIRouter:
     def missing(visitor: Visitor, what: str) -> Response:
         return page("missing.html", visitor, status=404, what=what)
 
-    async def known(request: Request, visitor: Visitor, session: str) -> bool:
+    async def steered(request: Request, visitor: Visitor, session: str) -> str | Response:
+        """The owner whose ``session`` the page shows or its buttons steer —
+        the one the address names (``?owner=``), else the visitor's own, else
+        (the admin) the one owner of that id — or the page to answer instead:
+        the 404 page, or the admin's choice between the id's owners."""
         state = state_of(request)
-        steering.check_session_id(state, session)
-        return await steering.session_exists(state, session, visitor.viewer)
+        owner = request.query_params.get("owner")  # "" is an owner: the keyless callers
+        if owner is not None and len(owner) > MAX_OWNER_CHARS:
+            raise BadRequest(
+                f"The owner is longer than {MAX_OWNER_CHARS} characters.", param="owner"
+            )
+        try:
+            return await steering.steered_session(state, session, visitor.viewer, owner)
+        except NotFound:
+            return missing(visitor, "session")
+        except steering.AmbiguousSession:
+            return await choose_owner(request, visitor, session)
+
+    async def choose_owner(request: Request, visitor: Visitor, session: str) -> Response:
+        """The admin's page for a session id several owners use: each owner,
+        with what of theirs is recorded, as a link to their session (nothing
+        done, for a button)."""
+        store = state_of(request).store
+        owners = await store.owners_of_session(session)
+        recorded = {s.owner: s for s in await store.sessions() if s.session == session}
+        rows = [(owner, recorded.get(owner)) for owner in owners[:OWNERS_LISTED]]
+        return page(
+            "owners.html",
+            visitor,
+            status=409,
+            session=session,
+            rows=rows,
+            count=len(owners),
+            posted=request.method == "POST",
+        )
 
     async def form(request: Request, visitor: Visitor) -> dict[str, str]:
         raw = await request.body()  # bounded as it streams in (BodyLimit)
@@ -170,28 +213,43 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         data = await read_overview(
             state_of(request).store, visitor.viewer, count_hidden=visitor.role == ANONYMOUS
         )
-        return page("overview.html", visitor, overview=data, chart=Markup(_overview_chart(data)))
+        chart = Markup(_overview_chart(data))
+        # Only the admin's rows are of several owners, so only theirs name one.
+        return page("overview.html", visitor, overview=data, chart=chart, owned=_is_admin(visitor))
 
     @router.get("/sessions/{session}", response_class=HTMLResponse)
     async def session(session: str, request: Request) -> Response:
         visitor = signed_in(request)
         state = state_of(request)
-        if not await known(request, visitor, session):
-            return missing(visitor, "session")
-        owner = await steering.session_owner(state, session, visitor.viewer)
+        owner = await steered(request, visitor, session)
+        if isinstance(owner, Response):
+            return owner
         view = await read_session(state.store, session, visitor.viewer, owner)
         pending = (owner, session) in state.compact_now
         chart = Markup(_session_chart(view))
-        return page("session.html", visitor, view=view, chart=chart, pending=pending)
+        others: list[str] = []
+        if _is_admin(visitor):
+            owners = await state.store.owners_of_session(session)
+            others = [other for other in owners if other != owner][:OWNERS_LISTED]
+        return page(
+            "session.html",
+            visitor,
+            view=view,
+            chart=chart,
+            pending=pending,
+            # The buttons act on the owner shown, even if another starts using the id.
+            owner_query=_owner_query(visitor, owner),
+            others=others,
+        )
 
     @router.post("/sessions/{session}/settings")
     async def settings(session: str, request: Request) -> Response:
         visitor = signed_in(request)
         fields = await form(request, visitor)
         state = state_of(request)
-        if not await known(request, visitor, session):
-            return missing(visitor, "session")
-        owner = await steering.session_owner(state, session, visitor.viewer)
+        owner = await steered(request, visitor, session)
+        if isinstance(owner, Response):
+            return owner
         await steering.update_settings(
             state,
             session,
@@ -199,18 +257,18 @@ def dashboard_routes(signer: Signer) -> APIRouter:
             enabled=fields.get("enabled") == "on",
             instructions=fields.get("instructions", ""),
         )
-        return _back(session)
+        return _back(session, _owner_query(visitor, owner))
 
     @router.post("/sessions/{session}/compact")
     async def compact(session: str, request: Request) -> Response:
         visitor = signed_in(request)
         await form(request, visitor)
         state = state_of(request)
-        if not await known(request, visitor, session):
-            return missing(visitor, "session")
-        owner = await steering.session_owner(state, session, visitor.viewer)
+        owner = await steered(request, visitor, session)
+        if isinstance(owner, Response):
+            return owner
         steering.compact_now(state, session, owner)
-        return _back(session)
+        return _back(session, _owner_query(visitor, owner))
 
     @router.post("/checkpoints/{checkpoint_id}")
     async def edit(checkpoint_id: str, request: Request) -> Response:
@@ -223,7 +281,8 @@ def dashboard_routes(signer: Signer) -> APIRouter:
             )
         except NotFound:
             return missing(visitor, "checkpoint")
-        return _back(edited.session, f"checkpoint-{edited.id}")
+        query = await checkpoint_owner_query(request, visitor, edited.id)
+        return _back(edited.session, query, f"checkpoint-{edited.id}")
 
     @router.get("/checkpoints/{checkpoint_id}", response_class=HTMLResponse)
     async def checkpoint(checkpoint_id: str, request: Request) -> Response:
@@ -231,7 +290,15 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         found = await state_of(request).store.get(checkpoint_id, owner=visitor.viewer)
         if found is None:
             return missing(visitor, "checkpoint")
-        return _back(found.session, f"checkpoint-{found.id}")
+        query = await checkpoint_owner_query(request, visitor, found.id)
+        return _back(found.session, query, f"checkpoint-{found.id}")
+
+    async def checkpoint_owner_query(request: Request, visitor: Visitor, checkpoint_id: str) -> str:
+        """For the admin, the checkpoint's session page is its owner's."""
+        if not _is_admin(visitor):
+            return ""
+        owner = await state_of(request).store.owner_of(checkpoint_id)
+        return _owner_query(visitor, owner) if owner is not None else ""
 
     @router.get("/login", response_class=HTMLResponse)
     async def login_page(request: Request) -> Response:
@@ -284,8 +351,18 @@ def _set_cookie(response: Response, value: str, max_age: int) -> None:
     )
 
 
-def _back(session: str, anchor: str = "") -> Response:
-    target = f"/ui/sessions/{quote(session, safe='')}" + (f"#{anchor}" if anchor else "")
+def _is_admin(visitor: Visitor) -> bool:
+    return visitor.viewer is None
+
+
+def _owner_query(visitor: Visitor, owner: str) -> str:
+    """The query naming ``owner`` in the admin's links; none in anyone else's,
+    whose only owner is their own."""
+    return f"?owner={quote(owner, safe='')}" if _is_admin(visitor) else ""
+
+
+def _back(session: str, query: str = "", anchor: str = "") -> Response:
+    target = f"/ui/sessions/{quote(session, safe='')}{query}" + (f"#{anchor}" if anchor else "")
     return RedirectResponse(target, status_code=303)
 
 

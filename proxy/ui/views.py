@@ -5,7 +5,8 @@ as plain frozen data (no HTML, no terminal codes).
     session = await read_session(store, "3f2a…", viewer)   # /ui/sessions/…, `show`
 
 ``viewer`` is the owner whose state is read (``None``: everyone's, the admin
-and the CLI), as for the state routes (:mod:`proxy.edge.access`).
+and the CLI), as for the state routes (:mod:`proxy.edge.access`); the admin
+reads one owner's session with ``read_session(store, id, None, owner)``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ CHART_REQUESTS: Final = 2_000
 #: Events and checkpoints listed on the session page.
 SESSION_EVENTS: Final = 200
 SESSION_CHECKPOINTS: Final = 10
+#: An owner is a digest of 32 hex characters; a longer one named in a page's
+#: address is refused, as on the JSON routes (:mod:`proxy.api.steering`).
+MAX_OWNER_CHARS: Final = 64
 #: The newest checkpoints whose originals are read for the page (they can be
 #: hundreds of kilobytes each; the JSON route has every one).
 ORIGINALS_SHOWN: Final = 3
@@ -118,19 +122,26 @@ async def read_overview(
 async def read_session(
     store: Store, session: str, viewer: str | None, owner: str | None = None
 ) -> SessionView:
-    """One session as ``viewer`` may see it; ``owner`` is whose settings to show
-    (the viewer's own, or — for the admin — the session's recorded owner)."""
-    requests = await store.requests(session, owner=viewer, limit=CHART_REQUESTS)
+    """One session as ``viewer`` may see it.
+
+    Two callers may use one session id, and each one's session is another: a
+    caller sees only their own (``owner`` is then theirs or ``None``). The
+    admin (``viewer=None``) sees the ``owner`` named — that owner's requests,
+    events, checkpoints and settings alone — or, naming none, everything kept
+    under the id (the CLI's ``show``) with the settings of its latest owner.
+    """
+    reader = viewer if viewer is not None else owner
+    requests = await store.requests(session, owner=reader, limit=CHART_REQUESTS)
     # The chart is of requests: a compaction prepared in the background is none.
     requests = [r for r in reversed(requests) if not r.background]
-    events = await store.events(session=session, owner=viewer, limit=SESSION_EVENTS)
-    summaries = [s for s in await store.sessions(owner=viewer) if s.session == session]
+    events = await store.events(session=session, owner=reader, limit=SESSION_EVENTS)
+    summaries = [s for s in await store.sessions(owner=reader) if s.session == session]
     summary = summaries[0] if summaries else None
-    whose = owner if owner is not None else (summary.owner if summary else (viewer or ""))
+    whose = reader if reader is not None else (summary.owner if summary else "")
     ids = list(dict.fromkeys(e.checkpoint_id for e in events if e.checkpoint_id))
     shown: list[ShownCheckpoint] = []
     for checkpoint_id in ids[:SESSION_CHECKPOINTS]:
-        found = await store.get(checkpoint_id, owner=viewer)
+        found = await store.get(checkpoint_id, owner=reader)
         if found is not None:
             wanted = len(shown) < ORIGINALS_SHOWN
             originals = await store.originals(checkpoint_id) if wanted else None

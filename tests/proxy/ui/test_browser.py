@@ -3,7 +3,10 @@ driven by Playwright, against the proxy and a fake upstream on loopback.
 
 A session compacts several times; the browser opens /ui, follows the session's
 link, finds the chart and the summary, edits the summary through the page;
-the next request of the conversation must carry the edit upstream.
+the next request of the conversation must carry the edit upstream. And two
+callers start the same conversation (one session id): the admin picks one's
+session from the page the id opens and saves its settings, which land on
+that owner's session alone.
 
 ``.ci/run`` installs ``chromium``; where it is absent the test says so and
 skips. Set ``UI_SCREENSHOTS_DIR`` (an absolute path: the tests run in a
@@ -23,6 +26,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from compaction import SUMMARY_MARKER, parse_summary, session_key
+from proxy.edge.access import owner_digest
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
 from tests.synthetic import agent_session
@@ -137,3 +141,72 @@ def test_the_dashboard_shows_a_session_and_edits_its_summary(
     forwarded = parse_summary({"role": "user", "content": summaries[0]})
     # The edit replaced the body; the file lists the proxy computed stay after it.
     assert forwarded is not None and forwarded.body == EDITED and forwarded.files
+
+
+def test_the_admin_picks_one_owner_of_a_shared_session_id_and_steers_only_theirs(
+    start_proxy: ProxyFactory, tmp_path: Path
+) -> None:
+    admin_key = "admin-secret-4242"
+    url = start_proxy(models={"gpt-4o": {"context_window": 8192}}, server={"admin_key": admin_key})
+    base = url.removesuffix("/v1")
+    # Two callers start the same conversation: one session id, two sessions.
+    messages = agent_session(seed=22, steps=60, task="Browser test: one start, two callers.")
+    keys = {"alice": "sk-alice-0123456789", "bob": "sk-bob-9876543210"}
+    for key in keys.values():
+        body = {"model": "gpt-4o", "messages": messages}
+        headers = {"authorization": f"Bearer {key}"}
+        answered = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=60)
+        assert answered.status_code == 200, answered.text
+    session = session_key(messages)
+    owners = {name: owner_digest(key) for name, key in keys.items()}
+    as_admin = {"x-compaction-proxy-admin-key": admin_key}
+
+    def settings_of(owner: str) -> dict[str, Any]:
+        found = httpx.get(
+            f"{url}/compaction/sessions/{session}", params={"owner": owner}, headers=as_admin
+        )
+        assert found.status_code == 200, found.text
+        settings: dict[str, Any] = found.json()["settings"]
+        return settings
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/ui/login")
+            page.locator("input[name=key]").fill(admin_key)
+            page.locator("button", has_text="Sign in").click()
+            page.wait_for_url(f"{base}/ui")
+            # One row per owner, each linking to its owner's session.
+            links = page.locator(f"a.session-link:has-text('{session}')")
+            links.nth(1).wait_for()  # the figures are written in the background
+            hrefs = sorted(links.nth(n).get_attribute("href") or "" for n in range(2))
+            assert hrefs == sorted(f"/ui/sessions/{session}?owner={o}" for o in owners.values())
+
+            # Without an owner, the page offers the two to pick from.
+            answered = page.goto(f"{base}/ui/sessions/{session}")
+            assert answered is not None and answered.status == 409
+            assert page.locator("#owners a.owner-link").count() == 2
+            page.locator(f"#owners a.owner-link:has-text('{owners['bob']}')").click()
+            page.wait_for_url(f"{base}/ui/sessions/{session}?owner={owners['bob']}")
+
+            form = page.locator("#settings-form")
+            form.locator("input[name=enabled]").uncheck()
+            form.locator("textarea[name=instructions]").fill("Keep Bob's file paths.")
+            form.locator("button", has_text="Save settings").click()
+            page.wait_for_url(f"{base}/ui/sessions/{session}?owner={owners['bob']}")
+            shown = page.locator("#settings-form textarea[name=instructions]")
+            assert shown.input_value() == "Keep Bob's file paths."
+        finally:
+            browser.close()
+
+    # Bob's session is off, with his instructions; Alice's of the same id untouched.
+    bobs, alices = settings_of(owners["bob"]), settings_of(owners["alice"])
+    assert (bobs["enabled"], bobs["instructions"]) == (False, "Keep Bob's file paths.")
+    assert (alices["enabled"], alices["instructions"]) == (True, "")
