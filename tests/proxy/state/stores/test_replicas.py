@@ -41,7 +41,8 @@ def replica_pair(
     it, sharing a Redis database emptied first."""
     base = require_redis(redis_url).rsplit("/", 1)[0]
     url = f"{base}/{DB}"
-    redis.Redis.from_url(url).flushdb()
+    with redis.Redis.from_url(url) as client:
+        client.flushdb()
     upstream = FakeUpstream(summary_delay=summary_delay)
     env = {"COMPACTION_PROXY_STORE__URL": url, "COMPACTION_PROXY_MODELS": models}
     with serve_in_thread(upstream.app()) as upstream_url:
