@@ -165,7 +165,7 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         (the admin) the one owner of that id — or the page to answer instead:
         the 404 page, or the admin's choice between the id's owners."""
         state = state_of(request)
-        owner = request.query_params.get("owner")  # "" is an owner: the keyless callers
+        owner = request.query_params.get("owner")  # absent: none named; even "" is a name
         if owner is not None and len(owner) > MAX_OWNER_CHARS:
             raise BadRequest(
                 f"The owner is longer than {MAX_OWNER_CHARS} characters.", param="owner"
