@@ -54,6 +54,7 @@ from compaction.prompts import (
     turn_prefix_prompt,
 )
 from compaction.summary import is_summary, summary_body, summary_message
+from compaction.summary_checks import anchor_problem, echo_problem, markup_problem, span_anchors
 from compaction.text import fit_tokens, one_line
 from compaction.tokens import KeyMemo, TokenCounter
 from compaction.types import Message, Summarizer
@@ -320,6 +321,8 @@ class _Run:
                 problem = summary_problem(body, turn_prefix=turn_prefix)
                 if problem is not None and turn_prefix and summary_problem(body) is None:
                     problem = None  # a whole summary's sections serve a turn prefix too
+                if problem is None:
+                    problem = anchor_problem(body, span_anchors(ordinary))
                 if problem is not None:
                     raise SummarizationError(f"not a summary: {problem}")
                 message = fitted(body)
@@ -388,6 +391,12 @@ class _Run:
             body = summary_body(reply)
             if not body:
                 raise SummarizationError("empty reply")
+            # Checked on every reply, not only the last: the next call would
+            # fold an echoed template or a continued transcript in as the
+            # previous summary, and keep it.
+            problem = echo_problem(body) or markup_problem(body)
+            if problem is not None:
+                raise SummarizationError(f"not a summary: {problem}")
             running = [body]
         return running[0]
 

@@ -73,13 +73,17 @@ def messages_factory() -> Any:
 
 
 #: What :class:`RecordingSummarizer` answers by default: a summary with the
-#: sections the condenser asks for.
+#: sections the condenser asks for, naming a command of the synthetic agent
+#: sessions (a summary naming none of its span's paths, commands or errors is
+#: not taken).
 SUMMARY_REPLY = (
     "## Goal\n- Fix the parser\n\n## Progress\n### Done\n- Read the modules\n\n"
-    "## Key Decisions\n- Keep the grammar\n\n## Next Steps\n- Run the tests"
+    "## Key Decisions\n- Keep the grammar\n\n## Next Steps\n- Run the tests with `pytest -q`"
 )
 #: …and to a request for a turn-prefix note (the first steps of the current turn).
-PREFIX_REPLY = "## Done So Far\n- Read the modules\n\n## Context Needed Next\n- The docs"
+PREFIX_REPLY = (
+    "## Done So Far\n- Read the modules\n\n## Context Needed Next\n- The docs, `pytest -q`"
+)
 
 
 class SummaryCall(NamedTuple):

@@ -34,7 +34,9 @@ from tests.conftest import (
 
 Message = dict[str, Any]
 COUNTER = TokenCounter("gpt-4o")
-REPLY = SUMMARY_REPLY
+#: The suite's reply, naming files the span of :func:`conversation` read: a
+#: summary that names none of its span's paths is not taken.
+REPLY = SUMMARY_REPLY.replace("- Read the modules", "- Read `src/mod0.py` to `src/mod11.py`")
 
 
 def output(i: int, chars: int = 3_000) -> str:
@@ -160,7 +162,7 @@ def test_llm_summary_replaces_the_middle() -> None:
     messages = conversation()
     before = copy.deepcopy(messages)
     tail = last_user(messages)
-    fake = RecordingSummarizer()
+    fake = RecordingSummarizer(REPLY)
     result = run(messages, plan_condense(messages, 2, tail), fake=fake)
 
     assert messages == before

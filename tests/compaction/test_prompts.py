@@ -1,9 +1,14 @@
 from __future__ import annotations
 
 import copy
+import re
+
+import pytest
 
 from compaction.files import FileLists
 from compaction.prompts import (
+    PROMPT_TAGS,
+    ROLE_LABELS,
     SUMMARY_SECTIONS,
     SUMMARY_SYSTEM_PROMPT,
     TURN_PREFIX_SYSTEM_PROMPT,
@@ -14,6 +19,7 @@ from compaction.prompts import (
     turn_prefix_prompt,
 )
 from compaction.summary import SUMMARY_MARKER, is_summary, summary_body, summary_message
+from compaction.summary_checks import echo_problem
 from tests.conftest import assistant, tool_group, user
 
 
@@ -94,6 +100,46 @@ def test_system_prompt_asks_for_sections_in_order() -> None:
     for sub in ("### Done", "### In Progress", "### Blocked"):
         assert sub in SUMMARY_SYSTEM_PROMPT
     assert "file paths" in SUMMARY_SYSTEM_PROMPT and "error messages" in SUMMARY_SYSTEM_PROMPT
+
+
+@pytest.mark.parametrize("prompt", [SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT])
+def test_the_prompts_show_headings_and_no_sample_line_to_copy(prompt: str) -> None:
+    lines = prompt.splitlines()
+    assert not [ln for ln in lines if ln.lstrip().startswith(("-", "*", "•"))]
+    headings = [ln for ln in lines if ln.startswith("#")]
+    # The headings stand together, one after the other, with nothing under them.
+    first = lines.index(headings[0])
+    assert lines[first : first + len(headings)] == headings
+    # Each is described in the prose above them, by name.
+    prose = " ".join(lines[:first])
+    for heading in headings:
+        assert heading.lstrip("# ") in prose
+    # The prompt's own text is what a reply may not repeat.
+    assert echo_problem(prompt) is not None
+
+
+def test_the_turn_prefix_prompt_shows_its_two_headings() -> None:
+    headings = [ln for ln in TURN_PREFIX_SYSTEM_PROMPT.splitlines() if ln.startswith("#")]
+    assert headings == ["## Done So Far", "## Context Needed Next"]
+
+
+def test_every_tag_and_label_the_prompt_uses_is_one_the_checks_know() -> None:
+    message = tool_group("bash", {"command": "ls"}, "ok")
+    transcript = serialize_messages(
+        [{"role": "system", "content": "s"}, user("u"), assistant("a"), *message], 2_000
+    )
+    texts = [
+        m["content"]
+        for prompt in (
+            summary_prompt(transcript, previous=["p"], instructions="f", budget=9),
+            turn_prefix_prompt(transcript, request="r", previous=["p"], instructions="f", budget=9),
+        )
+        for m in prompt
+    ]
+    tags = {t for text in texts for t in re.findall(r"</?([a-z-]+)>", text)}
+    assert tags == set(PROMPT_TAGS)
+    labels = {ln.split(":")[0] for ln in transcript.splitlines() if ln}
+    assert labels <= set(ROLE_LABELS)
 
 
 def test_summary_prompt_rolls_previous_summaries_and_focus() -> None:

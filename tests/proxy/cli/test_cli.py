@@ -213,7 +213,10 @@ def upstream() -> Iterator[tuple[str, type[_Upstream]]]:
                 "index": 0,
                 "message": {
                     "role": "assistant",
-                    "content": "## Goal\nFix the test.\n## Progress\nRan pytest; fixed app.py.\n"
+                    # Names a file or command of every span of the synthetic session:
+                    # a summary naming none of its span's is not taken.
+                    "content": "## Goal\nFix the test.\n## Progress\nRan pytest, git diff; "
+                    "read routes.py, test_app.py, README.md, util.js; fixed app.py.\n"
                     "## Key Decisions\nKeep the API.\n## Next Steps\nRun the suite again.",
                 },
             }

@@ -48,6 +48,7 @@ from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT, Received
 TOKENS_PER_MESSAGE = 3
 IMAGE_TOKENS = 1_600
 _PATH = re.compile(r"[\w./-]+/[\w.-]+\.\w+|[\w-]+\.(?:py|js|ts|md|toml|json)\b")
+_TAGS = re.compile(r"</?[a-z-]+>")
 
 
 def error_body(kind: str, message: str) -> dict[str, Any]:
@@ -252,7 +253,9 @@ class AnthropicUpstream:
             m["content"] for m in body["messages"] if isinstance(m.get("content"), str)
         )
         found = _PATH.search(transcript)
-        seen = found.group(0) if found else transcript[:40]
+        # A model quotes what it read, not the prompt's tags around it (a reply
+        # holding them is not taken as a summary).
+        seen = found.group(0) if found else " ".join(_TAGS.sub(" ", transcript).split())[:40]
         return f"{template}\n- Seen in the input: `{seen}`"
 
 

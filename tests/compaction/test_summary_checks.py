@@ -1,0 +1,310 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compaction.condenser import CondenseResult, condense, plan_condense, summary_budget
+from compaction.extractive import extractive_summary
+from compaction.files import collect_files
+from compaction.messages import message_text
+from compaction.profile import Profile
+from compaction.prompts import (
+    PROMPT_TAGS,
+    TURN_PREFIX_SYSTEM_PROMPT,
+    summary_problem,
+)
+from compaction.summary import SUMMARY_MARKER, is_summary, summary_body
+from compaction.summary_checks import (
+    Anchors,
+    anchor_problem,
+    echo_problem,
+    markup_problem,
+    span_anchors,
+)
+from compaction.tokens import TokenCounter
+from tests.compaction import small_model_replies as replies
+from tests.conftest import RecordingSummarizer, assistant, tool_group, user
+from tests.synthetic import agent_session, conversations
+
+Message = dict[str, Any]
+COUNTER = TokenCounter("gpt-4o")
+PROFILE = Profile(summarizer="llm")
+
+
+def condensed(reply: str, messages: list[Message] | None = None) -> CondenseResult:
+    messages = replies.span() if messages is None else messages
+    tail = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    return asyncio.run(
+        condense(
+            messages,
+            plan_condense(messages, 2, tail),
+            profile=PROFILE,
+            counter=COUNTER,
+            summarizer=RecordingSummarizer(reply),
+        )
+    )
+
+
+# --- the small models' replies, through condense --------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(replies.BAD))
+def test_a_small_models_bad_reply_is_replaced_by_the_extractive_summary_with_the_reason(
+    name: str,
+) -> None:
+    reply, reason = replies.BAD[name]
+    assert summary_problem(reply) is None  # the headings alone let every one through
+    result = condensed(reply)
+    assert result.summarizer_used == "extractive"
+    assert len(result.notes) == 1
+    note = result.notes[0]
+    assert note.startswith("llm summary unusable (not a summary: ") and reason in note, note
+    assert note.endswith("used extractive")
+    body = summary_body(message_text(result.summary))
+    assert body != summary_body(reply)
+    assert "Error seen: `KeyError: 'timeout'`" in body
+
+
+@pytest.mark.parametrize("name", sorted(replies.GOOD))
+def test_a_small_models_good_reply_is_taken(name: str) -> None:
+    reply = replies.GOOD[name]
+    result = condensed(reply)
+    assert result.notes == ()
+    assert result.summarizer_used == "llm"
+    assert summary_body(message_text(result.summary)) == reply.strip()
+
+
+def test_the_wrong_goal_names_what_the_span_held_in_its_note() -> None:
+    note = condensed(replies.WRONG_GOAL).notes[0]
+    assert "(such as `KeyError`, `test_config.py`, `pytest`)" in note
+
+
+def test_an_echo_in_a_chunks_reply_stops_the_fold_before_the_next_call() -> None:
+    """The next call would read the echo as the previous summary and keep it."""
+    messages = agent_session(seed=3, steps=30)
+    fake = RecordingSummarizer(
+        lambda n: replies.ECHOED_TEMPLATE if n == 1 else replies.GOOD_TERSE + "\n- `pytest -q`"
+    )
+    result = asyncio.run(
+        condense(
+            messages,
+            plan_condense(messages, 2, len(messages) - 1),
+            profile=Profile(summarizer="llm", summarizer_context_window=4_000),
+            counter=COUNTER,
+            summarizer=fake,
+        )
+    )
+    assert len(fake.history) == 1
+    assert result.summarizer_used == "extractive"
+    assert "repeats the prompt's instructions" in result.notes[0]
+
+
+def test_a_turn_prefix_note_naming_nothing_of_its_steps_is_replaced_too() -> None:
+    steps = replies.span()[:-2]
+    # A new request after the read: the tail starts inside its turn, at the last result.
+    messages = [*steps[:8], user("Now make the loader strict too."), *steps[8:]]
+    tail = len(messages) - 2
+    note = "## Done So Far\n- Looked into things.\n\n## Context Needed Next\n- Nothing special."
+
+    async def scripted(prompt: list[Message], max_tokens: int) -> str:
+        return note if prompt[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT else replies.GOOD_TERSE
+
+    plan = plan_condense(messages, 2, tail)
+    assert plan.turn_start == 8
+    result = asyncio.run(
+        condense(messages, plan, profile=PROFILE, counter=COUNTER, summarizer=scripted)
+    )
+    assert len(result.notes) == 1
+    assert result.notes[0].startswith("turn prefix: llm summary unusable (not a summary: names")
+    assert summary_body(message_text(result.summary)) == replies.GOOD_TERSE.strip()
+
+
+# --- echo -----------------------------------------------------------------------
+
+
+def test_a_line_copied_whole_from_the_prompt_is_an_echo() -> None:
+    line = "Keep exact file paths, function and class names, commands, identifiers and error "
+    problem = echo_problem(f"## Goal\n- Fix `a.py`.\n\n## Critical Context\n- {line}messages.")
+    assert problem is not None and problem.startswith("repeats the prompt's instructions")
+
+
+def test_a_prompt_clause_inside_a_longer_line_is_an_echo() -> None:
+    assert echo_problem("- Done: completed steps and their outcomes, see above") is not None
+
+
+def test_a_long_enough_part_of_a_prompt_clause_is_an_echo() -> None:
+    assert echo_problem("- the work that was started and is not finished") is not None
+
+
+def test_numbers_do_not_hide_an_echo_of_the_budget_sentence() -> None:
+    assert echo_problem("Stay under about 1,234 tokens.") is not None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "- None stated",
+        "- None stated.",
+        "- None",
+        "- The user stated none.",
+        "- Nothing is blocked.",
+        "## Constraints & Preferences",
+        "### In Progress",
+        "- Run the whole suite, in order.",
+        "- Facts needed to continue: the port is 8080.",
+    ],
+)
+def test_a_summarys_own_short_line_sharing_the_prompts_words_is_no_echo(line: str) -> None:
+    assert echo_problem(f"## Goal\n- Fix `a.py`.\n\n{line}") is None
+
+
+def test_most_bullets_worded_from_the_prompt_is_an_echo() -> None:
+    reply = (
+        "## Progress\n- Steps completed and how each turned out.\n"
+        "- Work started, is not finished.\n- Fixed `a.py`."
+    )
+    problem = echo_problem(reply)
+    assert problem == "repeats the prompt's instructions (2 of 3 bullets)"
+
+
+def test_one_bullet_worded_from_the_prompt_among_others_is_no_echo() -> None:
+    reply = (
+        "## Progress\n- Steps completed and how each turned out.\n"
+        "- Fixed `a.py`.\n- Ran `pytest -q`: 3 passed."
+    )
+    assert echo_problem(reply) is None
+
+
+# --- markup ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tag", PROMPT_TAGS)
+@pytest.mark.parametrize("form", ["<{}>", "</{}>", "<{}>".upper()])
+def test_a_tag_of_the_prompt_opening_or_closing_is_markup(tag: str, form: str) -> None:
+    text = form.replace("{}", tag.upper() if form.isupper() else tag)
+    assert markup_problem(f"## Goal\n- Fix it. {text}") == (
+        f"holds the prompt's markup ({text.lower()})"
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[User]: run it again",
+        "- [Assistant]: I ran it.",
+        "[Tool result]: exit 0",
+        "[Assistant tool calls]: bash({})",
+        "User: thanks",
+        "**Assistant:** Running it.",
+        "  assistant: next",
+    ],
+)
+def test_a_line_starting_with_a_speaker_label_continues_the_transcript(line: str) -> None:
+    problem = markup_problem(f"## Next Steps\n- Run it.\n{line}")
+    assert problem is not None and problem.startswith("continues the transcript")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- User: asked for the timeout fix",
+        "- User, 3 times: use tabs",
+        "* Assistant: edited `a.py`",
+        "- The conversation covered the loader; the focus was the timeout.",
+        "- Read the `<read-files>` list.",
+        "- Users: two admins",
+    ],
+)
+def test_a_summarys_own_line_naming_a_speaker_or_a_word_of_the_markup_passes(text: str) -> None:
+    assert markup_problem(f"## Goal\n{text}") is None
+
+
+# --- anchors --------------------------------------------------------------------
+
+
+def test_a_span_without_tool_calls_has_no_anchors_and_any_summary_passes() -> None:
+    anchors = span_anchors([user("Tell me a story"), assistant("Once upon a time.")])
+    assert not anchors
+    assert anchor_problem("## Goal\n- A story.", anchors) is None
+
+
+def test_the_anchors_are_file_names_programs_and_error_names() -> None:
+    anchors = span_anchors(replies.span()[2:-2])
+    assert set(anchors.paths) == {"test_config.py", "loader.py"}
+    assert anchors.commands == ("pytest",)  # python -m pytest runs pytest
+    assert set(anchors.errors) == {"KeyError", "test_config.py"}
+
+
+def test_generic_programs_are_no_anchors() -> None:
+    group = tool_group("bash", {"command": "cd build && ls -la && echo done"}, "ok")
+    assert not span_anchors(group)
+
+
+@pytest.mark.parametrize(
+    ("reply", "named"),
+    [
+        ("- edited `src/loader.py`", True),
+        ("- KEYERROR raised", True),
+        ("- `pytest` passed", True),
+        ("- loader.pyc removed", False),
+        ("- pytesting later", False),
+        ("- a keyerrors list", False),
+    ],
+)
+def test_an_anchor_is_named_only_apart_from_the_letters_around_it(reply: str, named: bool) -> None:
+    anchors = Anchors(paths=("loader.py",), commands=("pytest",), errors=("KeyError",))
+    assert (anchor_problem(reply, anchors) is None) is named
+
+
+def test_an_error_line_without_a_name_anchors_on_its_first_words() -> None:
+    result = "<returncode>1</returncode>\n<output>\nerror: linker command failed with exit code 1 (use -v)\n</output>"  # noqa: E501
+    anchors = span_anchors(tool_group("shell_tool", {"query": "link it"}, result))
+    assert anchors.errors == ("linker command failed with exit code 1",)
+    assert anchor_problem("- `linker command failed with exit code 1 (use -v)`", anchors) is None
+
+
+def test_earlier_summaries_in_the_span_lend_it_no_anchors() -> None:
+    earlier = user(f"{SUMMARY_MARKER}\n## Goal\n- ran `pytest` on `old.py`")
+    assert not span_anchors([earlier])
+
+
+# --- the fallback passes the same checks -----------------------------------------
+
+
+def _middle(messages: list[Message]) -> list[Message]:
+    return [m for m in messages[2:] if not is_summary(m)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(max_items=12), st.booleans())
+def test_the_extractive_summary_passes_every_check_it_falls_back_from(
+    messages: list[Message], turn_prefix: bool
+) -> None:
+    middle = _middle(messages)
+    budget = summary_budget(sum(COUNTER.count_messages(middle)), PROFILE, turn_prefix=turn_prefix)
+    body = extractive_summary(
+        middle,
+        head=messages[:2],
+        budget=budget,
+        counter=COUNTER,
+        files=collect_files(middle, PROFILE),
+        turn_prefix=turn_prefix,
+    )
+    assert echo_problem(body) is None
+    assert markup_problem(body) is None
+    assert anchor_problem(body, span_anchors(middle)) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_extractive_summary_of_an_agent_session_names_its_anchors(seed: int) -> None:
+    messages = agent_session(seed=seed, steps=40)
+    result = condensed("not a summary", messages)
+    assert result.summarizer_used == "extractive"
+    body = summary_body(message_text(result.summary))
+    anchors = span_anchors(_middle(messages))
+    assert anchors and anchor_problem(body, anchors) is None
+    assert echo_problem(body) is None and markup_problem(body) is None
