@@ -18,6 +18,7 @@ in between::
 Everything a caller may use is named in ``__all__``.
 """
 
+from compaction.calibration import Calibration, calibrate, restored_calibration
 from compaction.calls import key_argument
 from compaction.checkpoints import Checkpoint, session_key
 from compaction.conversation import Conversation, read_conversation, read_conversation_async
@@ -47,7 +48,6 @@ from compaction.lessons import (
     empty_stream_is_overflow,
     proven_floor,
     ratio_sample,
-    update_ratio,
     window_to_learn,
 )
 from compaction.messages import (
@@ -66,7 +66,13 @@ from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
 from compaction.summary import SUMMARY_MARKER, SummaryParts, is_summary, parse_summary, with_body
-from compaction.tokens import ORIGIN_KEY, TokenCounter, encoding_for_model, text_size
+from compaction.tokens import (
+    ORIGIN_KEY,
+    TokenCounter,
+    encoding_for_model,
+    splits_digits,
+    text_size,
+)
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [
@@ -75,6 +81,7 @@ __all__ = [
     "SUMMARY_MARKER",
     "Bounds",
     "Budget",
+    "Calibration",
     "CannotFitError",
     "Checkpoint",
     "CompactionError",
@@ -100,6 +107,7 @@ __all__ = [
     "TokenCounter",
     "WindowLesson",
     "ahead",
+    "calibrate",
     "calibrated_budget",
     "call_name_and_arguments",
     "check_messages",
@@ -126,12 +134,13 @@ __all__ = [
     "read_conversation_async",
     "repair_tool_pairing",
     "requested_output_tokens",
+    "restored_calibration",
     "retry_budget",
     "session_key",
+    "splits_digits",
     "tail_start",
     "text_size",
     "tool_calls",
-    "update_ratio",
     "validate_tool_pairing",
     "window_to_learn",
     "with_body",

@@ -3,8 +3,9 @@
 Pure rules; the proxy keeps what they return (in memory and in its store):
 
 * **the ratio** — of the upstream's token count to our estimate, from each
-  answer's ``usage`` (:func:`ratio_sample`), smoothed fast up and slowly
-  down (:func:`update_ratio`) within :data:`MIN_RATIO` – :data:`MAX_RATIO`;
+  answer's ``usage`` (:func:`ratio_sample`), within :data:`MIN_RATIO` –
+  :data:`MAX_RATIO`; how samples make the ratio budgets use is
+  :mod:`compaction.calibration`'s;
 * **a stated window** — an overflow error names the window (``maximum
   context length is 8192 tokens``); it is learned only when plausible: within
   :data:`WINDOW_BOUNDS`, and above the largest prompt the upstream already
@@ -30,10 +31,6 @@ MAX_RATIO = 2.0
 #: Requests smaller than this teach no ratio: a chat template's few fixed
 #: tokens would dominate it.
 MIN_CALIBRATION_TOKENS = 1_000
-#: How far one sample moves the ratio: fast up (an overflow is expensive),
-#: slowly down (one small request must not undo what an overflow taught).
-RATIO_RISE = 0.5
-RATIO_FALL = 0.1
 #: Windows an overflow error may teach: below the smallest models in use,
 #: above any model's window, a stated figure is a misreading or a lie.
 WINDOW_BOUNDS = (512, 10_000_000)
@@ -51,15 +48,6 @@ def ratio_sample(upstream_tokens: int, estimate: int) -> float | None:
     if estimate < MIN_CALIBRATION_TOKENS or upstream_tokens <= 0:
         return None
     return upstream_tokens / estimate
-
-
-def update_ratio(old: float | None, sample: float) -> float:
-    """The smoothed ratio after ``sample``: the first sample is taken as it is."""
-    sample = clamp_ratio(sample)
-    if old is None:
-        return sample
-    weight = RATIO_RISE if sample > old else RATIO_FALL
-    return clamp_ratio(old + weight * (sample - old))
 
 
 @dataclass(frozen=True)

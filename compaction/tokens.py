@@ -9,6 +9,20 @@ What is counted (DESIGN.md §3–4): every message with OpenAI's per-message
 overhead (3 tokens, +1 for a ``name``), text parts, images at a fixed cost,
 tool calls, the ``tools`` / ``functions`` schemas, ``response_format``, and 3
 tokens priming the reply.
+
+**Digits.** cl100k and o200k make one token of up to three digits; the
+tokenizers of many open models (Qwen, Llama 1–2, Mistral, DeepSeek, Gemma,
+Phi-3, Yi, StarCoder: :func:`splits_digits`) make one token of each digit, so a
+tool output full of numbers counts up to three times our estimate there. For
+those models every run of digits is counted a token a digit
+(:func:`digit_surplus` is added to the encoding's count): a little too much
+where their tokenizer groups some digits after all, never too little. The rule
+is the counter's own (a counter per rule, so its cache keyed by message stays
+right), and OpenAI models, whose tokenizers these encodings are, are counted
+as the encoding counts. Scripts other than Latin need no such rule: for the
+CJK-trained vocabularies (Qwen, DeepSeek, Yi) cl100k counts Chinese and
+Japanese text at more tokens than they do, and the calibration ratio takes up
+what remains.
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -59,6 +74,42 @@ ORIGIN_KEY = "_compaction_origin"
 _COUNTED_ELSEWHERE = frozenset(
     {"role", "content", "name", "tool_calls", "function_call", ORIGIN_KEY}
 )
+
+
+#: Model families whose tokenizer makes one token of each digit (module doc),
+#: by a word of the model's name. Llama 3 and later group digits by three, as
+#: cl100k does; Llama without a version, TinyLlama and Code Llama do not.
+_DIGITS_APART = re.compile(
+    r"qwen|qwq|codellama|tinyllama|llama-?2|mistral|mixtral|codestral|ministral|"
+    r"devstral|magistral|pixtral|deepseek|gemma|phi-?3|(?:^|[^a-z0-9])yi[-_:.]|starcoder"
+)
+_LLAMA = re.compile(r"llama(?:[-_ ]?v?(\d+))?")
+#: Two digits or more: one digit is one token in every encoding.
+_DIGIT_RUN = re.compile(r"[0-9][0-9]+")
+#: What cl100k and o200k make one token of: up to three digits.
+_DIGITS_PER_TOKEN = 3
+
+
+def splits_digits(model: str | None) -> bool:
+    """Whether ``model``'s tokenizer makes a token of each digit (module doc)."""
+    if not model:
+        return False
+    name = model.lower().rsplit("/", 1)[-1]
+    if _DIGITS_APART.search(name):
+        return True
+    llama = _LLAMA.search(name)
+    return llama is not None and (llama.group(1) is None or int(llama.group(1)) < 3)
+
+
+def digit_surplus(text: str) -> int:
+    """How many more tokens the runs of digits in ``text`` are a token a digit
+    than three digits a token (the encodings' way)."""
+    if not any(digit in text for digit in "0123456789"):
+        return 0
+    surplus = 0
+    for run in _DIGIT_RUN.findall(text):
+        surplus += len(run) - -(-len(run) // _DIGITS_PER_TOKEN)
+    return surplus
 
 
 def encoding_for_model(model: str | None) -> str:
@@ -151,10 +202,14 @@ class TokenCounter:
         encoding: str | None = None,
         image_tokens: int = DEFAULT_IMAGE_TOKENS,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        digits_apart: bool | None = None,
     ) -> None:
+        """``digits_apart``: count every digit a token (module doc); by default
+        when ``model``'s tokenizer does (:func:`splits_digits`)."""
         name = encoding or encoding_for_model(model)
         self._encoding = load_encoding(name)
         self.encoding_name = name if self._encoding is not None else "chars/4"
+        self.digits_apart = splits_digits(model) if digits_apart is None else digits_apart
         self.image_tokens = image_tokens
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._cache_size = cache_size
@@ -168,8 +223,10 @@ class TokenCounter:
         if not text:
             return 0
         if self._encoding is None:
-            return math.ceil(len(text) / CHARS_PER_TOKEN)
-        return len(self._encoding.encode_ordinary(text))
+            count = math.ceil(len(text) / CHARS_PER_TOKEN)
+        else:
+            count = len(self._encoding.encode_ordinary(text))
+        return count + digit_surplus(text) if self.digits_apart else count
 
     def _count_json(self, value: Any) -> int:
         return self.count_text(orjson.dumps(value, default=repr).decode())

@@ -17,13 +17,16 @@ from typing import TypeVar
 from starlette.requests import HTTPConnection
 
 from compaction import (
+    Calibration,
     ReadingCache,
     TokenCounter,
+    calibrate,
     encoding_for_model,
     load_encoding,
     proven_floor,
     ratio_sample,
-    update_ratio,
+    restored_calibration,
+    splits_digits,
     window_to_learn,
 )
 from config import ModelConfig, ModelResolver, Settings
@@ -59,6 +62,10 @@ class ProxyState:
     proven: dict[str, int] = field(default_factory=dict)
     #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
     ratios: dict[str, float] = field(default_factory=dict)
+    #: The recent samples each ratio follows (:mod:`compaction.calibration`), by
+    #: the same key. Kept in memory only: the store keeps the ratio, which a
+    #: restarted process takes for a prior that the next answers move by steps.
+    calibrations: dict[str, Calibration] = field(default_factory=dict)
     #: Compactions prepared ahead of need, running off the request path.
     background: Background = field(default_factory=Background)
     #: The pool their summaries are asked through, apart from ``transport``
@@ -75,7 +82,7 @@ class ProxyState:
     readings: ReadingCache = field(default_factory=ReadingCache)
     #: Store writes of learned ratios still under way (kept so none is lost).
     _writes: set[asyncio.Task[None]] = field(default_factory=set)
-    _counters: dict[tuple[str, int], TokenCounter] = field(default_factory=dict)
+    _counters: dict[tuple[str, int, bool], TokenCounter] = field(default_factory=dict)
 
     def resolve(self, model: str | None) -> ModelConfig:
         config = self.resolver.resolve(model)
@@ -85,11 +92,13 @@ class ProxyState:
         return self.resolver.resolve(model, {config.model: window})
 
     def counter(self, config: ModelConfig) -> TokenCounter:
-        """One counter (and so one token cache) per encoding and image cost."""
-        key = (encoding_for_model(config.model), config.profile.image_tokens)
+        """One counter (and so one token cache) per encoding, image cost and
+        way of counting digits (:func:`compaction.tokens.splits_digits`)."""
+        model = config.model
+        key = (encoding_for_model(model), config.profile.image_tokens, splits_digits(model))
         counter = self._counters.get(key)
         if counter is None:
-            counter = TokenCounter(encoding=key[0], image_tokens=key[1])
+            counter = TokenCounter(encoding=key[0], image_tokens=key[1], digits_apart=key[2])
             self._counters[key] = counter
         return counter
 
@@ -129,11 +138,20 @@ class ProxyState:
         """The calibration ratio for this model's upstream (1.0 until one is learned)."""
         return self.ratios.get(calibration_key(config), 1.0)
 
-    def learn_ratio(self, config: ModelConfig, ratio: float) -> None:
-        """Remember a new ratio; the store is written in the background, and only
-        when the ratio moved by more than :data:`RATIO_WRITE_STEP`."""
+    def learn_ratio(self, config: ModelConfig, sample: float) -> None:
+        """One answer (or an overflow error's count) showed the upstream counting
+        ``sample`` × our estimate: the ratio follows the recent samples by the
+        engine's rule (:func:`compaction.calibrate`). The store is written in
+        the background, and only when the ratio moved by more than
+        :data:`RATIO_WRITE_STEP`."""
         key = calibration_key(config)
         old = self.ratios.get(key)
+        previous = self.calibrations.get(key)
+        if previous is None and old is not None:  # restored from the store
+            previous = restored_calibration(old)
+        calibration = calibrate(previous, sample)
+        ratio = calibration.ratio
+        self._remember(self.calibrations, key, calibration)
         self._remember(self.ratios, key, ratio)
         if old is not None and abs(ratio - old) <= RATIO_WRITE_STEP * old:
             return
@@ -147,8 +165,7 @@ class ProxyState:
         self.prove(config, upstream_tokens)
         sample = ratio_sample(upstream_tokens, estimate)
         if sample is not None:
-            old = self.ratios.get(calibration_key(config))
-            self.learn_ratio(config, update_ratio(old, sample))
+            self.learn_ratio(config, sample)
 
     async def _write_ratio(self, key: str, ratio: float) -> None:
         try:

@@ -1,4 +1,4 @@
-"""compaction.lessons: the ratio's smoothing, which windows an overflow error
+"""compaction.lessons: the ratio's samples, which windows an overflow error
 teaches, the proven floor, the figures a retry may aim at, and the empty stream
 taken for an overflow."""
 
@@ -8,14 +8,12 @@ import pytest
 
 from compaction.lessons import (
     EMPTY_STREAM_NEAR_LIMIT,
-    MAX_RATIO,
     WINDOW_BOUNDS,
     OverflowReport,
     credible_report,
     empty_stream_is_overflow,
     proven_floor,
     ratio_sample,
-    update_ratio,
     window_to_learn,
 )
 
@@ -68,14 +66,6 @@ def test_an_empty_stream_is_an_overflow_only_near_the_limit() -> None:
     assert empty_stream_is_overflow(near, limit)
     assert empty_stream_is_overflow(limit, limit)
     assert not empty_stream_is_overflow(near - 1, limit)
-
-
-def test_the_ratio_rises_fast_and_falls_slowly() -> None:
-    assert update_ratio(None, 1.12) == pytest.approx(1.12)
-    up = update_ratio(1.0, 1.2)
-    down = update_ratio(1.2, 1.0)
-    assert up - 1.0 > 1.2 - down > 0  # a bigger step up than down
-    assert update_ratio(1.0, 99.0) <= MAX_RATIO
 
 
 def test_small_requests_teach_no_ratio() -> None:
