@@ -57,7 +57,7 @@ def test_sigterm_lets_open_streams_finish_then_the_process_exits_by_itself(
     fake: tuple[FakeUpstream, str], tmp_path: Path
 ) -> None:
     upstream, upstream_url = fake
-    upstream.chunks, upstream.chunk_delay = 40, 0.05  # streams of two seconds
+    upstream.chunks, upstream.chunk_delay = 40, 0.025  # streams of a second
     streams = 3
     lines: list[list[str]] = [[] for _ in range(streams)]
     errors: list[str] = []
