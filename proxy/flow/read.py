@@ -96,6 +96,7 @@ class Call:
     def summarizer(self) -> UpstreamSummarizer:
         """The llm summarizer, asked in the request's own API with its own key."""
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
+        model = self.config.model
         return UpstreamSummarizer(
             self.state.transport,
             self.base_url,
@@ -104,7 +105,19 @@ class Call:
             dialect=self.dialect,
             on_call=self.state.metrics.summarizer_calls.inc,
             deadline=self.state.settings.upstream.summarizer_timeout_seconds,
+            # A summary by another model says nothing of how this one counts.
+            on_usage=self._summary_counted if self.config.summary_model == model else None,
         )
+
+    async def _summary_counted(self, messages: list[Message], prompt_tokens: int) -> None:
+        """A summary's reply counted ``prompt_tokens`` for ``messages``: a
+        calibration sample like any answer's, and the only one from servers
+        that send no ``usage`` on streams (llama-cpp-python). A summary's
+        prompt is new text, up to a window of it: counted in a worker thread
+        (once a summary, against the seconds the summary took)."""
+        counter = self.state.counter(self.config)
+        estimate = await asyncio.to_thread(counter.count_request, {"messages": messages})
+        self.state.observe(self.config, estimate, prompt_tokens)
 
     def encode(self, resolved: Resolved) -> bytes:
         mapped = self.mapped
@@ -196,6 +209,10 @@ async def read_call(
         )
     else:
         read = _read_conversation(state, raw, client_headers, dialect, ahead=False)
+    # The server is asked for its window off the request path (this request
+    # is served on the window believed now).
+    credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
+    state.discover(read.config, dialect.route(read.config)[0], credentials)
     identified = read.identified
     if read.original is None and read.untouchable is None:
         identified = await remembered(

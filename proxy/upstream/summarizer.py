@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -52,6 +52,7 @@ class UpstreamSummarizer:
         dialect: Dialect = CHAT,
         on_call: Callable[[], object] | None = None,
         deadline: float = DEFAULT_DEADLINE,
+        on_usage: Callable[[list[Message], int], Awaitable[object]] | None = None,
     ) -> None:
         self._transport = transport
         self._url = base_url.rstrip("/") + dialect.path
@@ -62,6 +63,10 @@ class UpstreamSummarizer:
         self._deadline = deadline
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
+        #: Told of the messages sent and the prompt tokens the reply's ``usage``
+        #: counted for them: a sample of how the upstream counts (the proxy's
+        #: calibration), from answers that always carry ``usage``.
+        self._on_usage = on_usage
         self.calls = 0
         #: Tokens the upstream's ``usage`` reported for the summaries so far
         #: (prompt and reply), for the dashboard's figures.
@@ -88,7 +93,8 @@ class UpstreamSummarizer:
             ) from exc
 
     async def _ask(self, messages: list[Message], max_tokens: int) -> str:
-        body = self._dialect.summary_request(self._model, [clean(m) for m in messages], max_tokens)
+        sent = [clean(m) for m in messages]
+        body = self._dialect.summary_request(self._model, sent, max_tokens)
         status, reply = await self._post(body)
         retry = self._dialect.summary_retry(body, status, reply) if status != 200 else None
         if retry is not None:  # once: a second refusal is the answer
@@ -101,6 +107,9 @@ class UpstreamSummarizer:
         except orjson.JSONDecodeError as exc:
             raise SummarizationError("summarizer reply is not JSON") from exc
         self.tokens += reported_tokens(payload)
+        prompt = reported_prompt_tokens(payload)
+        if self._on_usage is not None and retry is None and prompt:
+            await self._on_usage(sent, prompt)
         if self._dialect.summary_cut_off(payload):
             raise SummarizationError(SUMMARY_CUT_OFF)
         return self._dialect.summary_text(payload)
@@ -120,6 +129,22 @@ class UpstreamSummarizer:
                 raise
         except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
+
+
+#: Anthropic's prompt tokens read from or written to its cache, which its
+#: ``input_tokens`` leaves out.
+_ANTHROPIC_CACHED = ("cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def reported_prompt_tokens(payload: Any) -> int:
+    """The prompt tokens a reply's ``usage`` reports (``prompt_tokens``, or
+    ``input_tokens`` with Anthropic's cached parts); 0 when it reports none."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    names = ("prompt_tokens", "input_tokens", *_ANTHROPIC_CACHED)
+    counts = (usage.get(name) for name in names)
+    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
 
 
 def reported_tokens(payload: Any) -> int:
