@@ -19,6 +19,7 @@ from config.profiles import (
     find_override,
     resolve_model,
     with_client_window,
+    with_server_window,
 )
 from config.reference import SettingDoc, settings_reference
 from config.settings import (
@@ -51,4 +52,5 @@ __all__ = [
     "resolve_model",
     "settings_reference",
     "with_client_window",
+    "with_server_window",
 ]

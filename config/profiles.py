@@ -3,9 +3,12 @@
 Pure functions over :class:`Settings`; the proxy keeps the learned windows and
 passes them in. Precedence, strongest first::
 
-    context_window   learned (overflow error) > [models."…"] > the client's
+    context_window   learned (overflow error) > [models."…"] > stated by the
+                     server (:func:`with_server_window`) > the client's
                      long-context beta header (:func:`with_client_window`) >
-                     built-in table > [compaction]
+                     built-in table > [compaction]; a learned window larger
+                     than the server's stated one does not replace it (the
+                     smaller of two statements of the server is the safe one)
     other fields     [models."…"] > [compaction]
     summary_model    [models."…"] > [compaction].summary_model > the model itself
     upstream         [models."…"].upstream > [upstream].base_url
@@ -35,7 +38,9 @@ from compaction import Profile
 from config.model_table import MAX_NAME_CHARS, builtin_context_window
 from config.settings import ModelOverride, Settings
 
-WindowSource = Literal["learned", "override", "client", "table", "default"]
+WindowSource = Literal[
+    "learned", "empty-stream", "override", "server", "client", "table", "default"
+]
 
 #: The window Anthropic's long-context beta opens (its documented 1M tokens).
 BETA_WINDOW = 1_000_000
@@ -101,16 +106,19 @@ def resolve_model(
     settings: Settings,
     model: str | None,
     learned_windows: Mapping[str, int] | None = None,
+    server_window: int | None = None,
 ) -> ModelConfig:
     """Resolve ``model`` against ``settings``; see the module docstring for precedence."""
-    return _apply_learned(_resolve(settings, model or ""), learned_windows)
+    config = with_server_window(_resolve(settings, model or ""), server_window)
+    return _apply_learned(config, learned_windows)
 
 
 class ModelResolver:
     """:func:`resolve_model` for one :class:`Settings`, remembering each answer.
 
-    Settings are frozen, so an answer stays valid; a learned window is part of
-    the cache key, so learning one for a model simply makes a new entry.
+    Settings are frozen, so an answer stays valid; a learned window and the
+    server's stated one are part of the cache key, so learning one for a model
+    simply makes a new entry.
     """
 
     def __init__(
@@ -118,17 +126,20 @@ class ModelResolver:
     ) -> None:
         self.settings = settings
         self._max_cached = max_cached
-        self._cache: dict[tuple[str, int | None], ModelConfig] = {}
+        self._cache: dict[tuple[str, int | None, int | None], ModelConfig] = {}
 
     def resolve(
-        self, model: str | None, learned_windows: Mapping[str, int] | None = None
+        self,
+        model: str | None,
+        learned_windows: Mapping[str, int] | None = None,
+        server_window: int | None = None,
     ) -> ModelConfig:
         name = model or ""
         learned = learned_windows.get(name) if learned_windows else None
-        key = (name, learned)
+        key = (name, learned, server_window)
         config = self._cache.get(key)
         if config is None:
-            config = _apply_learned(_resolve(self.settings, name), learned_windows)
+            config = resolve_model(self.settings, name, learned_windows, server_window)
             if len(name) > MAX_NAME_CHARS:  # no real model's: not worth keeping
                 return config
             if len(self._cache) >= self._max_cached:
@@ -183,11 +194,29 @@ def with_client_window(config: ModelConfig, anthropic_beta: str | None) -> Model
     return dataclasses.replace(config, profile=profile, window_source="client")
 
 
+def with_server_window(config: ModelConfig, window: int | None) -> ModelConfig:
+    """``config`` with the window the upstream server states it serves (its
+    ``/props``, ``/v1/models``, …: see :mod:`proxy.upstream.discovery`).
+
+    What the server serves is the truth the built-in table and the default
+    only guess at, and a client's header cannot widen it; a window set in
+    ``[models."…"]`` is the operator's word and stays.
+    """
+    if window is None or window <= 0 or config.window_source not in ("table", "default"):
+        return config
+    profile = dataclasses.replace(config.profile, context_window=window)
+    return dataclasses.replace(config, profile=profile, window_source="server")
+
+
 def _apply_learned(config: ModelConfig, learned_windows: Mapping[str, int] | None) -> ModelConfig:
     if not learned_windows:
         return config
     window = learned_windows.get(config.model)
     if window is None or window <= 0:
+        return config
+    if config.window_source == "server" and window >= config.profile.context_window:
+        # Both are the server's word; aiming at the smaller costs an earlier
+        # compaction, at the larger an overflow or a silently cut prompt.
         return config
     profile = dataclasses.replace(config.profile, context_window=window)
     return dataclasses.replace(config, profile=profile, window_source="learned")

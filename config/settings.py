@@ -76,6 +76,14 @@ DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
 #: minutes allows for that and still frees a request held by an upstream that
 #: trickles its answer a byte at a time (each within the read timeout).
 DEFAULT_SUMMARIZER_TIMEOUT: Final = 120.0
+#: Asking a local server for its window takes a few milliseconds; a server
+#: that needs longer is busy or not one that answers, and the question is
+#: asked off the request path, so nobody waits on it.
+DEFAULT_DISCOVERY_TIMEOUT: Final = 3.0
+#: A request waits for another request's compaction of the same conversation
+#: as long as one summary may take; past that it compacts on its own (the work
+#: may be done twice, nobody hangs).
+DEFAULT_LOCK_WAIT_SECONDS: Final = DEFAULT_SUMMARIZER_TIMEOUT
 #: A healthy store answers in about a millisecond (SQLite on a local disk,
 #: Redis on the LAN); two seconds is far beyond that, even for a write queued
 #: behind another process's, and short next to the model's answer the request
@@ -278,6 +286,19 @@ class UpstreamSettings(BaseModel):
         "its one retry), however steadily the upstream trickles bytes; past it the "
         "extractive summary is used instead.",
     )
+    discover_windows: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Ask the upstream server which context window it serves (llama.cpp "
+        "/props, /v1/models, LM Studio, Ollama) once per model, in the background: "
+        '"auto" asks servers on this machine or the local network only (loopback, '
+        'private addresses, names without a dot, .local, .internal), "always" any, '
+        '"never" none. A window set in [models."…"] wins over the stated one.',
+    )
+    discovery_timeout_seconds: _PositiveFloat = Field(
+        default=DEFAULT_DISCOVERY_TIMEOUT,
+        description="Seconds the questions about a server's window may take in all; a "
+        "server silent that long is taken to state nothing.",
+    )
 
 
 class BackgroundSettings(BaseModel):
@@ -299,6 +320,13 @@ class BackgroundSettings(BaseModel):
         description="Size of the upstream connection pool the background summaries use, "
         "apart from upstream.max_connections, so they never take a connection a "
         "request is waiting for.",
+    )
+    single_slot: Literal["wait", "off"] = Field(
+        default="wait",
+        description="For an upstream that serves one request at a time (llama.cpp's "
+        "/props total_slots = 1, or seen queueing requests behind summaries): 'wait' "
+        "asks a preparation's summary only while no user request to it is in flight, "
+        "and cancels it for one that arrives; 'off' prepares nothing for it.",
     )
 
 
@@ -334,6 +362,11 @@ class StoreSettings(BaseModel):
         default=DEFAULT_LOCK_TTL_SECONDS,
         description="Single-flight lock expiry: waiters proceed after this if the holder "
         "died. Keep it above the slowest summarization.",
+    )
+    lock_wait_seconds: _PositiveFloat = Field(
+        default=DEFAULT_LOCK_WAIT_SECONDS,
+        description="Seconds a request waits for another's compaction of the same "
+        "conversation (the single-flight lock); past it, it compacts on its own.",
     )
     timeout_seconds: _PositiveFloat = Field(
         default=DEFAULT_STORE_TIMEOUT_SECONDS,

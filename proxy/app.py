@@ -43,9 +43,16 @@ from proxy.state.logs import REQUESTS
 from proxy.state.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.state.metrics import Metrics
 from proxy.state.recorder import Recorder
-from proxy.state.runtime import ProxyState, build_transport, state_of
+from proxy.state.runtime import (
+    SERVER_PREFIX,
+    SLOTS_PREFIX,
+    ProxyState,
+    build_transport,
+    state_of,
+)
 from proxy.state.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.ui import install as install_dashboard
+from proxy.upstream.discovery import Discoveries
 from proxy.upstream.transport import Transport
 
 logger = logging.getLogger("compaction_proxy")
@@ -96,7 +103,12 @@ async def _restore(state: ProxyState) -> bool:
         return False
     # Anything this process learned while the store was down is the newer.
     for key, window in windows.items():
-        state.learned_windows.setdefault(key, window)
+        if key.startswith(SERVER_PREFIX):  # what a server stated, not an overflow
+            state.server_windows.setdefault(key.removeprefix(SERVER_PREFIX), window)
+        elif key.startswith(SLOTS_PREFIX):
+            state.server_slots.setdefault(key.removeprefix(SLOTS_PREFIX), window)
+        else:
+            state.learned_windows.setdefault(key, window)
     for key, ratio in ratios.items():
         state.ratios.setdefault(key, ratio)
     return True
@@ -149,6 +161,7 @@ def create_app(
                 on_refused=lambda reason: metrics.background.labels(reason).inc(),
             ),
             background_transport=background_transport,
+            discoveries=Discoveries(max_keys=settings.store.max_model_rows),
         )
         metrics.background_running.set_function(lambda: len(state.background))
         await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
@@ -169,6 +182,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
             await state.background.close(BACKGROUND_GRACE_SECONDS)
+            await state.discoveries.close()
             await state.recorder.stop()
             await state.store.close()
             if owned:

@@ -24,8 +24,11 @@ WINDOW_SOURCES = {
     "override": "set in the configuration",
     "client": "asked for by the client's anthropic-beta header",
     "learned": "learned from the upstream's overflow error",
+    "server": "stated by the upstream server (llama.cpp /props, the /v1/models listing, "
+    "LM Studio /api/v0/models, Ollama /api/show or /api/ps)",
     "table": "the built-in model table",
     "default": "[compaction].context_window: the table does not know this model",
+    "empty-stream": "narrowed after the upstream answered a longer stream with nothing",
 }
 
 

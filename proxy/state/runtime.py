@@ -34,6 +34,7 @@ from proxy.session.background import Background
 from proxy.state.metrics import Metrics
 from proxy.state.recorder import Recorder
 from proxy.state.stores import Store
+from proxy.upstream.discovery import Discoveries, discover, is_local
 from proxy.upstream.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ class ProxyState:
     #: Context windows stated by genuine upstream overflow errors, by
     #: :func:`calibration_key` (upstream and model).
     learned_windows: dict[str, int] = field(default_factory=dict)
+    #: Context windows the upstream server states it serves (its /props,
+    #: /v1/models, …: :mod:`proxy.upstream.discovery`), by the same key.
+    server_windows: dict[str, int] = field(default_factory=dict)
+    #: How many requests each upstream serves at once, where it says (llama.cpp's
+    #: ``total_slots``), by the same key.
+    server_slots: dict[str, int] = field(default_factory=dict)
+    #: The questions to the upstream servers about their windows, off the request path.
+    discoveries: Discoveries = field(default_factory=lambda: Discoveries(max_keys=1024))
     #: The largest prompt each upstream and model answered (by the same key):
     #: a window below it is a lie, and is not learned.
     proven: dict[str, int] = field(default_factory=dict)
@@ -86,10 +95,12 @@ class ProxyState:
 
     def resolve(self, model: str | None) -> ModelConfig:
         config = self.resolver.resolve(model)
-        window = self.learned_windows.get(calibration_key(config))
-        if window is None:
+        key = calibration_key(config)
+        window, server = self.learned_windows.get(key), self.server_windows.get(key)
+        if window is None and server is None:
             return config
-        return self.resolver.resolve(model, {config.model: window})
+        learned = {config.model: window} if window is not None else None
+        return self.resolver.resolve(model, learned, server)
 
     def counter(self, config: ModelConfig) -> TokenCounter:
         """One counter (and so one token cache) per encoding, image cost and
@@ -128,6 +139,57 @@ class ProxyState:
             except Exception:  # the store being down must not fail a request
                 logger.warning("could not store the learned window", exc_info=True)
         return True
+
+    def discover(self, config: ModelConfig, base: str, credentials: dict[str, str]) -> None:
+        """Ask the upstream, in the background, which window it serves this model
+        with, unless it was asked already (:class:`Discoveries`); never waits.
+
+        Only for a request going to ``config.upstream`` (``base``), whose
+        ``credentials`` are then for that server, and only as
+        ``upstream.discover_windows`` allows.
+        """
+        mode = self.settings.upstream.discover_windows
+        if base != config.upstream or mode == "never":
+            return
+        if mode == "auto" and not is_local(config.upstream):
+            return
+        key = calibration_key(config)
+        self.discoveries.start(key, lambda: self._ask_server(config, key, credentials))
+
+    async def _ask_server(self, config: ModelConfig, key: str, credentials: dict[str, str]) -> bool:
+        """One discovery: what the server states is kept here and in the store
+        (under :func:`server_key`); whether it stated a window."""
+        facts = await discover(
+            self.background_transport or self.transport,
+            config.upstream,
+            config.model,
+            credentials,
+            timeout=self.settings.upstream.discovery_timeout_seconds,
+        )
+        if facts is None:
+            logger.info("the upstream states no context window for %r", config.model)
+            return False
+        if facts.slots is not None and self.server_slots.get(key) != facts.slots:
+            self._remember(self.server_slots, key, facts.slots)
+            await self._store_server_figure(slots_key(key), facts.slots)
+        if facts.window is None:
+            return False
+        if self.server_windows.get(key) != facts.window:
+            logger.info(
+                "the upstream serves %r with a %d-token window (%s)",
+                config.model,
+                facts.window,
+                facts.source,
+            )
+            self._remember(self.server_windows, key, facts.window)
+            await self._store_server_figure(server_key(key), facts.window)
+        return True
+
+    async def _store_server_figure(self, key: str, value: int) -> None:
+        try:
+            await self.store.set_learned_window(key, value)
+        except Exception:  # the store being down must not fail anything
+            logger.warning("could not store what the upstream stated", exc_info=True)
 
     def prove(self, config: ModelConfig, prompt_tokens: int) -> None:
         """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
@@ -193,6 +255,22 @@ def state_of(request: HTTPConnection) -> ProxyState:
     """The running proxy's state, from a request to its app (set in the lifespan)."""
     state: ProxyState = request.app.state.proxy
     return state
+
+
+#: Prefixes of the rows the store's learned-window table keeps for what
+#: servers state (windows, slots), apart from the windows overflow errors taught.
+SERVER_PREFIX = "server\x1f"
+SLOTS_PREFIX = "slots\x1f"
+
+
+def server_key(key: str) -> str:
+    """The store's row for the window the server states under ``key``."""
+    return SERVER_PREFIX + key
+
+
+def slots_key(key: str) -> str:
+    """The store's row for the slots the server states under ``key``."""
+    return SLOTS_PREFIX + key
 
 
 def calibration_key(config: ModelConfig) -> str:

@@ -4,4 +4,6 @@
   translated at this boundary;
 * :mod:`~proxy.upstream.summarizer` — the ``llm`` summarizer: a summary asked of
   the upstream in the request's own API.
+* :mod:`~proxy.upstream.discovery` — what the server states it serves: its
+  context window and slots, asked once per model off the request path.
 """

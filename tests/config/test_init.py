@@ -29,6 +29,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "resolve_model",
         "settings_reference",
         "with_client_window",
+        "with_server_window",
     ]
     for name in config.__all__:
         assert getattr(config, name) is not None

@@ -379,6 +379,8 @@ def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     clean["ANTHROPIC_API_KEY"] = clean["OPENAI_API_KEY"] = ""
+    # Not the upstream's window: these tests count the requests it is sent.
+    clean["COMPACTION_PROXY_UPSTREAM__DISCOVER_WINDOWS"] = "never"
     process = subprocess.Popen(
         [str(SCRIPT), "serve", "--port", str(port), *flags],
         cwd=tmp_path,
