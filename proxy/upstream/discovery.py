@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import re
@@ -203,10 +204,12 @@ def server_root(upstream_url: str) -> str:
     return base.removesuffix("/v1")
 
 
+@functools.lru_cache(maxsize=64)
 def is_local(upstream_url: str) -> bool:
     """Whether the upstream is on this machine or its network, by its host:
     loopback, private or link-local addresses, names without a dot (a
-    container's service name) and the local suffixes."""
+    container's service name) and the local suffixes. (Asked on every
+    request; upstreams are the settings', so the answers kept are few.)"""
     host = (urlsplit(upstream_url).hostname or "").lower().rstrip(".")
     if not host:
         return False
