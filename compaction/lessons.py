@@ -31,6 +31,11 @@ MAX_RATIO = 2.0
 #: Requests smaller than this teach no ratio: a chat template's few fixed
 #: tokens would dominate it.
 MIN_CALIBRATION_TOKENS = 1_000
+#: Samples beyond these are misreadings, not tokenizers, and teach nothing: a
+#: server that counts only the part of a prompt it did not have cached (some
+#: Ollama versions) shows a tenth of the prompt; clamped to the bounds, such
+#: samples would still pull the ratio down to its floor, answer after answer.
+PLAUSIBLE_SAMPLES = (MIN_RATIO / 2, MAX_RATIO * 2)
 #: Windows an overflow error may teach: below the smallest models in use,
 #: above any model's window, a stated figure is a misreading or a lie.
 WINDOW_BOUNDS = (512, 10_000_000)
@@ -44,10 +49,13 @@ def clamp_ratio(ratio: float) -> float:
 
 
 def ratio_sample(upstream_tokens: int, estimate: int) -> float | None:
-    """The ratio one answer shows, or ``None`` when it is too small to tell."""
+    """The ratio one answer shows, or ``None`` when it is too small to tell or
+    beyond :data:`PLAUSIBLE_SAMPLES`."""
     if estimate < MIN_CALIBRATION_TOKENS or upstream_tokens <= 0:
         return None
-    return upstream_tokens / estimate
+    sample = upstream_tokens / estimate
+    low, high = PLAUSIBLE_SAMPLES
+    return sample if low <= sample <= high else None
 
 
 @dataclass(frozen=True)

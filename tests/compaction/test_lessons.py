@@ -72,3 +72,11 @@ def test_small_requests_teach_no_ratio() -> None:
     assert ratio_sample(30, 12) is None  # a template's few tokens would dominate
     assert ratio_sample(11_200, 10_000) == pytest.approx(1.12)
     assert ratio_sample(0, 10_000) is None
+
+
+def test_a_count_far_from_any_tokenizers_is_a_misreading_and_teaches_nothing() -> None:
+    """A server that counted only the new turn of a prompt it had cached says a
+    tenth of it: not a tokenizer that counts a tenth."""
+    assert ratio_sample(1_000, 10_000) is None
+    assert ratio_sample(50_000, 10_000) is None
+    assert ratio_sample(7_000, 10_000) == pytest.approx(0.7)  # clamped later, not ignored
