@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from compaction import calibrated_budget
-from compaction.calibration import MAX_STEP
+from compaction.calibration import MAX_STEP, WINDOW
 from config import ModelResolver, load_settings
 from proxy.state.runtime import ProxyState, build_transport, calibration_key
 from proxy.state.stores import MemoryStore
@@ -62,3 +62,23 @@ async def test_a_restarted_proxy_takes_the_stored_ratio_as_a_prior_moved_by_step
     assert second.calibrations[calibration_key(config)].samples == (2.0,)
     await asyncio.gather(*second._writes)
     await second.transport.aclose()
+
+
+async def test_the_samples_kept_are_bounded_as_the_ratios_are() -> None:
+    """A window of samples per upstream and model, for at most
+    ``store.max_model_rows`` of them: model names are the clients' to invent."""
+    settings = load_settings(None, store={"url": "memory://", "max_model_rows": 3})
+    state = ProxyState(
+        settings=settings,
+        transport=build_transport(settings),
+        store=MemoryStore(max_model_rows=3),
+        resolver=ModelResolver(settings),
+    )
+    configs = [state.resolve(f"invented-{number}") for number in range(50)]
+    for config in configs:
+        for _ in range(20):
+            state.observe(config, ESTIMATE, 5_500)
+    assert set(state.calibrations) == {calibration_key(config) for config in configs[-3:]}
+    assert all(len(c.samples) <= WINDOW for c in state.calibrations.values())
+    await asyncio.gather(*state._writes)
+    await state.transport.aclose()
