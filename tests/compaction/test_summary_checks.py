@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import pytest
@@ -308,3 +309,63 @@ def test_the_extractive_summary_of_an_agent_session_names_its_anchors(seed: int)
     anchors = span_anchors(_middle(messages))
     assert anchors and anchor_problem(body, anchors) is None
     assert echo_problem(body) is None and markup_problem(body) is None
+
+
+# --- cost -----------------------------------------------------------------------
+
+
+def _calls(check: Any, *args: Any) -> int:
+    """The Python and C calls ``check(*args)`` makes: doubling the input about doubles
+    them when the checks loop over lines and anchors as they should, and more than
+    that when a loop nests over the input. Work inside one C call (a substring
+    search of one line) is not counted; each reads a line or an anchor's matches."""
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        check(*args)
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def _hostile_reply(lines: int) -> str:
+    """Lines made of what each check looks for, none of them making it stop early."""
+    pieces = [
+        "- the work that was started and",  # a part of a clause, one word short
+        "- Steps completed and how each",
+        "[User",
+        "  Assistant",
+        "- `loader.p` and keyerrors, pytesting",
+        "< conversation> </ previous-summary",
+    ]
+    return "\n".join(pieces[i % len(pieces)] + f" {i}" for i in range(lines))
+
+
+def _hostile_span(steps: int) -> list[Message]:
+    messages: list[Message] = []
+    for i in range(steps):
+        command = f"prog{i} --flag `x` : `y` tests/test_{i}.py && other{i}"
+        result = f"<returncode>1</returncode>\n<output>\nE   Error{i}Error: bad `{i}`\n</output>"
+        messages.extend(tool_group("bash", {"command": command}, result))
+    return messages
+
+
+@pytest.mark.parametrize(
+    "check",
+    [echo_problem, markup_problem, lambda r: anchor_problem(r, span_anchors(_hostile_span(60)))],
+    ids=["echo", "markup", "anchors"],
+)
+def test_a_reply_is_checked_in_work_linear_in_its_length(check: Any) -> None:
+    small, large = _calls(check, _hostile_reply(500)), _calls(check, _hostile_reply(1_000))
+    assert large <= 2.3 * small
+
+
+def test_a_spans_anchors_are_found_in_work_linear_in_its_steps() -> None:
+    small = _calls(span_anchors, _hostile_span(100))
+    assert _calls(span_anchors, _hostile_span(200)) <= 2.3 * small
