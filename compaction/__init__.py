@@ -42,13 +42,16 @@ from compaction.errors import (
 from compaction.execute import execute
 from compaction.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
 from compaction.lessons import (
+    EmptyStream,
+    EmptyStreamLesson,
     OverflowReport,
     WindowLesson,
     credible_report,
-    empty_stream_is_overflow,
+    empty_stream_lesson,
     proven_floor,
     ratio_sample,
     window_to_learn,
+    working_limit_after_answer,
 )
 from compaction.messages import (
     PairingProblem,
@@ -88,6 +91,8 @@ __all__ = [
     "CompactionResult",
     "Conversation",
     "Decision",
+    "EmptyStream",
+    "EmptyStreamLesson",
     "InvalidMessagesError",
     "Message",
     "OverflowReport",
@@ -115,7 +120,7 @@ __all__ = [
     "compute_budget",
     "credible_report",
     "decide",
-    "empty_stream_is_overflow",
+    "empty_stream_lesson",
     "encoding_for_model",
     "execute",
     "forwarded",
@@ -144,4 +149,5 @@ __all__ = [
     "validate_tool_pairing",
     "window_to_learn",
     "with_body",
+    "working_limit_after_answer",
 ]

@@ -13,15 +13,19 @@ Pure rules; the proxy keeps what they return (in memory and in its store):
   is an error that lies or quotes a number it did not mean;
 * **a stated count** — the error's own count of the request that failed is
   believed unless it is larger than any window (:func:`credible_report`);
-* **an empty stream** — a streamed answer that ends before its first event,
-  for a request using at least :data:`EMPTY_STREAM_NEAR_LIMIT` of its input
-  limit, is taken for an overflow (:func:`empty_stream_is_overflow`): some
-  servers (llama-cpp-python) answer an over-long streamed prompt that way.
+* **an empty stream** — a streamed answer that ends before its first event is
+  how some servers (llama-cpp-python) refuse an over-long prompt, and how any
+  server fails for other reasons; it is taken for an overflow only above the
+  largest prompt already answered, and then narrows a *working limit*
+  (:func:`empty_stream_lesson`), which answers of larger prompts raise again
+  (:func:`working_limit_after_answer`). The working limit is a guess, not a
+  statement: nothing states it, so it is kept in memory only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 #: Bounds of a learned ratio: beyond them a sample is a misreading (a
@@ -39,9 +43,15 @@ PLAUSIBLE_SAMPLES = (MIN_RATIO / 2, MAX_RATIO * 2)
 #: Windows an overflow error may teach: below the smallest models in use,
 #: above any model's window, a stated figure is a misreading or a lie.
 WINDOW_BOUNDS = (512, 10_000_000)
-#: An empty stream is an overflow for a request using at least this share of
-#: its input limit; below it, it is the upstream's own failure.
-EMPTY_STREAM_NEAR_LIMIT = 0.5
+#: After an empty stream taken for an overflow, the working limit is this
+#: share of what failed: far enough below it that the retry fits a window
+#: anywhere above, near enough that a session which has just outgrown the
+#: window keeps most of it.
+EMPTY_STREAM_SHRINK = 0.75
+#: Never a working limit below this, and never an overflow for a request this
+#: small: the smallest window local servers start with (llama-cpp-python's
+#: default ``n_ctx``) — an empty answer to less is the server's own failure.
+EMPTY_STREAM_MIN_LIMIT = 2_048
 
 
 def clamp_ratio(ratio: float) -> float:
@@ -104,7 +114,55 @@ def credible_report(report: OverflowReport, *, window_taken: bool) -> OverflowRe
     return report
 
 
-def empty_stream_is_overflow(tokens_sent: int, input_limit: int) -> bool:
-    """Whether a stream that ended before its first event is taken for an
-    overflow of a request of ``tokens_sent`` under ``input_limit`` (module doc)."""
-    return tokens_sent >= EMPTY_STREAM_NEAR_LIMIT * input_limit
+@dataclass(frozen=True)
+class EmptyStream:
+    """A streamed answer that ended before its first event, and what is known
+    of the upstream and model it came from. Every figure counts tokens as the
+    upstream does (our estimate × the ratio)."""
+
+    #: The request that got it.
+    tokens: int
+    #: The largest prompt answered so far (:func:`proven_floor`).
+    answered: int
+    #: The working limit so far; ``None``: none.
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class EmptyStreamLesson:
+    """What an empty stream teaches."""
+
+    #: Taken for an overflow: retry once, compacted under ``limit``.
+    overflow: bool
+    #: The working limit from now on (``None``: none): the context window of
+    #: every request to that upstream and model is at most this.
+    limit: int | None
+
+
+def empty_stream_lesson(stream: EmptyStream) -> EmptyStreamLesson:
+    """The lesson of ``stream``.
+
+    At or below a size already answered (or :data:`EMPTY_STREAM_MIN_LIMIT`) an
+    empty stream is not an overflow — something else is wrong, and nothing is
+    learned. Above it, the working limit narrows to ::
+
+        max(floor, min(limit, ⌊tokens × EMPTY_STREAM_SHRINK⌋))
+        floor = max(answered, EMPTY_STREAM_MIN_LIMIT)
+
+    below what failed, never below what was answered: one request can narrow
+    it for every conversation on the model (it is fed by sizes only), but no
+    request can push it under a prompt the upstream has answered.
+    """
+    floor = max(stream.answered, EMPTY_STREAM_MIN_LIMIT)
+    if stream.tokens <= floor:
+        return EmptyStreamLesson(overflow=False, limit=stream.limit)
+    narrowed = math.floor(stream.tokens * EMPTY_STREAM_SHRINK)
+    if stream.limit is not None:
+        narrowed = min(narrowed, stream.limit)
+    return EmptyStreamLesson(overflow=True, limit=max(floor, narrowed))
+
+
+def working_limit_after_answer(limit: int | None, answered: int) -> int | None:
+    """The working limit once a prompt of ``answered`` tokens was answered: an
+    answer above it proves the guess wrong there, so it never sits below one."""
+    return None if limit is None else max(limit, answered)

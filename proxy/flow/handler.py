@@ -3,6 +3,12 @@
 read → compact → forward → (overflow? compact again, retry once) → relay.
 Each step is a named function; the handler reads as the pipeline it is.
 
+An overflow is an error the upstream states, or a stream that ended before
+its first event above every size the upstream has answered
+(:func:`compaction.empty_stream_lesson`): some servers refuse an over-long
+streamed prompt with an empty 200. That one narrows the working limit of the
+upstream and model, which the retry, and every later request, is held to.
+
 Chat Completions is the engine's own format. The other two APIs come in
 through their :class:`~proxy.dialects.base.Dialect`: the request is mapped to
 the engine's messages on the way in (``Call.mapped``, in ``proxy.flow.read``) and
@@ -15,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 
 import orjson
@@ -28,7 +35,6 @@ from compaction import (
     OverflowReport,
     Reason,
     credible_report,
-    empty_stream_is_overflow,
     message_text,
     retry_budget,
 )
@@ -126,8 +132,7 @@ async def _forward(call: Call, started: float) -> Response:
                 param="messages",
             )
         upstream = await _send(call, retry)
-        if upstream.status == 200 and call.streamed and not await _first_bytes(call, upstream):
-            empty_stream(call)
+        if await _empty_again(call, resolved, upstream):
             return _empty_stream_error(call, resolved, upstream, started)
     try:
         _finish(call, resolved, upstream.status, started)
@@ -137,13 +142,19 @@ async def _forward(call: Call, started: float) -> Response:
         raise
 
 
+@dataclasses.dataclass(frozen=True)
+class _EmptyOverflow:
+    """An empty stream taken for an overflow: it stated nothing, so nothing is
+    learned as a window; the retry aims below the working limit it narrowed."""
+
+
 async def _overflow(
     call: Call,
     resolved: Resolved,
     upstream: UpstreamResponse,
     started: float,
     sent: bytes,
-) -> OverflowReport | Response | None:
+) -> OverflowReport | _EmptyOverflow | Response | None:
     """What the upstream's answer says of an overflow: a report to retry on,
     ``None`` for an answer to relay, or the response to give the client now."""
     if upstream.status >= 400:
@@ -153,14 +164,39 @@ async def _overflow(
             _finish(call, resolved, upstream.status, started)
             return relay_bytes(upstream, error, resolved.headers())
         return OverflowReport(window=overflow.limit, count=overflow.count)
-    if upstream.status != 200 or not call.streamed or await _first_bytes(call, upstream):
+    if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
         return None
-    result = resolved.result
     empty_stream(call)
-    if empty_stream_is_overflow(result.tokens_after, result.input_limit):
+    if call.state.empty_stream(call.config, _upstream_size(call, resolved)).overflow:
         upstream.release()
-        return OverflowReport()
+        return _EmptyOverflow()
     return _empty_stream_error(call, resolved, upstream, started)
+
+
+def _upstream_size(call: Call, resolved: Resolved) -> int:
+    """What was sent, as the upstream counts it (our estimate × the ratio)."""
+    return math.ceil(resolved.result.tokens_after * call.state.ratio(call.config))
+
+
+async def _stream_began(call: Call, resolved: Resolved, upstream: UpstreamResponse) -> bool:
+    """Whether a streamed answer sends anything before it ends; one that does
+    shows the upstream took a prompt of that size (streams of some servers
+    carry no ``usage`` to say so)."""
+    began = await _first_bytes(call, upstream)
+    if began:
+        call.state.stream_answered(call.config, _upstream_size(call, resolved))
+    return began
+
+
+async def _empty_again(call: Call, resolved: Resolved, upstream: UpstreamResponse) -> bool:
+    """Whether the retry's stream, too, ended before its first event. There is
+    no second retry: the client gets the error event; what the empty stream
+    teaches is kept for the requests after it."""
+    if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
+        return False
+    empty_stream(call)
+    call.state.empty_stream(call.config, _upstream_size(call, resolved))
+    return True
 
 
 async def _first_bytes(call: Call, upstream: UpstreamResponse) -> bool:
@@ -196,10 +232,25 @@ class _Retry:
     budget: Budget
 
 
-async def _retry_budget(call: Call, resolved: Resolved, report: OverflowReport) -> _Retry:
+async def _retry_budget(
+    call: Call, resolved: Resolved, report: OverflowReport | _EmptyOverflow
+) -> _Retry:
     """The retry's budget by the library's rule; what the error taught is kept
     (the call, with the window it learned, is the retry's)."""
     state, model = call.state, call.config.model
+    if isinstance(report, _EmptyOverflow):
+        # Held to the working limit, as the stated window of an error would be.
+        call = dataclasses.replace(call, config=state.within_working_limit(call.config))
+        config = call.config
+        window = OverflowReport(window=config.profile.context_window)
+        blind = retry_budget(
+            config.profile,
+            requested_output(call.body),
+            state.ratio(config),
+            resolved.result.tokens_after,
+            window,
+        )
+        return _Retry(call, blind.budget)
     taken = bool(report.window) and await state.learn_window(call.config, report.window or 0)
     if taken:
         call = dataclasses.replace(call, config=state.resolve(model))

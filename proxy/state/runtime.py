@@ -7,6 +7,7 @@ module globals.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -18,9 +19,12 @@ from starlette.requests import HTTPConnection
 
 from compaction import (
     Calibration,
+    EmptyStream,
+    EmptyStreamLesson,
     ReadingCache,
     TokenCounter,
     calibrate,
+    empty_stream_lesson,
     encoding_for_model,
     load_encoding,
     proven_floor,
@@ -28,6 +32,7 @@ from compaction import (
     restored_calibration,
     splits_digits,
     window_to_learn,
+    working_limit_after_answer,
 )
 from config import ModelConfig, ModelResolver, Settings
 from proxy.session.background import Background
@@ -69,6 +74,16 @@ class ProxyState:
     #: The largest prompt each upstream and model answered (by the same key):
     #: a window below it is a lie, and is not learned.
     proven: dict[str, int] = field(default_factory=dict)
+    #: Windows narrowed by empty streams (:func:`compaction.empty_stream_lesson`),
+    #: by the same key: a guess, not a statement, so kept in memory only (a
+    #: restart forgets it, and the next empty stream teaches it again).
+    working_limits: dict[str, int] = field(default_factory=dict)
+    #: The largest streamed prompt (our estimate × the ratio) each upstream and
+    #: model began to answer, by the same key: some servers send no ``usage``
+    #: on streams, so this is all that tells an empty stream of a size already
+    #: answered from an overflow. Only the empty-stream rule reads it; a stated
+    #: window is weighed against ``proven`` alone, the upstream's own counts.
+    streamed: dict[str, int] = field(default_factory=dict)
     #: The upstream's token count ÷ our estimate, by :func:`calibration_key`.
     ratios: dict[str, float] = field(default_factory=dict)
     #: The recent samples each ratio follows (:mod:`compaction.calibration`), by
@@ -98,9 +113,9 @@ class ProxyState:
         key = calibration_key(config)
         window, server = self.learned_windows.get(key), self.server_windows.get(key)
         if window is None and server is None:
-            return config
+            return self.within_working_limit(config)
         learned = {config.model: window} if window is not None else None
-        return self.resolver.resolve(model, learned, server)
+        return self.within_working_limit(self.resolver.resolve(model, learned, server))
 
     def counter(self, config: ModelConfig) -> TokenCounter:
         """One counter (and so one token cache) per encoding, image cost and
@@ -195,6 +210,55 @@ class ProxyState:
         """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
         key = calibration_key(config)
         self._remember(self.proven, key, proven_floor(self.proven.get(key, 0), prompt_tokens))
+        self._raise_working_limit(key)
+
+    def working_limit(self, config: ModelConfig) -> int | None:
+        """The window empty streams narrowed for this upstream and model, if any."""
+        return self.working_limits.get(calibration_key(config))
+
+    def answered(self, config: ModelConfig) -> int:
+        """The largest prompt this upstream and model answered, as far as the
+        empty-stream rule knows: by its ``usage``, or by our estimate of a stream."""
+        key = calibration_key(config)
+        return max(self.proven.get(key, 0), self.streamed.get(key, 0))
+
+    def stream_answered(self, config: ModelConfig, tokens: int) -> None:
+        """A streamed request of ``tokens`` (our estimate × the ratio) began to be answered."""
+        key = calibration_key(config)
+        if tokens > self.streamed.get(key, 0):
+            self._remember(self.streamed, key, tokens)
+            self._raise_working_limit(key)
+
+    def empty_stream(self, config: ModelConfig, tokens: int) -> EmptyStreamLesson:
+        """A streamed request of ``tokens`` (our estimate × the ratio) got an empty
+        stream: what it teaches (:func:`compaction.empty_stream_lesson`), kept."""
+        key = calibration_key(config)
+        current = self.working_limits.get(key)
+        stream = EmptyStream(tokens=tokens, answered=self.answered(config), limit=current)
+        lesson = empty_stream_lesson(stream)
+        if lesson.limit is not None and lesson.limit != current:
+            self._remember(self.working_limits, key, lesson.limit)
+            logger.warning(
+                "an empty stream narrowed the working window of %r to %d tokens",
+                config.model,
+                lesson.limit,
+            )
+        return lesson
+
+    def _raise_working_limit(self, key: str) -> None:
+        limit = self.working_limits.get(key)
+        answered = max(self.proven.get(key, 0), self.streamed.get(key, 0))
+        raised = working_limit_after_answer(limit, answered)
+        if raised is not None and raised != limit:
+            self._remember(self.working_limits, key, raised)
+
+    def within_working_limit(self, config: ModelConfig) -> ModelConfig:
+        """``config`` with its window held to the working limit, when that is smaller."""
+        limit = self.working_limits.get(calibration_key(config))
+        if limit is None or limit >= config.profile.context_window:
+            return config
+        profile = dataclasses.replace(config.profile, context_window=limit)
+        return dataclasses.replace(config, profile=profile, window_source="empty-stream")
 
     def ratio(self, config: ModelConfig) -> float:
         """The calibration ratio for this model's upstream (1.0 until one is learned)."""

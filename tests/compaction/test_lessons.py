@@ -5,16 +5,21 @@ taken for an overflow."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from compaction.lessons import (
-    EMPTY_STREAM_NEAR_LIMIT,
+    EMPTY_STREAM_MIN_LIMIT,
+    EMPTY_STREAM_SHRINK,
     WINDOW_BOUNDS,
+    EmptyStream,
     OverflowReport,
     credible_report,
-    empty_stream_is_overflow,
+    empty_stream_lesson,
     proven_floor,
     ratio_sample,
     window_to_learn,
+    working_limit_after_answer,
 )
 
 LOW, HIGH = WINDOW_BOUNDS
@@ -60,12 +65,56 @@ def test_a_retry_aims_only_at_credible_figures() -> None:
     assert credible_report(absurd, window_taken=True) == OverflowReport(window=8_192)
 
 
-def test_an_empty_stream_is_an_overflow_only_near_the_limit() -> None:
-    limit = 10_000
-    near = int(EMPTY_STREAM_NEAR_LIMIT * limit)
-    assert empty_stream_is_overflow(near, limit)
-    assert empty_stream_is_overflow(limit, limit)
-    assert not empty_stream_is_overflow(near - 1, limit)
+def test_an_empty_stream_above_every_answered_size_narrows_the_working_limit() -> None:
+    lesson = empty_stream_lesson(EmptyStream(tokens=9_000, answered=5_000))
+    assert lesson.overflow
+    assert lesson.limit == int(9_000 * EMPTY_STREAM_SHRINK) == 6_750
+
+
+def test_an_empty_stream_at_or_below_an_answered_size_is_not_an_overflow() -> None:
+    for limit in (None, 7_000):
+        lesson = empty_stream_lesson(EmptyStream(tokens=5_000, answered=5_000, limit=limit))
+        assert not lesson.overflow and lesson.limit == limit  # nothing learned
+
+
+def test_an_empty_answer_to_a_small_request_is_never_an_overflow() -> None:
+    lesson = empty_stream_lesson(EmptyStream(tokens=EMPTY_STREAM_MIN_LIMIT, answered=0))
+    assert not lesson.overflow and lesson.limit is None
+
+
+def test_the_working_limit_never_falls_below_what_was_answered() -> None:
+    lesson = empty_stream_lesson(EmptyStream(tokens=9_000, answered=8_000))
+    assert lesson.overflow and lesson.limit == 8_000
+
+
+def test_the_working_limit_only_narrows() -> None:
+    assert empty_stream_lesson(EmptyStream(tokens=9_000, answered=0, limit=5_000)).limit == 5_000
+    again = empty_stream_lesson(EmptyStream(tokens=6_000, answered=0, limit=6_750))
+    assert again.overflow and again.limit == 4_500
+
+
+@given(
+    tokens=st.integers(0, 2_000_000),
+    answered=st.integers(0, 1_000_000),
+    limit=st.none() | st.integers(0, 1_000_000),
+)
+def test_a_narrowed_limit_lies_between_what_was_answered_and_what_failed(
+    tokens: int, answered: int, limit: int | None
+) -> None:
+    if limit is not None:  # as the proxy keeps it: never below an answer, nor the minimum
+        limit = max(limit, answered, EMPTY_STREAM_MIN_LIMIT)
+    lesson = empty_stream_lesson(EmptyStream(tokens=tokens, answered=answered, limit=limit))
+    if not lesson.overflow:
+        assert lesson.limit == limit
+        return
+    assert max(answered, EMPTY_STREAM_MIN_LIMIT) <= lesson.limit < tokens
+    assert limit is None or lesson.limit <= limit
+
+
+def test_an_answer_above_the_working_limit_raises_it() -> None:
+    assert working_limit_after_answer(6_000, 7_000) == 7_000
+    assert working_limit_after_answer(6_000, 5_000) == 6_000
+    assert working_limit_after_answer(None, 7_000) is None
 
 
 def test_small_requests_teach_no_ratio() -> None:

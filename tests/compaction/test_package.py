@@ -26,6 +26,8 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "CompactionResult",
         "Conversation",
         "Decision",
+        "EmptyStream",
+        "EmptyStreamLesson",
         "InvalidMessagesError",
         "Message",
         "OverflowReport",
@@ -53,7 +55,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "compute_budget",
         "credible_report",
         "decide",
-        "empty_stream_is_overflow",
+        "empty_stream_lesson",
         "encoding_for_model",
         "execute",
         "forwarded",
@@ -82,6 +84,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "validate_tool_pairing",
         "window_to_learn",
         "with_body",
+        "working_limit_after_answer",
     }
     for name in compaction.__all__:
         assert hasattr(compaction, name), name
