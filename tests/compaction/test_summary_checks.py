@@ -111,8 +111,9 @@ def test_a_turn_prefix_note_naming_nothing_of_its_steps_is_replaced_too() -> Non
     tail = len(messages) - 2
     note = "## Done So Far\n- Looked into things.\n\n## Context Needed Next\n- Nothing special."
 
-    async def scripted(prompt: list[Message], max_tokens: int) -> str:
-        return note if prompt[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT else replies.GOOD_TERSE
+    async def scripted(messages: list[Message], max_tokens: int) -> str:
+        prefix = messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT
+        return note if prefix else replies.GOOD_TERSE
 
     plan = plan_condense(messages, 2, tail)
     assert plan.turn_start == 8
