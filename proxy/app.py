@@ -94,6 +94,22 @@ async def _keep_alive(state: ProxyState, store: ResilientStore, restored: bool) 
             await state.store.purge()
 
 
+async def _ended(task: asyncio.Task[None], seconds: float) -> None:
+    """Cancel ``task`` and give it ``seconds`` to end; then it is left behind
+    (the loop is closing: shutdown must not wait on a store that ignores it)."""
+    task.cancel()
+    await asyncio.wait({task}, timeout=seconds)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        logger.warning("the keep-alive task failed (%s)", type(task.exception()).__name__)
+
+
+def shutdown_seconds(settings: Settings) -> float:
+    """The longest the app's shutdown takes once the requests have drained:
+    the keep-alive task, the background preparations' grace, the figures' last
+    write and the store's close, each bounded (docs/operations.md, Faults)."""
+    return BACKGROUND_GRACE_SECONDS + 3 * settings.store.timeout_seconds
+
+
 async def _restore(state: ProxyState) -> bool:
     """Load the learned windows and ratios from the store; False if it cannot say now."""
     try:
@@ -146,7 +162,11 @@ def create_app(
         metrics = Metrics()
         # A store that fails or hangs must not fail the requests; they are compacted afresh.
         guarded = ResilientStore(
-            backend, timeout=settings.store.timeout_seconds, health=health, observer=metrics
+            backend,
+            timeout=settings.store.timeout_seconds,
+            health=health,
+            observer=metrics,
+            lock_wait=settings.store.lock_wait_seconds,
         )
         state = ProxyState(
             settings=settings,
@@ -178,12 +198,11 @@ def create_app(
         try:
             yield
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            # Each step is bounded whatever the store does (see shutdown_seconds).
+            await _ended(keeper, settings.store.timeout_seconds)
             await state.background.close(BACKGROUND_GRACE_SECONDS)
             await state.discoveries.close()
-            await state.recorder.stop()
+            await state.recorder.stop(grace=settings.store.timeout_seconds)
             await state.store.close()
             if owned:
                 await upstream_transport.aclose()

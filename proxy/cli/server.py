@@ -39,7 +39,8 @@ from proxy.app import create_app
 from proxy.flow.send import shown_url
 from proxy.state import logs
 
-#: Seconds open streams get to finish after SIGTERM.
+#: Seconds open streams get to finish after SIGTERM; the app's own shutdown
+#: follows, bounded whatever the store does (proxy.app.shutdown_seconds).
 GRACEFUL_SHUTDOWN_SECONDS = 30
 #: A request's headers larger than this close the connection (h11's own
 #: limit is set to it too; httptools has none).

@@ -3,7 +3,7 @@
     recorder = Recorder(store)
     task = recorder.start()          # in the app's lifespan
     recorder.record(RequestRecord(…))  # on the request path: never waits, never raises
-    await recorder.stop()            # writes what is queued, then ends
+    await recorder.stop(grace=2.0)   # writes what is queued (for up to 2 s), then ends
 
 A request hands its figures to a bounded queue and goes on; one background
 task drains the queue into the store in batches, gathering for a second
@@ -29,6 +29,8 @@ logger = logging.getLogger("compaction_proxy.recorder")
 QUEUE_SIZE: Final = 10_000
 #: Figures written in one store call.
 BATCH_SIZE: Final = 500
+#: Seconds :meth:`Recorder.stop` gives the last writes at most, by default.
+STOP_GRACE_SECONDS: Final = 5.0
 #: Seconds the writer lets figures gather before a write: one write a second,
 #: not one a request. A write is a thread hop and a transaction; at one per
 #: request it cost the chat path ~0.3 ms on the bench (the proxy on one core).
@@ -69,17 +71,23 @@ class Recorder:
         gathering pause later than without it)."""
         await self._queue.join()
 
-    async def stop(self) -> None:
-        """Write what is queued, then end the writer."""
-        if self._task is None:
+    async def stop(self, *, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Write what is queued, then end the writer: ``grace`` seconds in all,
+        whatever the store does (what is not written by then is dropped; a
+        write that ignores its cancellation is left behind, not waited on)."""
+        task = self._task
+        if task is None:
             return
-        self._closing.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.flush(), timeout=5.0)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
         self._task = None
+        self._closing.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), timeout=grace)
+        task.cancel()
+        await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+        if not task.done():
+            logger.warning("the figures' writer did not end at shutdown; left behind")
 
     async def _drain(self) -> None:
         while True:

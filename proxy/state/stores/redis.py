@@ -27,23 +27,36 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
 
 An instance is alive while its heartbeat key exists; a lock whose holder died
 lapses after its ttl, and a waiter (polling with backoff) takes it.
+
+A Redis that answers what no Redis would — nil to a SET, an integer where a
+hash belongs, bytes that are not the JSON written — is a store that is down:
+the operation raises :class:`GarbledReply` (a :class:`StoreError`), never a
+``TypeError`` from deep in a caller. No loop here runs for ever on such
+answers: a waiter for a lock gives up after the longest a lease can live
+(:class:`~proxy.state.stores.locks.LockBusy`), a transaction whose watched
+key keeps changing (or whose EXEC keeps answering nil) is tried
+:data:`TRANSACTION_ATTEMPTS` times with a pause between, then
+:class:`Contended`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import WatchError
 
 from compaction import Checkpoint, Message
 from proxy.state.stores import codec
@@ -55,6 +68,7 @@ from proxy.state.stores.base import (
     DEFAULT_SESSION_EVENTS,
     INTERRUPTED,
     Event,
+    StoreError,
     checked_ratio,
     interrupted,
 )
@@ -70,12 +84,29 @@ from proxy.state.stores.figures import (
     by_session,
     fold,
 )
-from proxy.state.stores.locks import MAX_HOLD, RENEW_EVERY
+from proxy.state.stores.locks import MAX_HOLD, RENEW_EVERY, LockBusy
 
 DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
 logger = logging.getLogger(__name__)
 _POLL_FIRST: Final = 0.01
 _POLL_MAX: Final = 0.25
+#: Tries of a WATCH … EXEC transaction whose watched key changed meanwhile.
+TRANSACTION_ATTEMPTS: Final = 3
+#: Pause before the second try (doubled for the next, with jitter).
+TRANSACTION_BACKOFF: Final = 0.02
+
+_T = TypeVar("_T")
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class GarbledReply(StoreError):
+    """Redis answered what it never would: a reply of the wrong type, bytes that
+    do not decode. The store is treated as down."""
+
+
+class Contended(StoreError):
+    """A transaction's watched key changed at every try (or EXEC kept answering nil)."""
+
 
 # Delete the lock only if we still own it: after an expiry another holder may.
 _RELEASE: Final = """
@@ -118,6 +149,37 @@ async def _reply(pending: Any) -> Any:
     return await pending
 
 
+def _expect(reply: Any, kinds: type | tuple[type, ...], command: str) -> Any:
+    """``reply`` if it is of ``kinds``; else the store is answering garbage."""
+    if isinstance(reply, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise GarbledReply(f"Redis answered {command} with a boolean")
+    if not isinstance(reply, kinds):
+        raise GarbledReply(f"Redis answered {command} with {type(reply).__name__}")
+    return reply
+
+
+#: What a reply of the wrong shape raises as it is read or decoded.
+_GARBLE: Final = (TypeError, ValueError, AttributeError, KeyError, IndexError)
+
+
+def _garbage_is_a_store_error(
+    method: Callable[..., Awaitable[_T]],
+) -> Callable[..., Awaitable[_T]]:
+    """``method`` with the errors a garbled reply causes (a nil unpacked, bytes
+    that are no JSON) raised as :class:`GarbledReply`, the cause kept."""
+
+    @functools.wraps(method)
+    async def translated(*args: Any, **kwargs: Any) -> _T:
+        try:
+            return await method(*args, **kwargs)
+        except StoreError:
+            raise
+        except _GARBLE as exc:
+            raise GarbledReply(f"{method.__name__}: {type(exc).__name__}") from exc
+
+    return translated
+
+
 class RedisStore:
     """The :class:`~proxy.state.stores.protocols.Store` contract on a Redis server."""
 
@@ -134,8 +196,10 @@ class RedisStore:
         global_events: int = DEFAULT_GLOBAL_EVENTS,
         requests_retention_seconds: float = DEFAULT_REQUESTS_RETENTION_SECONDS,
         max_model_rows: int = DEFAULT_MAX_MODEL_ROWS,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._client = client
+        self._sleep = sleep  #: the pauses of the lock's poll and the transactions' retries
         self._max_model_rows = max_model_rows
         self._figures_ms = max(1, int(requests_retention_seconds * 1000))
         self._prefix = key_prefix
@@ -305,23 +369,43 @@ class RedisStore:
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         ttl_ms = max(1, int(ttl * 1000))
-        await _reply(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
+        done = await _reply(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
+        if done is not True:  # a SET without a condition always answers OK
+            raise GarbledReply(f"Redis answered SET with {type(done).__name__}")
 
     @contextlib.asynccontextmanager
     async def lock(self, key: str, ttl: float) -> AsyncIterator[None]:
+        """Held once ``SET NX`` answers OK; a waiter polls (asking how long the
+        holder's lease has left, which a real Redis always knows) for at most
+        ``MAX_HOLD`` × ``ttl``, the longest a lease lives, then :class:`LockBusy`."""
         name = self._key("lock", key)
         token = uuid.uuid4().hex
         ttl_ms = max(1, int(ttl * 1000))
-        delay = _POLL_FIRST
-        while not await _reply(self._client.set(name, token, nx=True, px=ttl_ms)):
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: waiters spread out
+        delay, waited, longest = _POLL_FIRST, 0.0, MAX_HOLD * ttl
+        give_up = asyncio.get_running_loop().time() + longest
+        while True:
+            taken = await _reply(self._client.set(name, token, nx=True, px=ttl_ms))
+            if taken is True:
+                break
+            if taken is not None:
+                raise GarbledReply(f"Redis answered SET NX with {type(taken).__name__}")
+            left = _expect(await _reply(self._client.pttl(name)), int, "PTTL")
+            if left == -2:
+                continue  # it lapsed between the two: try again at once
+            if waited >= longest or asyncio.get_running_loop().time() >= give_up:
+                raise LockBusy(key, longest)
+            pause = delay * random.uniform(0.5, 1.0)  # jitter: waiters spread out
+            if left >= 0:
+                pause = min(pause, left / 1000)  # no later than the lease lapses
+            await self._sleep(pause)
+            waited += pause
             delay = min(delay * 2, _POLL_MAX)
         keeper = asyncio.ensure_future(self._keep(name, token, ttl_ms))
         try:
             yield
         finally:
             keeper.cancel()
-            await self._release(keys=[name], args=[token])
+            _expect(await self._release(keys=[name], args=[token]), int, "the lock's release")
 
     async def _keep(self, name: str, token: str, ttl_ms: int) -> None:
         """Renew a held lock every third of its expiry: a live holder (a slow
@@ -330,10 +414,12 @@ class RedisStore:
         for _ in range(RENEW_EVERY * (MAX_HOLD - 1)):
             await asyncio.sleep(ttl_ms / 1000 / RENEW_EVERY)
             try:
-                if not await _reply(self._renew(keys=[name], args=[token, ttl_ms])):
-                    return
+                renewed = await _reply(self._renew(keys=[name], args=[token, ttl_ms]))
             except Exception:  # a blip: the next round tries again
                 logger.warning("could not renew the lock %s", name, exc_info=True)
+                continue
+            if renewed != 1:  # lost it, or an answer that makes no sense
+                return
 
     # -- learned windows ---------------------------------------------------
 
@@ -428,7 +514,28 @@ class RedisStore:
             oldest = summary.last_at - self._figures_ms / 1000
             pipe.zremrangebyscore(self._key("recent", owner), "-inf", oldest)
 
-        await self._client.transaction(update, key)
+        await self._transaction(update, key)
+
+    async def _transaction(self, update: Callable[[Any], Awaitable[None]], *watched: str) -> None:
+        """WATCH ``watched``, ``update`` (reads, then MULTI and the writes), EXEC;
+        tried again while a watched key changed meanwhile, at most
+        :data:`TRANSACTION_ATTEMPTS` times with a growing pause, then
+        :class:`Contended`. (redis-py's own ``transaction`` retries for ever and
+        at once: a Redis whose EXEC answers nil would make it spin.)"""
+        delay = TRANSACTION_BACKOFF
+        for attempt in range(TRANSACTION_ATTEMPTS):
+            if attempt:
+                await self._sleep(delay * random.uniform(0.5, 1.0))
+                delay *= 2
+            async with self._client.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(*watched)
+                    await update(pipe)
+                    await pipe.execute()
+                except WatchError:
+                    continue
+                return
+        raise Contended(f"{watched[0]} changed under {TRANSACTION_ATTEMPTS} tries of a transaction")
 
     async def requests(
         self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
@@ -509,3 +616,15 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+# Every operation reads its replies through the translation, but the two whose
+# own errors mean something else: a ratio the caller got wrong (ValueError) and
+# the lock (which checks its replies itself).
+for _name, _method in list(vars(RedisStore).items()):
+    if (
+        not _name.startswith("_")
+        and _name not in ("set_calibration", "lock", "close")
+        and inspect.iscoroutinefunction(_method)
+    ):
+        setattr(RedisStore, _name, _garbage_is_a_store_error(_method))

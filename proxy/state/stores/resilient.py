@@ -25,6 +25,21 @@ Which operation gets which answer is decided once, in the body of
 :class:`ResilientStore`: one line per operation of the contract
 (:mod:`proxy.state.stores.protocols`).
 
+The deadline holds whatever the backend does with its cancellation: the call
+runs as a task of its own, and the caller is answered when the time is up
+even if that task goes on (on Python 3.11 a Redis command's socket write,
+``asyncio.wait_for``, loses a cancellation that arrives as the write ends, so
+a cancelled call may run on). The task is cancelled, kept until it ends (every
+backend loop is bounded, so it does), and a lock it took late is released.
+
+``lock`` waits for another holder at most ``lock_wait`` seconds (the app's
+``store.lock_wait_seconds``: as long as one summary may take; by default as
+long as the backend waits, the longest a lease lives); then its caller goes
+in without the lock, and may compact what the holder is compacting. That is
+counted as ``kind="busy"``: the store works, /healthz stays ok. A store that
+fails or answers garbage while the lock is taken is a failure like any
+other. Releasing the lock is bounded by ``timeout``.
+
 A call that **timed out** makes the calls after it skip the store for
 :data:`~proxy.state.stores.health.PAUSE_AFTER_TIMEOUT` seconds: a hung Redis
 would otherwise cost every request one timeout per store call (seven for a
@@ -59,6 +74,7 @@ from typing import (
 from proxy.state.stores.base import checked_ratio
 from proxy.state.stores.figures import SessionSettings
 from proxy.state.stores.health import Side, StoreHealth
+from proxy.state.stores.locks import MAX_HOLD, LockBusy
 from proxy.state.stores.protocols import (
     CalibrationStore,
     CheckpointStore,
@@ -76,7 +92,8 @@ logger = logging.getLogger("compaction_proxy.store")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-FailureKind = Literal["error", "timeout", "skipped"]
+#: ``busy``: a lock that stayed held past its wait (see the module doc).
+FailureKind = Literal["error", "timeout", "skipped", "busy"]
 
 
 class StoreUnavailable(Exception):
@@ -93,6 +110,10 @@ class StoreObserver(Protocol):
     def store_call(self, operation: str, seconds: float) -> None: ...
 
     def store_failed(self, operation: str, kind: FailureKind) -> None: ...
+
+
+class _Late(Exception):
+    """A call that did not end within its deadline (it may still be running)."""
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -226,12 +247,61 @@ class ResilientStore:
         timeout: float,
         health: StoreHealth | None = None,
         observer: StoreObserver | None = None,
+        lock_wait: float | None = None,
     ) -> None:
         self._store = store
         self._timeout = timeout
         self.health = health if health is not None else StoreHealth()
         self._observer = observer
         self.tracks_liveness = store.tracks_liveness
+        self._lock_wait = lock_wait
+        #: Calls given up on that had not ended yet, kept until they do.
+        self._abandoned: set[asyncio.Future[Any]] = set()
+
+    async def _within(
+        self,
+        seconds: float,
+        call: Callable[[], Awaitable[_T]],
+        *,
+        undo: Callable[[_T], Awaitable[object]] | None = None,
+    ) -> _T:
+        """``await call()``, given up after ``seconds`` (:class:`_Late`) even if it
+        does not honour its cancellation (see the module doc). ``undo`` is applied
+        to the result of a call given up on that succeeds after all (a lock taken
+        late is released)."""
+
+        async def run() -> _T:
+            return await call()
+
+        task = asyncio.ensure_future(run())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=seconds)
+        except asyncio.CancelledError:  # the caller itself was cancelled
+            self._abandon(task, undo)
+            raise
+        if done:
+            return task.result()
+        self._abandon(task, undo)
+        # One round of the loop to end, for a call that honours its cancellation.
+        await asyncio.wait({task}, timeout=0)
+        raise _Late
+
+    def _abandon(
+        self, task: asyncio.Future[_T], undo: Callable[[_T], Awaitable[object]] | None
+    ) -> None:
+        task.cancel()
+        self._abandoned.add(task)
+
+        def ended(task: asyncio.Future[_T]) -> None:
+            self._abandoned.discard(task)
+            if task.cancelled() or task.exception() is not None:
+                return  # retrieved: the caller was told already
+            if undo is not None:
+                undoing = asyncio.ensure_future(undo(task.result()))
+                self._abandoned.add(undoing)
+                undoing.add_done_callback(_quietly(self._abandoned))
+
+        task.add_done_callback(ended)
 
     async def _hard(
         self,
@@ -252,10 +322,9 @@ class ResilientStore:
             raise StoreUnavailable(operation)
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self._timeout) as box:
-                result = await call()
+            result = await self._within(self._timeout, call)
         except Exception as exc:
-            self._failed(operation, exc, side, timed_out=box.expired())
+            self._failed(operation, exc, side, timed_out=isinstance(exc, _Late))
             raise StoreUnavailable(operation) from exc
         finally:
             if observer is not None:
@@ -304,21 +373,32 @@ class ResilientStore:
 
     @contextlib.asynccontextmanager
     async def _lock(self, key: str, ttl: float) -> AsyncIterator[None]:
-        # Taking the lock may wait for another holder for up to ``ttl``, so it
-        # is not time-boxed here; each Redis poll is, by the client's socket
-        # timeout (open_store). Releasing it is.
+        # Taking the lock waits for another holder (see the module doc); a
+        # backend that waits as long as a lease lives gets one store timeout
+        # more for its last poll.
         held: AbstractAsyncContextManager[None] | None = None
+        observer = self._observer
         if self.health.paused():
-            if self._observer is not None:
-                self._observer.store_failed("lock", "skipped")
+            if observer is not None:
+                observer.store_failed("lock", "skipped")
         else:
-            held = self._store.lock(key, ttl)
+            taking = self._store.lock(key, ttl)
+
+            async def release_late(_: None) -> None:
+                await self._within(self._timeout, partial(taking.__aexit__, None, None, None))
+
             try:
-                await held.__aenter__()
+                wait = self._lock_wait
+                if wait is None:
+                    wait = MAX_HOLD * ttl + self._timeout
+                await self._within(wait, taking.__aenter__, undo=release_late)
+            except (LockBusy, _Late):  # held by another all along: the store works
+                if observer is not None:
+                    observer.store_failed("lock", "busy")
             except Exception as exc:
-                held = None
                 self._failed("lock", exc, "write")
             else:
+                held = taking
                 if self.tracks_liveness:  # a shared lock is a write; a local one no I/O
                     self.health.succeeded("write")
         try:
@@ -340,8 +420,24 @@ class ResilientStore:
         return True
 
     async def close(self) -> None:
+        """Close the store within one ``timeout``, whatever it does; calls given
+        up on earlier are cancelled again (shutdown must not wait on them)."""
+        for task in list(self._abandoned):
+            task.cancel()
         try:
-            async with asyncio.timeout(self._timeout):
-                await self._store.close()
+            await self._within(self._timeout, self._store.close)
         except Exception as exc:  # shutting down: nothing is left to serve
-            logger.warning("the store did not close cleanly (%s)", type(exc).__name__)
+            error = "timeout" if isinstance(exc, _Late) else type(exc).__name__
+            logger.warning("the store did not close cleanly (%s)", error)
+
+
+def _quietly(pending: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
+    """A done callback that forgets a task and retrieves its outcome (a release
+    that failed late has nobody left to tell)."""
+
+    def forget(task: asyncio.Future[Any]) -> None:
+        pending.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return forget

@@ -105,6 +105,32 @@ async def test_stop_writes_what_is_queued() -> None:
     assert len(await store.sessions()) == 3
 
 
+async def test_stop_ends_within_its_grace_when_the_write_ignores_its_cancellation() -> None:
+    store = BlockedStore()
+    ignored = []
+
+    async def stubborn(records: Sequence[RequestRecord]) -> None:
+        # A write that outlives one cancellation (a Redis command on Python 3.11).
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ignored.append(len(records))
+            while not store.gate.is_set():
+                await asyncio.sleep(0.01)
+
+    store.record_requests = stubborn  # type: ignore[method-assign]
+    recorder = Recorder(store, gather=0)
+    task = recorder.start()
+    recorder.record(record(1))
+    async with asyncio.timeout(10):  # a deadline for "it ended", not a measure
+        await recorder.stop(grace=0.05)
+    assert ignored == [1] and not task.done()  # left behind, not waited on
+    store.gate.set()
+    task.cancel()  # what the closing loop does to it
+    async with asyncio.timeout(10):
+        await asyncio.wait({task})
+
+
 def test_chat_requests_are_answered_while_the_store_is_blocked() -> None:
     # Figures go through a queue: a store stuck writing them holds up no request.
     upstream = FakeUpstream()

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import RedisError
 
-from proxy.state.stores import RedisStore, open_store
+from proxy.state.stores import RedisStore, RequestRecord, StoreError, open_store
+from proxy.state.stores.locks import MAX_HOLD, LockBusy
+from proxy.state.stores.redis import TRANSACTION_ATTEMPTS, Contended, GarbledReply
 from tests.proxy.state.stores.conftest import _delete_prefix, require_redis
+from tests.proxy.state.stores.fake_redis import NIL, NUMBER, STATUS, UNDECODABLE, FakeRedis
 from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
 
 pytestmark = pytest.mark.anyio
@@ -174,3 +178,130 @@ async def test_every_key_lives_under_the_prefix(replicas: Replicas) -> None:
     assert all(key.startswith(prefix) for key in keys)
     ttl = await store._client.pttl(prefix + "cp:h1")
     assert 0 < ttl <= 30 * 86400 * 1000
+
+
+# -- a Redis that answers garbage is a store that is down --------------------------------
+
+
+async def _within(seconds: float, call: Awaitable[Any]) -> Any:
+    """``await call``, failing the test if it has not ended after ``seconds``
+    (a deadline for "it ended", which a call that swallows its cancellation
+    cannot slip past, unlike ``asyncio.timeout``)."""
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        pytest.fail(f"still running after {seconds} s")
+    return task.result()
+
+
+class Sleeps:
+    """The store's pauses, recorded and not waited."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        await asyncio.sleep(0)
+
+
+def _record() -> RequestRecord:
+    return RequestRecord("s1", "m", "none", "", 10, 10, 100, 80, 200, 1.0)
+
+
+async def test_a_transaction_whose_exec_answers_nil_is_tried_a_few_times_then_given_up(
+    anyio_backend: str,
+) -> None:
+    async with FakeRedis(reply=NIL) as fake:
+        sleeps = Sleeps()
+        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
+        try:
+            with pytest.raises(Contended):
+                await _within(10, store.record_requests([_record()]))
+            assert fake.names["EXEC"] == TRANSACTION_ATTEMPTS
+            assert fake.names["WATCH"] == TRANSACTION_ATTEMPTS
+            # A pause before every try but the first, each longer than nothing.
+            assert len(sleeps.pauses) == TRANSACTION_ATTEMPTS - 1
+            assert all(pause > 0 for pause in sleeps.pauses)
+        finally:
+            await store.close()
+
+
+async def test_a_lock_on_a_redis_that_answers_nil_is_refused_not_waited_for(
+    anyio_backend: str,
+) -> None:
+    async with FakeRedis(reply=NIL) as fake:
+        sleeps = Sleeps()
+        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
+        try:
+
+            async def take() -> None:
+                async with store.lock("span", ttl=60):
+                    pytest.fail("a lock nobody could have taken was entered")
+
+            with pytest.raises(GarbledReply):
+                await _within(10, take())
+            assert sleeps.pauses == []  # no poll: a held lock has a lease left
+        finally:
+            await store.close()
+
+
+async def test_a_waiter_polls_a_lock_held_for_ever_no_longer_than_a_lease_lives(
+    replicas: Replicas, redis_url: str | None
+) -> None:
+    holder = replicas()
+    sleeps = Sleeps()
+    waiter = RedisStore.from_url(require_redis(redis_url), key_prefix=holder._prefix, sleep=sleeps)
+    # A key no live holder leaves: it never lapses.
+    assert await holder._client.set(holder._key("lock", "span"), "other", nx=True)
+
+    async def take() -> None:
+        async with waiter.lock("span", ttl=0.05):
+            pytest.fail("a held lock was entered")
+
+    try:
+        with pytest.raises(LockBusy):
+            await _within(30, take())
+    finally:
+        await waiter.close()
+    assert sum(sleeps.pauses) >= MAX_HOLD * 0.05
+    assert len(sleeps.pauses) < 100  # it backs off: a poll is no spin
+
+
+@pytest.mark.parametrize("reply", [NIL, NUMBER, STATUS, UNDECODABLE], ids=repr)
+async def test_replies_of_the_wrong_type_are_store_errors(reply: bytes, anyio_backend: str) -> None:
+    """Every operation either succeeds (a reply that happens to fit) or raises a
+    store's error — a StoreError, or redis-py's own complaint about the reply —
+    never a TypeError or AttributeError for the caller to trip on."""
+    async with FakeRedis(reply=reply) as fake:
+        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=Sleeps())
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "lookup": lambda: store.lookup(["h1", "h2"]),
+            "put": lambda: store.put(checkpoint(), ORIGINALS),
+            "get": lambda: store.get("c1"),
+            "originals": lambda: store.originals("c1"),
+            "add_event": lambda: store.add_event(event("c1")),
+            "events": lambda: store.events(session="s1"),
+            "fail_interrupted": lambda: store.fail_interrupted("me"),
+            "heartbeat": lambda: store.heartbeat("me", 30),
+            "learned_windows": store.learned_windows,
+            "calibrations": store.calibrations,
+            "record_requests": lambda: store.record_requests([_record()]),
+            "requests": lambda: store.requests("s1"),
+            "sessions": store.sessions,
+            "session_count": store.session_count,
+            "savings": store.savings,
+            "session_settings": lambda: store.session_settings("s1", "o"),
+        }
+        failed: list[str] = []
+        try:
+            for name, call in calls.items():
+                try:
+                    await _within(10, call())
+                except (StoreError, RedisError):
+                    failed.append(name)
+        finally:
+            await store.close()
+    if reply == NIL:  # a Redis answers these with a value, never with nil
+        assert {"lookup", "heartbeat", "fail_interrupted", "learned_windows"} <= set(failed)

@@ -241,3 +241,125 @@ async def test_a_bad_ratio_is_the_callers_mistake_not_the_stores() -> None:
     with pytest.raises(ValueError):
         await store.set_calibration("k", math.nan)
     assert recorder.failed == [] and store.health.report().ok
+
+
+# -- deadlines that hold whatever the backend does ------------------------------------
+
+
+class Stubborn:
+    """A backend call that ignores its first cancellation (as a Redis command's
+    socket write does on Python 3.11, in ``asyncio.wait_for``) and goes on
+    until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.ignored = 0
+        self.ended = False
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            while True:
+                try:
+                    await self.release.wait()
+                    return {}
+                except asyncio.CancelledError:
+                    if self.ignored:
+                        raise
+                    self.ignored += 1
+        finally:
+            self.ended = True
+
+
+async def test_a_call_that_ignores_its_cancellation_is_still_answered_on_time() -> None:
+    faulty, clock = FaultyStore(), Clock()
+    store, recorder = guarded(faulty, clock, timeout=0.05)
+    stubborn = Stubborn()
+    faulty.lookup = stubborn  # type: ignore[attr-defined]
+
+    async with asyncio.timeout(10):  # a deadline for "it answered", not a measure
+        assert await store.lookup(["h1"]) == {}  # compacted afresh
+    assert stubborn.ignored == 1 and not stubborn.ended  # the call goes on behind
+    assert recorder.failed == [("lookup", "timeout")]
+    assert store.health.report().error == "timeout"
+
+    await store.close()  # cancels what was left behind, again
+    async with asyncio.timeout(10):
+        while not stubborn.ended:
+            await asyncio.sleep(0)
+
+
+async def test_closing_a_store_that_ignores_its_cancellation_ends_on_time() -> None:
+    faulty = FaultyStore()
+    store, _ = guarded(faulty, timeout=0.05)
+    stubborn = Stubborn()
+    faulty.close = stubborn  # type: ignore[attr-defined]
+    async with asyncio.timeout(10):
+        await store.close()
+    assert stubborn.ignored == 1 and not stubborn.ended
+    stubborn.release.set()
+
+
+class _HeldElsewhere:
+    """A lock another holder keeps for the whole test."""
+
+    def __init__(self, inner: MemoryStore, key: str) -> None:
+        self.inner, self.key = inner, key
+        self.holding = asyncio.Event()
+        self.done = asyncio.Event()
+
+    async def hold(self) -> None:
+        async with self.inner.lock(self.key, ttl=60):
+            self.holding.set()
+            await self.done.wait()
+
+
+async def test_a_lock_held_past_its_wait_lets_the_caller_in_as_busy() -> None:
+    faulty = FaultyStore()
+    recorder = Recorder()
+    store = ResilientStore(cast(Store, faulty), timeout=5.0, observer=recorder, lock_wait=0.05)
+    other = _HeldElsewhere(faulty.inner, "span")
+    holder = asyncio.create_task(other.hold())
+    await other.holding.wait()
+
+    entered = []
+    async with asyncio.timeout(10):
+        async with store.lock("span", ttl=60):
+            entered.append(True)
+    assert entered == [True]
+    assert recorder.failed == [("lock", "busy")]
+    assert store.health.report().ok  # waiting on a live holder is no store failure
+    other.done.set()
+    await holder
+
+
+async def test_a_lock_taken_after_its_caller_gave_up_is_released() -> None:
+    inner = MemoryStore()
+    release_taking = asyncio.Event()
+
+    class LateLock:
+        """Taking it ignores the cancellation and succeeds once told to."""
+
+        tracks_liveness = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        @contextlib.asynccontextmanager
+        async def lock(self, key: str, ttl: float) -> AsyncIterator[None]:
+            try:
+                await release_taking.wait()
+            except asyncio.CancelledError:
+                await release_taking.wait()  # ignored: it takes the lock anyway
+            async with inner.lock(key, ttl):
+                yield
+
+    recorder = Recorder()
+    store = ResilientStore(cast(Store, LateLock()), timeout=5.0, observer=recorder, lock_wait=0.05)
+    async with asyncio.timeout(10):
+        async with store.lock("span", ttl=60):
+            pass  # in without the lock
+    assert recorder.failed == [("lock", "busy")]
+
+    release_taking.set()  # the abandoned taking now gets the lock …
+    async with asyncio.timeout(10), inner.lock("span", ttl=60):
+        pass  # … and lets it go at once, so another may take it
