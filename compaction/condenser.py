@@ -54,7 +54,13 @@ from compaction.prompts import (
     turn_prefix_prompt,
 )
 from compaction.summary import is_summary, summary_body, summary_message
-from compaction.summary_checks import anchor_problem, echo_problem, markup_problem, span_anchors
+from compaction.summary_checks import (
+    anchor_problem,
+    echo_problem,
+    markup_problem,
+    span_anchors,
+    unchanged_problem,
+)
 from compaction.text import fit_tokens, one_line
 from compaction.tokens import KeyMemo, TokenCounter
 from compaction.types import Message, Summarizer
@@ -322,7 +328,9 @@ class _Run:
                 if problem is not None and turn_prefix and summary_problem(body) is None:
                     problem = None  # a whole summary's sections serve a turn prefix too
                 if problem is None:
-                    problem = anchor_problem(body, span_anchors(ordinary))
+                    anchors = span_anchors(ordinary)
+                    problem = anchor_problem(body, anchors)
+                    problem = problem or unchanged_problem(body, previous, anchors)
                 if problem is not None:
                     raise SummarizationError(f"not a summary: {problem}")
                 message = fitted(body)

@@ -2,7 +2,7 @@
 
 :func:`compaction.prompts.summary_problem` checks a reply's form (headings,
 no chat). Small local models pass it with replies that are worse than the
-extractive summary of the same span; this module catches three of them:
+extractive summary of the same span; this module catches them:
 
 * **an echo** — the reply repeats the prompt's own instructions
   (:func:`echo_problem`): one of its lines holds a whole clause of the
@@ -14,7 +14,9 @@ extractive summary of the same span; this module catches three of them:
   ``</previous-summary>`` …) or a line that starts with a transcript's
   speaker label (``[User]:``, or an unbulleted ``Assistant:``);
 * **no anchor** (:func:`anchor_problem`) — the span named paths, commands
-  or errors (:func:`span_anchors`) and the reply names none of them.
+  or errors (:func:`span_anchors`) and the reply names none of them; or
+  (:func:`unchanged_problem`) the reply is the previous summary, not a line
+  added, though the span named something the previous summary did not.
 
 Pure functions, linear in the reply and the span: a bounded number of
 prompt clauses and of anchors, each looked for once.
@@ -248,6 +250,30 @@ def anchor_problem(reply: str, anchors: Anchors) -> str | None:
         return None
     examples = ", ".join(f"`{a}`" for a in _examples(anchors))
     return f"names none of the span's paths, commands or errors (such as {examples})"
+
+
+def unchanged_problem(reply: str, previous: Sequence[str], anchors: Anchors) -> str | None:
+    """Why ``reply`` is the previous summary again although the span brought news, or ``None``.
+
+    News: an anchor of the span that no previous summary names. A reply that
+    adds not one line to the previous summaries (compared without case,
+    blanks and bullet marks) then kept the old summary and dropped the span:
+    a small model folding a summary in often copies it back unchanged.
+    """
+    if not previous:
+        return None
+    old = {_line_key(line) for text in previous for line in text.splitlines()}
+    if any(line.strip() and _line_key(line) not in old for line in reply.splitlines()):
+        return None
+    earlier = "\n".join(previous).lower()
+    news = [a for a in anchors.all if not _names(earlier, a.lower())]
+    if not news:
+        return None
+    return f"repeats the previous summary and adds nothing of the span (such as `{news[-1]}`)"
+
+
+def _line_key(line: str) -> str:
+    return " ".join(_BULLET.sub("", line).lower().split())
 
 
 def _names(text: str, anchor: str) -> bool:

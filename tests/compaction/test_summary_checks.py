@@ -25,6 +25,7 @@ from compaction.summary_checks import (
     echo_problem,
     markup_problem,
     span_anchors,
+    unchanged_problem,
 )
 from compaction.tokens import TokenCounter
 from tests.compaction import small_model_replies as replies
@@ -272,6 +273,52 @@ def test_an_error_line_without_a_name_anchors_on_its_first_words() -> None:
 def test_earlier_summaries_in_the_span_lend_it_no_anchors() -> None:
     earlier = user(f"{SUMMARY_MARKER}\n## Goal\n- ran `pytest` on `old.py`")
     assert not span_anchors([earlier])
+
+
+# --- the previous summary copied back -------------------------------------------
+
+PREVIOUS = (
+    "## Goal\n- Fix the config tests.\n\n## Progress\n### Done\n- Ran `pytest -q`.\n\n"
+    "## Key Decisions\n- Keep the test as it is.\n\n## Next Steps\n- Read the loader."
+)
+
+
+def _with_previous() -> list[Message]:
+    """The span of the fixtures, with an earlier summary at its start."""
+    steps = replies.span()
+    return [
+        *steps[:2],
+        user(f"{SUMMARY_MARKER}\nSummary of 9 earlier messages.\n\n{PREVIOUS}"),
+        *steps[2:],
+    ]
+
+
+def test_the_previous_summary_copied_back_over_a_span_with_news_is_replaced() -> None:
+    result = condensed(PREVIOUS.replace("\n\n", "\n\n\n"), _with_previous())
+    assert result.summarizer_used == "extractive"
+    assert "repeats the previous summary and adds nothing of the span" in result.notes[0]
+
+
+def test_the_previous_summary_with_one_line_of_news_is_taken() -> None:
+    reply = PREVIOUS.replace(
+        "- Ran `pytest -q`.", "- Ran `pytest -q`.\n- Fixed `config/loader.py`."
+    )
+    result = condensed(reply, _with_previous())
+    assert result.notes == () and result.summarizer_used == "llm"
+
+
+def test_the_previous_summary_unchanged_is_no_problem_when_the_span_named_nothing_new() -> None:
+    anchors = Anchors(commands=("pytest",))
+    assert unchanged_problem(PREVIOUS, [PREVIOUS], anchors) is None
+    assert unchanged_problem(PREVIOUS, [], Anchors(paths=("loader.py",))) is None
+    problem = unchanged_problem(
+        "- ran `PYTEST -q`.\n* Fix the config tests.",
+        [PREVIOUS],
+        Anchors(commands=("pytest",), paths=("loader.py",)),
+    )
+    assert problem == (
+        "repeats the previous summary and adds nothing of the span (such as `loader.py`)"
+    )
 
 
 # --- the fallback passes the same checks -----------------------------------------
