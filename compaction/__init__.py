@@ -42,6 +42,7 @@ from compaction.errors import (
 from compaction.execute import execute
 from compaction.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
 from compaction.lessons import (
+    WINDOW_BOUNDS,
     EmptyStream,
     EmptyStreamLesson,
     OverflowReport,
@@ -82,6 +83,7 @@ __all__ = [
     "DEFAULT_READING_CACHE_BYTES",
     "ORIGIN_KEY",
     "SUMMARY_MARKER",
+    "WINDOW_BOUNDS",
     "Bounds",
     "Budget",
     "Calibration",

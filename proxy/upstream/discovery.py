@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from compaction.lessons import WINDOW_BOUNDS
+from compaction import WINDOW_BOUNDS
 from proxy.upstream.transport import ConnectFailed, Transport, TransportError
 
 logger = logging.getLogger(__name__)

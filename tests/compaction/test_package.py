@@ -17,6 +17,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "DEFAULT_READING_CACHE_BYTES",
         "ORIGIN_KEY",
         "SUMMARY_MARKER",
+        "WINDOW_BOUNDS",
         "Bounds",
         "Budget",
         "Calibration",
