@@ -381,7 +381,7 @@ class RedisStore:
         name = self._key("lock", key)
         token = uuid.uuid4().hex
         ttl_ms = max(1, int(ttl * 1000))
-        delay, waited, longest = _POLL_FIRST, 0.0, MAX_HOLD * ttl
+        delay, waited, longest, lapsed = _POLL_FIRST, 0.0, MAX_HOLD * ttl, False
         give_up = asyncio.get_running_loop().time() + longest
         while True:
             taken = await _reply(self._client.set(name, token, nx=True, px=ttl_ms))
@@ -390,13 +390,15 @@ class RedisStore:
             if taken is not None:
                 raise GarbledReply(f"Redis answered SET NX with {type(taken).__name__}")
             left = _expect(await _reply(self._client.pttl(name)), int, "PTTL")
-            if left == -2:
-                continue  # it lapsed between the two: try again at once
+            if left == -2 and not lapsed:
+                lapsed = True  # it lapsed between the two: try again at once (once:
+                continue  # a store that says so every time must not make this spin)
+            lapsed = False
             if waited >= longest or asyncio.get_running_loop().time() >= give_up:
                 raise LockBusy(key, longest)
             pause = delay * random.uniform(0.5, 1.0)  # jitter: waiters spread out
-            if left >= 0:
-                pause = min(pause, left / 1000)  # no later than the lease lapses
+            if left >= 0:  # no later than the lease lapses, and never no pause at all
+                pause = max(min(pause, left / 1000), _POLL_FIRST / 2)
             await self._sleep(pause)
             waited += pause
             delay = min(delay * 2, _POLL_MAX)

@@ -40,8 +40,10 @@ UNDECODABLE: Final = b"$4\r\n\xff\xfe\x00\x80\r\n"
 class FakeRedis:
     """The server; counts the commands it was sent (thread-safe to read)."""
 
-    def __init__(self, *, reply: bytes = NIL) -> None:
+    def __init__(self, *, reply: bytes = NIL, replies: dict[str, bytes] | None = None) -> None:
         self.reply = reply
+        #: Answers of their own for some commands, by name (``{"PTTL": b":-2\r\n"}``).
+        self.replies = dict(replies or {})
         self.names: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server: asyncio.Server | None = None
@@ -120,7 +122,8 @@ class FakeRedis:
                     self.names[command[0]] += 1
                 if command[0] == "HELLO":
                     resp3 = command[1:2] == ["3"]
-                writer.write(_answer(command, self.reply, resp3=resp3))
+                reply = self.replies.get(command[0], self.reply)
+                writer.write(_answer(command, reply, resp3=resp3))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, asyncio.CancelledError):
             return

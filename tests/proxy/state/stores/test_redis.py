@@ -269,6 +269,32 @@ async def test_a_waiter_polls_a_lock_held_for_ever_no_longer_than_a_lease_lives(
     assert len(sleeps.pauses) < 100  # it backs off: a poll is no spin
 
 
+@pytest.mark.parametrize("left", [b":-2\r\n", b":0\r\n"], ids=["lapsed", "lapsing"])
+async def test_a_lock_whose_lease_always_seems_to_lapse_is_polled_with_pauses(
+    left: bytes, anyio_backend: str
+) -> None:
+    """SET NX never takes it, yet its lease is said to be gone (or going) at
+    every look: the waiter pauses between looks and gives up in the end."""
+    async with FakeRedis(reply=NIL, replies={"PTTL": left}) as fake:
+        sleeps = Sleeps()
+        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
+        ttl = 0.01
+        try:
+
+            async def take() -> None:
+                async with store.lock("span", ttl=ttl):
+                    pytest.fail("a lock nobody could have taken was entered")
+
+            with pytest.raises(LockBusy):
+                await _within(10, take())
+        finally:
+            await store.close()
+        assert sum(sleeps.pauses) >= MAX_HOLD * ttl
+        assert all(pause > 0 for pause in sleeps.pauses)
+        # At most one look at once after each pause.
+        assert fake.names["PTTL"] <= 2 * (len(sleeps.pauses) + 1)
+
+
 @pytest.mark.parametrize("reply", [NIL, NUMBER, STATUS, UNDECODABLE], ids=repr)
 async def test_replies_of_the_wrong_type_are_store_errors(reply: bytes, anyio_backend: str) -> None:
     """Every operation either succeeds (a reply that happens to fit) or raises a
