@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,13 @@ def test_the_admin_picks_one_owner_of_a_shared_session_id_and_steers_only_theirs
         settings: dict[str, Any] = found.json()["settings"]
         return settings
 
+    # The figures are written in the background: the overview lists a
+    # session once its owner's first request is recorded.
+    deadline = time.monotonic() + 30
+    while not all(_recorded(url, session, owner, as_admin) for owner in owners.values()):
+        assert time.monotonic() < deadline, "the two callers' requests were never recorded"
+        time.sleep(0.05)
+
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"),
@@ -185,7 +193,7 @@ def test_the_admin_picks_one_owner_of_a_shared_session_id_and_steers_only_theirs
             page.wait_for_url(f"{base}/ui")
             # One row per owner, each linking to its owner's session.
             links = page.locator(f"a.session-link:has-text('{session}')")
-            links.nth(1).wait_for()  # the figures are written in the background
+            links.nth(1).wait_for()
             hrefs = sorted(links.nth(n).get_attribute("href") or "" for n in range(2))
             assert hrefs == sorted(f"/ui/sessions/{session}?owner={o}" for o in owners.values())
 
@@ -210,3 +218,10 @@ def test_the_admin_picks_one_owner_of_a_shared_session_id_and_steers_only_theirs
     bobs, alices = settings_of(owners["bob"]), settings_of(owners["alice"])
     assert (bobs["enabled"], bobs["instructions"]) == (False, "Keep Bob's file paths.")
     assert (alices["enabled"], alices["instructions"]) == (True, "")
+
+
+def _recorded(url: str, session: str, owner: str, headers: dict[str, str]) -> bool:
+    found = httpx.get(
+        f"{url}/compaction/sessions/{session}", params={"owner": owner}, headers=headers
+    )
+    return found.status_code == 200 and bool(found.json().get("requests"))
