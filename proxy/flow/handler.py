@@ -62,6 +62,7 @@ from proxy.flow.send import (
     shown_url,
 )
 from proxy.flow.usage import UsageTap
+from proxy.session.ahead import sending
 from proxy.session.conversation import Resolved, resolve
 from proxy.state.logs import REQUESTS
 from proxy.state.runtime import ProxyState
@@ -373,10 +374,19 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
     metrics = call.state.metrics
     started = time.perf_counter()
     try:
-        with call.watch.waiting() if call.watch else contextlib.nullcontext():
-            response = await send(
-                call.state.transport, "POST", call.url, call.headers, body, upstream=call.base_url
-            )
+        # Counted in flight for the background: on a one-slot server no
+        # preparation's summary runs beside it (proxy.session.ahead).
+        async with sending(call.state, call.config) as answered:
+            with call.watch.waiting() if call.watch else contextlib.nullcontext():
+                response = await send(
+                    call.state.transport,
+                    "POST",
+                    call.url,
+                    call.headers,
+                    body,
+                    upstream=call.base_url,
+                )
+            answered()
     except UpstreamTimeout:
         metrics.record_upstream("chat", 0.0, None, "timeout")
         raise

@@ -28,15 +28,35 @@ the requests use: however many are under way, and however slowly the model
 answers them, a request never waits for a connection they hold. A compaction
 on the request path asks through the request's pool, as the request itself.
 How many run at once is capped by :class:`~proxy.session.background.Background`.
+
+A server that serves one request at a time (llama.cpp's default) would make
+the user's next request queue behind a preparation's summary. For such an
+upstream (:meth:`proxy.session.background.Traffic.single_slot`) a summary is
+asked only while no user request to it is in flight, and a user request that
+arrives meanwhile cancels it (:class:`~proxy.session.background.Traffic`):
+the preparation ends ``superseded`` ("gave way"), and the compaction is made
+at the trigger or prepared again later. ``background.single_slot = "off"``
+prepares nothing for such an upstream instead.
+
+A preparation whose summarizer answered never ends ``compaction.failed``:
+its compaction is stored, or, when the result is no compaction to store (the
+summary was refused and pruning was all that was left, or the summarized
+span lies inside an earlier summary), it ends ``compaction.superseded``
+saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
+from config import ModelConfig
+from proxy.session.background import GaveWay
 from proxy.session.compacting import (
     Basis,
     Emitter,
@@ -51,6 +71,31 @@ from proxy.upstream.summarizer import UpstreamSummarizer
 
 if TYPE_CHECKING:
     from proxy.state.runtime import ProxyState
+
+logger = logging.getLogger("compaction_proxy.background")
+
+
+def _key(config: ModelConfig) -> str:
+    from proxy.state.runtime import calibration_key  # the state imports this package
+
+    return calibration_key(config)
+
+
+def single_slot(state: ProxyState, config: ModelConfig) -> bool:
+    """Whether ``config``'s upstream serves one request at a time, as it states
+    (``total_slots``) or as seen (:meth:`~proxy.session.background.Traffic.single_slot`)."""
+    key = _key(config)
+    return state.traffic.single_slot(key, state.server_slots.get(key))
+
+
+@contextlib.asynccontextmanager
+async def sending(state: ProxyState, config: ModelConfig) -> AsyncIterator[Callable[[], None]]:
+    """Around sending a user's request upstream: counted in flight, and on a
+    one-slot upstream the background summaries to it cancelled first; yields
+    the function to call once the answer's headers are in."""
+    key = _key(config)
+    async with state.traffic.request(key, single=single_slot(state, config)) as answered:
+        yield answered
 
 
 def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
@@ -89,6 +134,15 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
     state = job.state
     outcome = "cancelled"
     try:
+        if state.settings.background.single_slot == "off" and single_slot(state, job.config):
+            outcome = "single_slot"
+            if state.traffic.tell_once(_key(job.config)):
+                logger.warning(
+                    "compactions are not prepared ahead for %s: it serves one request "
+                    "at a time (background.single_slot = off)",
+                    job.config.model or "the default model",
+                )
+            return
         async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
             if basis is None:
                 stored = await look_up(state, job.conversation)
@@ -109,7 +163,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
     state, conversation = job.state, job.conversation
     emit = Emitter(state, conversation.session, job.config.model, plan.reason, job.owner)
     summarizer = _off_the_request_path(state, job.summarizer)
-    announcing = _Announcing(summarizer, emit) if summarizer is not None else None
+    announcing = _Announcing(summarizer, emit, job) if summarizer is not None else None
     spent, asked = _tokens(summarizer), _calls(summarizer)
     try:
         result = await run_plan(dataclasses.replace(job, summarizer=announcing), plan)
@@ -118,6 +172,9 @@ async def _ahead(job: Job, plan: Decision) -> str:
             await emit("compaction.failed", error="cancelled at shutdown", background=True)
         raise
     except Exception as exc:
+        if announcing is not None and announcing.gave_way is not None:
+            await emit("compaction.superseded", error=announcing.gave_way, background=True)
+            return "gave_way"
         if announcing is not None and announcing.called:
             await emit(
                 "compaction.failed",
@@ -127,6 +184,11 @@ async def _ahead(job: Job, plan: Decision) -> str:
         return "failed"
     if announcing is None or not announcing.called:
         return "not_needed"
+    if announcing.gave_way is not None:
+        # Cancelled for a user request: whatever the compaction made of it
+        # (an extractive fallback) is not what the trigger would make.
+        await emit("compaction.superseded", error=announcing.gave_way, background=True)
+        return "gave_way"
     state.metrics.record_summary(result)
     if state.recorder is not None:  # what the model was asked, for the dashboard
         state.recorder.record(
@@ -153,13 +215,19 @@ async def _ahead(job: Job, plan: Decision) -> str:
     if result.stage == "condensed":
         made = checkpoint_of(job, plan, result, precomputed=True)
     if made is None:
+        # The model answered, and nothing failed: its result is just no
+        # compaction a later request could apply (the summary refused, so only
+        # pruned; or the summarized span inside an earlier summary). The
+        # trigger's compaction decides anew.
         await emit(
-            "compaction.failed",
-            error=f"nothing to prepare: the compaction ended {result.stage}",
+            "compaction.superseded",
+            stage=result.stage,
+            error=f"not kept: the compaction ended {result.stage}, nothing a later "
+            "request could apply",
             notes=event_notes(result),
             background=True,
         )
-        return "failed"
+        return "superseded"
     head = conversation.head
     await state.store.put(made, conversation.messages[head : head + made.covered], owner=job.owner)
     await emit(
@@ -195,16 +263,33 @@ def _calls(summarizer: Summarizer | None) -> int:
 
 
 class _Announcing:
-    """A summarizer that records the compaction's start when first called."""
+    """A summarizer that records the compaction's start when first called, and
+    asks through the upstream's :class:`~proxy.session.background.Traffic`:
+    on a one-slot upstream, only while no user request is in flight."""
 
-    def __init__(self, summarizer: Summarizer, emit: Emitter) -> None:
+    def __init__(self, summarizer: Summarizer, emit: Emitter, job: Job) -> None:
         self._summarizer = summarizer
         self._emit = emit
+        self._job = job
         self.called = False
+        #: Why a call gave way to a user request (then the result is not kept).
+        self.gave_way: str | None = None
 
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
+        if self.gave_way is not None:
+            raise GaveWay(self.gave_way)
         if not self.called:
             self.called = True
             await self._emit("compaction.queued", background=True)
             await self._emit("compaction.started", background=True)
-        return await self._summarizer(messages, max_tokens)
+        state, config = self._job.state, self._job.config
+        try:
+            return await state.traffic.summary(
+                _key(config),
+                self._summarizer(messages, max_tokens),
+                single=single_slot(state, config),
+                patience=state.settings.upstream.summarizer_timeout_seconds,
+            )
+        except GaveWay as exc:
+            self.gave_way = str(exc)
+            raise

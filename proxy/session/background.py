@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal
 
 logger = logging.getLogger("compaction_proxy.background")
@@ -126,3 +126,155 @@ class Background:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+# --- the upstream's slots: who is being served ------------------------------------
+
+#: Overlaps seen before an upstream whose slots are unknown is treated as
+#: serving one request at a time: a user request sent while a background
+#: summary to it was in flight, and answered (its headers) only after that
+#: summary ended — the mark of a request queued behind it. One can be chance
+#: (a long answer on a server with slots to spare); a few in a row are not.
+SINGLE_SLOT_OVERLAPS = 3
+
+#: What is done with a preparation for an upstream that serves one request
+#: at a time (``background.single_slot``): run only while no user request is
+#: in flight (and give way to one that arrives), or not run at all.
+SingleSlot = Literal["wait", "off"]
+
+
+class GaveWay(Exception):
+    """A background summary cancelled for a user request on a one-slot upstream."""
+
+
+class Traffic:
+    """What each upstream (by :func:`proxy.state.runtime.calibration_key`) is
+    serving now: the user requests in flight and the background summaries.
+
+    A server with one slot (llama.cpp's default) answers one request at a
+    time: a summary asked ahead of need there makes the user's next request
+    queue behind it. So a preparation's summary for such an upstream starts
+    only while no user request to it is in flight (:meth:`quiet`), and a user
+    request that arrives meanwhile cancels it before being sent
+    (:meth:`request`): the user is served first; the work is lost, and the
+    compaction is made when the conversation crosses its trigger (or prepared
+    again at a quieter moment). Whether an upstream has one slot is what it
+    states (``/props`` ``total_slots``) or, failing that, what is observed:
+    :data:`SINGLE_SLOT_OVERLAPS` user requests answered only after a summary
+    in flight at their sending had ended.
+    """
+
+    def __init__(self, *, overlaps: int = SINGLE_SLOT_OVERLAPS) -> None:
+        self._requests: Counter[str] = Counter()
+        self._quiet: dict[str, list[asyncio.Future[None]]] = {}
+        self._summaries: dict[str, set[_Summary]] = {}
+        self._ended: Counter[str] = Counter()  # summaries ended, ever, per upstream
+        self._overlaps: Counter[str] = Counter()
+        self._overlaps_needed = overlaps
+        self._told: set[str] = set()  # upstreams whose preparations were turned off, logged
+
+    def in_flight(self, key: str) -> int:
+        """User requests to ``key``'s upstream being sent now."""
+        return self._requests[key]
+
+    def waiting(self, key: str) -> int:
+        """Background summaries to ``key``'s upstream waiting for it to be free."""
+        return sum(not waiter.done() for waiter in self._quiet.get(key, ()))
+
+    def summaries(self, key: str) -> int:
+        """Background summaries to ``key``'s upstream in flight now."""
+        return len(self._summaries.get(key, ()))
+
+    def single_slot(self, key: str, stated: int | None) -> bool:
+        """Whether ``key``'s upstream serves one request at a time: it said so
+        (``stated`` slots), or it was seen to (see the class doc)."""
+        if stated is not None:
+            return stated == 1
+        return self._overlaps[key] >= self._overlaps_needed
+
+    def overlaps(self, key: str) -> int:
+        return self._overlaps[key]
+
+    @contextlib.asynccontextmanager
+    async def request(self, key: str, *, single: bool) -> AsyncIterator[Callable[[], None]]:
+        """Around sending a user request to ``key``'s upstream; yields the
+        function to call once its answer's headers are in. On a one-slot
+        upstream (``single``) the background summaries in flight are
+        cancelled first, and waited for, so the request is not queued behind one."""
+        in_flight = list(self._summaries.get(key, ()))
+        if single and in_flight:
+            for summary in in_flight:
+                summary.give_way()
+            await asyncio.wait([s.task for s in in_flight])
+        overlapped = bool(in_flight)
+        ended = self._ended[key]
+        self._requests[key] += 1
+
+        def answered() -> None:
+            if overlapped and self._ended[key] > ended:
+                self._overlaps[key] += 1
+
+        try:
+            yield answered
+        finally:
+            self._requests[key] -= 1
+            if self._requests[key] <= 0:
+                del self._requests[key]
+                for waiter in self._quiet.pop(key, []):
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+    async def quiet(self, key: str) -> None:
+        """Until no user request to ``key``'s upstream is in flight."""
+        while self._requests[key] > 0:
+            waiter = asyncio.get_running_loop().create_future()
+            self._quiet.setdefault(key, []).append(waiter)
+            await waiter
+
+    async def summary(
+        self, key: str, call: Coroutine[Any, Any, str], *, single: bool, patience: float
+    ) -> str:
+        """Run ``call``, a background summary to ``key``'s upstream, counted as
+        in flight. On a one-slot upstream (``single``) it waits, up to
+        ``patience`` seconds, until no user request is in flight, and raises
+        :class:`GaveWay` when one arrives meanwhile (or the wait runs out)."""
+        if single:
+            try:
+                await asyncio.wait_for(self.quiet(key), patience)
+            except TimeoutError:
+                call.close()
+                raise GaveWay("the upstream was never free of user requests") from None
+        summary = _Summary(asyncio.ensure_future(call))
+        running = self._summaries.setdefault(key, set())
+        running.add(summary)
+        try:
+            return await summary.task
+        except asyncio.CancelledError:
+            if summary.gave_way:
+                raise GaveWay("gave way to a user request on a one-slot upstream") from None
+            summary.task.cancel()
+            raise
+        finally:
+            running.discard(summary)
+            if not running:
+                self._summaries.pop(key, None)
+            self._ended[key] += 1
+
+    def tell_once(self, key: str) -> bool:
+        """True the first time preparations for ``key``'s upstream are turned off."""
+        if key in self._told:
+            return False
+        self._told.add(key)
+        return True
+
+
+class _Summary:
+    """One background summary in flight, which a user request may cancel."""
+
+    def __init__(self, task: asyncio.Future[str]) -> None:
+        self.task = task
+        self.gave_way = False
+
+    def give_way(self) -> None:
+        self.gave_way = True
+        self.task.cancel()

@@ -67,7 +67,9 @@ class Metrics:
         self.background = Counter(
             "compaction_proxy_background_jobs",
             "Compactions prepared ahead of need, by outcome: prepared (a summary stored), "
-            "not_needed (pruning will do at the trigger), superseded, failed, cancelled; "
+            "not_needed (pruning will do at the trigger), superseded, failed, cancelled, "
+            "gave_way (cancelled for a user request on a one-slot upstream), single_slot "
+            "(not run: background.single_slot = off); "
             "at_capacity and owner_at_capacity for one not started (background.max_running, "
             "max_running_per_owner).",
             ["outcome"],

@@ -35,7 +35,7 @@ from compaction import (
     working_limit_after_answer,
 )
 from config import ModelConfig, ModelResolver, Settings
-from proxy.session.background import Background
+from proxy.session.background import Background, Traffic
 from proxy.state.metrics import Metrics
 from proxy.state.recorder import Recorder
 from proxy.state.stores import Store
@@ -92,6 +92,10 @@ class ProxyState:
     calibrations: dict[str, Calibration] = field(default_factory=dict)
     #: Compactions prepared ahead of need, running off the request path.
     background: Background = field(default_factory=Background)
+    #: The user requests and background summaries in flight, by the same key:
+    #: a preparation for a one-slot server never runs beside a user's request
+    #: (``background.single_slot``).
+    traffic: Traffic = field(default_factory=Traffic)
     #: The pool their summaries are asked through, apart from ``transport``
     #: so that they never hold a connection a request waits for; ``None``
     #: sends them through ``transport`` (a test's recording one).

@@ -4,7 +4,8 @@ A store holds five things for the proxy (DESIGN.md §7):
 
 * **checkpoints**, found by the chain hash at the end of the span they cover;
 * the **originals** a checkpoint replaced, for its retention;
-* the **event log** of compactions (queued → started → compacted | failed);
+* the **event log** of compactions (queued → started → compacted | failed |
+  superseded);
 * **learned windows** (context sizes stated by upstream overflow errors);
 * **calibration ratios** (the upstream's token count ÷ the proxy's estimate),
   under keys the proxy builds, e.g. ``"<upstream url>\x1f<model>"``.
@@ -37,6 +38,11 @@ EventType = Literal[
     "compaction.started",
     "context.compacted",
     "compaction.failed",
+    # A compaction prepared in the background that ends without a checkpoint
+    # for a reason that is no fault: its summary could not be used by the
+    # compaction it was for, or it gave way to a request the server serves
+    # one at a time. The error field says which; nothing is retried.
+    "compaction.superseded",
     "checkpoint.edited",
 ]
 
