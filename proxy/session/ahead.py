@@ -40,9 +40,11 @@ prepares nothing for such an upstream instead.
 
 A preparation whose summarizer answered never ends ``compaction.failed``:
 its compaction is stored, or, when the result is no compaction to store (the
-summary was refused and pruning was all that was left, or the summarized
-span lies inside an earlier summary), it ends ``compaction.superseded``
-saying why.
+summary was refused and pruning was all that was left, or the condensed
+span is nothing a later request can reuse), it ends ``compaction.superseded``
+saying why, and its span is not prepared again in this process
+(:meth:`~proxy.session.background.Background.spend`): asked again, the model
+would give the same nothing, once per request until the trigger.
 """
 
 from __future__ import annotations
@@ -143,6 +145,9 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
                     job.config.model or "the default model",
                 )
             return
+        if state.background.spent(span):
+            outcome = "spent"  # the trigger's compaction makes it, as without preparing
+            return
         async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
             if basis is None:
                 stored = await look_up(state, job.conversation)
@@ -154,6 +159,8 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
                 outcome = "superseded"
                 return
             outcome = await _ahead(job, ahead(job.conversation, decision))
+            if outcome == "superseded":
+                state.background.spend(span)
     finally:
         state.metrics.background.labels(outcome).inc()
 
@@ -219,11 +226,15 @@ async def _ahead(job: Job, plan: Decision) -> str:
         # compaction a later request could apply (the summary refused, so only
         # pruned; or the summarized span inside an earlier summary). The
         # trigger's compaction decides anew.
+        why = (
+            f"its summary was not used (the compaction ended {result.stage})"
+            if result.stage != "condensed"
+            else "the compaction ended condensed, but over nothing a later request can apply"
+        )
         await emit(
             "compaction.superseded",
             stage=result.stage,
-            error=f"not kept: the compaction ended {result.stage}, nothing a later "
-            "request could apply",
+            error=f"not kept: {why}; not prepared again for this span",
             notes=event_notes(result),
             background=True,
         )

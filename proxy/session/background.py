@@ -34,6 +34,11 @@ logger = logging.getLogger("compaction_proxy.background")
 DEFAULT_MAX_RUNNING = 4
 DEFAULT_MAX_PER_OWNER = 1
 
+#: Spans remembered as prepared for nothing (:meth:`Background.spend`); the
+#: oldest are forgotten first. A span's key names the session and the
+#: checkpoint it follows, so a compaction moves the conversation to a new one.
+SPENT_SPANS = 1024
+
 #: What :meth:`Background.start` did: started the work, or why not.
 Start = Literal["started", "running", "at_capacity", "owner_at_capacity"]
 
@@ -58,9 +63,23 @@ class Background:
         self._max_running = max_running
         self._max_per_owner = max_per_owner
         self._on_refused = on_refused
+        self._spent: dict[str, None] = {}  # insertion order: the oldest first
 
     def running(self, key: str) -> bool:
         return key in self._tasks
+
+    def spend(self, key: str) -> None:
+        """Remember that preparing ``key``'s span gave nothing to store, though
+        the model answered (its summary refused, or covering no reusable span):
+        preparing it again would ask the model again for the same nothing."""
+        self._spent.pop(key, None)
+        self._spent[key] = None
+        while len(self._spent) > SPENT_SPANS:
+            del self._spent[next(iter(self._spent))]
+
+    def spent(self, key: str) -> bool:
+        """Whether ``key``'s span was prepared for nothing (:meth:`spend`)."""
+        return key in self._spent
 
     def start(self, key: str, work: Coroutine[Any, Any, None], *, owner: str = "") -> Start:
         """Run ``work`` unless a task for ``key`` already runs or a cap is reached
