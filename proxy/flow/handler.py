@@ -62,7 +62,7 @@ from proxy.flow.send import (
     shown_url,
 )
 from proxy.flow.usage import UsageTap
-from proxy.session.ahead import sending
+from proxy.session.ahead import counted, sending
 from proxy.session.conversation import Resolved, resolve
 from proxy.state.logs import REQUESTS
 from proxy.state.runtime import ProxyState
@@ -373,26 +373,27 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
     """POST the chat request upstream, timing it for the metrics."""
     metrics = call.state.metrics
     started = time.perf_counter()
+    # Counted in flight until its answer is over: on a one-slot server no
+    # background summary runs beside it (proxy.session.ahead).
+    sent = await sending(call.state, call.config)
     try:
-        # Counted in flight for the background: on a one-slot server no
-        # preparation's summary runs beside it (proxy.session.ahead).
-        async with sending(call.state, call.config) as answered:
-            with call.watch.waiting() if call.watch else contextlib.nullcontext():
-                response = await send(
-                    call.state.transport,
-                    "POST",
-                    call.url,
-                    call.headers,
-                    body,
-                    upstream=call.base_url,
-                )
-            answered()
+        with call.watch.waiting() if call.watch else contextlib.nullcontext():
+            response = await send(
+                call.state.transport, "POST", call.url, call.headers, body, upstream=call.base_url
+            )
     except UpstreamTimeout:
+        sent.end()
         metrics.record_upstream("chat", 0.0, None, "timeout")
         raise
     except UpstreamUnreachable:
+        sent.end()
         metrics.record_upstream("chat", 0.0, None, "unreachable")
         raise
+    except BaseException:
+        sent.end()
+        raise
+    sent.answered()
+    response = counted(response, sent)
     metrics.record_upstream("chat", time.perf_counter() - started, response.status)
     if response.status >= 400:
         call.tally.upstream_errors += 1

@@ -50,15 +50,14 @@ would give the same nothing, once per request until the trigger.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+import weakref
 from typing import TYPE_CHECKING
 
 from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
 from config import ModelConfig
-from proxy.session.background import GaveWay
+from proxy.session.background import GaveWay, Sending
 from proxy.session.compacting import (
     Basis,
     Emitter,
@@ -70,6 +69,7 @@ from proxy.session.compacting import (
 )
 from proxy.state.stores import RequestRecord
 from proxy.upstream.summarizer import UpstreamSummarizer
+from proxy.upstream.transport import UpstreamResponse
 
 if TYPE_CHECKING:
     from proxy.state.runtime import ProxyState
@@ -90,14 +90,69 @@ def single_slot(state: ProxyState, config: ModelConfig) -> bool:
     return state.traffic.single_slot(key, state.server_slots.get(key))
 
 
-@contextlib.asynccontextmanager
-async def sending(state: ProxyState, config: ModelConfig) -> AsyncIterator[Callable[[], None]]:
-    """Around sending a user's request upstream: counted in flight, and on a
-    one-slot upstream the background summaries to it cancelled first; yields
-    the function to call once the answer's headers are in."""
-    key = _key(config)
-    async with state.traffic.request(key, single=single_slot(state, config)) as answered:
-        yield answered
+async def sending(state: ProxyState, config: ModelConfig) -> Sending:
+    """A user's request is about to be sent upstream: counted in flight until
+    its answer is over (:func:`counted`), and on a one-slot upstream the
+    background summaries to it cancelled first."""
+    return await state.traffic.begin(_key(config), single=single_slot(state, config))
+
+
+def counted(response: UpstreamResponse, sent: Sending) -> UpstreamResponse:
+    """``response``, whose end (read to its end, released or aborted — every
+    answer is, a stream's once relayed) ends ``sent``: a stream keeps a
+    one-slot server busy until its last byte, not just until its headers."""
+    return _Counted(response, sent)
+
+
+class _Counted(UpstreamResponse):
+    """An upstream answer that ends a :class:`Sending` when it is over."""
+
+    __slots__ = ("__weakref__", "_inner", "_sent")
+
+    # The base class is not initialised: every read goes to the inner answer.
+    def __init__(self, inner: UpstreamResponse, sent: Sending) -> None:
+        self._inner = inner
+        self._sent = sent
+        self.status = inner.status
+        self.url = inner.url
+        self.raw_headers = inner.raw_headers
+        self.length = inner.length
+        # An answer dropped unreleased (a bug) must not hold the count forever.
+        weakref.finalize(self, sent.end)
+
+    def header(self, name: str) -> str | None:
+        return self._inner.header(name)
+
+    async def next_chunk(self) -> bytes | None:
+        try:
+            chunk = await self._inner.next_chunk()
+        except BaseException:
+            self._sent.end()
+            raise
+        if chunk is None:
+            self._sent.end()
+        return chunk
+
+    async def read(self, limit: int = 1 << 20) -> bytes:
+        try:
+            return await self._inner.read(limit)
+        finally:
+            self._sent.end()
+
+    async def wait_body(self) -> bool:
+        try:
+            return await self._inner.wait_body()
+        except BaseException:
+            self._sent.end()
+            raise
+
+    def release(self) -> None:
+        self._inner.release()
+        self._sent.end()
+
+    def abort(self) -> None:
+        self._inner.abort()
+        self._sent.end()
 
 
 def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:

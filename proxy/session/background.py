@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 logger = logging.getLogger("compaction_proxy.background")
@@ -173,9 +173,10 @@ class Traffic:
     A server with one slot (llama.cpp's default) answers one request at a
     time: a summary asked ahead of need there makes the user's next request
     queue behind it. So a preparation's summary for such an upstream starts
-    only while no user request to it is in flight (:meth:`quiet`), and a user
-    request that arrives meanwhile cancels it before being sent
-    (:meth:`request`): the user is served first; the work is lost, and the
+    only while no user request to it is in flight (:meth:`quiet`) — from its
+    sending until its answer is over, a stream's last byte included — and a
+    user request that arrives meanwhile cancels it before being sent
+    (:meth:`begin`): the user is served first; the work is lost, and the
     compaction is made when the conversation crosses its trigger (or prepared
     again at a quieter moment). Whether an upstream has one slot is what it
     states (``/props`` ``total_slots``) or, failing that, what is observed:
@@ -214,34 +215,30 @@ class Traffic:
     def overlaps(self, key: str) -> int:
         return self._overlaps[key]
 
-    @contextlib.asynccontextmanager
-    async def request(self, key: str, *, single: bool) -> AsyncIterator[Callable[[], None]]:
-        """Around sending a user request to ``key``'s upstream; yields the
-        function to call once its answer's headers are in. On a one-slot
-        upstream (``single``) the background summaries in flight are
-        cancelled first, and waited for, so the request is not queued behind one."""
+    async def begin(self, key: str, *, single: bool) -> Sending:
+        """A user request to ``key``'s upstream is about to be sent: counted in
+        flight until :meth:`Sending.end`. On a one-slot upstream (``single``)
+        the background summaries in flight are cancelled first, and waited
+        for, so the request is not queued behind one."""
         in_flight = list(self._summaries.get(key, ()))
         if single and in_flight:
             for summary in in_flight:
                 summary.give_way()
             await asyncio.wait([s.task for s in in_flight])
-        overlapped = bool(in_flight)
-        ended = self._ended[key]
         self._requests[key] += 1
+        return Sending(self, key, overlapped=bool(in_flight), ended=self._ended[key])
 
-        def answered() -> None:
-            if overlapped and self._ended[key] > ended:
-                self._overlaps[key] += 1
+    def _answered(self, sending: Sending) -> None:
+        if sending.overlapped and self._ended[sending.key] > sending.ended:
+            self._overlaps[sending.key] += 1
 
-        try:
-            yield answered
-        finally:
-            self._requests[key] -= 1
-            if self._requests[key] <= 0:
-                del self._requests[key]
-                for waiter in self._quiet.pop(key, []):
-                    if not waiter.done():
-                        waiter.set_result(None)
+    def _end(self, key: str) -> None:
+        self._requests[key] -= 1
+        if self._requests[key] <= 0:
+            del self._requests[key]
+            for waiter in self._quiet.pop(key, []):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def quiet(self, key: str) -> None:
         """Until no user request to ``key``'s upstream is in flight."""
@@ -285,6 +282,32 @@ class Traffic:
             return False
         self._told.add(key)
         return True
+
+
+class Sending:
+    """One user request in flight (:meth:`Traffic.begin`), until :meth:`end`."""
+
+    __slots__ = ("_done", "_traffic", "ended", "key", "overlapped")
+
+    def __init__(self, traffic: Traffic, key: str, *, overlapped: bool, ended: int) -> None:
+        self._traffic = traffic
+        self.key = key
+        #: Whether a background summary to the same upstream was in flight at its sending.
+        self.overlapped = overlapped
+        #: How many such summaries had ended by then.
+        self.ended = ended
+        self._done = False
+
+    def answered(self) -> None:
+        """Its answer's headers are in: it queued behind a summary if one in
+        flight at its sending has ended since (see :class:`Traffic`)."""
+        self._traffic._answered(self)
+
+    def end(self) -> None:
+        """Its answer is over (read, relayed, or cut off). Idempotent."""
+        if not self._done:
+            self._done = True
+            self._traffic._end(self.key)
 
 
 class _Summary:

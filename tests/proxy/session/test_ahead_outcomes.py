@@ -10,6 +10,7 @@ Either way the model answered and nothing failed.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -19,10 +20,24 @@ from tests.conftest import system, user
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import FakeUpstream
+from tests.proxy.session.conftest import proxy_state
 from tests.synthetic import shell_step
 
 MODEL = "gpt-4o"
 TURNS = 80
+
+
+def _quiet(proxy: InProcessProxy) -> None:
+    """Until the preparations the last request started are over (a deadline, not a measure)."""
+
+    async def wait() -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while len(proxy_state(proxy).background):
+            assert loop.time() < deadline, "a preparation never ended"
+            await asyncio.sleep(0.005)
+
+    proxy.http.portal.call(wait)
 
 
 def _session(proxy: InProcessProxy, seed: int) -> None:
@@ -39,6 +54,8 @@ def _session(proxy: InProcessProxy, seed: int) -> None:
         body = {"model": MODEL, "messages": messages}
         response = proxy.http.post("/v1/chat/completions", json=body)
         assert response.status_code == 200, response.text
+        # The agent's pause: the preparation this request started is over.
+        _quiet(proxy)
 
 
 def _events(proxy: InProcessProxy) -> list[dict[str, Any]]:

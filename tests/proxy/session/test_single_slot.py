@@ -51,12 +51,18 @@ class OneSlot(RecordingTransport):
         self.summaries: asyncio.Event | None = None
         self.chats: asyncio.Event | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: While clear, a chat answer's body stops after its first chunk.
+        self.bodies = asyncio.Event()
+        #: Chat answers whose body has not ended, and those held by ``bodies``.
+        self.streaming = 0
+        self.held = 0
 
     def gates(self) -> tuple[asyncio.Event, asyncio.Event]:
         """The two gates, made on the app's loop (summaries held, chats open)."""
         if self.summaries is None or self.chats is None:
             self.summaries, self.chats = asyncio.Event(), asyncio.Event()
             self.chats.set()
+            self.bodies.set()
             self.loop = asyncio.get_running_loop()
         return self.summaries, self.chats
 
@@ -65,6 +71,7 @@ class OneSlot(RecordingTransport):
         if self.loop is not None and self.summaries is not None and self.chats is not None:
             self.loop.call_soon_threadsafe(self.summaries.set)
             self.loop.call_soon_threadsafe(self.chats.set)
+            self.loop.call_soon_threadsafe(self.bodies.set)
 
     async def request(
         self,
@@ -77,7 +84,7 @@ class OneSlot(RecordingTransport):
         summary = isinstance(body, bytes) and is_summary_request(body)
         if not summary and not url.endswith("/chat/completions"):
             return await super().request(method, url, headers, body)
-        if self.chats_open if summary else self.summaries_open:
+        if (self.chats_open or self.streaming) if summary else self.summaries_open:
             self.beside += 1
         if summary:
             self.summaries_asked += 1
@@ -86,7 +93,10 @@ class OneSlot(RecordingTransport):
             self.chats_open += 1
         try:
             await (summaries if summary else chats).wait()
-            return await super().request(method, url, headers, body)
+            response = await super().request(method, url, headers, body)
+            if not summary:
+                self._hold_body(response)
+            return response
         except asyncio.CancelledError:
             self.summaries_cancelled += summary
             raise
@@ -95,6 +105,32 @@ class OneSlot(RecordingTransport):
                 self.summaries_open -= 1
             else:
                 self.chats_open -= 1
+
+    def _hold_body(self, response: Any) -> None:
+        """Count the answer's body as being served until it ends, and hold it
+        after its first chunk while ``bodies`` is clear."""
+        self.streaming += 1
+        inner, chunks = response.next_chunk, 0
+
+        async def next_chunk() -> bytes | None:
+            nonlocal chunks
+            if chunks and not self.bodies.is_set():
+                self.held += 1
+                try:
+                    await self.bodies.wait()
+                finally:
+                    self.held -= 1
+            try:
+                chunk = await inner()
+            except BaseException:
+                self.streaming -= 1
+                raise
+            chunks += 1
+            if chunk is None:
+                self.streaming -= 1
+            return chunk
+
+        response.next_chunk = next_chunk
 
 
 def _state(proxy: InProcessProxy) -> ProxyState:
@@ -125,18 +161,20 @@ def _until(proxy: InProcessProxy, condition: Callable[[], bool], what: str) -> N
     proxy.http.portal.call(wait)
 
 
-def _post(proxy: InProcessProxy, seed: int, steps: int = 20) -> httpx.Response:
-    body = {"model": MODEL, "messages": agent_session(seed=seed, steps=steps)}
+def _post(
+    proxy: InProcessProxy, seed: int, steps: int = 20, stream: bool = False
+) -> httpx.Response:
+    body = {"model": MODEL, "messages": agent_session(seed=seed, steps=steps), "stream": stream}
     return proxy.http.post("/v1/chat/completions", json=body)
 
 
 def _posting(
-    proxy: InProcessProxy, seed: int, steps: int = 20
+    proxy: InProcessProxy, seed: int, steps: int = 20, stream: bool = False
 ) -> tuple[threading.Thread, list[httpx.Response]]:
     """:func:`_post` in a thread of its own (the test goes on while it is
     held), and the list its answer will be in."""
     answered: list[httpx.Response] = []
-    thread = threading.Thread(target=lambda: answered.append(_post(proxy, seed, steps)))
+    thread = threading.Thread(target=lambda: answered.append(_post(proxy, seed, steps, stream)))
     thread.start()
     return thread, answered
 
@@ -204,6 +242,32 @@ def test_on_a_one_slot_server_no_background_summary_starts_while_a_user_request_
 
     assert one_slot.beside == 0
     assert ["compaction.queued", "compaction.started", "context.compacted"] in _lifecycles(proxy)
+
+
+def test_on_a_one_slot_server_a_streamed_answer_holds_back_the_summary_until_its_last_byte(
+    start_app: AppFactory, one_slot: OneSlot
+) -> None:
+    proxy = _one_slot_app(start_app, one_slot)
+    _on_loop(proxy, one_slot.bodies.clear)  # the server is still writing the answer
+    sending, answered = _posting(proxy, seed=1, stream=True)
+    key = _key(proxy)
+    _until(
+        proxy,
+        lambda: (
+            one_slot.summaries_asked > 0
+            or (one_slot.held == 1 and _state(proxy).traffic.waiting(key) == 1)
+        ),
+        "the preparation reaches its summary",
+    )
+    assert one_slot.summaries_asked == 0, "a summary was asked beside the streamed answer"
+
+    _on_loop(proxy, one_slot.bodies.set)
+    sending.join(DEADLINE)
+    assert [a.status_code for a in answered] == [200]
+    assert answered[0].text.rstrip().endswith("data: [DONE]")
+    _until(proxy, lambda: one_slot.summaries_open >= 1, "the summary is asked once free")
+    _finish(proxy, one_slot)
+    assert one_slot.beside == 0
 
 
 def test_on_a_one_slot_server_a_user_request_cancels_the_background_summary_in_flight(
