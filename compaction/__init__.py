@@ -31,6 +31,7 @@ from compaction.decide import (
     decide,
     made_progress,
     retry_budget,
+    steering_can_matter,
 )
 from compaction.encodings import load_encoding
 from compaction.errors import (
@@ -145,6 +146,7 @@ __all__ = [
     "retry_budget",
     "session_key",
     "splits_digits",
+    "steering_can_matter",
     "tail_start",
     "text_size",
     "tool_calls",

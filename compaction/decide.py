@@ -76,6 +76,31 @@ class Steering:
     compact_now: bool = False
 
 
+def steering_can_matter(
+    conversation: Conversation,
+    profile: Profile,
+    budget: Budget,
+    *,
+    reason: Reason = "threshold",
+    stored: Mapping[str, Checkpoint] | None = None,
+) -> bool:
+    """Whether the session's settings could change what :func:`decide` does
+    with this request, so that the caller must read them from the store first.
+
+    They cannot when :func:`decide` forwards the conversation as it stands
+    whatever they say: a threshold request with no checkpoint among
+    ``stored`` (the store's answer for its chain), no pairing problems, and
+    too small for anything to be prepared ahead — switching compaction off
+    forwards it all the same, and instructions are only a summary's. A
+    pending "compact now" is the caller's to know; it always matters.
+    """
+    if reason != "threshold" or conversation.problems or stored:
+        return True
+    tokens = conversation.tokens
+    ahead = profile.prepares_ahead and tokens > profile.precompute_share * budget.trigger
+    return tokens > budget.trigger or ahead
+
+
 def made_progress(
     tokens_before: int, tokens_after: int, min_ratio: float = DEFAULT_PROGRESS_MIN_RATIO
 ) -> bool:

@@ -5,10 +5,13 @@ The policy is the library's (:mod:`compaction.decide`); this module does
 the I/O around it, and decides once:
 
 1. the conversation is read once (:func:`compaction.read_conversation`);
-2. the store is asked, at the same time, for the checkpoints on its chain
-   and for the session's settings (:func:`proxy.session.steering.steering_for`);
-   on those answers the library decides, once: forward (over the newest
-   checkpoint, if any) or compact, with the settings applied;
+2. the store is asked for the checkpoints on its chain and, where they can
+   matter (:func:`compaction.steering_can_matter`: not for a small request
+   with no checkpoint, most of what a proxy sees), for the session's
+   settings (:func:`proxy.session.steering.steering_for`) — both at once
+   when the request's size already says they matter; on those answers the
+   library decides, once: forward (over the newest checkpoint, if any) or
+   compact, with the settings applied;
 3. forwarding takes no lock and writes nothing;
 4. compacting takes the conversation's single-flight lock and asks the store
    again (another request may have just compacted it): an unchanged answer
@@ -32,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,12 +47,14 @@ from compaction import (
     Decision,
     Message,
     Reason,
+    Steering,
     Summarizer,
     calibrated_budget,
     forwarded,
     read_conversation,
     read_conversation_async,
     requested_output_tokens,
+    steering_can_matter,
 )
 from config import ModelConfig
 from proxy.session import steering
@@ -194,10 +199,8 @@ async def resolve(
         budget = calibrated_budget(
             config.profile, requested_output_tokens(asked.body), state.ratio(config)
         )
-    # Asked together: the settings' read costs a forward no extra wait.
-    stored, steering_of = await asyncio.gather(
-        look_up(state, conversation),
-        steering.steering_for(state, conversation.session, asked.owner, preview=not store),
+    stored, steering_of = await _stored_and_steering(
+        state, asked, conversation, budget, reason, preview=not store
     )
     job = Job(
         state=state,
@@ -246,6 +249,34 @@ async def resolve(
         # soon: the job asks the store and prepares it if so.
         state.background.start(span, prepare_ahead(job, span), owner=job.owner)
     return resolved
+
+
+async def _stored_and_steering(
+    state: ProxyState,
+    asked: Asked,
+    conversation: Conversation,
+    budget: Budget,
+    reason: Reason,
+    *,
+    preview: bool,
+) -> tuple[Mapping[str, Checkpoint], Steering]:
+    """The store's checkpoints for the chain, and the session's settings where
+    they can change the decision (the defaults where they cannot, unread)."""
+    session, owner, profile = conversation.session, asked.owner, asked.config.profile
+
+    def settings() -> Coroutine[Any, Any, Steering]:
+        return steering.steering_for(state, session, owner, preview=preview)
+
+    if steering.compact_now_pending(state, session, owner) or steering_can_matter(
+        conversation, profile, budget, reason=reason
+    ):
+        # Asked together: the settings' read costs the request no extra wait.
+        found, steered = await asyncio.gather(look_up(state, conversation), settings())
+        return found, steered
+    stored = await look_up(state, conversation)
+    if steering_can_matter(conversation, profile, budget, reason=reason, stored=stored):
+        return stored, await settings()
+    return stored, Steering()
 
 
 async def _conversation(state: ProxyState, asked: Asked) -> Conversation:

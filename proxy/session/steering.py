@@ -41,6 +41,11 @@ class AmbiguousSession(ProxyError):
     code = "ambiguous_session"
 
 
+def compact_now_pending(state: ProxyState, session: str, owner: str) -> bool:
+    """Whether a "compact now" waits for ``owner``'s ``session`` in this process."""
+    return (owner, session) in state.compact_now
+
+
 async def steering_for(
     state: ProxyState, session: str, owner: str, *, preview: bool = False
 ) -> Steering:
@@ -49,7 +54,7 @@ async def steering_for(
     A pending "compact now" is taken by this request (it stays pending for a
     ``preview``, which does nothing).
     """
-    pending = (owner, session) in state.compact_now
+    pending = compact_now_pending(state, session, owner)
     if pending and not preview:
         state.compact_now.discard((owner, session))
     settings = await state.store.session_settings(session, owner)

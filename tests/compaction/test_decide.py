@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from compaction import Profile, TokenCounter
 from compaction.checkpoints import Checkpoint, chain_hashes
 from compaction.conversation import read_conversation
-from compaction.decide import Steering, calibrated_budget, decide, made_progress, retry_budget
+from compaction.decide import (
+    Steering,
+    calibrated_budget,
+    decide,
+    made_progress,
+    retry_budget,
+    steering_can_matter,
+)
 from compaction.lessons import MAX_RATIO, MIN_RATIO, OverflowReport
 from compaction.profile import compute_budget
 from tests.conftest import assistant, system, tool_group, user
@@ -176,3 +183,62 @@ def test_the_sessions_instructions_come_before_the_requests_own() -> None:
     assert both.instructions == "Keep the paths.\nFocus on tests."
     assert decide(conversation, small, budget).instructions is None
     assert decide(conversation, small, budget, instructions="x").instructions == "x"
+
+
+@given(
+    steps=st.integers(0, 12),
+    window=st.integers(2_000, 40_000),
+    prepares=st.booleans(),
+    enabled=st.booleans(),
+    instructions=st.sampled_from(["", "Keep the paths."]),
+)
+def test_settings_that_cannot_matter_change_nothing_decide_does(
+    steps: int, window: int, prepares: bool, enabled: bool, instructions: str
+) -> None:
+    # The proxy skips reading a session's settings when they cannot matter:
+    # whatever they are, decide must then forward the same messages and
+    # prepare nothing, as with none.
+    conversation = _conversation(_session(steps))
+    profile = Profile(context_window=window, summarizer="llm" if prepares else "extractive")
+    budget = calibrated_budget(profile)
+    steering = Steering(enabled=enabled, instructions=instructions)
+    plain, steered = (
+        decide(conversation, profile, budget),
+        decide(conversation, profile, budget, steering=steering),
+    )
+    if not steering_can_matter(conversation, profile, budget):
+        assert plain.action == steered.action == "forward"
+        assert not plain.prepare and not steered.prepare
+        assert steered.messages is plain.messages
+    elif plain.action == "compact" or plain.prepare:
+        # Where they can, they do: switched off, nothing is compacted or prepared.
+        off = decide(conversation, profile, budget, steering=Steering(enabled=False))
+        assert off.action == "forward" and not off.prepare
+
+
+def test_settings_matter_for_anything_but_a_small_threshold_request() -> None:
+    conversation = _conversation(_session(1))
+    profile = Profile(context_window=32_000)
+    budget = calibrated_budget(profile)
+    assert not steering_can_matter(conversation, profile, budget)
+    assert steering_can_matter(conversation, profile, budget, reason="manual")
+    assert steering_can_matter(conversation, profile, budget, stored={"h": _any_checkpoint()})
+    longer = _conversation(_session(6))
+    assert not steering_can_matter(longer, profile, budget)
+    small = Profile(context_window=2_000)  # past its trigger: compacted unless switched off
+    assert steering_can_matter(longer, small, calibrated_budget(small))
+
+
+def _any_checkpoint() -> Checkpoint:
+    return Checkpoint(
+        session="s",
+        end_hash="h",
+        covered=1,
+        replacement=(user("summary"),),
+        stage="condensed",
+        reason="threshold",
+        tokens_before=1,
+        tokens_after=1,
+        id="c",
+        created_at=0.0,
+    )

@@ -79,6 +79,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "retry_budget",
         "session_key",
         "splits_digits",
+        "steering_can_matter",
         "tail_start",
         "text_size",
         "tool_calls",

@@ -20,8 +20,10 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from proxy.state.logs import JsonFormatter, TextFormatter
+from proxy.state.logs import _ESCAPES, JsonFormatter, TextFormatter, escaped
 from proxy.state.metrics import MAX_LABEL_CHARS
 from tests.proxy.conftest import AppFactory, ProxyFactory
 from tests.proxy.inprocess import InProcessProxy
@@ -328,6 +330,13 @@ def test_a_text_log_line_escapes_control_characters_in_every_field(forgery: str)
     controls = [c for c in line if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or c in "\u2028\u2029"]
     assert controls == []
     assert len(line.splitlines()) == 1
+
+
+@given(st.text())
+def test_a_field_is_escaped_exactly_as_the_escape_table_says(text: str) -> None:
+    # The formatter skips the translation for text it finds printable.
+    assert escaped(text) == text.translate(_ESCAPES)
+    assert not set(map(ord, escaped(text))) & set(_ESCAPES)
 
 
 def test_a_json_log_line_is_one_line_whatever_a_field_holds() -> None:
