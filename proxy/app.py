@@ -43,13 +43,7 @@ from proxy.state.logs import REQUESTS
 from proxy.state.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from proxy.state.metrics import Metrics
 from proxy.state.recorder import Recorder
-from proxy.state.runtime import (
-    SERVER_PREFIX,
-    SLOTS_PREFIX,
-    ProxyState,
-    build_transport,
-    state_of,
-)
+from proxy.state.runtime import ProxyState, build_transport, state_of
 from proxy.state.stores import ResilientStore, Store, StoreHealth, StoreUnavailable, open_store
 from proxy.ui import install as install_dashboard
 from proxy.upstream.discovery import Discoveries
@@ -117,16 +111,7 @@ async def _restore(state: ProxyState) -> bool:
         ratios = await state.store.calibrations()
     except StoreUnavailable:
         return False
-    # Anything this process learned while the store was down is the newer.
-    for key, window in windows.items():
-        if key.startswith(SERVER_PREFIX):  # what a server stated, not an overflow
-            state.server_windows.setdefault(key.removeprefix(SERVER_PREFIX), window)
-        elif key.startswith(SLOTS_PREFIX):
-            state.server_slots.setdefault(key.removeprefix(SLOTS_PREFIX), window)
-        else:
-            state.learned_windows.setdefault(key, window)
-    for key, ratio in ratios.items():
-        state.ratios.setdefault(key, ratio)
+    state.models.restore(windows, ratios)  # what was learned meanwhile is the newer
     return True
 
 
@@ -387,7 +372,7 @@ async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
         return None
 
     def observed(upstream_tokens: int) -> None:
-        state.observe(config, tokens, upstream_tokens)
+        state.models.observe(config, tokens, upstream_tokens)
 
     return UsageTap(observed)
 

@@ -168,7 +168,7 @@ async def _overflow(
     if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
         return None
     empty_stream(call)
-    if call.state.empty_stream(call.config, _upstream_size(call, resolved)).overflow:
+    if call.state.models.empty_stream(call.config, _upstream_size(call, resolved)).overflow:
         upstream.release()
         return _EmptyOverflow()
     return _empty_stream_error(call, resolved, upstream, started)
@@ -176,7 +176,7 @@ async def _overflow(
 
 def _upstream_size(call: Call, resolved: Resolved) -> int:
     """What was sent, as the upstream counts it (our estimate × the ratio)."""
-    return math.ceil(resolved.result.tokens_after * call.state.ratio(call.config))
+    return math.ceil(resolved.result.tokens_after * call.state.models.ratio(call.config))
 
 
 async def _stream_began(call: Call, resolved: Resolved, upstream: UpstreamResponse) -> bool:
@@ -185,7 +185,7 @@ async def _stream_began(call: Call, resolved: Resolved, upstream: UpstreamRespon
     carry no ``usage`` to say so)."""
     began = await _first_bytes(call, upstream)
     if began:
-        call.state.stream_answered(call.config, _upstream_size(call, resolved))
+        call.state.models.stream_answered(call.config, _upstream_size(call, resolved))
     return began
 
 
@@ -196,7 +196,7 @@ async def _empty_again(call: Call, resolved: Resolved, upstream: UpstreamRespons
     if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
         return False
     empty_stream(call)
-    call.state.empty_stream(call.config, _upstream_size(call, resolved))
+    call.state.models.empty_stream(call.config, _upstream_size(call, resolved))
     return True
 
 
@@ -241,18 +241,18 @@ async def _retry_budget(
     state, model = call.state, call.config.model
     if isinstance(report, _EmptyOverflow):
         # Held to the working limit, as the stated window of an error would be.
-        call = dataclasses.replace(call, config=state.within_working_limit(call.config))
+        call = dataclasses.replace(call, config=state.models.within_working_limit(call.config))
         config = call.config
         window = OverflowReport(window=config.profile.context_window)
         blind = retry_budget(
             config.profile,
             requested_output(call.body),
-            state.ratio(config),
+            state.models.ratio(config),
             resolved.result.tokens_after,
             window,
         )
         return _Retry(call, blind.budget)
-    taken = bool(report.window) and await state.learn_window(call.config, report.window or 0)
+    taken = bool(report.window) and await state.models.learn_window(call.config, report.window or 0)
     if taken:
         call = dataclasses.replace(call, config=state.resolve(model))
     report = credible_report(report, window_taken=taken)
@@ -260,12 +260,12 @@ async def _retry_budget(
     retry = retry_budget(
         config.profile,
         requested_output(call.body),
-        state.ratio(config),
+        state.models.ratio(config),
         resolved.result.tokens_after,
         report,
     )
     if report.count:
-        state.learn_ratio(config, retry.ratio)
+        state.models.learn_ratio(config, retry.ratio)
     return _Retry(call, retry.budget)
 
 
@@ -274,7 +274,7 @@ def _usage_tap(call: Call, resolved: Resolved) -> UsageTap:
     state, config, estimate = call.state, call.config, resolved.result.tokens_after
 
     def observed(upstream_tokens: int) -> None:
-        state.observe(config, estimate, upstream_tokens)
+        state.models.observe(config, estimate, upstream_tokens)
 
     return UsageTap(observed, cached=call.dialect.cached_usage_apart)
 

@@ -117,7 +117,7 @@ class Call:
         (once a summary, against the seconds the summary took)."""
         counter = self.state.counter(self.config)
         estimate = await asyncio.to_thread(counter.count_request, {"messages": messages})
-        self.state.observe(self.config, estimate, prompt_tokens)
+        self.state.models.observe(self.config, estimate, prompt_tokens)
 
     def encode(self, resolved: Resolved) -> bytes:
         mapped = self.mapped

@@ -67,6 +67,7 @@ from proxy.session.compacting import (
     look_up,
     run_plan,
 )
+from proxy.state.models import calibration_key
 from proxy.state.stores import RequestRecord
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.transport import UpstreamResponse
@@ -77,24 +78,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("compaction_proxy.background")
 
 
-def _key(config: ModelConfig) -> str:
-    from proxy.state.runtime import calibration_key  # the state imports this package
-
-    return calibration_key(config)
-
-
 def single_slot(state: ProxyState, config: ModelConfig) -> bool:
     """Whether ``config``'s upstream serves one request at a time, as it states
     (``total_slots``) or as seen (:meth:`~proxy.session.background.Traffic.single_slot`)."""
-    key = _key(config)
-    return state.traffic.single_slot(key, state.server_slots.get(key))
+    return state.traffic.single_slot(calibration_key(config), state.models.slots(config))
 
 
 async def sending(state: ProxyState, config: ModelConfig) -> Sending:
     """A user's request is about to be sent upstream: counted in flight until
     its answer is over (:func:`counted`), and on a one-slot upstream the
     background summaries to it cancelled first."""
-    return await state.traffic.begin(_key(config), single=single_slot(state, config))
+    return await state.traffic.begin(calibration_key(config), single=single_slot(state, config))
 
 
 def counted(response: UpstreamResponse, sent: Sending) -> UpstreamResponse:
@@ -193,7 +187,7 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
     try:
         if state.settings.background.single_slot == "off" and single_slot(state, job.config):
             outcome = "single_slot"
-            if state.traffic.tell_once(_key(job.config)):
+            if state.traffic.tell_once(calibration_key(job.config)):
                 logger.warning(
                     "compactions are not prepared ahead for %s: it serves one request "
                     "at a time (background.single_slot = off)",
@@ -351,7 +345,7 @@ class _Announcing:
         state, config = self._job.state, self._job.config
         try:
             return await state.traffic.summary(
-                _key(config),
+                calibration_key(config),
                 self._summarizer(messages, max_tokens),
                 single=single_slot(state, config),
                 patience=state.settings.upstream.summarizer_timeout_seconds,

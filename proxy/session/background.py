@@ -167,7 +167,7 @@ class GaveWay(Exception):
 
 
 class Traffic:
-    """What each upstream (by :func:`proxy.state.runtime.calibration_key`) is
+    """What each upstream (by :func:`proxy.state.models.calibration_key`) is
     serving now: the user requests in flight and the background summaries.
 
     A server with one slot (llama.cpp's default) answers one request at a

@@ -197,7 +197,7 @@ async def resolve(
     conversation = await _conversation(state, asked)
     if budget is None:
         budget = calibrated_budget(
-            config.profile, requested_output_tokens(asked.body), state.ratio(config)
+            config.profile, requested_output_tokens(asked.body), state.models.ratio(config)
         )
     stored, steering_of = await _stored_and_steering(
         state, asked, conversation, budget, reason, preview=not store

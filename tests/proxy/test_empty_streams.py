@@ -13,7 +13,8 @@ import pytest
 
 from config import load_settings
 from proxy.app import create_app
-from proxy.state.runtime import ProxyState, calibration_key
+from proxy.state.models import calibration_key
+from proxy.state.runtime import ProxyState
 from tests.proxy.llama_upstream import MODEL, LlamaCppPython, serve_llama_cpp_python
 from tests.proxy.servers import serve_in_thread
 from tests.synthetic import agent_session
@@ -51,7 +52,7 @@ class Proxied:
         return report
 
     def working_limit(self, model: str = MODEL) -> int | None:
-        return self.state.working_limit(self.state.resolve(model))
+        return self.state.models.working_limit(self.state.resolve(model))
 
 
 Start = Callable[..., Proxied]
@@ -179,7 +180,7 @@ def test_no_callers_empty_stream_narrows_the_window_below_what_was_answered(
     proxied = start()
     turns = _turns(seed=24)
     assert proxied.stream(turns[20], key="caller-a")[0] == 200  # ~6,000 tokens answered
-    answered = proxied.state.answered(proxied.state.resolve(MODEL))
+    answered = proxied.state.models.answered(proxied.state.resolve(MODEL))
     proxied.server.broken_streams = 1
     status, text = proxied.stream(_turns(seed=22)[21], key="caller-b")  # a little more
     assert status == 200 and "next step" in text  # retried compacted
@@ -190,14 +191,14 @@ def test_an_answer_above_the_working_limit_raises_it(start: Start) -> None:
     proxied = start()
     state = proxied.state
     config = state.resolve(MODEL)
-    assert state.empty_stream(config, 10_000).overflow
-    assert state.working_limit(config) == 7_500
-    state.prove(config, 7_900)  # an answer's usage: the window is at least that
-    assert state.working_limit(config) == 7_900
-    state.stream_answered(config, 8_000)  # a stream that began, by our estimate
-    assert state.working_limit(config) == 8_000
-    state.stream_answered(config, 6_000)  # a smaller one lowers nothing
-    assert state.working_limit(config) == 8_000
+    assert state.models.empty_stream(config, 10_000).overflow
+    assert state.models.working_limit(config) == 7_500
+    state.models.prove(config, 7_900)  # an answer's usage: the window is at least that
+    assert state.models.working_limit(config) == 7_900
+    state.models.stream_answered(config, 8_000)  # a stream that began, by our estimate
+    assert state.models.working_limit(config) == 8_000
+    state.models.stream_answered(config, 6_000)  # a smaller one lowers nothing
+    assert state.models.working_limit(config) == 8_000
 
 
 def test_working_limits_are_capped_at_the_model_rows_like_learned_windows(start: Start) -> None:
@@ -205,11 +206,10 @@ def test_working_limits_are_capped_at_the_model_rows_like_learned_windows(start:
     state = proxied.state
     for model in ("qwen2.5-a", "qwen2.5-b", "qwen2.5-c"):
         config = state.resolve(model)
-        state.stream_answered(config, 3_000)
-        assert state.empty_stream(config, 10_000).overflow
+        state.models.stream_answered(config, 3_000)
+        assert state.models.empty_stream(config, 10_000).overflow
     keys = [calibration_key(state.resolve(m)) for m in ("qwen2.5-b", "qwen2.5-c")]
-    assert list(state.working_limits) == keys  # the least recently narrowed went
-    assert list(state.streamed) == keys
+    assert list(state.models) == keys  # the least recently narrowed went, all it knew
 
 
 def test_a_whole_answer_over_the_window_states_it_and_teaches_it(start: Start) -> None:

@@ -118,7 +118,9 @@ def test_the_window_a_llama_cpp_server_states_replaces_the_tables_after_the_firs
     assert (later["context_window"], later["window_source"]) == (8192, "server")
     assert later["input_limit"] < first["input_limit"]
     assert proxied.server.asked("/props") == 1
-    assert proxied.state.server_slots == {f"{proxied.upstream}/v1\x1f{MODEL}": 1}
+    models = proxied.state.models
+    slots = {key: models.get(key).slots for key in models if models.get(key).slots}
+    assert slots == {f"{proxied.upstream}/v1\x1f{MODEL}": 1}
 
 
 def test_a_conversation_too_long_for_the_stated_window_is_compacted_for_it(start: Start) -> None:
@@ -180,7 +182,7 @@ def test_garbage_from_the_server_is_ignored_and_the_table_serves(start: Start) -
     proxied.settled()
     report = proxied.preview()
     assert (report["context_window"], report["window_source"]) == (TABLE_WINDOW, "table")
-    assert proxied.state.server_windows == {}
+    assert all(proxied.state.models.get(key).window_stated is None for key in proxied.state.models)
 
 
 def test_a_restarted_proxy_uses_the_stored_window_at_once_and_asks_again_to_stay_current(

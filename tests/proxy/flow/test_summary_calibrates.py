@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.state.runtime import ProxyState, calibration_key
+from proxy.state.runtime import ProxyState
 from tests.proxy.inprocess import UPSTREAM_URL, RecordingTransport, running, settings_for
 from tests.proxy.servers import SUMMARY_TEXT
 from tests.synthetic import agent_session
@@ -73,7 +73,7 @@ def test_a_summary_answer_calibrates_the_model_when_streams_carry_no_usage(
         with proxy.http.stream("POST", f"{proxy.url}/chat/completions", json=body) as reply:
             assert reply.status_code == 200
             reply.read()
-        learned = state.ratios.get(calibration_key(config))
+        learned = state.models.of(config).ratio
     assert summaries, "no summary was asked"
     if summary_model:
         assert learned is None  # another model's count says nothing of this one's

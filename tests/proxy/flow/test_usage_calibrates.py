@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.state.runtime import ProxyState, calibration_key
+from proxy.state.runtime import ProxyState
 from tests.proxy.inprocess import RecordingTransport, running, settings_for, sse_reply
 
 MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -55,5 +55,5 @@ def test_a_streamed_llama_cpp_answer_calibrates_from_its_timings(cached: int) ->
         with proxy.http.stream("POST", f"{proxy.url}/chat/completions", json=body) as reply:
             assert reply.status_code == 200
             reply.read()
-        learned = state.ratios.get(calibration_key(config))
+        learned = state.models.of(config).ratio
     assert learned == pytest.approx(1.15, abs=0.01)

@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.state.runtime import ProxyState, calibration_key
+from proxy.state.models import calibration_key
+from proxy.state.runtime import ProxyState
+from proxy.upstream.discovery import ServerFacts
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy, RecordingTransport
 from tests.proxy.servers import FakeUpstream
@@ -210,7 +212,8 @@ def one_slot(fake_upstream: FakeUpstream) -> Iterator[OneSlot]:
 def _one_slot_app(start_app: AppFactory, transport: OneSlot, **background: Any) -> InProcessProxy:
     proxy = start_app(transport=transport, models={MODEL: PROFILE}, background=background)
     _on_loop(proxy, transport.gates)
-    _state(proxy).server_slots[_key(proxy)] = 1  # as its /props total_slots says
+    state = _state(proxy)  # as its /props total_slots says:
+    proxy.http.portal.call(state.models.server_stated, state.resolve(MODEL), ServerFacts(None, 1))
     return proxy
 
 
@@ -316,7 +319,7 @@ def test_a_server_seen_queueing_requests_behind_summaries_is_treated_as_one_slot
     proxy = start_app(transport=one_slot, models={MODEL: PROFILE})
     _on_loop(proxy, one_slot.gates)
     traffic, key = _state(proxy).traffic, _key(proxy)
-    assert key not in _state(proxy).server_slots  # the server states nothing
+    assert _state(proxy).models.get(key).slots is None  # the server states nothing
     for n in range(SINGLE_SLOT_OVERLAPS):
         assert not traffic.single_slot(key, None)
         assert _post(proxy, seed=10 + n).status_code == 200

@@ -1,0 +1,148 @@
+"""What the proxy learned about each upstream's model (:class:`ModelKnowledge`):
+bounded as the store's rows are, since a client may send any number of invented
+model names; a ratio one odd answer moves by a step at most, before or after a
+restart; and the store's rows restored under what was learned meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction import calibrated_budget
+from compaction.calibration import MAX_STEP, WINDOW
+from config import ModelConfig, ModelResolver, load_settings
+from proxy.state.models import ModelKnowledge, calibration_key, server_key, slots_key
+from proxy.state.stores import MemoryStore
+from proxy.upstream.discovery import ServerFacts
+
+pytestmark = pytest.mark.anyio
+
+CAP = 4
+ESTIMATE = 5_000
+MODEL = "qwen2.5-coder-1.5b-instruct"
+
+
+def _resolver() -> ModelResolver:
+    return ModelResolver(load_settings(None, store={"url": "memory://"}))
+
+
+def _configs(names: list[str]) -> list[ModelConfig]:
+    resolver = _resolver()
+    return [resolver.resolve(name) for name in names]
+
+
+def _models(store: MemoryStore | None = None, cap: int = CAP) -> ModelKnowledge:
+    return ModelKnowledge(store or MemoryStore(max_model_rows=cap), max_rows=cap)
+
+
+async def test_invented_model_names_leave_at_most_the_cap_in_memory_and_in_the_store() -> None:
+    store = MemoryStore(max_model_rows=CAP)
+    models = _models(store)
+    configs = _configs([f"invented-{number}" for number in range(1_100)])
+    for config in configs:
+        models.prove(config, 1_000)
+        models.observe(config, 1_000, 1_100)  # learns a ratio
+        assert await models.learn_window(config, 50_000)
+    await models.written()
+    newest = [calibration_key(config) for config in configs[-CAP:]]
+    assert list(models) == newest
+    for key in newest:
+        known = models.get(key)
+        assert (known.proven, known.window_learned) == (1_100, 50_000)
+        assert known.ratio == pytest.approx(1.1)
+    assert len(await store.calibrations()) == CAP
+    assert len(await store.learned_windows()) == CAP
+
+
+async def test_a_row_updated_again_is_kept_over_older_ones() -> None:
+    models = _models()
+    first, *others = _configs([f"model-{number}" for number in range(CAP + 1)])
+    models.prove(first, 100)
+    for config in others[:-1]:
+        models.prove(config, 100)
+    models.prove(first, 200)  # the oldest, updated: now the newest
+    models.prove(others[-1], 100)
+    assert calibration_key(first) in list(models)
+    assert calibration_key(others[0]) not in list(models)
+    assert len(models) == CAP
+
+
+async def test_one_digit_heavy_answer_moves_the_limit_of_the_models_conversations_by_a_step() -> (
+    None
+):
+    models = _models()
+    (config,) = _configs([MODEL])
+    for upstream in (5_500, 5_480, 5_530, 5_510, 5_490):  # about 1.10 of our estimate
+        models.observe(config, ESTIMATE, upstream)
+    settled = models.ratio(config)
+    limit = calibrated_budget(config.profile, ratio=settled).input_limit
+    models.observe(config, ESTIMATE, 2 * ESTIMATE)  # a tool output full of digits
+    assert models.ratio(config) <= settled * (1 + MAX_STEP)
+    after = calibrated_budget(config.profile, ratio=models.ratio(config)).input_limit
+    assert after >= limit * (1 - MAX_STEP) - 1
+    await models.written()
+
+
+async def test_a_restarted_proxy_takes_the_stored_ratio_as_a_prior_moved_by_steps() -> None:
+    store = MemoryStore()
+    first = _models(store)
+    (config,) = _configs([MODEL])
+    first.observe(config, ESTIMATE, 5_500)
+    await first.written()
+
+    second = _models(store)
+    second.restore(await store.learned_windows(), await store.calibrations())
+    assert second.ratio(config) == pytest.approx(1.1)
+    second.observe(config, ESTIMATE, 2 * ESTIMATE)
+    assert second.ratio(config) == pytest.approx(1.1 * (1 + MAX_STEP))
+    calibration = second.of(config).calibration
+    assert calibration is not None and calibration.samples == (2.0,)
+    await second.written()
+
+
+async def test_the_samples_kept_are_bounded_as_the_ratios_are() -> None:
+    """A window of samples per upstream and model, for at most
+    ``store.max_model_rows`` of them: model names are the clients' to invent."""
+    models = _models(cap=3)
+    configs = _configs([f"invented-{number}" for number in range(50)])
+    for config in configs:
+        for _ in range(20):
+            models.observe(config, ESTIMATE, 5_500)
+    assert list(models) == [calibration_key(config) for config in configs[-3:]]
+    kept = [models.get(key).calibration for key in models]
+    assert all(c is not None and len(c.samples) <= WINDOW for c in kept)
+    await models.written()
+
+
+async def test_what_a_server_states_is_restored_apart_from_what_an_overflow_taught() -> None:
+    store = MemoryStore()
+    first = _models(store)
+    stated, learned = _configs(["served-model", "overflowed-model"])
+    assert await first.server_stated(stated, ServerFacts(8_192, slots=1, source="test"))
+    assert await first.learn_window(learned, 4_096)
+    rows = await store.learned_windows()
+    key = calibration_key(stated)
+    assert rows[server_key(key)] == 8_192 and rows[slots_key(key)] == 1
+
+    second = _models(store)
+    second.restore(rows, {})
+    assert (second.of(stated).window_stated, second.slots(stated)) == (8_192, 1)
+    assert second.of(stated).window_learned is None
+    assert second.of(learned).window_learned == 4_096
+    assert second.of(learned).window_stated is None
+
+
+async def test_a_restore_keeps_what_was_learned_meanwhile_and_the_cap() -> None:
+    """The store answered late (it was down at start-up): each figure this
+    process learned since is the newer; the restored rows count as older, so
+    they are the first to go past the cap."""
+    models = _models(cap=3)
+    meanwhile, *stored = _configs(["meanwhile", "stored-a", "stored-b", "stored-c"])
+    assert await models.learn_window(meanwhile, 6_000)
+    windows = {calibration_key(meanwhile): 9_000}
+    windows |= {calibration_key(config): 5_000 for config in stored}
+    models.restore(windows, {calibration_key(meanwhile): 1.2})
+    assert models.of(meanwhile).window_learned == 6_000  # not the store's 9,000
+    assert models.ratio(meanwhile) == pytest.approx(1.2)  # it had learned none
+    assert list(models) == [calibration_key(config) for config in stored[1:]] + [
+        calibration_key(meanwhile)
+    ]
