@@ -69,6 +69,7 @@ from compaction.messages import (
 )
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
+from compaction.rereads import NO_REREADS, Rereads, count_rereads
 from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
 from compaction.summary import SUMMARY_MARKER, SummaryParts, is_summary, parse_summary, with_body
 from compaction.tokens import (
@@ -82,6 +83,7 @@ from compaction.types import Message, Reason, Stage, Strategy, Summarizer, Summa
 
 __all__ = [
     "DEFAULT_READING_CACHE_BYTES",
+    "NO_REREADS",
     "ORIGIN_KEY",
     "SUMMARY_MARKER",
     "WINDOW_BOUNDS",
@@ -103,6 +105,7 @@ __all__ = [
     "Profile",
     "ReadingCache",
     "Reason",
+    "Rereads",
     "RetryBudget",
     "Span",
     "Stage",
@@ -121,6 +124,7 @@ __all__ = [
     "check_messages",
     "compact",
     "compute_budget",
+    "count_rereads",
     "credible_report",
     "decide",
     "empty_stream_lesson",

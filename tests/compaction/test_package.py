@@ -15,6 +15,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
     assert compaction.__all__ == sorted(compaction.__all__, key=lambda n: (not n.isupper(), n))
     assert set(compaction.__all__) == {
         "DEFAULT_READING_CACHE_BYTES",
+        "NO_REREADS",
         "ORIGIN_KEY",
         "SUMMARY_MARKER",
         "WINDOW_BOUNDS",
@@ -36,6 +37,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "Profile",
         "ReadingCache",
         "Reason",
+        "Rereads",
         "RetryBudget",
         "Span",
         "Stage",
@@ -54,6 +56,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "check_messages",
         "compact",
         "compute_budget",
+        "count_rereads",
         "credible_report",
         "decide",
         "empty_stream_lesson",
