@@ -1,36 +1,22 @@
 """The default store: one SQLite file under the user's state directory.
 
-One connection, opened on first use and used only from one dedicated worker
-thread, so store I/O never blocks the event loop (the loop awaits
-``run_in_executor``). WAL mode lets several processes share the file: readers
-never wait for the writer, and writers wait up to the busy timeout.
+:class:`SQLiteStore` is the :class:`~proxy.state.stores.protocols.Store`
+contract as SQL: every operation is one function of the connection, run on
+the store's worker thread (:mod:`.worker`), and every write is one
+transaction. How the file is opened, kept owner-only and replaced when it is
+damaged is :mod:`.file`; its tables and their migrations are :mod:`.schema`.
 
-The schema is versioned with ``PRAGMA user_version``; :data:`MIGRATIONS` is
-the ordered list of steps, each applied in its own transaction, so a file
-written by any earlier version is brought up to date on open. A file from a
-newer version is refused rather than guessed at. A damaged file — not a
-database, truncated, corrupt — is moved aside (``state.db.corrupt-<time>``,
-with its ``-wal`` and ``-shm``) and a fresh one started, so the proxy still
-starts: its state is a cache of work, never a reason not to serve.
-
-The file holds conversations, so it is its owner's alone whatever the umask:
-the database is made (or made again) ``0600`` before SQLite opens it, and
-SQLite gives its ``-wal`` and ``-shm`` the database's own mode. A directory
-the proxy creates is ``0700``; its own default directory found wider is
-tightened, and a directory the user chose found readable by others is left
-as it is with a warning (it may be shared on purpose; the file is not).
+Two proxies may share the file (WAL mode), so nothing here assumes this
+process is the only writer: the cache of checkpoint end hashes is re-read
+when another connection has committed, and open compactions of another
+instance are closed only at start-up (:meth:`SQLiteStore.fail_interrupted`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
@@ -44,7 +30,6 @@ from proxy.state.stores.base import (
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     Event,
-    StoreError,
     checked_ratio,
     interrupted,
 )
@@ -61,147 +46,11 @@ from proxy.state.stores.figures import (
     savings_of,
 )
 from proxy.state.stores.locks import LeaseLocks
+from proxy.state.stores.sqlite.worker import Worker, transaction
 
 _T = TypeVar("_T")
-logger = logging.getLogger(__name__)
-
-BUSY_TIMEOUT_SECONDS: Final = 10.0
-
-#: Each entry moves the schema from version ``index`` to ``index + 1``.
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
-    (
-        """CREATE TABLE checkpoints (
-            id TEXT PRIMARY KEY,
-            end_hash TEXT NOT NULL,
-            session TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            json BLOB NOT NULL
-        )""",
-        "CREATE UNIQUE INDEX checkpoints_end_hash ON checkpoints (end_hash)",
-        "CREATE INDEX checkpoints_created_at ON checkpoints (created_at)",
-        """CREATE TABLE originals (
-            checkpoint_id TEXT PRIMARY KEY,
-            created_at REAL NOT NULL,
-            json BLOB NOT NULL
-        )""",
-        "CREATE INDEX originals_created_at ON originals (created_at)",
-        """CREATE TABLE events (
-            id TEXT PRIMARY KEY,
-            compaction_id TEXT NOT NULL,
-            session TEXT NOT NULL,
-            type TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            instance TEXT NOT NULL,
-            json BLOB NOT NULL
-        )""",
-        "CREATE INDEX events_session ON events (session, created_at)",
-        "CREATE INDEX events_created_at ON events (created_at)",
-        "CREATE INDEX events_compaction ON events (compaction_id)",
-        'CREATE TABLE learned_windows (model TEXT PRIMARY KEY, "window" INTEGER NOT NULL)',
-    ),
-    ("CREATE TABLE calibrations (key TEXT PRIMARY KEY, ratio REAL NOT NULL)",),
-    # Owners, so one caller never reads another's; rows from before have none ("").
-    (
-        "ALTER TABLE checkpoints ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE events ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
-        # One caller's newest events without reading everyone else's: rowid
-        # is implicitly the index's last column, so ORDER BY rowid walks it.
-        "CREATE INDEX events_owner ON events (owner)",
-    ),
-    # Per-request figures, their sessions and hourly savings; per-session
-    # settings, for the dashboard.
-    (
-        """CREATE TABLE requests (
-            session TEXT NOT NULL,
-            owner TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            json BLOB NOT NULL
-        )""",
-        "CREATE INDEX requests_session ON requests (session, created_at)",
-        "CREATE INDEX requests_created_at ON requests (created_at)",
-        """CREATE TABLE sessions (
-            owner TEXT NOT NULL,
-            session TEXT NOT NULL,
-            last_at REAL NOT NULL,
-            json BLOB NOT NULL,
-            PRIMARY KEY (owner, session)
-        )""",
-        "CREATE INDEX sessions_last_at ON sessions (last_at)",
-        "CREATE INDEX sessions_owner ON sessions (owner, last_at)",
-        """CREATE TABLE savings (
-            owner TEXT NOT NULL,
-            bucket REAL NOT NULL,
-            saved INTEGER NOT NULL,
-            PRIMARY KEY (owner, bucket)
-        )""",
-        """CREATE TABLE session_settings (
-            owner TEXT NOT NULL,
-            session TEXT NOT NULL,
-            json BLOB NOT NULL,
-            PRIMARY KEY (owner, session)
-        )""",
-    ),
-    # When each learned window, calibration and session setting was last set:
-    # they are keyed by names a client chooses, so they are capped (the least
-    # recently set dropped) and purged with the retention. Rows from before
-    # count as set now, so an upgrade purges none of them at once.
-    (
-        *(
-            statement
-            for table in ("learned_windows", "calibrations", "session_settings")
-            for statement in (
-                f"ALTER TABLE {table} ADD COLUMN updated_at REAL NOT NULL DEFAULT 0",
-                f"UPDATE {table} SET updated_at = (julianday('now') - 2440587.5) * 86400.0",
-                f"CREATE INDEX {table}_updated_at ON {table} (updated_at)",
-            )
-        ),
-        # The owners of one session id (an admin steering it), without a scan.
-        "CREATE INDEX sessions_session ON sessions (session)",
-    ),
-)
-SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 _OPEN_TYPES_SQL: Final = "('compaction.queued', 'compaction.started')"
-
-
-def default_sqlite_path() -> Path:
-    """``$XDG_STATE_HOME/compaction-proxy/state.db``, else ``~/.local/state/…``."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "compaction-proxy" / "state.db"
-
-
-def schema_version(connection: sqlite3.Connection) -> int:
-    version: int = connection.execute("PRAGMA user_version").fetchone()[0]
-    return version
-
-
-def migrate(
-    connection: sqlite3.Connection, migrations: Sequence[Sequence[str]] = MIGRATIONS
-) -> int:
-    """Apply the steps the file lacks, each in one transaction; the version reached.
-
-    ``connection`` must be in autocommit mode (``isolation_level=None``).
-    """
-    while True:
-        connection.execute("BEGIN IMMEDIATE")  # re-read under the write lock: another
-        try:  # process may be migrating the same file
-            version = schema_version(connection)
-            if version > len(migrations):
-                raise StoreError(
-                    f"the database is at schema version {version}, newer than this "
-                    f"proxy's {len(migrations)}; upgrade the proxy or use another file"
-                )
-            if version == len(migrations):
-                connection.execute("COMMIT")
-                return version
-            for statement in migrations[version]:
-                connection.execute(statement)
-            connection.execute(f"PRAGMA user_version = {version + 1}")
-            connection.execute("COMMIT")
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
 
 
 class SQLiteStore:
@@ -225,80 +74,16 @@ class SQLiteStore:
         self._requests_retention = requests_retention_seconds
         self._retention = retention_seconds
         self._store_originals = store_originals
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compaction-store")
-        self._connection: sqlite3.Connection | None = None  #: touched by the worker only
+        self._worker = Worker(self.path)
         #: Every checkpoint end hash in the file (a superset: rows deleted
         #: since are dropped at the next reload), and the ``data_version`` it
         #: was read at; touched by the worker only. See :meth:`_known_ends`.
         self._ends: set[str] | None = None
         self._ends_version = -1
         self._locks = LeaseLocks()
-        self._closed = False
-
-    # -- the worker thread -------------------------------------------------
 
     async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        if self._closed:
-            raise StoreError(f"the store at {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(self._call, work))
-
-    def _call(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        if self._connection is None:
-            self._connection = self._open()
-        return work(self._connection)
-
-    def _open(self) -> sqlite3.Connection:
-        _private_directory(self.path.parent)
-        found = _inode(self.path)
-        try:
-            return self._connect()
-        except (sqlite3.DatabaseError, _Damaged) as exc:
-            damage = _damage(exc)
-            if damage is None:
-                raise
-        # Another proxy on the file may have moved it aside already: only the
-        # file found damaged is moved, never the fresh one that replaced it.
-        if _inode(self.path) == found:
-            aside = _move_aside(self.path)
-            logger.warning(
-                "the state database %s is damaged (%s); moved it aside to %s and started "
-                "a fresh one (its checkpoints, originals and events are not used)",
-                self.path,
-                damage,
-                aside,
-            )
-        return self._connect()
-
-    def _connect(self) -> sqlite3.Connection:
-        _private_file(self.path)
-        connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
-        try:
-            connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
-            _enter_wal(connection)
-            connection.execute("PRAGMA synchronous = NORMAL")
-            # Once per process, before anything is written to it: a truncated
-            # file passes the header checks and fails only on the lost pages.
-            # Reads every page: ~0.15 s for 200 MB (warm cache).
-            verdict = connection.execute("PRAGMA quick_check(1)").fetchone()
-            if verdict != ("ok",):
-                raise _Damaged("quick_check failed")
-            migrate(connection)
-        except BaseException:
-            connection.close()
-            raise
-        return connection
-
-    @staticmethod
-    def _write(connection: sqlite3.Connection, work: Callable[[], _T]) -> _T:
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            result = work()
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        connection.execute("COMMIT")
-        return result
+        return await self._worker.run(work)
 
     # -- checkpoints -------------------------------------------------------
 
@@ -371,7 +156,7 @@ class SQLiteStore:
                         (checkpoint.id, checkpoint.created_at, kept),
                     )
 
-            self._write(connection, write)
+            transaction(connection, write)
             if self._ends is not None:
                 self._ends.add(checkpoint.end_hash)
 
@@ -470,7 +255,7 @@ class SQLiteStore:
                     self._insert_event(connection, failed)
                 return len(rows)
 
-            return self._write(connection, write)
+            return transaction(connection, write)
 
         return await self._run(work)
 
@@ -499,7 +284,7 @@ class SQLiteStore:
                 )
                 self._cap(connection, "learned_windows")
 
-            self._write(connection, write)
+            transaction(connection, write)
 
         await self._run(work)
 
@@ -531,7 +316,7 @@ class SQLiteStore:
                 )
                 self._cap(connection, "calibrations")
 
-            self._write(connection, write)
+            transaction(connection, write)
 
         await self._run(work)
 
@@ -565,7 +350,7 @@ class SQLiteStore:
                     [(*key, saved) for key, saved in savings_of(records).items()],
                 )
 
-            self._write(connection, write)
+            transaction(connection, write)
 
         await self._run(work)
 
@@ -677,123 +462,9 @@ class SQLiteStore:
                 return dropped
 
             self._ends = None  # re-read without the purged ones at the next lookup
-            return self._write(connection, write)
+            return transaction(connection, write)
 
         return await self._run(work)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._close_connection)
-        self._closed = True
-        self._executor.shutdown(wait=True)  # the worker is idle: this only joins it
-
-    def _close_connection(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-
-class _Damaged(Exception):
-    """The file opened as a database but fails its integrity check."""
-
-
-#: SQLite's answers for a file that is not (or no longer) a database.
-_DAMAGED_CODES: Final = frozenset({sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT})
-
-
-def _damage(exc: BaseException) -> str | None:
-    """What is wrong with the file, if ``exc`` says it is damaged (not locked,
-    not full, not from a newer version)."""
-    if isinstance(exc, _Damaged):
-        return str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and exc.sqlite_errorcode in _DAMAGED_CODES:
-        return exc.sqlite_errorname
-    return None
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except FileNotFoundError:
-        return None
-
-
-#: The modes of what holds conversations: its owner's alone.
-PRIVATE_FILE: Final = 0o600
-PRIVATE_DIRECTORY: Final = 0o700
-
-
-def _private_directory(directory: Path) -> None:
-    """Make ``directory`` (``0700``) if it is missing; tighten it if it is the
-    proxy's own default one, else warn when others may read it."""
-    if not directory.exists():
-        directory.mkdir(mode=PRIVATE_DIRECTORY, parents=True, exist_ok=True)
-        os.chmod(directory, PRIVATE_DIRECTORY)  # mkdir's mode is cut by the umask
-        return
-    mode = directory.stat().st_mode & 0o777
-    if not mode & 0o077:
-        return
-    if directory == default_sqlite_path().parent:
-        os.chmod(directory, PRIVATE_DIRECTORY)
-        return
-    logger.warning(
-        "the state directory %s is open to other users (mode %o); the database in it "
-        "is kept owner-only, but other files there are not the proxy's to guard",
-        directory,
-        mode,
-    )
-
-
-def _private_file(path: Path) -> None:
-    """Create ``path`` owner-only before SQLite does (it would take the umask's
-    mode), and make an existing one, with its ``-wal`` and ``-shm``, owner-only."""
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
-    except PermissionError:
-        return  # another user's file: SQLite says what can be done with it
-    try:
-        # The umask may have cut the new file's mode, and an old file be wider.
-        for name in (path, f"{path}-wal", f"{path}-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                if name == path:
-                    os.fchmod(descriptor, PRIVATE_FILE)
-                else:
-                    os.chmod(name, PRIVATE_FILE)
-    except PermissionError:
-        logger.warning("could not make the state database %s owner-only", path)
-    finally:
-        os.close(descriptor)
-
-
-def _move_aside(path: Path) -> Path:
-    """Rename ``path`` (and its ``-wal``, ``-shm``) to ``<name>.corrupt-<UTC time>``."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    number = 1
-    while aside.exists():
-        number += 1
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{number}")
-    for suffix in ("", "-wal", "-shm"):
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(f"{path}{suffix}", f"{aside}{suffix}")
-    return aside
-
-
-def _enter_wal(connection: sqlite3.Connection) -> None:
-    """Switch to WAL mode, waiting out other processes opening the same new file.
-
-    Changing the journal mode can fail at once with "database is locked"
-    without going through the busy handler (seen with two processes opening
-    one fresh file), so it is retried here for as long as busy_timeout says.
-    """
-    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
-    while True:
-        try:
-            connection.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+        await self._worker.close()
