@@ -21,6 +21,11 @@ A new call with the name and arguments of a removed fetch, or one that reads
 a file a removed fetch read (``read_file`` with another line range, ``cat`` of
 the same path), is a re-read.
 
+A compaction prepared ahead (``precomputed``) is applied first by the request
+that crosses the trigger, whose newest calls were made before the model saw
+it: nothing is counted against it (the compaction that request makes from it
+is counted from the next request on).
+
 Stateless, with no memory per session: a call is "new" in exactly one
 request, the first to carry its result; the next request has a user or
 assistant message after it. A client that retries the same request (after a
@@ -93,7 +98,7 @@ def count_rereads(
     ``head`` is the index one past the head (:attr:`compaction.Conversation.head`);
     found from ``profile.head_count`` when not given.
     """
-    if checkpoint is None or checkpoint.covered <= 0:
+    if checkpoint is None or checkpoint.covered <= 0 or checkpoint.precomputed:
         return NO_REREADS
     last = _last_tool_round(messages)
     if last is None:

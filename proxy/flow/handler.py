@@ -53,7 +53,7 @@ from proxy.edge.errors import (
 from proxy.flow import manual
 from proxy.flow.overflow import detect_overflow
 from proxy.flow.read import Call, read_call
-from proxy.flow.record import empty_stream, request_record
+from proxy.flow.record import empty_stream, request_record, rereads_of
 from proxy.flow.send import (
     Relay,
     read_whole,
@@ -417,6 +417,8 @@ def _finish(
     metrics = call.state.metrics
     metrics.record_request(call.config.model, resolved.result, resolved.tokens_before)
     metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
+    rereads = rereads_of(call, resolved)
+    metrics.record_rereads(call.config.model, rereads.by_tool())
     stage = resolved.stage
     fields: dict[str, object] = {
         "model": call.config.model or "-",
@@ -429,13 +431,16 @@ def _finish(
     }
     if error:
         fields["error"] = error
+    if rereads:
+        fields["rereads"] = rereads.count
     fields = {"api": call.dialect.name, **fields}
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
     if call.state.recorder is not None:  # queued for the dashboard; never waits
         ms = (time.perf_counter() - started) * 1000
-        call.state.recorder.record(request_record(call, resolved, status, ms, error=error))
+        record = request_record(call, resolved, status, ms, error=error, rereads=rereads)
+        call.state.recorder.record(record)
 
 
 def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:

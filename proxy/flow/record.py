@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from compaction import Message, is_summary, message_text
+from compaction import NO_REREADS, Message, Rereads, count_rereads, is_summary, message_text
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
 from proxy.state.stores import RequestRecord
@@ -27,7 +27,13 @@ USER_AGENT_CHARS: Final = 80
 
 
 def request_record(
-    call: Call, resolved: Resolved, status: int, ms: float, *, error: str = ""
+    call: Call,
+    resolved: Resolved,
+    status: int,
+    ms: float,
+    *,
+    error: str = "",
+    rereads: Rereads = NO_REREADS,
 ) -> RequestRecord:
     """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
     result = resolved.result
@@ -53,9 +59,33 @@ def request_record(
         summarizer_calls=call.tally.summarizer_calls,
         summarizer_tokens=call.tally.summarizer_tokens,
         checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
+        rereads=rereads.count,
         task=task_words(call.messages),
         user_agent=call.request.headers.get("user-agent", "")[:USER_AGENT_CHARS],
     )
+
+
+def rereads_of(call: Call, resolved: Resolved) -> Rereads:
+    """The request's tool calls that fetch again what its applied compaction
+    removed (:func:`compaction.count_rereads`); nothing is read for a request
+    over no checkpoint.
+
+    The compaction applied is the stored one the request started from: a
+    compaction made by this request is not what the model saw when it made
+    its calls.
+    """
+    applied = resolved.checkpoint if resolved.made is None else resolved.base
+    if applied is None:
+        return NO_REREADS
+    profile, conversation = call.config.profile, call.identified
+    head = None
+    if (
+        conversation is not None
+        and conversation.messages is call.messages
+        and conversation.head_count == profile.head_count
+    ):
+        head = conversation.head  # already found; otherwise found again from the profile
+    return count_rereads(call.messages, applied, profile, head=head)
 
 
 def empty_stream(call: Call) -> None:

@@ -2,8 +2,9 @@
 
 Model names come from clients, so they are used as label values only for the
 first :data:`MAX_MODELS` distinct names of at most :data:`MAX_LABEL_CHARS`
-characters; later ones, and longer ones, are counted as "other". A scrape is
-so bounded whatever clients send: every other label value is the proxy's own.
+characters; later ones, and longer ones, are counted as "other". Tool names
+(the re-reads' label) are bounded the same way, to :data:`MAX_TOOLS`. A scrape
+is so bounded whatever clients send: every other label value is the proxy's own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from proxy.state.stores import FailureKind
 MAX_MODELS = 100
 #: Longer model names are labelled "other" (real ones are far shorter).
 MAX_LABEL_CHARS = 100
+#: Distinct tool names labelled in the re-reads metric; later ones are "other".
+MAX_TOOLS = 100
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5)
@@ -114,7 +117,16 @@ class Metrics:
             ["operation", "kind"],
             registry=r,
         )
+        self.rereads = Counter(
+            "compaction_proxy_rereads",
+            "Tool calls that fetched again what a compaction applied to the request had "
+            "removed (the same call, or a read of a file a removed call read), by model "
+            "and tool.",
+            ["model", "tool"],
+            registry=r,
+        )
         self._models: set[str] = set()
+        self._tools: set[str] = set()
         #: Labelled children of the per-request metrics: ``labels()`` takes a
         #: lock and builds a key on every call, and these are hit per request.
         self._per_request: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
@@ -130,6 +142,23 @@ class Metrics:
             self._models.add(name)
             return name
         return "other"
+
+    def tool(self, name: str) -> str:
+        """``name`` as a label value: the first :data:`MAX_TOOLS` names, "other" after."""
+        if name in self._tools:
+            return name
+        if not name or len(name) > MAX_LABEL_CHARS or len(self._tools) >= MAX_TOOLS:
+            return "other"
+        self._tools.add(name)
+        return name
+
+    def record_rereads(self, model: str, by_tool: dict[str, int]) -> None:
+        """The re-reads of one request, counted per tool."""
+        if not by_tool:
+            return
+        label = self.model(model or "-")
+        for tool, count in by_tool.items():
+            self.rereads.labels(label, self.tool(tool)).inc(count)
 
     def record_request(self, model: str, result: CompactionResult, tokens_before: int) -> None:
         key = (model, result.stage)

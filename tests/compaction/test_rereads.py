@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -85,6 +86,12 @@ def test_a_path_whose_arguments_escape_its_letters_is_the_same_path() -> None:
     messages += tool_group("bash", {"command": "cat src/é.py"}, "again")
     assert "\\u00e9" in messages[2]["tool_calls"][0]["function"]["arguments"]
     assert count_rereads(messages, checkpoint(COVERED), PROFILE).tools == ("bash",)
+
+
+def test_a_compaction_prepared_ahead_and_applied_now_was_not_seen_by_the_model() -> None:
+    messages = [*history(), *tool_group("read_file", {"path": "src/a.py"}, "again")]
+    prepared = dataclasses.replace(checkpoint(COVERED), precomputed=True)
+    assert count_rereads(messages, prepared, PROFILE) == NO_REREADS
 
 
 def test_a_call_made_before_but_not_covered_is_no_reread() -> None:

@@ -78,6 +78,9 @@ class RequestRecord:
     #: ``User-Agent``: how its owner tells their sessions apart.
     task: str = ""
     user_agent: str = ""
+    #: Tool calls of this request that fetched again what the compaction
+    #: applied to it had removed (:func:`compaction.count_rereads`).
+    rereads: int = 0
     #: Not a request: a compaction prepared in the background for this session.
     #: Its summarizer calls and tokens count; it is no request and moves no
     #: figure of the context.
@@ -118,6 +121,8 @@ class SessionSummary:
     upstream_errors: int = 0
     #: Requests retried, smaller, after the upstream's context-length error.
     overflow_retries: int = 0
+    #: Tool calls that fetched again what a compaction had removed, over all requests.
+    rereads: int = 0
     #: The latest request's: the context as it stands, and its limits.
     tokens_before: int = 0
     tokens_after: int = 0
@@ -184,6 +189,7 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
             saved=summary.saved + record.saved,
             upstream_errors=summary.upstream_errors + record.errors,
             overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
+            rereads=summary.rereads + record.rereads,
             first_at=min(summary.first_at, record.created_at),
             task=summary.task or record.task,
             stages=stages,
