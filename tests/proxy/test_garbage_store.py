@@ -11,50 +11,23 @@ shutdown time.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from config import load_settings
 from proxy.app import HEARTBEAT_TTL, shutdown_seconds
 from tests.proxy.servers import FakeUpstream, ProxyProcess
 from tests.proxy.state.stores.fake_redis import NIL, NUMBER, FakeRedis
-from tests.synthetic import agent_session
+from tests.proxy.state.stores.outage import LONG, SHORT, answered, chat, healthz, process_env
 
-MODELS = {"gpt-4o": {"context_window": 8192}}
-#: Condensed on an 8k window (as in test_store_faults.py).
-LONG = agent_session(seed=31, steps=120)
-SHORT = [
-    {"role": "user", "content": "hi"},
-    {"role": "assistant", "content": "hello"},
-    {"role": "user", "content": "still there?"},
-]
 #: Commands the idle proxy may send over one keep-alive round and a little
 #: more: a probe, a heartbeat and a look for interrupted compactions, each a
 #: command or two, and a reconnection's handshake. A loop spinning on the
 #: answers sent tens of thousands a second.
 IDLE_COMMANDS = 20
-
-
-def _chat(url: str, messages: list[dict[str, Any]]) -> httpx.Response:
-    return httpx.post(
-        f"{url}/chat/completions",
-        json={"model": "gpt-4o", "messages": messages},
-        headers={"authorization": "Bearer sk-test"},
-        timeout=60,
-    )
-
-
-def _answered(response: httpx.Response, stage: str) -> None:
-    assert response.status_code == 200, response.text
-    assert response.headers["x-compaction-stage"] == stage
-    body = response.json()
-    assert body["choices"][0]["message"]["role"] == "assistant"
 
 
 def _stop(proxy: ProxyProcess, within: float) -> tuple[int, str]:
@@ -75,20 +48,15 @@ def test_a_redis_answering_garbage_is_treated_as_down(
 ) -> None:
     _, upstream_url = fake
     with FakeRedis.in_thread(reply=reply) as redis:
-        env = {
-            "COMPACTION_PROXY_STORE__URL": redis.url,
-            "COMPACTION_PROXY_MODELS": json.dumps(MODELS),
-        }
-        proxy = ProxyProcess(upstream_url, env, str(tmp_path))
+        proxy = ProxyProcess(upstream_url, process_env(redis.url), str(tmp_path))
         try:
-            _answered(_chat(proxy.url, SHORT), "none")
-            _answered(_chat(proxy.url, LONG), "condensed")  # compacted, nothing stored
-            _answered(_chat(proxy.url, [*LONG, {"role": "user", "content": "and?"}]), "condensed")
+            answered(chat(proxy.url, SHORT), "none")
+            answered(chat(proxy.url, LONG), "condensed")  # compacted, nothing stored
+            answered(chat(proxy.url, [*LONG, {"role": "user", "content": "and?"}]), "condensed")
 
-            health = httpx.get(proxy.url.removesuffix("/v1") + "/healthz", timeout=10)
-            assert health.status_code == 200  # degraded still serves
-            assert health.json()["status"] == "degraded"
-            assert health.json()["store"]["error"] == "GarbledReply"
+            health = healthz(proxy.url)
+            assert health["status"] == "degraded"
+            assert health["store"]["error"] == "GarbledReply"
 
             if reply == NIL:  # the answers that made a transaction spin
                 time.sleep(2)  # the figures of those requests written, or given up on

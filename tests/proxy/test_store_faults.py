@@ -10,7 +10,6 @@ never by the clock.
 
 from __future__ import annotations
 
-import json
 import resource
 import shutil
 import signal
@@ -30,38 +29,21 @@ from proxy.app import create_app
 from proxy.state.stores import SQLiteStore, Store
 from tests.proxy.servers import FakeUpstream, ProxyProcess, serve_in_thread
 from tests.proxy.state.stores.conftest import free_port, start_redis
+from tests.proxy.state.stores.outage import (
+    LONG,
+    MODELS,
+    SHORT,
+    answered,
+    chat,
+    healthz,
+    process_env,
+)
 from tests.proxy.state.stores.test_resilient import FaultyStore
 from tests.synthetic import agent_session
-
-MODELS = {"gpt-4o": {"context_window": 8192}}
-#: Condensed on an 8k window (test_durability.py uses the same session).
-LONG = agent_session(seed=31, steps=120)
-#: Small, but past the head: its lookup asks the store.
-SHORT = [
-    {"role": "user", "content": "hi"},
-    {"role": "assistant", "content": "hello"},
-    {"role": "user", "content": "still there?"},
-]
-
-
-def _chat(url: str, messages: list[dict[str, Any]]) -> httpx.Response:
-    return httpx.post(
-        f"{url}/chat/completions",
-        json={"model": "gpt-4o", "messages": messages},
-        headers={"authorization": "Bearer sk-test"},
-        timeout=60,
-    )
 
 
 def _root(url: str) -> str:
     return url.removesuffix("/v1")
-
-
-def _health(url: str) -> dict[str, Any]:
-    response = httpx.get(f"{_root(url)}/healthz", timeout=10)
-    assert response.status_code == 200  # degraded still serves
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def _store_errors(url: str) -> dict[tuple[str, str], float]:
@@ -75,19 +57,7 @@ def _store_errors(url: str) -> dict[tuple[str, str], float]:
     return found
 
 
-def _served_compacted(response: httpx.Response) -> None:
-    assert response.status_code == 200, response.text
-    assert response.headers["x-compaction-stage"] == "condensed"
-
-
 # --- SQLite: a full disk, a damaged file -----------------------------------------
-
-
-def _env(db: Path) -> dict[str, str]:
-    return {
-        "COMPACTION_PROXY_STORE__URL": f"sqlite:///{db}",
-        "COMPACTION_PROXY_MODELS": json.dumps(MODELS),
-    }
 
 
 def test_a_full_disk_serves_compacting_requests_without_storing(
@@ -100,19 +70,19 @@ def test_a_full_disk_serves_compacting_requests_without_storing(
     _, upstream_url = fake
     db = tmp_path / "state.db"
     anyio.run(_create_database, db)  # the schema is written before the limit
-    proxy = ProxyProcess(upstream_url, _env(db), str(tmp_path))
+    proxy = ProxyProcess(upstream_url, process_env(f"sqlite:///{db}"), str(tmp_path))
     try:
         limit = 4096  # not one WAL frame more (the -shm exists already)
         resource.prlimit(proxy.process.pid, resource.RLIMIT_FSIZE, (limit, limit))
 
-        response = _chat(proxy.url, LONG)
-        _served_compacted(response)
-        again = _chat(proxy.url, [*LONG, {"role": "user", "content": "and then?"}])
-        _served_compacted(again)  # nothing was stored: compacted afresh
+        response = chat(proxy.url, LONG)
+        answered(response, "condensed")
+        again = chat(proxy.url, [*LONG, {"role": "user", "content": "and then?"}])
+        answered(again, "condensed")  # nothing was stored: compacted afresh
 
         errors = _store_errors(proxy.url)
         assert errors.get(("put", "error"), 0) + errors.get(("add_event", "error"), 0) >= 2
-        health = _health(proxy.url)
+        health = healthz(proxy.url)
         assert health["status"] == "degraded"
         assert health["store"]["error"] in ("OperationalError", "DatabaseError")
     finally:
@@ -135,10 +105,10 @@ def test_a_damaged_state_file_is_moved_aside_and_the_proxy_starts(
     content = b"not a database\n" * 100 if damage == "text" else bytes(range(256)) * 40
     db.write_bytes(content)
 
-    proxy = ProxyProcess(upstream_url, _env(db), str(tmp_path))
+    proxy = ProxyProcess(upstream_url, process_env(f"sqlite:///{db}"), str(tmp_path))
     try:
-        response = _chat(proxy.url, LONG)
-        _served_compacted(response)
+        response = chat(proxy.url, LONG)
+        answered(response, "condensed")
         ident = response.headers["x-compaction-id"]
         stored = httpx.get(
             f"{proxy.url}/compaction/checkpoints/{ident}",
@@ -146,7 +116,7 @@ def test_a_damaged_state_file_is_moved_aside_and_the_proxy_starts(
             timeout=10,
         )
         assert stored.status_code == 200  # the fresh file works
-        assert _health(proxy.url) == {"status": "ok"}
+        assert healthz(proxy.url) == {"status": "ok"}
     finally:
         proxy.process.terminate()
         _, stderr = proxy.process.communicate(timeout=30)
@@ -190,21 +160,20 @@ def test_redis_killed_mid_session_degrades_and_recovers(
         _redis() as (server, port),
         _proxy(upstream_url, {"url": f"redis://127.0.0.1:{port}/0"}) as url,
     ):
-        _served_compacted(_chat(url, LONG))
-        assert _health(url) == {"status": "ok"}
+        answered(chat(url, LONG), "condensed")
+        assert healthz(url) == {"status": "ok"}
         server.kill()
         server.wait(timeout=10)
 
-        known = _chat(url, [*LONG, {"role": "user", "content": "one more thing"}])
-        _served_compacted(known)  # its checkpoint is out of reach: compacted afresh
-        _served_compacted(_chat(url, agent_session(seed=32, steps=120)))  # a new one
-        small = _chat(url, SHORT)
-        assert small.status_code == 200 and small.headers["x-compaction-stage"] == "none"
+        known = chat(url, [*LONG, {"role": "user", "content": "one more thing"}])
+        answered(known, "condensed")  # its checkpoint is out of reach: compacted afresh
+        answered(chat(url, agent_session(seed=32, steps=120)), "condensed")  # a new one
+        answered(chat(url, SHORT), "none")
 
         events = httpx.get(f"{url}/compaction/events", timeout=10)
         assert events.status_code == 503
         assert events.json()["error"]["code"] == "store_unavailable"
-        health = _health(url)
+        health = healthz(url)
         assert health["status"] == "degraded"
         assert health["store"]["operation"] == "lookup"
         assert _store_errors(url)[("lookup", "error")] >= 3
@@ -212,8 +181,8 @@ def test_redis_killed_mid_session_degrades_and_recovers(
         restarted = start_redis(cast(str, shutil.which("redis-server")), port)
         try:
             # Reads and writes again (a read alone proves nothing of the writes).
-            _served_compacted(_chat(url, agent_session(seed=33, steps=120)))
-            assert _health(url) == {"status": "ok"}
+            answered(chat(url, agent_session(seed=33, steps=120)), "condensed")
+            assert healthz(url) == {"status": "ok"}
             assert httpx.get(f"{url}/compaction/events", timeout=10).status_code == 200
         finally:
             restarted.kill()
@@ -226,17 +195,17 @@ def test_a_hung_redis_costs_a_request_one_timeout(fake: tuple[FakeUpstream, str]
         _redis() as (server, port),
         _proxy(upstream_url, {"url": f"redis://127.0.0.1:{port}/0"}) as url,
     ):
-        assert _chat(url, SHORT).status_code == 200
+        assert chat(url, SHORT).status_code == 200
         server.send_signal(signal.SIGSTOP)  # accepts, never answers
 
-        _served_compacted(_chat(url, LONG))
+        answered(chat(url, LONG), "condensed")
         errors = _store_errors(url)
         # The request waited on the store once; every later call of it
         # (lock, events, the checkpoint) skipped the hung store.
         assert errors[("lookup", "timeout")] == 1
         assert errors[("put", "skipped")] == 1
         assert errors[("add_event", "skipped")] == 3
-        health = _health(url)
+        health = healthz(url)
         assert health["status"] == "degraded" and health["store"]["error"] == "timeout"
 
 
@@ -253,10 +222,10 @@ def test_healthz_says_degraded_from_a_failure_until_the_store_answers(
     )
     with serve_in_thread(create_app(settings, store=cast(Store, faulty))) as root:
         url = root + "/v1"
-        assert _health(url) == {"status": "ok"}
+        assert healthz(url) == {"status": "ok"}
         faulty.fault = "error"
-        _served_compacted(_chat(url, LONG))
-        health = _health(url)
+        answered(chat(url, LONG), "condensed")
+        health = healthz(url)
         assert health["status"] == "degraded"
         assert health["store"]["operation"] == "lookup"
         assert health["store"]["error"] == "OSError"
@@ -264,9 +233,9 @@ def test_healthz_says_degraded_from_a_failure_until_the_store_answers(
 
         faulty.fault = "hang"  # /healthz answers from what it knows, never asks
         asked = len(faulty.calls)
-        assert _health(url)["status"] == "degraded"
+        assert healthz(url)["status"] == "degraded"
         assert len(faulty.calls) == asked
 
         faulty.fault = None
-        _served_compacted(_chat(url, LONG))  # reads and writes
-        assert _health(url) == {"status": "ok"}
+        answered(chat(url, LONG), "condensed")  # reads and writes
+        assert healthz(url) == {"status": "ok"}

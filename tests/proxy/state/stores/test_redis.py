@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -206,6 +208,34 @@ class Sleeps:
         await asyncio.sleep(0)
 
 
+@dataclass(frozen=True)
+class Scripted:
+    """A store on a :class:`FakeRedis` that answers as scripted, its pauses recorded."""
+
+    fake: FakeRedis
+    store: RedisStore
+    sleeps: Sleeps
+
+
+@asynccontextmanager
+async def _scripted(
+    reply: bytes, replies: dict[str, bytes] | None = None
+) -> AsyncIterator[Scripted]:
+    async with FakeRedis(reply=reply, replies=replies) as fake:
+        sleeps = Sleeps()
+        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
+        try:
+            yield Scripted(fake, store, sleeps)
+        finally:
+            await store.close()
+
+
+async def _enter(store: RedisStore, ttl: float) -> None:
+    """Take ``store``'s lock on one span; entering it fails the test."""
+    async with store.lock("span", ttl=ttl):
+        pytest.fail("a lock nobody could have taken was entered")
+
+
 def _record() -> RequestRecord:
     return RequestRecord("s1", "m", "none", "", 10, 10, 100, 80, 200, 1.0)
 
@@ -213,38 +243,23 @@ def _record() -> RequestRecord:
 async def test_a_transaction_whose_exec_answers_nil_is_tried_a_few_times_then_given_up(
     anyio_backend: str,
 ) -> None:
-    async with FakeRedis(reply=NIL) as fake:
-        sleeps = Sleeps()
-        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
-        try:
-            with pytest.raises(Contended):
-                await _within(10, store.record_requests([_record()]))
-            assert fake.names["EXEC"] == TRANSACTION_ATTEMPTS
-            assert fake.names["WATCH"] == TRANSACTION_ATTEMPTS
-            # A pause before every try but the first, each longer than nothing.
-            assert len(sleeps.pauses) == TRANSACTION_ATTEMPTS - 1
-            assert all(pause > 0 for pause in sleeps.pauses)
-        finally:
-            await store.close()
+    async with _scripted(NIL) as nil:
+        with pytest.raises(Contended):
+            await _within(10, nil.store.record_requests([_record()]))
+        assert nil.fake.names["EXEC"] == TRANSACTION_ATTEMPTS
+        assert nil.fake.names["WATCH"] == TRANSACTION_ATTEMPTS
+        # A pause before every try but the first, each longer than nothing.
+        assert len(nil.sleeps.pauses) == TRANSACTION_ATTEMPTS - 1
+        assert all(pause > 0 for pause in nil.sleeps.pauses)
 
 
 async def test_a_lock_on_a_redis_that_answers_nil_is_refused_not_waited_for(
     anyio_backend: str,
 ) -> None:
-    async with FakeRedis(reply=NIL) as fake:
-        sleeps = Sleeps()
-        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
-        try:
-
-            async def take() -> None:
-                async with store.lock("span", ttl=60):
-                    pytest.fail("a lock nobody could have taken was entered")
-
-            with pytest.raises(GarbledReply):
-                await _within(10, take())
-            assert sleeps.pauses == []  # no poll: a held lock has a lease left
-        finally:
-            await store.close()
+    async with _scripted(NIL) as nil:
+        with pytest.raises(GarbledReply):
+            await _within(10, _enter(nil.store, ttl=60))
+        assert nil.sleeps.pauses == []  # no poll: a held lock has a lease left
 
 
 async def test_a_waiter_polls_a_lock_held_for_ever_no_longer_than_a_lease_lives(
@@ -275,24 +290,14 @@ async def test_a_lock_whose_lease_always_seems_to_lapse_is_polled_with_pauses(
 ) -> None:
     """SET NX never takes it, yet its lease is said to be gone (or going) at
     every look: the waiter pauses between looks and gives up in the end."""
-    async with FakeRedis(reply=NIL, replies={"PTTL": left}) as fake:
-        sleeps = Sleeps()
-        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=sleeps)
-        ttl = 0.01
-        try:
-
-            async def take() -> None:
-                async with store.lock("span", ttl=ttl):
-                    pytest.fail("a lock nobody could have taken was entered")
-
-            with pytest.raises(LockBusy):
-                await _within(10, take())
-        finally:
-            await store.close()
-        assert sum(sleeps.pauses) >= MAX_HOLD * ttl
-        assert all(pause > 0 for pause in sleeps.pauses)
-        # At most one look at once after each pause.
-        assert fake.names["PTTL"] <= 2 * (len(sleeps.pauses) + 1)
+    ttl = 0.01
+    async with _scripted(NIL, {"PTTL": left}) as nil:
+        with pytest.raises(LockBusy):
+            await _within(10, _enter(nil.store, ttl=ttl))
+    assert sum(nil.sleeps.pauses) >= MAX_HOLD * ttl
+    assert all(pause > 0 for pause in nil.sleeps.pauses)
+    # At most one look at once after each pause.
+    assert nil.fake.names["PTTL"] <= 2 * (len(nil.sleeps.pauses) + 1)
 
 
 @pytest.mark.parametrize("reply", [NIL, NUMBER, STATUS, UNDECODABLE], ids=repr)
@@ -300,8 +305,8 @@ async def test_replies_of_the_wrong_type_are_store_errors(reply: bytes, anyio_ba
     """Every operation either succeeds (a reply that happens to fit) or raises a
     store's error — a StoreError, or redis-py's own complaint about the reply —
     never a TypeError or AttributeError for the caller to trip on."""
-    async with FakeRedis(reply=reply) as fake:
-        store = RedisStore.from_url(fake.url, timeout=5.0, sleep=Sleeps())
+    async with _scripted(reply) as scripted:
+        store = scripted.store
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "lookup": lambda: store.lookup(["h1", "h2"]),
             "put": lambda: store.put(checkpoint(), ORIGINALS),
@@ -321,13 +326,10 @@ async def test_replies_of_the_wrong_type_are_store_errors(reply: bytes, anyio_ba
             "session_settings": lambda: store.session_settings("s1", "o"),
         }
         failed: list[str] = []
-        try:
-            for name, call in calls.items():
-                try:
-                    await _within(10, call())
-                except (StoreError, RedisError):
-                    failed.append(name)
-        finally:
-            await store.close()
+        for name, call in calls.items():
+            try:
+                await _within(10, call())
+            except (StoreError, RedisError):
+                failed.append(name)
     if reply == NIL:  # a Redis answers these with a value, never with nil
         assert {"lookup", "heartbeat", "fail_interrupted", "learned_windows"} <= set(failed)
