@@ -14,12 +14,13 @@ import pytest
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
-from proxy.state.stores import RedisStore, RequestRecord, StoreError, open_store
+from proxy.state.stores import RedisStore, StoreError, open_store
 from proxy.state.stores.locks import MAX_HOLD, LockBusy
 from proxy.state.stores.redis import TRANSACTION_ATTEMPTS, Contended, GarbledReply
 from tests.proxy.state.stores.conftest import _delete_prefix, require_redis
 from tests.proxy.state.stores.fake_redis import NIL, NUMBER, STATUS, UNDECODABLE, FakeRedis
 from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
+from tests.proxy.state.stores.test_figures_contract import record
 
 pytestmark = pytest.mark.anyio
 
@@ -236,16 +237,12 @@ async def _enter(store: RedisStore, ttl: float) -> None:
         pytest.fail("a lock nobody could have taken was entered")
 
 
-def _record() -> RequestRecord:
-    return RequestRecord("s1", "m", "none", "", 10, 10, 100, 80, 200, 1.0)
-
-
 async def test_a_transaction_whose_exec_answers_nil_is_tried_a_few_times_then_given_up(
     anyio_backend: str,
 ) -> None:
     async with _scripted(NIL) as nil:
         with pytest.raises(Contended):
-            await _within(10, nil.store.record_requests([_record()]))
+            await _within(10, nil.store.record_requests([record()]))
         assert nil.fake.names["EXEC"] == TRANSACTION_ATTEMPTS
         assert nil.fake.names["WATCH"] == TRANSACTION_ATTEMPTS
         # A pause before every try but the first, each longer than nothing.
@@ -318,7 +315,7 @@ async def test_replies_of_the_wrong_type_are_store_errors(reply: bytes, anyio_ba
             "heartbeat": lambda: store.heartbeat("me", 30),
             "learned_windows": store.learned_windows,
             "calibrations": store.calibrations,
-            "record_requests": lambda: store.record_requests([_record()]),
+            "record_requests": lambda: store.record_requests([record()]),
             "requests": lambda: store.requests("s1"),
             "sessions": store.sessions,
             "session_count": store.session_count,

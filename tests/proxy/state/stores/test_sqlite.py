@@ -18,6 +18,7 @@ import pytest
 
 from compaction import Checkpoint
 from proxy.state.stores import (
+    Event,
     SessionSettings,
     SQLiteStore,
     StoreError,
@@ -47,6 +48,15 @@ def _insert_checkpoint(connection: sqlite3.Connection, made: Checkpoint) -> None
     connection.execute(
         "INSERT INTO checkpoints (id, end_hash, session, created_at, json) VALUES (?, ?, ?, ?, ?)",
         (made.id, made.end_hash, made.session, made.created_at, codec.dump_checkpoint(made)),
+    )
+
+
+def _insert_event(connection: sqlite3.Connection, made: Event, raw: bytes) -> None:
+    """``made`` as versions 1 and 2 wrote it (before owners), its JSON ``raw``."""
+    connection.execute(
+        "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (made.id, made.compaction_id, made.session, made.type, made.created_at, made.instance, raw),
     )
 
 
@@ -106,19 +116,7 @@ async def test_a_database_of_the_previous_version_opens_and_keeps_its_data(
             "INSERT INTO originals (checkpoint_id, created_at, json) VALUES (?, ?, ?)",
             (made.id, made.created_at, codec.dump_messages(ORIGINALS)),
         )
-        connection.execute(
-            "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                started.id,
-                started.compaction_id,
-                started.session,
-                started.type,
-                started.created_at,
-                started.instance,
-                codec.dump_event(started),
-            ),
-        )
+        _insert_event(connection, started, codec.dump_event(started))
         connection.execute(
             'INSERT INTO learned_windows (model, "window") VALUES (?, ?)', ("m", 8192)
         )
@@ -154,19 +152,7 @@ async def test_a_database_from_before_owners_shows_its_rows_to_the_admin_only(
         assert migrate(connection, MIGRATIONS[:2]) == 2
         _insert_checkpoint(connection, made)
         legacy = {k: v for k, v in codec.to_dict(done).items() if k != "owner"}
-        connection.execute(
-            "INSERT INTO events (id, compaction_id, session, type, created_at, instance, json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                done.id,
-                done.compaction_id,
-                done.session,
-                done.type,
-                done.created_at,
-                "old",
-                orjson.dumps(legacy),
-            ),
-        )
+        _insert_event(connection, done, orjson.dumps(legacy))
     finally:
         connection.close()
 
