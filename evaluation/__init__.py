@@ -6,12 +6,14 @@ Offline and off the proxy's request path: nothing in ``proxy/`` or
 at each window and strategy, and scores probes drawn from each original
 conversation (:mod:`evaluation.probes`) by presence and, with a
 :class:`Judge`, by asking a model (:mod:`evaluation.judge`);
-:mod:`evaluation.report` prints the figures.
+:mod:`evaluation.repeats` measures how often agents repeat a tool call with
+no compaction at all; :mod:`evaluation.report` prints the figures.
 """
 
 from evaluation.corpus import Body, read_bodies
 from evaluation.judge import Judge
 from evaluation.probes import KINDS, Probe, generate_probes, request_text
+from evaluation.repeats import RepeatReport, Repeats, conversation_repeats, natural_repeats
 from evaluation.report import report_json, report_table
 from evaluation.run import Cell, CountingSummarizer, Tally, evaluate
 
@@ -22,9 +24,13 @@ __all__ = [
     "CountingSummarizer",
     "Judge",
     "Probe",
+    "RepeatReport",
+    "Repeats",
     "Tally",
+    "conversation_repeats",
     "evaluate",
     "generate_probes",
+    "natural_repeats",
     "read_bodies",
     "report_json",
     "report_table",

@@ -29,6 +29,7 @@ from compaction import Profile, Strategy, Summarizer
 from config import Settings, load_settings, resolve_model
 from evaluation.corpus import read_bodies
 from evaluation.judge import Judge
+from evaluation.repeats import natural_repeats
 from evaluation.report import report_json, report_table
 from evaluation.run import evaluate
 
@@ -87,22 +88,19 @@ async def run_eval(argv: Sequence[str]) -> str:
             summarizer = _llm(args, settings, transport)
         if args.judge:
             judge = Judge(_chat(transport, args.judge, args.judge_model, args.judge_key_env))
-        cells = await evaluate(
-            read_bodies(args.dir),
-            windows,
-            strategies,
-            _profiles(settings, args.summarizer),
-            summarizer,
-            judge,
-        )
+        bodies = list(read_bodies(args.dir))
+        profiles = _profiles(settings, args.summarizer)
+        cells = await evaluate(bodies, windows, strategies, profiles, summarizer, judge)
+        repeats = natural_repeats(bodies, profiles)
     finally:
         if transport is not None:
             await transport.aclose()
     judged = judge is not None
     if args.json:
-        text = orjson.dumps(report_json(cells, judged), option=orjson.OPT_INDENT_2).decode()
+        report = report_json(cells, judged, repeats)
+        text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
     else:
-        text = report_table(cells, judged)
+        text = report_table(cells, judged, repeats)
     if args.output:
         Path(args.output).write_text(text + "\n")
     return text

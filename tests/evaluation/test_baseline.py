@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from compaction import Profile
-from evaluation import read_bodies, report_json
+from evaluation import natural_repeats, read_bodies, report_json
 from evaluation.run import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,26 @@ def test_the_slice_keeps_its_recall_and_artifact_scores() -> None:
             assert now["scores"][kind] >= expected["scores"][kind], (expected["strategy"], kind)
 
 
+def measure_repeats(names: list[str]) -> dict[str, int]:
+    """The slice's tool calls and how many repeat an earlier one, with no compaction."""
+    report = natural_repeats(
+        read_bodies(FIXTURES, set(names)), lambda model: Profile(summarizer="extractive")
+    )
+    return {"calls": report.total.calls, "repeats": report.total.repeats}
+
+
+@pytest.mark.corpus
+def test_the_slice_repeats_as_many_tool_calls_as_when_measured() -> None:
+    """The baseline of the re-read counter: a change in the matching rule (or in
+    how files are read from calls) shows here, on the same conversations."""
+    if not FIXTURES.is_dir():
+        pytest.skip(f"eval slice skipped: no fixtures at {FIXTURES}")
+    baseline = orjson.loads(BASELINE.read_bytes())
+    assert measure_repeats(baseline["names"]) == baseline["repeats"]
+
+
 if __name__ == "__main__":  # pragma: no cover - rewrites the baseline
     current = orjson.loads(BASELINE.read_bytes())
     current["cells"] = measure(current["names"], current["window"])
+    current["repeats"] = measure_repeats(current["names"])
     BASELINE.write_bytes(orjson.dumps(current, option=orjson.OPT_INDENT_2) + b"\n")
