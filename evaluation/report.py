@@ -5,6 +5,12 @@ bodies); ``all`` is over every probe of the cell. Tokens are means over the
 compacted bodies; summarizer tokens (prompt + reply, our estimate) are the
 sum, and stay 0 for the extractive summarizer, which calls no model.
 
+The facts drawn by the eval's own rules (:mod:`evaluation.facts`) have a
+table of their own: the share of touched paths, of the last five distinct
+error lines and of the user's typed messages the compacted requests still
+hold, with the mean tokens after, of the summaries, and of their ledger
+blocks ("pending" while no summary holds one).
+
 With a :class:`~evaluation.repeats.RepeatReport`, a second table gives the
 natural repeat rate: the share of tool calls that repeat an earlier call of
 their conversation with no compaction at all, the baseline of the proxy's
@@ -16,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from evaluation.facts import ERROR_CHARS, FACT_KINDS, TYPED_CHARS
 from evaluation.probes import KINDS
 from evaluation.repeats import RepeatReport, Repeats
 from evaluation.run import Cell, Tally
@@ -41,6 +48,11 @@ def cell_json(cell: Cell, judged: bool) -> dict[str, Any]:
         "scores": {kind: _share(cell.presence[kind]) for kind in KINDS},
         "probes": {kind: cell.presence[kind].total for kind in KINDS},
         "all": _share(cell.overall(cell.presence)),
+        "facts": {kind: _share(cell.facts[kind]) for kind in FACT_KINDS},
+        "fact_counts": {kind: cell.facts[kind].total for kind in FACT_KINDS},
+        "summary_tokens_mean": mean(cell.summary_tokens),
+        "ledgers": cell.ledgers,
+        "ledger_tokens_mean": (round(cell.ledger_tokens / cell.ledgers) if cell.ledgers else None),
     }
     if judged:
         out["judge_scores"] = {kind: _share(cell.judged[kind]) for kind in KINDS}
@@ -98,8 +110,46 @@ def report_table(
             row += [_percent(data["judge_scores"][kind]) for kind in KINDS]
             row.append(_percent(data["judge_all"]))
         rows.append("| " + " | ".join(row) + " |")
-    table = "\n".join(rows)
+    table = "\n".join(rows) + "\n\n" + facts_table(cells)
     return table if repeats is None else table + "\n\n" + repeats_table(repeats)
+
+
+def _tokens(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def facts_table(cells: Sequence[Cell]) -> str:
+    """Per strategy and window: the facts of :mod:`evaluation.facts` kept, and tokens."""
+    rows = [
+        "Facts drawn by the eval's own rules (evaluation/facts.py), in percent of those of "
+        f"the compacted conversations: every touched path; the last five distinct error "
+        f"lines (the whole line, or its first {ERROR_CHARS} characters); every message the "
+        f"user typed (the whole message, or its first {TYPED_CHARS} characters). Tokens are "
+        "means over the compacted requests.",
+        "",
+        "| strategy | window | compacted | paths | last errors | user typed "
+        "| tokens after | summary tokens | ledger tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        data = cell_json(cell, judged=False)
+        facts, counts = data["facts"], data["fact_counts"]
+        ledger = (
+            "pending (no ledger block)"
+            if data["ledger_tokens_mean"] is None
+            else f"{data['ledger_tokens_mean']:,} ({cell.ledgers})"
+        )
+        row = [
+            data["strategy"],
+            f"{cell.window:,}",
+            f"{cell.compacted}/{cell.bodies}",
+            *(f"{_percent(facts[kind])} of {counts[kind]}" for kind in FACT_KINDS),
+            _tokens(data["tokens_after_mean"]),
+            _tokens(data["summary_tokens_mean"]),
+            ledger,
+        ]
+        rows.append("| " + " | ".join(row) + " |")
+    return "\n".join(rows)
 
 
 def repeats_table(repeats: RepeatReport) -> str:

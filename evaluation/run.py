@@ -8,6 +8,11 @@ needed no compaction at a window is counted, not scored (every probe would
 pass and the strategies could not differ), and neither is one whose head
 alone cannot fit (no strategy can help it).
 
+Beside the probes, the facts of :mod:`evaluation.facts` (drawn by rules of
+the eval's own) are looked for the same way, and the tokens of the compacted
+request's summaries counted — and of their ledger blocks, where a summary
+has one (:func:`ledger_text`).
+
 With a judge, each probe is also asked of the compacted conversation and the
 answer graded (:mod:`evaluation.judge`).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +35,11 @@ from compaction import (
     TokenCounter,
     check_messages,
     compact,
+    is_summary,
+    message_text,
 )
 from evaluation.corpus import Body
+from evaluation.facts import FACT_KINDS, Fact, FactKind, draw_facts
 from evaluation.judge import Judge
 from evaluation.probes import KINDS, Kind, Probe, generate_probes, request_text
 
@@ -65,6 +74,10 @@ class Cell:
     stages: dict[str, int] = field(default_factory=dict)
     presence: dict[Kind, Tally] = field(default_factory=lambda: {k: Tally() for k in KINDS})
     judged: dict[Kind, Tally] = field(default_factory=lambda: {k: Tally() for k in KINDS})
+    facts: dict[FactKind, Tally] = field(default_factory=lambda: {k: Tally() for k in FACT_KINDS})
+    summary_tokens: int = 0  #: summed over the compacted bodies' summary messages
+    ledgers: int = 0  #: compacted bodies whose summaries hold a ledger block
+    ledger_tokens: int = 0  #: summed over those ledger blocks
 
     def overall(self, tallies: dict[Kind, Tally]) -> Tally:
         return Tally(
@@ -106,10 +119,11 @@ async def evaluate(
         base = profile_for(model if isinstance(model, str) else None)
         counter = TokenCounter(model, image_tokens=base.image_tokens)
         probes = generate_probes(messages, base)
+        facts = draw_facts(messages)
         for (strategy, window), cell in cells.items():
             profile = dataclasses.replace(base, context_window=window, strategy=strategy)
             counting = CountingSummarizer(summarizer, counter) if summarizer else None
-            await _score(cell, request, profile, counter, probes, counting, judge)
+            await _score(cell, request, profile, counter, probes, facts, counting, judge)
     return list(cells.values())
 
 
@@ -119,6 +133,7 @@ async def _score(
     profile: Profile,
     counter: TokenCounter,
     probes: list[Probe],
+    facts: list[Fact],
     summarizer: CountingSummarizer | None,
     judge: Judge | None,
 ) -> None:
@@ -140,6 +155,24 @@ async def _score(
     text = request_text(result.messages)
     for probe in probes:
         cell.presence[probe.kind].add(probe.found_in(text))
+    for fact in facts:
+        cell.facts[fact.kind].add(fact.kept_in(text))
+    summaries = [message for message in result.messages if is_summary(message)]
+    cell.summary_tokens += sum(counter.count_messages(summaries))
+    ledgers = [block for message in summaries for block in ledger_text(message_text(message))]
+    if ledgers:
+        cell.ledgers += 1
+        cell.ledger_tokens += sum(counter.count_text(block) for block in ledgers)
     if judge is not None:
         for probe in probes:
             cell.judged[probe.kind].add(await judge.grade(result.messages, probe))
+
+
+#: A block of a summary whose tag names a ledger (``<ledger>…</ledger>``,
+#: ``<session-ledger …>…</session-ledger>``): the engine's computed facts.
+_LEDGER = re.compile(r"<([\w-]*ledger[\w-]*)\b[^>]*>.*?</\1>", re.DOTALL | re.IGNORECASE)
+
+
+def ledger_text(summary: str) -> list[str]:
+    """The ledger blocks of one summary's text, tags included (none: ``[]``)."""
+    return [match.group(0) for match in _LEDGER.finditer(summary)]

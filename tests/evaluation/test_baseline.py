@@ -1,4 +1,5 @@
-"""The CI slice: eval on a few real conversations must not lose recall or artifacts.
+"""The CI slice: eval on a few real conversations must not lose recall or artifacts,
+nor any of the facts drawn by the eval's own rules (paths, last errors, typed messages).
 
 The slice is named in evaluation/baseline.json (the conversations stay in
 ../shared/fixtures and are not copied here), with the scores measured when it
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "evaluation" / "baseline.json"
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 GUARDED = ("recall", "artifacts")
+FACTS = ("path", "error", "typed")
 
 
 def measure(names: list[str], window: int) -> list[dict[str, Any]]:
@@ -36,7 +38,10 @@ def measure(names: list[str], window: int) -> list[dict[str, Any]]:
         )
     )
     return [
-        {key: cell[key] for key in ("strategy", "compacted", "scores", "probes")}
+        {
+            key: cell[key]
+            for key in ("strategy", "compacted", "scores", "probes", "facts", "fact_counts")
+        }
         for cell in report_json(cells)["cells"]
     ]
 
@@ -54,6 +59,23 @@ def test_the_slice_keeps_its_recall_and_artifact_scores() -> None:
         for kind in GUARDED:
             assert now["probes"][kind] == expected["probes"][kind], (expected["strategy"], kind)
             assert now["scores"][kind] >= expected["scores"][kind], (expected["strategy"], kind)
+
+
+@pytest.mark.corpus
+def test_the_slice_keeps_as_many_paths_errors_and_typed_messages_as_when_measured() -> None:
+    """The eval's own facts: a change that keeps fewer of the touched paths, of
+    the last five error lines or of the user's words fails here, whatever the
+    probes say."""
+    if not FIXTURES.is_dir():
+        pytest.skip(f"eval slice skipped: no fixtures at {FIXTURES}")
+    baseline = orjson.loads(BASELINE.read_bytes())
+    measured = {cell["strategy"]: cell for cell in measure(baseline["names"], baseline["window"])}
+    for expected in baseline["cells"]:
+        now = measured[expected["strategy"]]
+        for kind in FACTS:
+            where = (expected["strategy"], kind)
+            assert now["fact_counts"][kind] == expected["fact_counts"][kind], where
+            assert now["facts"][kind] >= expected["facts"][kind], where
 
 
 def measure_repeats(names: list[str]) -> dict[str, int]:

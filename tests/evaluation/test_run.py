@@ -17,10 +17,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from compaction import Profile
-from evaluation import read_bodies
+from evaluation import read_bodies, report_json, report_table
 from evaluation.run import evaluate
 from proxy.cli.commands import main
-from tests.conftest import RecordingSummarizer
+from tests.conftest import SUMMARY_REPLY, RecordingSummarizer
 from tests.proxy.servers import serve_in_thread
 from tests.synthetic import agent_session
 
@@ -90,6 +90,44 @@ def test_each_strategy_is_scored_and_only_summaries_cost_summarizer_tokens(folde
         )
         assert cell.tokens_after < cell.tokens_before
         assert cell.tokens_after <= 3 * 8_192
+
+
+def test_the_facts_are_scored_and_summaries_and_ledgers_counted(folder: Path) -> None:
+    ledger = "<ledger>\nerrors:\n- ValueError: bad value\n</ledger>"
+    cells = {
+        reply: asyncio.run(
+            evaluate(
+                read_bodies(folder),
+                (8_192,),
+                ("summary", "mask"),
+                lambda model: Profile(summarizer="llm"),
+                RecordingSummarizer(reply),
+            )
+        )
+        for reply in (SUMMARY_REPLY, f"{SUMMARY_REPLY}\n\n{ledger}")
+    }
+    prose = {cell.strategy: cell for cell in cells[SUMMARY_REPLY]}
+    for cell in prose.values():
+        assert cell.facts["path"].total > 0 and cell.facts["typed"].total > 0
+    assert prose["summary"].summary_tokens > 0 and prose["mask"].summary_tokens == 0
+    assert prose["summary"].ledgers == 0 and prose["summary"].ledger_tokens == 0
+    # A model that writes prose only keeps no path a summary does not list:
+    # the summary's file lists are what keeps them.
+    assert prose["summary"].facts["path"].score == 1.0
+    with_ledger = {cell.strategy: cell for cell in cells[f"{SUMMARY_REPLY}\n\n{ledger}"]}
+    assert with_ledger["summary"].ledgers == 3 and with_ledger["mask"].ledgers == 0
+    assert 0 < with_ledger["summary"].ledger_tokens < with_ledger["summary"].summary_tokens
+    report = report_json(cells[SUMMARY_REPLY])["cells"][0]
+    assert report["ledger_tokens_mean"] is None and set(report["facts"]) == {
+        "path",
+        "error",
+        "typed",
+    }
+    table = report_table(cells[f"{SUMMARY_REPLY}\n\n{ledger}"])
+    assert re.search(
+        r"^\| summary \| 8,192 \| 3/4 \| 100.0 of \d+ \|.* \| \d+ \(3\) \|$", table, re.M
+    )
+    assert re.search(r"^\| mask \| 8,192 \|.*\| pending \(no ledger block\) \|$", table, re.M)
 
 
 def test_the_command_prints_a_table_and_json(
