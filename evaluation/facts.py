@@ -120,6 +120,9 @@ _EXIT_STATUS = re.compile(
     r"(?:exit(?:ed with)? (?:code|status)[:=]?\s*|non-zero exit status\s*)(-?\d+)", re.IGNORECASE
 )
 _TRACEBACK = "Traceback (most recent call last)"
+#: What a traceback's last line says: an exception's name, then maybe its
+#: message (not a harness's tag where the output was cut, nor "During handling…").
+_RAISED = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::.*)?")
 _RULE = re.compile(r"^[=\-_*#\s]+|[=\-_*#\s]+$")
 
 _OBSERVATION_STARTS = (
@@ -332,8 +335,9 @@ def error_lines(output: str) -> list[str]:
             continue
         if in_traceback and raw[:1] not in (" ", "\t"):
             in_traceback = False
-            found.append(line)  # a traceback's last line: what was raised
-            continue
+            if _RAISED.fullmatch(line):
+                found.append(line)  # a traceback's last line: what was raised
+                continue
         if is_error_line(line):
             trimmed = _RULE.sub("", line) if _FAILED_COUNT.search(line) else line
             found.append(trimmed or line)

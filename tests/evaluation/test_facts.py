@@ -124,6 +124,12 @@ def test_a_traceback_gives_its_last_line_even_without_an_error_name() -> None:
         '  File "a.py", line 3, in <module>\n    main()\nKeyboardInterrupt\ndone'
     )
     assert error_lines(output) == ["KeyboardInterrupt"]
+    cut = (
+        "Traceback (most recent call last):\n"
+        '  File "a.py", line 3, in <module>\n</output_head>\n<elided_chars>\n'
+        "During handling of the above exception, another exception occurred:\nok"
+    )
+    assert error_lines(cut) == []
 
 
 def test_syntax_errors_exit_statuses_and_exceptions_count_but_harness_tags_do_not() -> None:
