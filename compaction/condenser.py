@@ -55,10 +55,13 @@ from compaction.prompts import (
 )
 from compaction.summary import is_summary, summary_body, summary_message
 from compaction.summary_checks import (
+    SpanFacts,
     anchor_problem,
+    contradiction_problem,
     echo_problem,
     markup_problem,
     span_anchors,
+    task_of,
     unchanged_problem,
 )
 from compaction.text import fit_tokens, one_line
@@ -331,6 +334,8 @@ class _Run:
                     anchors = span_anchors(ordinary)
                     problem = anchor_problem(body, anchors)
                     problem = problem or unchanged_problem(body, previous, anchors)
+                    facts = SpanFacts(files, task_of(self.head, previous), not turn_prefix)
+                    problem = problem or contradiction_problem(body, facts)
                 if problem is not None:
                     raise SummarizationError(f"not a summary: {problem}")
                 message = fitted(body)

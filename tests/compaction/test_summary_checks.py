@@ -111,10 +111,15 @@ def test_a_turn_prefix_note_naming_nothing_of_its_steps_is_replaced_too() -> Non
     messages = [*steps[:8], user("Now make the loader strict too."), *steps[8:]]
     tail = len(messages) - 2
     note = "## Done So Far\n- Looked into things.\n\n## Context Needed Next\n- Nothing special."
+    # The summary of the steps before the request: they read the loader, not yet edited it.
+    main = replies.GOOD_TERSE.replace(
+        "Added the `timeout` default to `DEFAULTS` in `config/loader.py`; the test passes.",
+        "Read `config/loader.py`: `DEFAULTS` has no `timeout`.",
+    )
 
     async def scripted(messages: list[Message], max_tokens: int) -> str:
         prefix = messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT
-        return note if prefix else replies.GOOD_TERSE
+        return note if prefix else main
 
     plan = plan_condense(messages, 2, tail)
     assert plan.turn_start == 8
@@ -123,7 +128,7 @@ def test_a_turn_prefix_note_naming_nothing_of_its_steps_is_replaced_too() -> Non
     )
     assert len(result.notes) == 1
     assert result.notes[0].startswith("turn prefix: llm summary unusable (not a summary: names")
-    assert summary_body(message_text(result.summary)) == replies.GOOD_TERSE.strip()
+    assert summary_body(message_text(result.summary)) == main.strip()
 
 
 # --- echo -----------------------------------------------------------------------
