@@ -8,7 +8,9 @@ extractive summary, the fallback, never contradicts them.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -302,6 +304,27 @@ def test_the_extractive_summary_of_any_agent_session_contradicts_none_of_its_fac
 ) -> None:
     body, facts = _extractive(agent_session(seed=seed, steps=steps, output_chars=600), turn_prefix)
     assert contradiction_problem(body, facts) is None
+
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+
+
+@pytest.mark.corpus
+def test_the_extractive_summary_of_every_real_session_contradicts_none_of_its_facts() -> None:
+    paths = sorted(FIXTURES.glob("*/*.json")) if FIXTURES.is_dir() else []
+    if not paths:
+        pytest.skip(f"contradiction corpus test skipped: no fixtures at {FIXTURES}")
+    checked = read_only = 0
+    for path in paths:
+        body = json.loads(path.read_text())
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not messages or len(messages) < 6:
+            continue  # a list of tool schemas, or too short to compact
+        summary, facts = _extractive(messages[:-2], False)  # the tail stays
+        checked += 1
+        read_only += any(p not in facts.files.modified for p in facts.files.read)
+        assert contradiction_problem(summary, facts) is None, path.name
+    assert checked >= 100 and read_only >= 10, "too few sessions to show anything"
 
 
 def test_the_extractive_summary_of_the_read_only_span_passes() -> None:
