@@ -9,7 +9,8 @@ The facts drawn by the eval's own rules (:mod:`evaluation.facts`) have a
 table of their own: the share of touched paths, of the last five distinct
 error lines and of the user's typed messages the compacted requests still
 hold, with the mean tokens after, of the summaries, and of their ledger
-blocks ("pending" while no summary holds one).
+blocks (:func:`evaluation.run.ledger_text`; "pending" while no summary
+holds one).
 
 With a :class:`~evaluation.repeats.RepeatReport`, a second table gives the
 natural repeat rate: the share of tool calls that repeat an earlier call of

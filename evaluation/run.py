@@ -168,9 +168,14 @@ async def _score(
             cell.judged[probe.kind].add(await judge.grade(result.messages, probe))
 
 
-#: A block of a summary whose tag names a ledger (``<ledger>…</ledger>``,
-#: ``<session-ledger …>…</session-ledger>``): the engine's computed facts.
-_LEDGER = re.compile(r"<([\w-]*ledger[\w-]*)\b[^>]*>.*?</\1>", re.DOTALL | re.IGNORECASE)
+#: The ledger's blocks in a summary, after the prose: the engine's computed
+#: facts (errors, commands, identifiers, the user's words), or any block whose
+#: tag names a ledger. The file lists (``<read-files>``, ``<modified-files>``)
+#: are not counted: they came before the ledger and have a bound of their own.
+_LEDGER = re.compile(
+    r"<((?:errors|commands|identifiers|user-messages)|[\w-]*ledger[\w-]*)\b[^>]*>.*?</\1>",
+    re.DOTALL | re.IGNORECASE,
+)
 
 
 def ledger_text(summary: str) -> list[str]:

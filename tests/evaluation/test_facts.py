@@ -241,13 +241,25 @@ def test_long_lines_and_messages_are_kept_by_their_first_characters() -> None:
     assert not facts["typed"].kept_in(shorter)
 
 
-def test_a_ledger_block_is_found_by_its_tag_in_a_summary() -> None:
+def test_the_ledgers_blocks_are_found_by_their_tags_in_a_summary_but_not_the_file_lists() -> None:
     summary = (
         "## Goal\nFix it.\n\n<ledger>\nerrors:\n- ValueError: x\n</ledger>\n"
         "<read-files>\na.py\n</read-files>"
     )
     assert ledger_text(summary) == ["<ledger>\nerrors:\n- ValueError: x\n</ledger>"]
     assert ledger_text("## Goal\nFix it.\n<read-files>\na.py\n</read-files>") == []
+    blocks = (
+        "<errors>\n- FAILED (failures=1)\n</errors>\n<commands>\n- pytest → exit 1\n</commands>\n"
+        "<identifiers>\n- #123\n</identifiers>\n<user-messages>\n<user-message>Fix it."
+        "</user-message>\n</user-messages>"
+    )
+    found = ledger_text(f"## Goal\nFix it.\n\n<read-files>\na.py\n</read-files>\n{blocks}")
+    assert [block.split(">", 1)[0] for block in found] == [
+        "<errors",
+        "<commands",
+        "<identifiers",
+        "<user-messages",
+    ]
 
 
 # -- independence --------------------------------------------------------------------------
