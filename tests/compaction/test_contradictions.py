@@ -228,6 +228,14 @@ def test_a_task_of_fewer_than_three_content_words_is_not_checked() -> None:
     assert goal_problem("## Goal\n\n## Progress\n", "Please do it.") is None
 
 
+def test_a_goal_restating_an_issue_after_long_harness_boilerplate_keeps_the_goal() -> None:
+    boilerplate = "We're currently solving the following issue within our repository. " * 12
+    task = f"{boilerplate}\nISSUE:\nMatrix.col_insert() shifts the identity block."
+    assert len(boilerplate) > 600
+    assert goal_problem("## Goal\n- Make `col_insert` keep the block.\n", task) is None
+    assert goal_problem("## Goal\n- Tidy the docs.\n", task) is not None
+
+
 def test_words_compare_without_their_plural_past_or_ing_endings() -> None:
     task = "Update the failing parser tests in the exporter"
     assert goal_problem("## Goal\n- Updating the parser.\n", task) is None
