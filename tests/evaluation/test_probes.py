@@ -42,8 +42,10 @@ def _by_name(name: str) -> list[Any]:
 
 
 def test_recall_finds_the_error_line_and_the_values_said() -> None:
-    [error] = _by_name("error")
-    assert error.needles == ("AssertionError: expected 3 got 4",)
+    # The engine's error-line rule may also count the runner's "1 failed"
+    # tally; the assertion is the line that must be there.
+    errors = {p.needles: p for p in _by_name("error")}
+    error = errors[("AssertionError: expected 3 got 4",)]
     assert "pytest -q tests/test_range.py" in error.question
     values = [p.needles[0] for p in _by_name("value")]
     assert "max_items_42" in values and "tests/test_range.py" in values
@@ -83,6 +85,6 @@ def test_every_probe_is_found_in_its_own_conversation_and_not_in_an_empty_one() 
 def test_a_dropped_output_loses_its_error_but_not_the_call() -> None:
     hidden = [*CONVERSATION[:-1], {**CONVERSATION[-1], "content": "[output hidden]"}]
     text = request_text(hidden)
-    [error] = _by_name("error")
-    assert not error.found_in(text)
+    errors = _by_name("error")
+    assert errors and not any(error.found_in(text) for error in errors)
     assert all(p.found_in(text) for p in _by_name("modified"))
