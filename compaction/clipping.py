@@ -18,16 +18,22 @@ from compaction.text import TEXT_MARKER_ROOM, clip, text_marker, word_cut
 
 #: An error line: a Python exception (``pkg.SomeError: …``, or its bare name as
 #: a traceback ends with it), ``re.error: …``, a test runner's ``FAILED`` /
-#: ``ERROR`` line, ``error:`` / ``fatal:`` / ``panic:`` (compilers, git, Rust,
-#: Go), ``file.c:3:5: error …``, ``npm ERR!``, and a shell tool's
+#: ``ERROR`` line or its tally of failures (``3 failed, 68 passed``),
+#: ``error:`` / ``fatal:`` / ``panic:`` (compilers, git, Rust, Go),
+#: ``file.c:3:5: error …``, ``npm ERR!``, and a shell tool's
 #: ``No such file or directory`` / ``command not found`` / ``Permission denied``.
 #: Matched against lines stripped of surrounding blanks and of pytest's ``E``
 #: prefix; anchored, so a word "error" inside ordinary text is no match.
+#: A test runner's tally with failures in it: "3 failed, 68 passed in 4.74s",
+#: pytest's "=== 1 passed, 2 errors in 0.1s ===". An error line too.
+_TALLY_PATTERN = r"=*\s*(?:\d+ \w+, )*\d+ (?:failed|errors?)\b.*"
+_TALLY = re.compile(f"^{_TALLY_PATTERN}$")
 _ERROR_LINE = re.compile(
     r"^(?:"
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?"
     r"|(?:[a-z_]\w*\.)+error:\s.*"
     r"|(?:FAILED|ERROR)(?::|\s+[\w(./]).*"
+    rf"|{_TALLY_PATTERN}"
     r"|(?i:error|fatal|panic)(?:\[\w+\])?:.*"
     r"|\S+:\d+(?::\d+)?:\s*(?:fatal\s+)?error\b.*"
     r"|npm ERR!.*"
@@ -67,6 +73,12 @@ def error_lines(text: str) -> list[str]:
         if line and _ERROR_LINE.match(line):
             found.append(line)
     return found
+
+
+def is_tally_line(line: str) -> bool:
+    """Whether an error line is a test runner's tally (``3 failed, 68 passed``): it
+    names no file or exception."""
+    return bool(_TALLY.match(line.strip()))
 
 
 def is_error_line(line: str) -> bool:

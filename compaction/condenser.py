@@ -43,7 +43,8 @@ from typing import Literal
 
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
-from compaction.files import collect_files
+from compaction.files import render_file_lists
+from compaction.ledger import DEFAULT_LEDGER_SHARE, ledger_of, render_ledger
 from compaction.messages import group_messages, message_text, pinned_in
 from compaction.profile import Profile
 from compaction.prompts import (
@@ -255,6 +256,14 @@ async def condense(
     )
 
 
+def _task(head: Sequence[Message]) -> str:
+    """The head's first user message: the task, read for the identifiers it names."""
+    for message in head:
+        if message.get("role") == "user" and not is_summary(message):
+            return message_text(message)
+    return ""
+
+
 @dataclass(frozen=True)
 class _Span:
     """Messages ``[start, end)`` as condensed, and the same ones before pruning."""
@@ -306,22 +315,32 @@ class _Run:
             return span[0]  # a lone earlier summary: nothing new to fold into it
         span_tokens = self.tokens(span)
         budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
-        files = collect_files(whole.originals, self.profile)
+        # Computed once per summary, from the originals (not the pruned briefs),
+        # with the ledgers of earlier summaries in the span folded in.
+        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head))
+        files = ledger.files
+        # The client's messages it stands for: an earlier summary folded in counts its own.
+        condensed = stands_for(span)
 
-        def wrap(body: str) -> Message:
-            # The client's messages it stands for: an earlier summary folded in counts its own.
-            condensed = stands_for(span)
-            return summary_message(body, condensed=condensed, files=files, turn_prefix=turn_prefix)
+        def wrap(body: str, blocks: str) -> Message:
+            return summary_message(
+                body, condensed=condensed, ledger=blocks, turn_prefix=turn_prefix
+            )
 
-        frame = self.counter.count_message(wrap(""))
+        lists = render_file_lists(files)
         if cap is not None:
-            budget = max(min(budget, cap - frame), 1)
+            budget = max(min(budget, cap - self.counter.count_message(wrap("", lists))), 1)
+        # The ledger takes its share of the budget; the prose the rest.
+        rendered = render_ledger(ledger, round(budget * DEFAULT_LEDGER_SHARE), self.counter)
+        taken = self.counter.count_text(rendered) - self.counter.count_text(lists)
+        budget = max(budget - taken, 1)
+        frame = self.counter.count_message(wrap("", rendered))
 
         def fitted(body: str) -> Message:
-            message = wrap(body)
+            message = wrap(body, rendered)
             if cap is None or self.counter.count_message(message) <= cap:
                 return message
-            return wrap(fit_tokens(body, max(cap - frame, 0), self.counter))
+            return wrap(fit_tokens(body, max(cap - frame, 0), self.counter), rendered)
 
         label = "turn prefix: " if turn_prefix else ""
         if self.profile.summarizer == "llm" and self.summarizer is not None:

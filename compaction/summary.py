@@ -7,14 +7,15 @@ A summary is a user message standing in for a span of the conversation::
                                                    ← a blank line
     ## Goal …                                      ← the body: the summarizer's text
                                                    ← a blank line
-    <read-files> … </read-files>                   ← the file lists, computed by the
-    <modified-files> … </modified-files>             proxy, never summarized
+    <read-files> … </read-files>                   ← the ledger (compaction.ledger),
+    <modified-files> … </modified-files>             computed by the proxy, never
+    <errors> … <user-messages> …                     summarized: the file lists first
 
 Four operations, each the inverse of the others' work: make
 (:func:`summary_message`), recognize (:func:`is_summary`), parse
 (:func:`parse_summary`, :func:`summary_body`, :func:`summary_count`) and edit
 (:func:`with_body`, which replaces the body and keeps the heading and the
-file lists). Anything that reads or changes a summary goes through them, so
+ledger byte for byte). Anything that reads or changes a summary goes through them, so
 a change to the format cannot break one reader silently.
 """
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from compaction.files import FileLists, parse_file_lists, render_file_lists, strip_file_lists
+from compaction.files import FileLists, parse_file_lists, render_file_lists
+from compaction.ledger import ledger_text, strip_ledger
 from compaction.messages import message_text
 from compaction.types import Message
 
@@ -47,9 +49,22 @@ def is_summary(message: Message) -> bool:
     return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
 
 
-def summary_message(body: str, *, condensed: int, files: FileLists, turn_prefix: bool) -> Message:
+def summary_message(
+    body: str,
+    *,
+    condensed: int,
+    files: FileLists | None = None,
+    ledger: str | None = None,
+    turn_prefix: bool,
+) -> Message:
     """The user message that stands in for ``condensed`` of the client's messages
-    (:func:`compaction.prompts.stands_for` the span it replaces)."""
+    (:func:`compaction.prompts.stands_for` the span it replaces).
+
+    ``ledger`` is the rendered ledger (:func:`compaction.ledger.render_ledger`,
+    the file lists included); without it, the file lists ``files`` alone.
+    """
+    if ledger is None:
+        ledger = render_file_lists(files or FileLists())
     noun = "message" if condensed == 1 else "messages"
     if turn_prefix:
         heading = (
@@ -61,14 +76,15 @@ def summary_message(body: str, *, condensed: int, files: FileLists, turn_prefix:
             f"{_HEADING_START}{condensed} earlier {noun}, condensed to fit the context window. "
             "It is background for what follows, not a new request."
         )
-    return {"role": "user", "content": _render(heading, body, files)}
+    return {"role": "user", "content": _render(heading, body, ledger)}
 
 
-def _render(heading: str, body: str, files: FileLists) -> str:
-    parts = [SUMMARY_MARKER, heading, "", body.strip()]
-    rendered = render_file_lists(files)
-    if rendered:
-        parts.extend(["", rendered])
+def _render(heading: str, body: str, ledger: str) -> str:
+    # The body may not carry ledger blocks of its own: they would be read back
+    # as the ledger (a model echoing the blocks it saw, a user pasting them).
+    parts = [SUMMARY_MARKER, heading, "", strip_ledger(body)]
+    if ledger:
+        parts.extend(["", ledger])
     return "\n".join(parts)
 
 
@@ -105,7 +121,7 @@ def summary_body(text: str) -> str:
         text = text[len(SUMMARY_MARKER) :].lstrip()
         if text.startswith(_HEADING_START):
             text = text.partition("\n")[2]
-    return strip_file_lists(text).strip()
+    return strip_ledger(text)
 
 
 def summary_count(message: Message) -> int | None:
@@ -124,6 +140,7 @@ class SummaryParts:
     heading: str  #: the line after the marker (empty when it has none)
     body: str  #: the summarizer's text (or the user's edit of it)
     files: FileLists  #: the proxy's file lists, kept apart from the body
+    ledger: str = ""  #: the whole ledger as rendered (file lists included), kept apart
 
 
 def parse_summary(message: Message) -> SummaryParts | None:
@@ -134,13 +151,13 @@ def parse_summary(message: Message) -> SummaryParts | None:
     heading = ""
     if text.startswith(_HEADING_START):
         heading, _, text = text.partition("\n")
-    return SummaryParts(heading, strip_file_lists(text).strip(), parse_file_lists(text))
+    return SummaryParts(heading, strip_ledger(text), parse_file_lists(text), ledger_text(text))
 
 
 def with_body(message: Message, body: str) -> Message:
     """The summary ``message`` with ``body`` in place of its text: the marker,
-    the heading, the file lists and every other field of the message stay."""
+    the heading, the ledger and every other field of the message stay."""
     parts = parse_summary(message)
     if parts is None:
         raise ValueError("not a summary message")
-    return {**message, "content": _render(parts.heading, body, parts.files)}
+    return {**message, "content": _render(parts.heading, body, parts.ledger)}

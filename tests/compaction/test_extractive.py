@@ -297,7 +297,7 @@ def test_long_text_without_sentence_ends_is_summarized_within_its_budget() -> No
 
 
 def _failing_run(command: str, *errors: str) -> list[dict[str, Any]]:
-    output = "\n".join(["collected 3 items", *errors, "1 failed"])
+    output = "\n".join(["collected 3 items", *errors])
     return tool_group(
         "bash", {"command": command}, f"<returncode>1</returncode>\n<output>\n{output}\n</output>"
     )

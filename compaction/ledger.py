@@ -1,0 +1,407 @@
+"""The ledger: facts of a compacted span kept verbatim, computed without an LLM.
+
+A summary's prose is written by a model (or by :mod:`compaction.extractive`)
+and may leave out what the agent needs to go on. The ledger is computed by
+the engine from the messages it replaces, deterministically, and appended to
+every summary after the prose:
+
+* ``<read-files>`` / ``<modified-files>`` — :mod:`compaction.files`, as before;
+* ``<errors>`` — the last distinct error lines the span's tool results printed
+  (:func:`compaction.clipping.error_lines`, test-runner result lines
+  included), whole up to :data:`~compaction.clipping.KEPT_LINE_CHARS`;
+* ``<commands>`` — the commands run, each with its exit status when known;
+* ``<identifiers>`` — issue and ticket ids, URLs and branch names named by the
+  task or by the user;
+* ``<user-messages>`` — every message the user typed in the span, verbatim
+  up to :data:`USER_MESSAGE_CHARS` (tool observations sent as user messages,
+  earlier summaries and ``/compact`` commands are not typed words).
+
+Every block keeps its entries oldest first; the position of an entry is its
+recency. An earlier summary's ledger is parsed back and merged in, its
+entries older than the span's, and a repeated entry keeps its newest place:
+when the budget cannot hold everything, the newest entries win, whether new
+or carried over. The file lists keep their own bound
+(:data:`~compaction.files.DEFAULT_MAX_FILES`) and are always rendered; the
+other blocks share a token budget, :data:`DEFAULT_LEDGER_SHARE` of the
+summary's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from compaction.calls import COMMAND_ARGUMENTS, key_argument, shows_files
+from compaction.files import FileLists, collect_files, parse_file_lists, render_file_lists
+from compaction.messages import message_text, tool_calls
+from compaction.profile import Profile
+from compaction.text import word_cut
+from compaction.tokens import TokenCounter
+from compaction.types import Message
+
+#: The ledger's share of the summary budget (the file lists aside).
+DEFAULT_LEDGER_SHARE = 0.35
+#: A user message is kept whole up to this many characters, then cut between
+#: words with a marker: a pasted log must not take the whole ledger.
+USER_MESSAGE_CHARS = 2_000
+#: A command is quoted up to this many characters (its first line).
+COMMAND_CHARS = 200
+#: Each block keeps at most this many entries, the newest: a bound on the
+#: work of every later compaction, far above what a budget holds.
+MAX_ENTRIES = 200
+
+_BLOCKS = ("errors", "commands", "identifiers", "user-messages")
+_ENTRY_OPEN = "<user-message>"
+_ENTRY_CLOSE = "</user-message>"
+_CUT_MARKER = " […{:,} characters cut]"
+
+_RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
+_EXIT_CODE = re.compile(r"(?i)\bexit(?:\s+code|\s+status)?\s*[:=]?\s*(-?\d+)\b")
+#: Observation blocks some harnesses send as user messages (mini-swe-agent).
+_OBSERVATION = re.compile(r"<returncode>|<output>|^OBSERVATION:|^Observation:", re.MULTILINE)
+_COMPACT_COMMAND = re.compile(r"^\s*/compact\b")
+_ISSUE = re.compile(r"(?<![\w#/&])#\d{1,7}\b")
+_TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d{1,7}\b")
+_URL = re.compile(r"\bhttps?://[^\s<>()\"'`]{1,300}")
+_BRANCH = re.compile(
+    r"\bgit\s+(?:checkout\s+-[bB]|switch\s+(?:-[cC]\s+)?)\s*([\w./-]{1,100})"
+    r"|\bbranch\s+'([\w./-]{1,100})'"
+)
+_URL_TRAIL = ".,;:!?"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What a span did and said, each block oldest first (an entry's place is its recency)."""
+
+    files: FileLists = field(default_factory=FileLists)
+    errors: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    identifiers: tuple[str, ...] = ()
+    user_messages: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.files or self.errors or self.commands or self.identifiers or self.user_messages
+        )
+
+    def merge(self, later: Ledger) -> Ledger:
+        """This ledger followed by ``later``: a repeated entry keeps its newest place."""
+        return Ledger(
+            self.files.merge(later.files),
+            _newest((*self.errors, *later.errors)),
+            _newest((*self.commands, *later.commands)),
+            _newest((*self.identifiers, *later.identifiers)),
+            _newest((*self.user_messages, *later.user_messages)),
+        )
+
+    def blocks(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """``(tag, entries)`` of the budgeted blocks, in their fixed order."""
+        return (
+            ("errors", self.errors),
+            ("commands", self.commands),
+            ("identifiers", self.identifiers),
+            ("user-messages", self.user_messages),
+        )
+
+
+def _newest(entries: Iterable[str]) -> tuple[str, ...]:
+    """Each entry once, at its last place, oldest first; at most :data:`MAX_ENTRIES`."""
+    seen: dict[str, None] = {}
+    for entry in reversed(tuple(entries)):
+        if entry not in seen:
+            seen[entry] = None
+            if len(seen) == MAX_ENTRIES:
+                break
+    return tuple(reversed(seen))
+
+
+# --- computing -----------------------------------------------------------------
+
+
+def ledger_of(
+    messages: Sequence[Message],
+    profile: Profile,
+    previous: Ledger | None = None,
+    *,
+    task: str = "",
+) -> Ledger:
+    """The ledger of ``messages`` (a span's originals), folded after ``previous``.
+
+    An earlier summary among ``messages`` has its ledger parsed back and
+    merged at its place. ``task`` (the head's first user message) is read for
+    identifiers only: the head keeps it verbatim.
+    """
+    # Imported here: the summary format renders this module's ledger.
+    from compaction.summary import is_summary
+
+    ledger = previous or Ledger()
+    ledger = ledger.merge(Ledger(identifiers=tuple(identifiers_in(task))))
+    stretch: list[Message] = []
+    for message in messages:
+        if is_summary(message):
+            ledger = ledger.merge(_stretch_ledger(stretch, profile))
+            ledger = ledger.merge(parse_ledger(message_text(message)))
+            stretch = []
+        else:
+            stretch.append(message)
+    ledger = ledger.merge(_stretch_ledger(stretch, profile))
+    # The file lists compute their own merge order (a modified file is never read).
+    files = (previous.files if previous else FileLists()).merge(collect_files(messages, profile))
+    return Ledger(
+        files.limited(),
+        ledger.errors,
+        ledger.commands,
+        ledger.identifiers,
+        ledger.user_messages,
+    )
+
+
+def _stretch_ledger(messages: Sequence[Message], profile: Profile) -> Ledger:
+    """The ledger of messages holding no summary (files are computed by the caller)."""
+    if not messages:
+        return Ledger()
+    # Imported here: steps reads files, which the summary format imports.
+    from compaction.steps import tool_steps
+
+    errors = [error for step in tool_steps(messages) for error in step.errors]
+    users = typed_messages(messages)
+    found_ids = [i for text in users for i in identifiers_in(text)]
+    return Ledger(
+        errors=_newest(errors),
+        commands=_newest(_commands(messages)),
+        identifiers=_newest(found_ids),
+        user_messages=_newest(_cap_user("\n".join(text.splitlines())) for text in users),
+    )
+
+
+def typed_messages(messages: Iterable[Message]) -> list[str]:
+    """The texts of the user messages a person typed: no tool observation, earlier
+    summary or ``/compact`` command."""
+    from compaction.summary import is_summary
+
+    found = []
+    for message in messages:
+        if message.get("role") != "user" or is_summary(message):
+            continue
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, dict) and part.get("type") == "tool_result" for part in content
+        ):
+            continue
+        text = message_text(message).strip()
+        if not text or _COMPACT_COMMAND.match(text) or _OBSERVATION.search(text[:2_000]):
+            continue
+        found.append(text)
+    return found
+
+
+def _cap_user(text: str) -> str:
+    if len(text) <= USER_MESSAGE_CHARS:
+        return text
+    kept = word_cut(text, USER_MESSAGE_CHARS)
+    return kept + _CUT_MARKER.format(len(text) - len(kept))
+
+
+def _commands(messages: Sequence[Message]) -> Iterator[str]:
+    """``command → exit N`` for each command a tool call ran, in order."""
+    from compaction.files import results_after
+
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        results = results_after(messages, index)
+        for call in tool_calls(message):
+            key, value = key_argument(call)
+            if key not in COMMAND_ARGUMENTS or not value or shows_files(call):
+                continue
+            lines = value.strip().splitlines()
+            if not lines:
+                continue
+            command = " ".join(lines[0].split())
+            if len(command) > COMMAND_CHARS or len(lines) > 1:
+                command = word_cut(command, COMMAND_CHARS) + " …"
+            result = results.get(call.get("id"))
+            code = _exit_code(result) if result is not None else None
+            yield f"`{command}` → exit {code}" if code is not None else f"`{command}`"
+
+
+def _exit_code(result: str) -> int | None:
+    found = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
+    return int(found.group(1)) if found else None
+
+
+def identifiers_in(text: str) -> list[str]:
+    """Issue and ticket ids, URLs and branch names in ``text``, in order."""
+    text = text[:20_000]  # a task names its identifiers early; bounded work
+    found: list[tuple[int, str]] = []
+    for match in _URL.finditer(text):
+        found.append((match.start(), match.group(0).rstrip(_URL_TRAIL)))
+    for pattern in (_ISSUE, _TICKET):
+        found.extend((m.start(), m.group(0)) for m in pattern.finditer(text))
+    for match in _BRANCH.finditer(text):
+        name = (match.group(1) or match.group(2)).rstrip(_URL_TRAIL)
+        if name:
+            found.append((match.start(), f"branch {name}"))
+    inside_urls = [(m.start(), m.end()) for m in _URL.finditer(text)]
+    kept = [
+        value
+        for at, value in sorted(found)
+        if value.startswith("http") or not any(s < at < e for s, e in inside_urls)
+    ]
+    return list(dict.fromkeys(kept))
+
+
+# --- rendering and parsing -------------------------------------------------------
+
+
+def render_ledger(ledger: Ledger, budget_tokens: int, counter: TokenCounter) -> str:
+    """The ledger as blocks: the file lists whole, then the budgeted blocks in a fixed
+    order, each newest first and holding its newest entries that fit ``budget_tokens``.
+
+    Entries are taken newest first, one from each block in turn, so that no
+    block crowds the others out; a block stops at its first entry that does
+    not fit, so an older entry is never kept over a newer one.
+    """
+    chosen: dict[str, list[str]] = {tag: [] for tag in _BLOCKS}
+    queues = {tag: list(reversed(entries)) for tag, entries in ledger.blocks()}
+    used = 0
+    open_blocks = [tag for tag in _BLOCKS if queues[tag]]
+    depth = 0
+    while open_blocks:
+        for tag in list(open_blocks):
+            if depth >= len(queues[tag]):
+                open_blocks.remove(tag)
+                continue
+            entry = queues[tag][depth]
+            cost = counter.count_text(_entry_text(tag, entry)) + 1
+            if not chosen[tag]:
+                cost += counter.count_text(f"<{tag}>\n</{tag}>") + 1
+            if used + cost > budget_tokens:
+                open_blocks.remove(tag)
+                continue
+            chosen[tag].append(entry)
+            used += cost
+        depth += 1
+    text = _render(ledger.files, chosen)
+    # Counted apart, entries may join into fewer tokens than together; the
+    # check on the whole drops the oldest entry of the longest block until it fits.
+    files_only = counter.count_text(_render(ledger.files, {}))
+    while counter.count_text(text) - files_only > budget_tokens and any(chosen.values()):
+        longest = max(_BLOCKS, key=lambda tag: len(chosen[tag]))
+        chosen[longest].pop()
+        text = _render(ledger.files, chosen)
+    return text
+
+
+def _entry_text(tag: str, entry: str) -> str:
+    if tag != "user-messages":
+        return entry
+    lines = [f" {line}" if line.strip() == _ENTRY_CLOSE else line for line in entry.splitlines()]
+    return "\n".join([_ENTRY_OPEN, *lines, _ENTRY_CLOSE])
+
+
+def _render(files: FileLists, chosen: dict[str, list[str]]) -> str:
+    parts = [render_file_lists(files)] if files else []
+    for tag in _BLOCKS:
+        entries = chosen.get(tag)
+        if entries:
+            body = "\n".join(_entry_text(tag, entry) for entry in entries)
+            parts.append(f"<{tag}>\n{body}\n</{tag}>")
+    return "\n".join(parts)
+
+
+def parse_ledger(text: str) -> Ledger:
+    """The ledger rendered in ``text`` (an earlier summary); empty when it has none."""
+    found: dict[str, list[str]] = {tag: [] for tag in _BLOCKS}
+    current: str | None = None
+    entry: list[str] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if current is None:
+            if line.startswith("<") and line.endswith(">") and line[1:-1] in found:
+                current = line[1:-1]
+            continue
+        if line == f"</{current}>" and entry is None:
+            current = None
+        elif current != "user-messages":
+            if line:
+                found[current].append(line)
+        elif entry is None:
+            if line == _ENTRY_OPEN:
+                entry = []
+        elif raw == _ENTRY_CLOSE:
+            found[current].append("\n".join(entry))
+            entry = None
+        else:
+            entry.append(raw[1:] if raw.strip() == _ENTRY_CLOSE else raw)
+    # Rendered newest first; kept oldest first.
+    return Ledger(
+        parse_file_lists(text),
+        tuple(reversed(found["errors"])),
+        tuple(reversed(found["commands"])),
+        tuple(reversed(found["identifiers"])),
+        tuple(reversed(found["user-messages"])),
+    )
+
+
+def strip_ledger(text: str) -> str:
+    """``text`` without its ledger blocks (file lists included): they are recomputed,
+    never summarized."""
+    from compaction.files import strip_file_lists
+
+    kept, _ = _split(text)
+    return strip_file_lists("\n".join(kept)).strip()
+
+
+def ledger_text(text: str) -> str:
+    """The ledger blocks of ``text`` as they stand, line for line: what an edit of the
+    prose keeps byte for byte."""
+    _, blocks = _split(text)
+    return "\n".join(blocks)
+
+
+_ALL_BLOCKS = frozenset(("read-files", "modified-files", *_BLOCKS))
+
+
+def _split(text: str) -> tuple[list[str], list[str]]:
+    """The lines of ``text`` outside its ledger blocks, and those of the blocks.
+
+    Blocks are read line by line, opener and closer each a line of their
+    own, so the scan is linear; an unclosed block runs to the end.
+    """
+    kept: list[str] = []
+    blocks: list[str] = []
+    current: str | None = None
+    entry = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if current is None:
+            if line.startswith("<") and line.endswith(">") and line[1:-1] in _ALL_BLOCKS:
+                current = line[1:-1]
+                blocks.append(raw)
+            else:
+                kept.append(raw)
+            continue
+        blocks.append(raw)
+        if current == "user-messages" and line == _ENTRY_OPEN and not entry:
+            entry = True
+        elif entry and raw == _ENTRY_CLOSE:
+            entry = False
+        elif not entry and line == f"</{current}>":
+            current = None
+    return kept, blocks
+
+
+__all__ = [
+    "DEFAULT_LEDGER_SHARE",
+    "Ledger",
+    "identifiers_in",
+    "ledger_of",
+    "ledger_text",
+    "parse_ledger",
+    "render_ledger",
+    "strip_ledger",
+    "typed_messages",
+]

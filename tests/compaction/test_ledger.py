@@ -1,0 +1,244 @@
+"""The ledger: what a compacted span did and said, computed, rendered, parsed and folded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compaction import Profile, TokenCounter
+from compaction.clipping import error_lines
+from compaction.files import FileLists
+from compaction.ledger import (
+    Ledger,
+    identifiers_in,
+    ledger_of,
+    parse_ledger,
+    render_ledger,
+    strip_ledger,
+    typed_messages,
+)
+from compaction.summary import parse_summary, summary_message, with_body
+
+COUNTER = TokenCounter("gpt-4o")
+PROFILE = Profile()
+ROOMY = 100_000
+
+
+def _bash(call_id: str, command: str, output: str, code: int) -> list[dict[str, Any]]:
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": command})},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": f"<returncode>{code}</returncode>\n<output>\n{output}\n</output>",
+        },
+    ]
+
+
+def _span() -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": "Please keep the public API of parser.py unchanged."},
+        *_bash("c1", "python -m pytest -q", "E   AssertionError: assert 1 == 2\n1 failed", 1),
+        {"role": "user", "content": "<returncode>0</returncode>\n<output>\nok\n</output>"},
+        *_bash("c2", "python -m unittest", "FAILED (failures=3, errors=3, skipped=8)", 1),
+        {"role": "user", "content": "/compact keep the errors"},
+        *_bash("c3", "pytest", "3 failed, 68 passed, 1 xfailed in 4.74s", 1),
+        {"role": "user", "content": "Now fix ABC-123 on branch 'fix/parser'."},
+    ]
+
+
+def test_a_span_ledger_holds_its_errors_commands_identifiers_and_typed_messages() -> None:
+    ledger = ledger_of(_span(), PROFILE, task="Fix #42, see https://example.com/issues/42.")
+    assert ledger.errors == (
+        "AssertionError: assert 1 == 2",
+        "1 failed",
+        "FAILED (failures=3, errors=3, skipped=8)",
+        "3 failed, 68 passed, 1 xfailed in 4.74s",
+    )
+    assert ledger.commands == (
+        "`python -m pytest -q` → exit 1",
+        "`python -m unittest` → exit 1",
+        "`pytest` → exit 1",
+    )
+    assert ledger.user_messages == (
+        "Please keep the public API of parser.py unchanged.",
+        "Now fix ABC-123 on branch 'fix/parser'.",
+    )
+    assert ledger.identifiers == (
+        "#42",
+        "https://example.com/issues/42",
+        "ABC-123",
+        "branch fix/parser",
+    )
+
+
+def test_test_runner_tallies_with_failures_are_error_lines_and_clean_runs_are_not() -> None:
+    text = "3 failed, 68 passed, 1 xfailed in 4.74s\n=== 1 passed, 2 errors in 0.1s ===\n"
+    assert error_lines(text + "5 passed in 1.02s\n") == text.splitlines()
+
+
+def test_tool_observations_summaries_and_compact_commands_are_not_typed_messages() -> None:
+    earlier = summary_message("## Goal\n- g", condensed=2, files=FileLists(), turn_prefix=False)
+    messages = [
+        earlier,
+        {"role": "user", "content": "<returncode>1</returncode><output>x</output>"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+        {"role": "user", "content": "/compact focus on the parser"},
+        {"role": "user", "content": "Use tabs, not spaces."},
+    ]
+    assert typed_messages(messages) == ["Use tabs, not spaces."]
+
+
+def test_a_long_user_message_is_kept_to_its_cap_with_a_marker() -> None:
+    long = "word " * 1_000
+    ledger = ledger_of([{"role": "user", "content": long}], PROFILE)
+    (kept,) = ledger.user_messages
+    assert kept.startswith("word word") and "characters cut]" in kept
+    assert len(kept) < 2_100
+
+
+def test_identifiers_are_issue_and_ticket_ids_urls_and_branches() -> None:
+    text = "See #12 and JIRA-7 at https://x.org/a?b=1. `git checkout -b feat/x`, git switch main"
+    assert identifiers_in(text) == [
+        "#12",
+        "JIRA-7",
+        "https://x.org/a?b=1",
+        "branch feat/x",
+        "branch main",
+    ]
+
+
+def test_a_rendered_ledger_parses_back_to_itself() -> None:
+    ledger = ledger_of(_span(), PROFILE, task="Fix #42.")
+    ledger = dataclasses.replace(ledger, files=FileLists(("a.py",), ("b.py",)))
+    assert parse_ledger(render_ledger(ledger, ROOMY, COUNTER)) == ledger
+
+
+def test_the_newest_entries_survive_a_tight_budget() -> None:
+    errors = tuple(f"ValueError: failure number {i}" for i in range(40))
+    ledger = Ledger(errors=errors)
+    text = render_ledger(ledger, 60, COUNTER)
+    kept = parse_ledger(text).errors
+    assert 0 < len(kept) < len(errors)
+    assert kept == errors[-len(kept) :]
+    assert COUNTER.count_text(text) <= 60
+
+
+def test_each_block_gets_its_newest_entries_before_any_block_gets_older_ones() -> None:
+    ledger = Ledger(
+        errors=tuple(f"ValueError: e{i}" for i in range(30)),
+        user_messages=tuple(f"request number {i}" for i in range(30)),
+    )
+    kept = parse_ledger(render_ledger(ledger, 80, COUNTER))
+    assert kept.errors[-1] == "ValueError: e29"
+    assert kept.user_messages[-1] == "request number 29"
+
+
+def test_a_fold_keeps_new_entries_over_old_ones() -> None:
+    old = Ledger(errors=tuple(f"OldError: {i}" for i in range(20)))
+    folded = ledger_of(_span(), PROFILE, old)
+    kept = parse_ledger(render_ledger(folded, 40, COUNTER)).errors
+    assert kept and all(not e.startswith("OldError") for e in kept)
+    assert kept[-1] == "3 failed, 68 passed, 1 xfailed in 4.74s"
+
+
+def test_a_repeated_entry_keeps_its_newest_place() -> None:
+    old = Ledger(errors=("SyntaxError: invalid syntax", "KeyError: 'x'"))
+    later = Ledger(errors=("SyntaxError: invalid syntax",))
+    assert old.merge(later).errors == ("KeyError: 'x'", "SyntaxError: invalid syntax")
+
+
+def test_an_earlier_summarys_ledger_is_folded_in_at_its_place() -> None:
+    earlier_ledger = Ledger(errors=("KeyError: 'old'",), user_messages=("first request",))
+    earlier = summary_message(
+        "## Goal\n- g",
+        condensed=4,
+        ledger=render_ledger(earlier_ledger, ROOMY, COUNTER),
+        turn_prefix=False,
+    )
+    ledger = ledger_of([earlier, *_span()], PROFILE)
+    assert ledger.errors[0] == "KeyError: 'old'"
+    assert ledger.user_messages[0] == "first request"
+
+
+def test_the_same_span_gives_the_same_bytes() -> None:
+    one = render_ledger(ledger_of(_span(), PROFILE), 200, COUNTER)
+    two = render_ledger(ledger_of(_span(), PROFILE), 200, COUNTER)
+    assert one == two
+
+
+def test_a_summary_edit_keeps_the_ledger_out_of_the_body_and_byte_for_byte() -> None:
+    rendered = render_ledger(ledger_of(_span(), PROFILE), ROOMY, COUNTER)
+    message = summary_message("## Goal\n- g", condensed=9, ledger=rendered, turn_prefix=False)
+    parts = parse_summary(message)
+    assert parts is not None and parts.body == "## Goal\n- g" and parts.ledger == rendered
+    edited = parse_summary(with_body(message, "## Goal\n- h"))
+    assert edited is not None and edited.body == "## Goal\n- h" and edited.ledger == rendered
+
+
+def test_ledger_blocks_pasted_into_a_body_are_not_read_back_as_the_ledger() -> None:
+    message = summary_message(
+        "## Goal\n- g\n<errors>\nFakeError: pasted\n</errors>",
+        condensed=2,
+        ledger="",
+        turn_prefix=False,
+    )
+    assert parse_ledger(message["content"]) == Ledger()
+    assert strip_ledger("a\n<errors>\nX\n</errors>\nb") == "a\nb"
+
+
+_line = (
+    st.text(
+        alphabet=st.characters(blacklist_categories=("Cs", "Zl", "Zp", "Cc")),
+        min_size=1,
+        max_size=40,
+    )
+    .map(lambda s: " ".join(s.split()))
+    .filter(bool)
+)
+_message = (
+    st.lists(
+        st.text(
+            alphabet=st.characters(blacklist_categories=("Cs", "Cc")) | st.just("\n"), max_size=60
+        ),
+        min_size=1,
+        max_size=4,
+    )
+    .map(lambda parts: "\n".join(p.strip() for p in parts).strip())
+    .filter(bool)
+)
+_entries = st.lists(_line, max_size=8, unique=True).map(tuple)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_entries, _entries, _entries, st.lists(_message, max_size=5, unique=True).map(tuple))
+def test_any_ledger_round_trips_through_its_rendering(
+    errors: tuple[str, ...],
+    commands: tuple[str, ...],
+    identifiers: tuple[str, ...],
+    users: tuple[str, ...],
+) -> None:
+    ledger = Ledger(FileLists(), errors, commands, identifiers, users)
+    assert parse_ledger(render_ledger(ledger, ROOMY, COUNTER)) == ledger
+
+
+@settings(max_examples=60, deadline=None)
+@given(_entries, st.lists(_message, max_size=5, unique=True).map(tuple), st.integers(0, 120))
+def test_a_rendered_ledger_holds_its_budget_and_only_the_newest_of_each_block(
+    errors: tuple[str, ...], users: tuple[str, ...], budget: int
+) -> None:
+    ledger = Ledger(errors=errors, user_messages=users)
+    text = render_ledger(ledger, budget, COUNTER)
+    assert COUNTER.count_text(text) <= budget
+    kept = parse_ledger(text)
+    assert kept.errors == errors[len(errors) - len(kept.errors) :]
+    assert kept.user_messages == users[len(users) - len(kept.user_messages) :]
