@@ -42,6 +42,7 @@ from compaction.errors import (
 )
 from compaction.execute import execute
 from compaction.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
+from compaction.ledger import Ledger, ledger_of, parse_ledger, render_ledger
 from compaction.lessons import (
     WINDOW_BOUNDS,
     EmptyStream,
@@ -99,6 +100,7 @@ __all__ = [
     "EmptyStream",
     "EmptyStreamLesson",
     "InvalidMessagesError",
+    "Ledger",
     "Message",
     "OverflowReport",
     "PairingProblem",
@@ -135,15 +137,18 @@ __all__ = [
     "head_end",
     "is_summary",
     "key_argument",
+    "ledger_of",
     "load_encoding",
     "made_progress",
     "message_text",
     "new_checkpoint",
+    "parse_ledger",
     "parse_summary",
     "proven_floor",
     "ratio_sample",
     "read_conversation",
     "read_conversation_async",
+    "render_ledger",
     "repair_tool_pairing",
     "requested_output_tokens",
     "restored_calibration",
