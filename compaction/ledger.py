@@ -52,6 +52,10 @@ COMMAND_CHARS = 200
 MAX_ENTRIES = 200
 
 _BLOCKS = ("errors", "commands", "identifiers", "user-messages")
+#: The order in which blocks claim their next entry from the budget: the
+#: user's own words first (no other record of them is kept), then the errors,
+#: the commands, the identifiers (the task still names its own in the head).
+_CLAIM_ORDER = ("user-messages", "errors", "commands", "identifiers")
 _ENTRY_OPEN = "<user-message>"
 _ENTRY_CLOSE = "</user-message>"
 _CUT_MARKER = " […{:,} characters cut]"
@@ -260,14 +264,15 @@ def render_ledger(ledger: Ledger, budget_tokens: int, counter: TokenCounter) -> 
     """The ledger as blocks: the file lists whole, then the budgeted blocks in a fixed
     order, each newest first and holding its newest entries that fit ``budget_tokens``.
 
-    Entries are taken newest first, one from each block in turn, so that no
-    block crowds the others out; a block stops at its first entry that does
-    not fit, so an older entry is never kept over a newer one.
+    Entries are taken newest first, one from each block in turn (the user's
+    messages first, :data:`_CLAIM_ORDER`), so that no block crowds the others
+    out; a block stops at its first entry that does not fit, so an older entry
+    is never kept over a newer one.
     """
     chosen: dict[str, list[str]] = {tag: [] for tag in _BLOCKS}
     queues = {tag: list(reversed(entries)) for tag, entries in ledger.blocks()}
     used = 0
-    open_blocks = [tag for tag in _BLOCKS if queues[tag]]
+    open_blocks = [tag for tag in _CLAIM_ORDER if queues[tag]]
     depth = 0
     while open_blocks:
         for tag in list(open_blocks):

@@ -133,6 +133,15 @@ def test_the_newest_entries_survive_a_tight_budget() -> None:
     assert COUNTER.count_text(text) <= 60
 
 
+def test_the_users_newest_message_claims_the_budget_first() -> None:
+    ledger = Ledger(
+        errors=tuple(f"ValueError: e{i}" for i in range(30)),
+        user_messages=("an older request", "the newest request of all"),
+    )
+    text = render_ledger(ledger, 30, COUNTER)
+    assert parse_ledger(text).user_messages == ("the newest request of all",)
+
+
 def test_each_block_gets_its_newest_entries_before_any_block_gets_older_ones() -> None:
     ledger = Ledger(
         errors=tuple(f"ValueError: e{i}" for i in range(30)),
@@ -146,7 +155,9 @@ def test_each_block_gets_its_newest_entries_before_any_block_gets_older_ones() -
 def test_a_fold_keeps_new_entries_over_old_ones() -> None:
     old = Ledger(errors=tuple(f"OldError: {i}" for i in range(20)))
     folded = ledger_of(_span(), PROFILE, old)
-    kept = parse_ledger(render_ledger(folded, 40, COUNTER)).errors
+    assert folded.errors[:20] == old.errors  # carried over, older than the span's
+    errors_only = Ledger(errors=folded.errors)
+    kept = parse_ledger(render_ledger(errors_only, 40, COUNTER)).errors
     assert kept and all(not e.startswith("OldError") for e in kept)
     assert kept[-1] == "3 failed, 68 passed, 1 xfailed in 4.74s"
 
