@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
+from compaction.clipping import is_tally_line
 from compaction.files import FileLists
 from compaction.messages import message_text
 from compaction.prompts import PROMPT_TAGS, ROLE_LABELS, instruction_texts
@@ -336,6 +337,8 @@ def _error_anchors(line: str) -> list[str]:
     found = [name for t in tokens if looks_like_path(t) and _plain(name := _file_name(t))]
     # The exception last: of the newest error line, its name is what a note shows.
     found.extend(m.group(1) for m in _EXCEPTION.finditer(line))
+    if not found and is_tally_line(line):
+        return []  # "3 failed, 68 passed": figures, not a name a summary would quote
     if not found:
         rest = _ERROR_WORDS.sub("", line.strip(), count=1).strip() or line.strip()
         found.append(_first_words(rest, _ERROR_QUOTE_CHARS))
