@@ -34,7 +34,8 @@ _ERROR_LINE = re.compile(
     r"|(?:[a-z_]\w*\.)+error:\s.*"
     r"|(?:FAILED|ERROR)(?::|\s+[\w(./]).*"
     rf"|{_TALLY_PATTERN}"
-    r"|(?i:error|fatal|panic)(?:\[\w+\])?:.*"
+    # qwen-code ends every command's result with "Error: (none)": no error.
+    r"|(?i:error|fatal|panic)(?:\[\w+\])?:(?!\s*\(none\)\s*$).*"
     r"|\S+:\d+(?::\d+)?:\s*(?:fatal\s+)?error\b.*"
     r"|npm ERR!.*"
     # The first colon is the one to try (it leaves the most room for the

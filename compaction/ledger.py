@@ -56,6 +56,9 @@ _BLOCKS = ("errors", "commands", "identifiers", "user-messages")
 #: user's own words first (no other record of them is kept), then the errors,
 #: the commands, the identifiers (the task still names its own in the head).
 _CLAIM_ORDER = ("user-messages", "errors", "commands", "identifiers")
+#: Entries claimed before any other, in this order: the user's newest message,
+#: then the last five distinct error lines (what the next turn is about).
+_FIRST_CLAIMS = (("user-messages", 1), ("errors", 5))
 _ENTRY_OPEN = "<user-message>"
 _ENTRY_CLOSE = "</user-message>"
 _CUT_MARKER = " […{:,} characters cut]"
@@ -264,31 +267,38 @@ def render_ledger(ledger: Ledger, budget_tokens: int, counter: TokenCounter) -> 
     """The ledger as blocks: the file lists whole, then the budgeted blocks in a fixed
     order, each newest first and holding its newest entries that fit ``budget_tokens``.
 
-    Entries are taken newest first, one from each block in turn (the user's
-    messages first, :data:`_CLAIM_ORDER`), so that no block crowds the others
-    out; a block stops at its first entry that does not fit, so an older entry
-    is never kept over a newer one.
+    The user's newest message and the five newest error lines claim their
+    room first (:data:`_FIRST_CLAIMS`); then entries are taken newest first,
+    one from each block in turn (:data:`_CLAIM_ORDER`), so that no block
+    crowds the others out. A block stops at its first entry that does not
+    fit, so an older entry is never kept over a newer one.
     """
     chosen: dict[str, list[str]] = {tag: [] for tag in _BLOCKS}
     queues = {tag: list(reversed(entries)) for tag, entries in ledger.blocks()}
+    full: set[str] = set()  # blocks whose next entry did not fit
     used = 0
-    open_blocks = [tag for tag in _CLAIM_ORDER if queues[tag]]
-    depth = 0
-    while open_blocks:
-        for tag in list(open_blocks):
-            if depth >= len(queues[tag]):
-                open_blocks.remove(tag)
-                continue
-            entry = queues[tag][depth]
-            cost = counter.count_text(_entry_text(tag, entry)) + 1
-            if not chosen[tag]:
-                cost += counter.count_text(f"<{tag}>\n</{tag}>") + 1
-            if used + cost > budget_tokens:
-                open_blocks.remove(tag)
-                continue
-            chosen[tag].append(entry)
-            used += cost
-        depth += 1
+
+    def claim(tag: str) -> None:
+        nonlocal used
+        if tag in full or len(chosen[tag]) >= len(queues[tag]):
+            full.add(tag)
+            return
+        entry = queues[tag][len(chosen[tag])]
+        cost = counter.count_text(_entry_text(tag, entry)) + 1
+        if not chosen[tag]:
+            cost += counter.count_text(f"<{tag}>\n</{tag}>") + 1
+        if used + cost > budget_tokens:
+            full.add(tag)
+            return
+        chosen[tag].append(entry)
+        used += cost
+
+    for tag, count in _FIRST_CLAIMS:
+        for _ in range(count):
+            claim(tag)
+    while len(full) < len(_BLOCKS):
+        for tag in _CLAIM_ORDER:
+            claim(tag)
     text = _render(ledger.files, chosen)
     # Counted apart, entries may join into fewer tokens than together; the
     # check on the whole drops the oldest entry of the longest block until it fits.
