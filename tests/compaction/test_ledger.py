@@ -86,6 +86,13 @@ def test_test_runner_tallies_with_failures_are_error_lines_and_clean_runs_are_no
     assert error_lines(text + "5 passed in 1.02s\n") == text.splitlines()
 
 
+def test_a_trailer_saying_there_was_no_error_is_no_error_line() -> None:
+    # qwen-code ends every command's result so.
+    assert error_lines("Output: ok\nError: (none)\nExit Code: 0\nError: disk full") == [
+        "Error: disk full"
+    ]
+
+
 def test_tool_observations_summaries_and_compact_commands_are_not_typed_messages() -> None:
     earlier = summary_message("## Goal\n- g", condensed=2, files=FileLists(), turn_prefix=False)
     messages = [
