@@ -44,7 +44,7 @@ from typing import Literal
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import render_file_lists
-from compaction.ledger import DEFAULT_LEDGER_SHARE, ledger_of, render_ledger
+from compaction.ledger import ledger_of, render_ledger
 from compaction.messages import group_messages, message_text, pinned_in
 from compaction.profile import Profile
 from compaction.prompts import (
@@ -331,7 +331,7 @@ class _Run:
         if cap is not None:
             budget = max(min(budget, cap - self.counter.count_message(wrap("", lists))), 1)
         # The ledger takes its share of the budget; the prose the rest.
-        rendered = render_ledger(ledger, round(budget * DEFAULT_LEDGER_SHARE), self.counter)
+        rendered = render_ledger(ledger, round(budget * self.profile.ledger_share), self.counter)
         taken = self.counter.count_text(rendered) - self.counter.count_text(lists)
         budget = max(budget - taken, 1)
         frame = self.counter.count_message(wrap("", rendered))

@@ -22,8 +22,8 @@ entries older than the span's, and a repeated entry keeps its newest place:
 when the budget cannot hold everything, the newest entries win, whether new
 or carried over. The file lists keep their own bound
 (:data:`~compaction.files.DEFAULT_MAX_FILES`) and are always rendered; the
-other blocks share a token budget, :data:`DEFAULT_LEDGER_SHARE` of the
-summary's.
+other blocks share a token budget, ``Profile.ledger_share``
+(:data:`DEFAULT_LEDGER_SHARE`) of the summary's.
 """
 
 from __future__ import annotations
@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 from compaction.calls import COMMAND_ARGUMENTS, key_argument, shows_files
 from compaction.files import FileLists, collect_files, parse_file_lists, render_file_lists
 from compaction.messages import message_text, tool_calls
-from compaction.profile import Profile
+from compaction.profile import DEFAULT_LEDGER_SHARE, Profile
 from compaction.text import word_cut
 from compaction.tokens import TokenCounter
 from compaction.types import Message
 
-#: The ledger's share of the summary budget (the file lists aside).
-DEFAULT_LEDGER_SHARE = 0.35
 #: A user message is kept whole up to this many characters, then cut between
 #: words with a marker: a pasted log must not take the whole ledger.
 USER_MESSAGE_CHARS = 2_000

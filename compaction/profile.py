@@ -61,6 +61,10 @@ DEFAULT_SUMMARY_RATIO = 0.20
 DEFAULT_SUMMARY_MIN_TOKENS = 500
 DEFAULT_SUMMARY_MAX_TOKENS = 4_000
 DEFAULT_SUMMARY_TOOL_RESULT_CHARS = 2_000
+#: The ledger's share of the summary budget (its file lists aside): the errors,
+#: commands, identifiers and user messages it quotes verbatim
+#: (:mod:`compaction.ledger`); the prose gets the rest.
+DEFAULT_LEDGER_SHARE = 0.35
 
 #: Tool names (or substrings of them) that read files or modify them. A tool
 #: whose name contains one of the "modify" words counts as modifying; otherwise
@@ -250,6 +254,15 @@ class Profile:
     summary_max_tokens: int = field(
         default=DEFAULT_SUMMARY_MAX_TOKENS,
         metadata=_about("Upper bound of the summary budget.", POSITIVE),
+    )
+    ledger_share: float = field(
+        default=DEFAULT_LEDGER_SHARE,
+        metadata=_about(
+            "Share of the summary budget for the ledger after the prose: the newest error "
+            "lines, commands, identifiers and user messages, verbatim; 0 keeps the file lists "
+            "only.",
+            Bounds(ge=0, lt=1),
+        ),
     )
     summary_tool_result_chars: int = field(
         default=DEFAULT_SUMMARY_TOOL_RESULT_CHARS,

@@ -260,3 +260,46 @@ def test_a_rendered_ledger_holds_its_budget_and_only_the_newest_of_each_block(
     kept = parse_ledger(text)
     assert kept.errors == errors[len(errors) - len(kept.errors) :]
     assert kept.user_messages == users[len(users) - len(kept.user_messages) :]
+
+
+def _long_session() -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the parser (#7)."},
+    ]
+    for i in range(40):
+        messages.extend(
+            _bash(f"c{i}", f"python check_{i}.py", "checked a line\n" * 40 + f"KeyError: 'k{i}'", 1)
+        )
+        messages.append({"role": "user", "content": f"Go on with check {i}."})
+    return {"model": "gpt-4o", "messages": messages}
+
+
+def _summary_of(profile: Profile) -> str:
+    import asyncio
+
+    from compaction import compact, message_text
+
+    result = asyncio.run(compact(_long_session(), profile, counter=COUNTER))
+    assert result.summary is not None
+    return message_text(result.summary)
+
+
+def test_the_summary_carries_the_ledger_within_its_share_of_the_budget() -> None:
+    text = _summary_of(Profile(context_window=4_096, tool_result_chars=1_000_000))
+    ledger = parse_ledger(text)
+    # the newest errors of the summarized span, five at least, none skipped
+    newest = int(ledger.errors[-1].split("'k")[1].rstrip("'"))
+    assert len(ledger.errors) >= 5
+    assert ledger.errors == tuple(
+        f"KeyError: 'k{i}'" for i in range(newest - len(ledger.errors) + 1, newest + 1)
+    )
+    assert ledger.user_messages and ledger.commands
+    blocks = text[text.index("<errors>") :]
+    # the summary budget is at least 500 tokens; 35 % of it, and the tags
+    assert COUNTER.count_text(blocks) <= round(0.35 * 4_000)
+
+
+def test_a_ledger_share_of_zero_keeps_the_file_lists_only() -> None:
+    text = _summary_of(Profile(context_window=4_096, tool_result_chars=1_000_000, ledger_share=0.0))
+    assert "<errors>" not in text and "<user-messages>" not in text
