@@ -25,14 +25,16 @@ from compaction.text import TEXT_MARKER_ROOM, clip, text_marker, word_cut
 #: Matched against lines stripped of surrounding blanks and of pytest's ``E``
 #: prefix; anchored, so a word "error" inside ordinary text is no match.
 #: A test runner's tally with failures in it: "3 failed, 68 passed in 4.74s",
-#: pytest's "=== 1 passed, 2 errors in 0.1s ===". An error line too.
-_TALLY_PATTERN = r"=*\s*(?:\d+ \w+, )*\d+ (?:failed|errors?)\b.*"
+#: pytest's "=== 1 passed, 2 errors in 0.1s ===", sympy's "tests finished: 8
+#: passed, 1 failed, in 0.09 seconds". An error line too. (unittest's own
+#: "FAIL: test_x (pkg.Case)" is one by the FAILED/ERROR rule.)
+_TALLY_PATTERN = r"=*\s*(?:[A-Za-z][\w ]*:\s*)?(?:\d+ \w+, )*\d+ (?:failed|errors?)\b.*"
 _TALLY = re.compile(f"^{_TALLY_PATTERN}$")
 _ERROR_LINE = re.compile(
     r"^(?:"
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?"
     r"|(?:[a-z_]\w*\.)+error:\s.*"
-    r"|(?:FAILED|ERROR)(?::|\s+[\w(./]).*"
+    r"|(?:FAILED|FAIL|ERROR)(?::|\s+[\w(./]).*"
     rf"|{_TALLY_PATTERN}"
     # qwen-code ends every command's result with "Error: (none)": no error.
     r"|(?i:error|fatal|panic)(?:\[\w+\])?:(?!\s*\(none\)\s*$).*"
@@ -67,11 +69,15 @@ _MIN_KEEPING_CHARS = 400
 
 
 def error_lines(text: str) -> list[str]:
-    """The lines of ``text`` that report an error, stripped, in order (repeats kept)."""
+    """The lines of ``text`` that report an error, stripped, in order (repeats kept).
+
+    Whole as printed, pytest's ``E`` prefix included: a line is quoted so that
+    it can be searched for, and ``E   AssertionError: …`` is what the output said.
+    """
     found = []
     for raw in text.splitlines():
-        line = _PYTEST_E.sub("", raw.strip())
-        if line and _ERROR_LINE.match(line):
+        line = raw.strip()
+        if line and _ERROR_LINE.match(_PYTEST_E.sub("", line)):
             found.append(line)
     return found
 

@@ -21,6 +21,8 @@ def test_error_lines_are_found_by_shape_not_by_a_word() -> None:
             "E       AssertionError: assert 1 == 2",
             "FAILED tests/t.py::test_a - AssertionError",
             "ERROR: test_b (mod.Case)",
+            "FAIL: test_c (mod.Case)",
+            "tests finished: 8 passed, 1 failed, in 0.09 seconds",
             "ERROR = 40",
             "error[E0308]: mismatched types",
             "src/a.c:3:5: error: unknown type",
@@ -35,9 +37,11 @@ def test_error_lines_are_found_by_shape_not_by_a_word() -> None:
     assert error_lines(text) == [
         "ValueError: x",
         "KeyboardInterrupt",
-        "AssertionError: assert 1 == 2",
+        "E       AssertionError: assert 1 == 2",  # as printed, prefix and all
         "FAILED tests/t.py::test_a - AssertionError",
         "ERROR: test_b (mod.Case)",
+        "FAIL: test_c (mod.Case)",
+        "tests finished: 8 passed, 1 failed, in 0.09 seconds",
         "error[E0308]: mismatched types",
         "src/a.c:3:5: error: unknown type",
         "fatal: not a git repository",

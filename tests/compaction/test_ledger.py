@@ -59,7 +59,7 @@ def _span() -> list[dict[str, Any]]:
 def test_a_span_ledger_holds_its_errors_commands_identifiers_and_typed_messages() -> None:
     ledger = ledger_of(_span(), PROFILE, task="Fix #42, see https://example.com/issues/42.")
     assert ledger.errors == (
-        "AssertionError: assert 1 == 2",
+        "E AssertionError: assert 1 == 2",
         "1 failed",
         "FAILED (failures=3, errors=3, skipped=8)",
         "3 failed, 68 passed, 1 xfailed in 4.74s",

@@ -31,7 +31,7 @@ WINDOW = 16_384
 MAX_TOKENS = 4_096
 TURNS = 30
 NEWEST = 5
-TASK = "Make the test suite of the parser pass; the failures are listed in issue #314."
+TASK = "Make the test suite of the parser pass; the failures are listed in ticket PARSE-314."
 
 
 def _tools() -> list[dict[str, Any]]:

@@ -68,7 +68,7 @@ def test_a_small_models_bad_reply_is_replaced_by_the_extractive_summary_with_the
     assert note.endswith("used extractive")
     body = summary_body(message_text(result.summary))
     assert body != summary_body(reply)
-    assert "Error seen: `KeyError: 'timeout'`" in body
+    assert "Error seen: `E KeyError: 'timeout'`" in body  # the line as pytest printed it
 
 
 @pytest.mark.parametrize("name", sorted(replies.GOOD))

@@ -45,7 +45,7 @@ def test_recall_finds_the_error_line_and_the_values_said() -> None:
     # The engine's error-line rule may also count the runner's "1 failed"
     # tally; the assertion is the line that must be there.
     errors = {p.needles: p for p in _by_name("error")}
-    error = errors[("AssertionError: expected 3 got 4",)]
+    error = errors[("E AssertionError: expected 3 got 4",)]  # as printed, blanks made one
     assert "pytest -q tests/test_range.py" in error.question
     values = [p.needles[0] for p in _by_name("value")]
     assert "max_items_42" in values and "tests/test_range.py" in values
