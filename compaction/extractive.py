@@ -37,7 +37,7 @@ from compaction.messages import message_text
 from compaction.ranked import RankedLines
 from compaction.steps import Step, tool_steps
 from compaction.summary import is_summary
-from compaction.text import one_line
+from compaction.text import one_line, without_reminders
 from compaction.tokens import TokenCounter
 from compaction.types import Message
 
@@ -321,9 +321,11 @@ def _user_texts(messages: Iterable[Message]) -> list[str]:
 
 
 def _first_user_text(messages: Iterable[Message]) -> str:
+    """The task: the first user message's own words (a client's
+    ``<system-reminder>`` context is not what the user asked)."""
     for message in messages:
         if message.get("role") == "user" and not is_summary(message):
-            text = message_text(message).strip()
+            text = without_reminders(message_text(message)).strip()
             if text:
                 return text
     return ""

@@ -36,6 +36,7 @@ from compaction.prompts import PROMPT_TAGS, ROLE_LABELS, instruction_texts
 from compaction.shell import looks_like_path
 from compaction.steps import tool_steps
 from compaction.summary import is_summary
+from compaction.text import without_reminders
 from compaction.types import Message
 
 #: A clause shorter than this (in words) is too generic to make an echo.
@@ -441,11 +442,12 @@ class SpanFacts:
 
 
 def task_of(head: Sequence[Message], previous: Sequence[str]) -> str:
-    """The task a summary's Goal restates: the head's first user message, or, when
-    the head has none, the Goal sections of the summaries being folded in."""
+    """The task a summary's Goal restates: the head's first user message (less
+    the client's ``<system-reminder>`` context), or, when the head has none, the
+    Goal sections of the summaries being folded in."""
     for message in head:
         if message.get("role") == "user" and not is_summary(message):
-            text = message_text(message).strip()
+            text = without_reminders(message_text(message)).strip()
             if text:
                 return text
     return "\n".join(line for text in previous for line in summary_section(text, "goal"))

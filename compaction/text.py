@@ -47,6 +47,26 @@ def output_body(text: str, *, to_last: bool) -> str:
     return text[start:end] if end >= 0 else text
 
 
+_REMINDER_OPEN = "<system-reminder>"
+_REMINDER_CLOSE = "</system-reminder>"
+
+
+def without_reminders(text: str) -> str:
+    """``text`` less the ``<system-reminder>`` blocks a client puts in a user
+    message (Claude Code: the date, CLAUDE.md, the tools' notes) — context it
+    added, not what the user asked. An unclosed block runs to the end. Linear:
+    each block is found with one search for its opener and one for its closer."""
+    if _REMINDER_OPEN not in text:
+        return text
+    kept, at = [], 0
+    while (start := text.find(_REMINDER_OPEN, at)) != -1:
+        kept.append(text[at:start])
+        end = text.find(_REMINDER_CLOSE, start + len(_REMINDER_OPEN))
+        at = len(text) if end == -1 else end + len(_REMINDER_CLOSE)
+    kept.append(text[at:])
+    return "".join(kept)
+
+
 def one_line(text: str, limit: int) -> str:
     """``text`` on one line, whitespace runs made single spaces, cut to ``limit`` with "…".
 

@@ -369,3 +369,16 @@ def test_a_reply_is_checked_for_contradictions_in_work_linear_in_its_length() ->
         return "\n".join([line] * n)
 
     assert _calls(reply(1_000), facts) <= 2.3 * _calls(reply(500), facts)
+
+
+def test_the_task_is_the_users_words_not_a_clients_reminders() -> None:
+    # Claude Code opens its first user message with context blocks; a summary's
+    # Goal restates what the user asked, and must not be held to the date.
+    first = user(
+        "<system-reminder>\nAs you answer the user's questions, you can use the "
+        "following context: currentDate Today's date is 2026-12-01.\n</system-reminder>\n"
+        "Repair the window header parser returning strings."
+    )
+    task = task_of([first], [])
+    assert "currentDate" not in task and "window header parser" in task
+    assert goal_problem("## Goal\n- Repair the header parser.", task) is None

@@ -13,6 +13,7 @@ from compaction.text import (
     fit_tokens,
     one_line,
     shrink_arguments,
+    without_reminders,
     word_cut,
 )
 from compaction.tokens import TokenCounter
@@ -96,3 +97,17 @@ def test_shrink_sizer_agrees_with_writing_the_json(value: object, limit: int, ca
     # The binary search sizes candidates without writing them; it must say what writing says.
     written = len(text_module._dumps(text_module._cap_strings(value, cap)))
     assert text_module._sizer(value, limit)(cap) == (written <= limit)
+
+
+def test_a_clients_reminders_are_taken_out_of_a_user_message() -> None:
+    text = (
+        "<system-reminder>\nToday's date is 2026-12-01.\n</system-reminder>\n"
+        "Fix the parser.<system-reminder>unclosed, to the end"
+    )
+    assert without_reminders(text) == "\nFix the parser."
+    assert without_reminders("no reminder here") == "no reminder here"
+
+
+@given(st.lists(st.sampled_from(["<system-reminder>", "</system-reminder>", "ask", "\n"])))
+def test_what_is_left_of_a_user_message_holds_no_reminder_opener(parts: list[str]) -> None:
+    assert "<system-reminder>" not in without_reminders("".join(parts))

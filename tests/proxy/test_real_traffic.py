@@ -241,6 +241,11 @@ def test_qwen_code_session_never_sees_an_overflow_and_retries_always_shrink(
     upstream = realistic
     upstream.window = QWEN_WINDOW
     _tag_summaries(upstream)
+    # A summary restates its session's task, or the goal check takes it for a
+    # summary of something else: the fixture's task is its resumed summary's.
+    upstream.summary_text = upstream.summary_text.replace(
+        "## Goal\n", "## Goal\n- Investigate the repository as asked; resume the prior task.\n", 1
+    )
     base = _qwen_request()
     proxy = start_app(models={"qwen*": {"context_window": QWEN_WINDOW}})
     sdk = _sdk(proxy)
