@@ -32,7 +32,12 @@ _TALLY_PATTERN = r"=*\s*(?:[A-Za-z][\w ]*:\s*)?(?:\d+ \w+, )*\d+ (?:failed|error
 _TALLY = re.compile(f"^{_TALLY_PATTERN}$")
 _ERROR_LINE = re.compile(
     r"^(?:"
-    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?"
+    r"(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?"
+    # A class a module path of two names or more names, then its message: how
+    # a traceback ends for exceptions not named ...Error (django's
+    # ImproperlyConfigured, packaging's InvalidVersion); one name ("self.Name:
+    # int") is code, not an error.
+    r"|(?:[a-z_]\w*\.){2,}_?[A-Z]\w*:\s.*"
     r"|(?:[a-z_]\w*\.)+error:\s.*"
     r"|(?:FAILED|FAIL|ERROR)(?::|\s+[\w(./]).*"
     rf"|{_TALLY_PATTERN}"
@@ -47,6 +52,8 @@ _ERROR_LINE = re.compile(
     r")$"
 )
 _PYTEST_E = re.compile(r"^E\s+")
+#: pytest's failure report: every line of it starts "E" and a few blanks.
+_PYTEST_REPORT = re.compile(r"^E {3,}\S")
 #: A line that says how a command ended.
 _STATUS_LINE = re.compile(
     r"(?i)<returncode>\s*-?\d+|\bexit(?:ed with)?[ _-]?(?:code|status)\b[\s:=]*-?\d+"
@@ -77,7 +84,7 @@ def error_lines(text: str) -> list[str]:
     found = []
     for raw in text.splitlines():
         line = raw.strip()
-        if line and _ERROR_LINE.match(_PYTEST_E.sub("", line)):
+        if line and (_PYTEST_REPORT.match(line) or _ERROR_LINE.match(_PYTEST_E.sub("", line))):
             found.append(line)
     return found
 
@@ -90,7 +97,8 @@ def is_tally_line(line: str) -> bool:
 
 def is_error_line(line: str) -> bool:
     """Whether one line reports an error, as :func:`error_lines` reads it."""
-    return bool(_ERROR_LINE.match(_PYTEST_E.sub("", line.strip())))
+    line = line.strip()
+    return bool(_PYTEST_REPORT.match(line) or _ERROR_LINE.match(_PYTEST_E.sub("", line)))
 
 
 def clip_keeping(text: str, limit: int) -> str:

@@ -108,3 +108,21 @@ def test_clip_keeping_never_exceeds_a_usable_limit(text: str, limit: int) -> Non
         assert clipped == text
     elif limit >= 400:
         assert len(clipped) <= limit
+
+
+def test_a_traceback_ends_in_any_qualified_exception_and_pytest_reports_are_errors() -> None:
+    # Lines the eval's own rule found the engine missing.
+    text = "\n".join(
+        [
+            "django.core.exceptions.ImproperlyConfigured: Requested setting LOGGING_CONFIG",
+            "numpy.core._exceptions._UFuncBinaryResolutionError: ufunc 'subtract'",
+            "E       assert [] != []",
+            "self.Name: int = 3",  # an annotation in code shown, not an error
+            "E",
+        ]
+    )
+    assert error_lines(text) == [
+        "django.core.exceptions.ImproperlyConfigured: Requested setting LOGGING_CONFIG",
+        "numpy.core._exceptions._UFuncBinaryResolutionError: ufunc 'subtract'",
+        "E       assert [] != []",
+    ]
