@@ -155,6 +155,9 @@ class Background:
 #: summary ended — the mark of a request queued behind it. One can be chance
 #: (a long answer on a server with slots to spare); a few in a row are not.
 SINGLE_SLOT_OVERLAPS = 3
+#: Upstreams and models whose one-slot observations are remembered: model
+#: names are the client's to invent, so the oldest are forgotten past this.
+TRAFFIC_KEYS = 1024
 
 #: What is done with a preparation for an upstream that serves one request
 #: at a time (``background.single_slot``): run only while no user request is
@@ -191,7 +194,8 @@ class Traffic:
         self._ended: Counter[str] = Counter()  # summaries ended, ever, per upstream
         self._overlaps: Counter[str] = Counter()
         self._overlaps_needed = overlaps
-        self._told: set[str] = set()  # upstreams whose preparations were turned off, logged
+        # Upstreams whose preparations were turned off, logged (insertion-ordered).
+        self._told: dict[str, None] = {}
 
     def in_flight(self, key: str) -> int:
         """User requests to ``key``'s upstream being sent now."""
@@ -230,7 +234,7 @@ class Traffic:
 
     def _answered(self, sending: Sending) -> None:
         if sending.overlapped and self._ended[sending.key] > sending.ended:
-            self._overlaps[sending.key] += 1
+            _count(self._overlaps, sending.key)
 
     def _end(self, key: str) -> None:
         self._requests[key] -= 1
@@ -274,13 +278,14 @@ class Traffic:
             running.discard(summary)
             if not running:
                 self._summaries.pop(key, None)
-            self._ended[key] += 1
+            _count(self._ended, key)
 
     def tell_once(self, key: str) -> bool:
         """True the first time preparations for ``key``'s upstream are turned off."""
         if key in self._told:
             return False
-        self._told.add(key)
+        self._told[key] = None
+        _forget_oldest(self._told)
         return True
 
 
@@ -320,3 +325,14 @@ class _Summary:
     def give_way(self) -> None:
         self.gave_way = True
         self.task.cancel()
+
+
+def _count(counts: Counter[str], key: str) -> None:
+    """One more for ``key``, the oldest key forgotten past :data:`TRAFFIC_KEYS`."""
+    counts[key] += 1
+    _forget_oldest(counts)
+
+
+def _forget_oldest(rows: dict[str, Any]) -> None:
+    while len(rows) > TRAFFIC_KEYS:
+        del rows[next(iter(rows))]
