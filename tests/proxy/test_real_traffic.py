@@ -237,7 +237,7 @@ def _qwen_shell_output(rng: random.Random, turn: int, command: str) -> str:
 def test_qwen_code_session_never_sees_an_overflow_and_retries_always_shrink(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 1: qwen-code's 14 tools and max_tokens 16384, 30 turns, streamed."""
+    """Qwen-code's 14 tools and max_tokens 16384, 30 turns, streamed."""
     upstream = realistic
     upstream.window = QWEN_WINDOW
     _tag_summaries(upstream)
@@ -349,7 +349,7 @@ def _part(turn: int) -> str:
 def test_llm_c_growth_run_discards_no_summary_and_summarizes_each_span_once(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 2: a 14-turn ``llm -c`` chat (no system prompt) at a 16k window.
+    """A 14-turn ``llm -c`` chat (no system prompt) at a 16k window.
 
     Each prompt pastes about 6.4k tokens (as the upstream counts them). The
     proxy used to summarize the growing middle on every turn from the third
@@ -414,7 +414,7 @@ def _small_part(turn: int) -> str:
 def test_a_growing_chat_keeps_every_summary_and_summarizes_each_part_once(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 2 where summaries are due: a 20-turn chat at a 16k window."""
+    """Where summaries are due: a 20-turn chat at a 16k window."""
     upstream = realistic
     _tag_summaries(upstream)
     proxy = start_app(models=MODELS, compaction={"summarizer": "llm"})
@@ -495,7 +495,7 @@ def _with_diff(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_an_identical_resend_of_an_oversized_request_makes_no_new_summary(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 3: the newest message alone (a 151k-character diff) exceeds the window."""
+    """The newest message alone (a 151k-character diff) exceeds the window."""
     upstream = realistic
     proxy = start_app(models=MODELS)
     body = {"model": MODEL, "messages": _with_diff(_review_session(random.Random(3)))}
@@ -522,7 +522,7 @@ ERROR_LINES = (
 def test_error_lines_of_condensed_turns_reach_the_summarizer(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 4: error lines buried in long tool outputs, in turns that get condensed."""
+    """Error lines buried in long tool outputs, in turns that get condensed."""
     upstream = realistic
     proxy = start_app(models=MODELS)
     rng = random.Random(4)
@@ -620,7 +620,7 @@ def _wrong_notes(
 def test_an_oversized_message_is_excerpted_or_summarized_and_removal_notes_count_true(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 5: a diff too large for the window, once a newer turn follows it.
+    """A diff too large for the window, once a newer turn follows it.
 
     The diff is pasted by the user (``git diff | llm -c "review"``): an old
     *tool* output of any size becomes the pruner's one-line brief by design
@@ -710,7 +710,7 @@ def _near_the_limit(counter: TokenCounter, low: float, high: float) -> list[dict
 def test_a_streamed_overflow_answered_as_an_empty_200_is_retried_smaller(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 7: llama-cpp-python answers an over-long stream with 200 and no events."""
+    """Llama-cpp-python answers an over-long stream with 200 and no events."""
     upstream = realistic
     upstream.error_style = "llama-cpp-python"
     proxy = start_app(models=MODELS)
@@ -736,7 +736,7 @@ def test_a_streamed_overflow_answered_as_an_empty_200_is_retried_smaller(
 def test_an_empty_200_stream_for_a_small_request_reaches_the_client_as_an_error(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 7: a small request's stream that ends before its first event."""
+    """A small request's stream that ends before its first event."""
     upstream = realistic
     upstream.behaviours = ["empty-stream", "empty-stream"]
     proxy = start_app(models=MODELS)
@@ -754,7 +754,7 @@ def test_an_empty_200_stream_for_a_small_request_reaches_the_client_as_an_error(
 def test_a_reply_that_is_not_a_summary_is_rejected_for_the_extractive_one(
     realistic: FakeUpstream, start_app: AppFactory, reply: str
 ) -> None:
-    """Observation 8: "I'm ready to help. What's the next step?" replaced 10 messages."""
+    """A reply of "I'm ready to help. What's the next step?" replaced 10 messages."""
     upstream = realistic
     upstream.summary_reply = reply
     proxy = start_app(models=MODELS)
@@ -785,7 +785,7 @@ def test_a_reply_that_is_not_a_summary_is_rejected_for_the_extractive_one(
 def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 9: head + newest turn leave less than summary_min_tokens (500)."""
+    """Head + newest turn leave less than summary_min_tokens (500)."""
     upstream = realistic
     proxy = start_app(models=MODELS, compaction={"summary_min_tokens": 500})
     counter = TokenCounter(MODEL)
@@ -810,7 +810,7 @@ def test_no_summary_is_asked_for_when_head_and_newest_turn_leave_no_room_for_one
 def test_a_newest_group_that_cannot_fit_is_reported_with_its_own_size(
     realistic: FakeUpstream, start_app: AppFactory
 ) -> None:
-    """Observation 10: the error counted the system prompt and task with the newest group."""
+    """The error counted the system prompt and task with the newest group."""
     proxy = start_app(models=MODELS)
     counter = TokenCounter(MODEL)
     rng = random.Random(10)
