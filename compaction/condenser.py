@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from compaction.contradictions import SpanFacts, contradiction_problem, task_of
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import render_file_lists
@@ -56,13 +57,10 @@ from compaction.prompts import (
 )
 from compaction.summary import is_summary, summary_body, summary_message
 from compaction.summary_checks import (
-    SpanFacts,
     anchor_problem,
-    contradiction_problem,
     echo_problem,
     markup_problem,
     span_anchors,
-    task_of,
     unchanged_problem,
 )
 from compaction.text import fit_tokens, one_line

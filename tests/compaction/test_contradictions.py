@@ -18,12 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction.condenser import CondenseResult, condense, plan_condense, summary_budget
-from compaction.extractive import extractive_summary
-from compaction.files import FileLists, collect_files
-from compaction.messages import message_text
-from compaction.profile import Profile
-from compaction.summary import is_summary, summary_body
-from compaction.summary_checks import (
+from compaction.contradictions import (
     SpanFacts,
     contradiction_problem,
     goal_problem,
@@ -31,6 +26,11 @@ from compaction.summary_checks import (
     summary_section,
     task_of,
 )
+from compaction.extractive import extractive_summary
+from compaction.files import FileLists, collect_files
+from compaction.messages import message_text
+from compaction.profile import Profile
+from compaction.summary import is_summary, summary_body
 from compaction.tokens import TokenCounter
 from tests.compaction import small_model_replies as replies
 from tests.conftest import RecordingSummarizer, user
