@@ -30,7 +30,8 @@ lapses after its ttl, and a waiter (polling with backoff) takes it.
 
 A Redis that answers what no Redis would — nil to a SET, an integer where a
 hash belongs, bytes that are not the JSON written — is a store that is down:
-the operation raises :class:`GarbledReply` (a :class:`StoreError`), never a
+the operation raises :class:`GarbledReply` (a :class:`StoreError`; what a reply
+may be is :mod:`~proxy.state.stores.redis.replies`), never a
 ``TypeError`` from deep in a caller. No loop here runs for ever on such
 answers: a waiter for a lock gives up after the longest a lease can live
 (:class:`~proxy.state.stores.locks.LockBusy`), a transaction whose watched
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import random
@@ -85,9 +85,16 @@ from proxy.state.stores.figures import (
     fold,
 )
 from proxy.state.stores.locks import MAX_HOLD, RENEW_EVERY, LockBusy
+from proxy.state.stores.redis.replies import (
+    GarbledReply,
+    awaited,
+    expect,
+    garbage_is_a_store_error,
+)
+from proxy.state.stores.redis.scripts import CLOSE_OPEN, RELEASE, RENEW
 
 DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__package__)  # "proxy.state.stores.redis", as before the split
 _POLL_FIRST: Final = 0.01
 _POLL_MAX: Final = 0.25
 #: Tries of a WATCH … EXEC transaction whose watched key changed meanwhile.
@@ -99,85 +106,8 @@ _T = TypeVar("_T")
 Sleep = Callable[[float], Awaitable[None]]
 
 
-class GarbledReply(StoreError):
-    """Redis answered what it never would: a reply of the wrong type, bytes that
-    do not decode. The store is treated as down."""
-
-
 class Contended(StoreError):
     """A transaction's watched key changed at every try (or EXEC kept answering nil)."""
-
-
-# Delete the lock only if we still own it: after an expiry another holder may.
-_RELEASE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# Extend the lock only while we still own it (a lease kept alive by its holder).
-_RENEW: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# Close one open compaction unless its latest event changed since it was read,
-# so two replicas starting together record one failure, not two.
-_CLOSE_OPEN: Final = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
-    return 0
-end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('LPUSH', KEYS[2], ARGV[3])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
-redis.call('LPUSH', KEYS[3], ARGV[3])
-redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
-redis.call('PEXPIRE', KEYS[3], ARGV[6])
-redis.call('LPUSH', KEYS[4], ARGV[3])
-redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[4]) - 1)
-redis.call('PEXPIRE', KEYS[4], ARGV[6])
-return 1
-"""
-
-
-async def _reply(pending: Any) -> Any:
-    # redis-py types every command as "value or awaitable"; the asyncio client
-    # always returns an awaitable.
-    return await pending
-
-
-def _expect(reply: Any, kinds: type | tuple[type, ...], command: str) -> Any:
-    """``reply`` if it is of ``kinds``; else the store is answering garbage."""
-    if isinstance(reply, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-        raise GarbledReply(f"Redis answered {command} with a boolean")
-    if not isinstance(reply, kinds):
-        raise GarbledReply(f"Redis answered {command} with {type(reply).__name__}")
-    return reply
-
-
-#: What a reply of the wrong shape raises as it is read or decoded.
-_GARBLE: Final = (TypeError, ValueError, AttributeError, KeyError, IndexError)
-
-
-def _garbage_is_a_store_error(
-    method: Callable[..., Awaitable[_T]],
-) -> Callable[..., Awaitable[_T]]:
-    """``method`` with the errors a garbled reply causes (a nil unpacked, bytes
-    that are no JSON) raised as :class:`GarbledReply`, the cause kept."""
-
-    @functools.wraps(method)
-    async def translated(*args: Any, **kwargs: Any) -> _T:
-        try:
-            return await method(*args, **kwargs)
-        except StoreError:
-            raise
-        except _GARBLE as exc:
-            raise GarbledReply(f"{method.__name__}: {type(exc).__name__}") from exc
-
-    return translated
 
 
 class RedisStore:
@@ -207,9 +137,9 @@ class RedisStore:
         self._store_originals = store_originals
         self._session_events = session_events
         self._global_events = global_events
-        self._release = client.register_script(_RELEASE)
-        self._renew = client.register_script(_RENEW)
-        self._close_open = client.register_script(_CLOSE_OPEN)
+        self._release = client.register_script(RELEASE)
+        self._renew = client.register_script(RENEW)
+        self._close_open = client.register_script(CLOSE_OPEN)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float | None = None, **options: Any) -> RedisStore:
@@ -239,7 +169,7 @@ class RedisStore:
         if not hashes:
             return {}
         wanted = list(dict.fromkeys(hashes))
-        values = await _reply(self._client.mget([self._key("cp", value) for value in wanted]))
+        values = await awaited(self._client.mget([self._key("cp", value) for value in wanted]))
         return {
             value: codec.load_checkpoint(raw)
             for value, raw in zip(wanted, values, strict=True)
@@ -264,24 +194,24 @@ class RedisStore:
             # found by id either (its originals stay until they expire).
             old = codec.load_checkpoint(previous)
             if old.id != checkpoint.id:
-                await _reply(
+                await awaited(
                     self._client.delete(self._key("ckpt", old.id), self._key("owner", old.id))
                 )
 
     async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
         keys = [self._key("ckpt", checkpoint_id), self._key("owner", checkpoint_id)]
-        raw, owned_by = await _reply(self._client.mget(keys))
+        raw, owned_by = await awaited(self._client.mget(keys))
         if raw is None or (owner is not None and (owned_by or b"").decode() != owner):
             return None
         return codec.load_checkpoint(raw)
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
-        raw = await _reply(self._client.get(self._key("orig", checkpoint_id)))
+        raw = await awaited(self._client.get(self._key("orig", checkpoint_id)))
         return None if raw is None else codec.load_messages(raw)
 
     async def owner_of(self, checkpoint_id: str) -> str | None:
         keys = [self._key("ckpt", checkpoint_id), self._key("owner", checkpoint_id)]
-        raw, owned_by = await _reply(self._client.mget(keys))
+        raw, owned_by = await awaited(self._client.mget(keys))
         if raw is None:
             return None
         return (owned_by or b"").decode()
@@ -323,7 +253,7 @@ class RedisStore:
         if session is not None and owner is not None:
             # One owner's session: its list is capped, so it is read whole and
             # the owner's events kept (a session is normally one owner's anyway).
-            raws = await _reply(self._client.lrange(self._key("events", session), 0, -1))
+            raws = await awaited(self._client.lrange(self._key("events", session), 0, -1))
             found = (codec.load_event(raw) for raw in raws)
             return [event for event in found if event.owner == owner][:limit]
         if session is not None:
@@ -332,17 +262,17 @@ class RedisStore:
             key = self._key("owned", owner)
         else:
             key = self._key("events")
-        raws = await _reply(self._client.lrange(key, 0, limit - 1))
+        raws = await awaited(self._client.lrange(key, 0, limit - 1))
         return [codec.load_event(raw) for raw in raws]
 
     async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
-        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("open")))
+        entries: dict[bytes, bytes] = await awaited(self._client.hgetall(self._key("open")))
         stale = [(raw, codec.load_event(raw)) for raw in entries.values()]
         stale = [(raw, event) for raw, event in stale if event.instance != instance]
         others = sorted({event.instance for _, event in stale})
         if not others:
             return 0
-        beats = await _reply(self._client.mget([self._key("alive", name) for name in others]))
+        beats = await awaited(self._client.mget([self._key("alive", name) for name in others]))
         dead = {name for name, beat in zip(others, beats, strict=True) if beat is None}
         closed = 0
         for raw, event in stale:
@@ -369,7 +299,7 @@ class RedisStore:
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         ttl_ms = max(1, int(ttl * 1000))
-        done = await _reply(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
+        done = await awaited(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
         if done is not True:  # a SET without a condition always answers OK
             raise GarbledReply(f"Redis answered SET with {type(done).__name__}")
 
@@ -384,12 +314,12 @@ class RedisStore:
         delay, waited, longest, lapsed = _POLL_FIRST, 0.0, MAX_HOLD * ttl, False
         give_up = asyncio.get_running_loop().time() + longest
         while True:
-            taken = await _reply(self._client.set(name, token, nx=True, px=ttl_ms))
+            taken = await awaited(self._client.set(name, token, nx=True, px=ttl_ms))
             if taken is True:
                 break
             if taken is not None:
                 raise GarbledReply(f"Redis answered SET NX with {type(taken).__name__}")
-            left = _expect(await _reply(self._client.pttl(name)), int, "PTTL")
+            left = expect(await awaited(self._client.pttl(name)), int, "PTTL")
             if left == -2 and not lapsed:
                 lapsed = True  # it lapsed between the two: try again at once (once:
                 continue  # a store that says so every time must not make this spin)
@@ -407,7 +337,7 @@ class RedisStore:
             yield
         finally:
             keeper.cancel()
-            _expect(await self._release(keys=[name], args=[token]), int, "the lock's release")
+            expect(await self._release(keys=[name], args=[token]), int, "the lock's release")
 
     async def _keep(self, name: str, token: str, ttl_ms: int) -> None:
         """Renew a held lock every third of its expiry: a live holder (a slow
@@ -416,7 +346,7 @@ class RedisStore:
         for _ in range(RENEW_EVERY * (MAX_HOLD - 1)):
             await asyncio.sleep(ttl_ms / 1000 / RENEW_EVERY)
             try:
-                renewed = await _reply(self._renew(keys=[name], args=[token, ttl_ms]))
+                renewed = await awaited(self._renew(keys=[name], args=[token, ttl_ms]))
             except Exception:  # a blip: the next round tries again
                 logger.warning("could not renew the lock %s", name, exc_info=True)
                 continue
@@ -426,7 +356,7 @@ class RedisStore:
     # -- learned windows ---------------------------------------------------
 
     async def learned_windows(self) -> dict[str, int]:
-        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("windows")))
+        entries: dict[bytes, bytes] = await awaited(self._client.hgetall(self._key("windows")))
         return {model.decode(): int(window) for model, window in entries.items()}
 
     async def set_learned_window(self, model: str, window: int) -> None:
@@ -454,12 +384,12 @@ class RedisStore:
         """Drop the rows of ``table`` last set before ``cutoff``; rows written
         before they were stamped count as set now."""
         stamps = self._key(table, "at")
-        names = await _reply(self._client.hkeys(self._key(table)))
+        names = await awaited(self._client.hkeys(self._key(table)))
         if names:
             now = time.time()
-            await _reply(self._client.zadd(stamps, dict.fromkeys(names, now), nx=True))
-        old = await _reply(self._client.zrangebyscore(stamps, "-inf", f"({cutoff!r}"))
-        excess = await _reply(self._client.zrange(stamps, 0, -(self._max_model_rows + 1)))
+            await awaited(self._client.zadd(stamps, dict.fromkeys(names, now), nx=True))
+        old = await awaited(self._client.zrangebyscore(stamps, "-inf", f"({cutoff!r}"))
+        excess = await awaited(self._client.zrange(stamps, 0, -(self._max_model_rows + 1)))
         dropped = list(dict.fromkeys([*old, *excess]))
         if dropped:
             await self._drop_model_rows(table, dropped)
@@ -467,7 +397,7 @@ class RedisStore:
     # -- calibration ratios ------------------------------------------------
 
     async def calibrations(self) -> dict[str, float]:
-        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(self._key("calibrations")))
+        entries: dict[bytes, bytes] = await awaited(self._client.hgetall(self._key("calibrations")))
         return {key.decode(): float(ratio) for key, ratio in entries.items()}
 
     async def set_calibration(self, key: str, ratio: float) -> None:
@@ -545,13 +475,15 @@ class RedisStore:
         if limit <= 0:
             return []
         if owner is None:
-            members = await _reply(self._client.smembers(self._key("owners", session)))
+            members = await awaited(self._client.smembers(self._key("owners", session)))
             owners = sorted(member.decode() for member in members)
         else:
             owners = [owner]
         found: list[RequestRecord] = []
         for name in owners:
-            raws = await _reply(self._client.lrange(self._key("reqs", name, session), 0, limit - 1))
+            raws = await awaited(
+                self._client.lrange(self._key("reqs", name, session), 0, limit - 1)
+            )
             found.extend(codec.load(RequestRecord, raw) for raw in raws)
         found.sort(key=lambda record: record.created_at, reverse=True)
         return found[:limit]
@@ -562,16 +494,16 @@ class RedisStore:
         if limit <= 0:
             return []
         if owner is None:
-            members = await _reply(self._client.zrevrange(self._key("recent"), 0, limit - 1))
+            members = await awaited(self._client.zrevrange(self._key("recent"), 0, limit - 1))
             pairs = [member.decode().split(":", 1) for member in members]
         else:
             recent = self._key("recent", owner)
-            members = await _reply(self._client.zrevrange(recent, 0, limit - 1))
+            members = await awaited(self._client.zrevrange(recent, 0, limit - 1))
             pairs = [[owner, member.decode()] for member in members]
         if not pairs:
             return []
         keys = [self._key("sess", name, session) for name, session in pairs]
-        raws = await _reply(self._client.mget(keys))
+        raws = await awaited(self._client.mget(keys))
         return [codec.load(SessionSummary, raw) for raw in raws if raw is not None]
 
     async def session_count(self, *, owner: str | None = None) -> int:
@@ -579,15 +511,15 @@ class RedisStore:
         # The index outlives a summary by up to a write (its expiry is the
         # summary's own): counted as the sessions that would be listed.
         oldest = time.time() - self._figures_ms / 1000
-        return int(await _reply(self._client.zcount(key, oldest, "+inf")))
+        return int(await awaited(self._client.zcount(key, oldest, "+inf")))
 
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         key = self._key("saved") if owner is None else self._key("saved", owner)
-        entries: dict[bytes, bytes] = await _reply(self._client.hgetall(key))
+        entries: dict[bytes, bytes] = await awaited(self._client.hgetall(key))
         return sorted((float(bucket), int(saved)) for bucket, saved in entries.items())
 
     async def session_settings(self, session: str, owner: str) -> SessionSettings:
-        raw = await _reply(self._client.get(self._key("settings", owner, session)))
+        raw = await awaited(self._client.get(self._key("settings", owner, session)))
         return SessionSettings() if raw is None else codec.load(SessionSettings, raw)
 
     async def set_session_settings(
@@ -595,14 +527,14 @@ class RedisStore:
     ) -> None:
         key = self._key("settings", owner, session)
         # The expiry, renewed at each write, is the purge by when they were last set.
-        await _reply(self._client.set(key, codec.dump(settings), px=self._retention_ms))
+        await awaited(self._client.set(key, codec.dump(settings), px=self._retention_ms))
 
     async def owners_of_session(self, session: str) -> list[str]:
         # Figures and events name their owners in sets; the capped event list
         # still names those of events written before the set was kept.
-        figures = await _reply(self._client.smembers(self._key("owners", session)))
-        events = await _reply(self._client.smembers(self._key("evowners", session)))
-        raws = await _reply(self._client.lrange(self._key("events", session), 0, -1))
+        figures = await awaited(self._client.smembers(self._key("owners", session)))
+        events = await awaited(self._client.smembers(self._key("evowners", session)))
+        raws = await awaited(self._client.lrange(self._key("events", session), 0, -1))
         found = {member.decode() for member in (*figures, *events)}
         found.update(codec.load_event(raw).owner for raw in raws)
         return sorted(found)
@@ -629,4 +561,4 @@ for _name, _method in list(vars(RedisStore).items()):
         and _name not in ("set_calibration", "lock", "close")
         and inspect.iscoroutinefunction(_method)
     ):
-        setattr(RedisStore, _name, _garbage_is_a_store_error(_method))
+        setattr(RedisStore, _name, garbage_is_a_store_error(_method))

@@ -1,0 +1,21 @@
+"""The Redis backend, shared by every replica: the store (:mod:`.store`, its
+key scheme in that module's docstring), what a reply may be (:mod:`.replies`)
+and the Lua scripts it runs (:mod:`.scripts`)."""
+
+from proxy.state.stores.redis.replies import GarbledReply
+from proxy.state.stores.redis.store import (
+    DEFAULT_KEY_PREFIX,
+    TRANSACTION_ATTEMPTS,
+    TRANSACTION_BACKOFF,
+    Contended,
+    RedisStore,
+)
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "TRANSACTION_ATTEMPTS",
+    "TRANSACTION_BACKOFF",
+    "Contended",
+    "GarbledReply",
+    "RedisStore",
+]
