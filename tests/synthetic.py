@@ -162,3 +162,30 @@ def shell_step(rng: random.Random, i: int) -> list[Message]:
     if i % 25 == 24:
         turn.append({"role": "user", "content": f"Progress check {i}: keep going."})
     return turn
+
+
+def qwen_shell_turn(turn: int, error_line: str) -> list[Message]:
+    """One qwen-code step: the user's ask, a ``run_shell_command`` call, its
+    output as qwen-code frames it (a bulk of passing tests, then
+    ``error_line``, then its trailer), and the assistant's note."""
+    command = f"python -m pytest -x tests/test_step{turn}.py"
+    call_id = f"call_{turn:04d}"
+    passing = "\n".join(
+        f"tests/test_step{turn}.py::test_case_{k} PASSED [{k * 4:>3}%]" for k in range(25)
+    )
+    output = (
+        f"Command: {command}\nDirectory: (root)\nOutput: {passing}\n"
+        f"tests/test_step{turn}.py::test_last FAILED\n{error_line}\n"
+        f"Error: (none)\nExit Code: 1\nSignal: (none)"
+    )
+    arguments = {"command": command, "description": f"run step {turn}", "is_background": False}
+    return [
+        {"role": "user", "content": f"Step {turn}: run the tests and fix what fails."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call(call_id, "run_shell_command", arguments)],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": output},
+        {"role": "assistant", "content": f"Step {turn} still fails; I'll look at the parser."},
+    ]

@@ -24,6 +24,7 @@ from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
 from compaction.results import new_checkpoint
 from tests.compaction.test_ledger_corpus import prose_only
+from tests.synthetic import qwen_shell_turn
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "clients"
 COUNTER = TokenCounter("gpt-4o")
@@ -47,31 +48,7 @@ def _error(turn: int) -> str:
 
 
 def _turn(turn: int) -> list[dict[str, Any]]:
-    command = f"python -m pytest -x tests/test_step{turn}.py"
-    call_id = f"call_{turn:04d}"
-    passing = "\n".join(f"tests/test_step{turn}.py::test_case_{k} PASSED" for k in range(25))
-    output = (
-        f"Command: {command}\nDirectory: (root)\nOutput: {passing}\n"
-        f"tests/test_step{turn}.py::test_last FAILED\nE   {_error(turn)}\n"
-        f"Error: (none)\nExit Code: 1\nSignal: (none)"
-    )
-    arguments = {"command": command, "description": f"run step {turn}", "is_background": False}
-    return [
-        {"role": "user", "content": f"Step {turn}: run the tests and fix what fails."},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": "run_shell_command", "arguments": json.dumps(arguments)},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": output},
-        {"role": "assistant", "content": f"Step {turn} still fails; I'll look at the parser."},
-    ]
+    return qwen_shell_turn(turn, f"E   {_error(turn)}")
 
 
 def _forwarded(mode: str) -> list[tuple[int, list[dict[str, Any]]]]:

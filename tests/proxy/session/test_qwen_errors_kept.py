@@ -20,6 +20,7 @@ import pytest
 
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
+from tests.synthetic import qwen_shell_turn
 
 FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "clients"
 MODEL = "qwen3-coder"
@@ -58,35 +59,7 @@ def _error(turn: int) -> str:
 
 
 def _turn(turn: int) -> list[dict[str, Any]]:
-    """One qwen-code step: the user's ask, a shell call, its output (bulk of
-    passing tests, then the turn's error line), the assistant's note."""
-    command = f"python -m pytest -x tests/test_step{turn}.py"
-    call_id = f"call_{turn:04d}"
-    passing = "\n".join(
-        f"tests/test_step{turn}.py::test_case_{k} PASSED [{k * 4:>3}%]" for k in range(25)
-    )
-    output = (
-        f"Command: {command}\nDirectory: (root)\nOutput: {passing}\n"
-        f"tests/test_step{turn}.py::test_last FAILED\n{_error(turn)}\n"
-        f"Error: (none)\nExit Code: 1\nSignal: (none)"
-    )
-    arguments = {"command": command, "description": f"run step {turn}", "is_background": False}
-    return [
-        {"role": "user", "content": f"Step {turn}: run the tests and fix what fails."},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": "run_shell_command", "arguments": json.dumps(arguments)},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": output},
-        {"role": "assistant", "content": f"Step {turn} still fails; I'll look at the parser."},
-    ]
+    return qwen_shell_turn(turn, _error(turn))
 
 
 def _text(message: dict[str, Any]) -> str:
