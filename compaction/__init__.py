@@ -70,6 +70,18 @@ from compaction.messages import (
 )
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
+from compaction.recall import (
+    REF_PATTERN,
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    TOOL_PARAMETERS,
+    RecallRequest,
+    find_original,
+    mark,
+    parse_request,
+    recalled_text,
+    ref_of,
+)
 from compaction.rereads import NO_REREADS, Rereads, count_rereads
 from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
 from compaction.summary import SUMMARY_MARKER, SummaryParts, is_summary, parse_summary, with_body
@@ -86,7 +98,11 @@ __all__ = [
     "DEFAULT_READING_CACHE_BYTES",
     "NO_REREADS",
     "ORIGIN_KEY",
+    "REF_PATTERN",
     "SUMMARY_MARKER",
+    "TOOL_DESCRIPTION",
+    "TOOL_NAME",
+    "TOOL_PARAMETERS",
     "WINDOW_BOUNDS",
     "Bounds",
     "Budget",
@@ -107,6 +123,7 @@ __all__ = [
     "Profile",
     "ReadingCache",
     "Reason",
+    "RecallRequest",
     "Rereads",
     "RetryBudget",
     "Span",
@@ -132,6 +149,7 @@ __all__ = [
     "empty_stream_lesson",
     "encoding_for_model",
     "execute",
+    "find_original",
     "forwarded",
     "group_messages",
     "head_end",
@@ -140,14 +158,18 @@ __all__ = [
     "ledger_of",
     "load_encoding",
     "made_progress",
+    "mark",
     "message_text",
     "new_checkpoint",
     "parse_ledger",
+    "parse_request",
     "parse_summary",
     "proven_floor",
     "ratio_sample",
     "read_conversation",
     "read_conversation_async",
+    "recalled_text",
+    "ref_of",
     "render_ledger",
     "repair_tool_pairing",
     "requested_output_tokens",

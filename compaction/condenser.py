@@ -165,6 +165,7 @@ async def condense(
     originals: Sequence[Message] | None = None,
     keys: KeyMemo | None = None,
     cap: int | None = None,
+    salt: str = "",
 ) -> CondenseResult:
     """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
 
@@ -175,7 +176,9 @@ async def condense(
     ``sed -i '…' path`` loses its path at the end). ``keys`` are the caller's
     memo of message keys, if it has one. ``cap`` bounds the tokens of all
     that replaces the middle (summaries and the kept turn opener): a summary
-    that comes out larger is cut to fit, not thrown away.
+    that comes out larger is cut to fit, not thrown away. ``salt`` (whose
+    conversation this is, with ``profile.recall``) gives the ledger's entries
+    naming a tool output the ref of that output (:mod:`compaction.recall`).
     """
     if originals is None:
         originals = messages
@@ -202,6 +205,7 @@ async def condense(
         summarizer,
         instructions,
         list(messages[: plan.head_end]),
+        salt=salt if profile.recall else "",
     )
     main_cap = prefix_cap = None
     if cap is not None:
@@ -293,6 +297,7 @@ class _Run:
     summarizer: Summarizer | None
     instructions: str | None
     head: list[Message]
+    salt: str = ""
     calls: int = 0
     fell_back: bool = False
     notes: list[str] = field(default_factory=list)
@@ -315,7 +320,7 @@ class _Run:
         budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
         # Computed once per summary, from the originals (not the pruned briefs),
         # with the ledgers of earlier summaries in the span folded in.
-        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head))
+        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head), salt=self.salt)
         files = ledger.files
         # The client's messages it stands for: an earlier summary folded in counts its own.
         condensed = stands_for(span)

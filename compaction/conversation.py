@@ -55,6 +55,10 @@ class Conversation:
     chain: list[str]
     counter: TokenCounter = field(repr=False, compare=False)
     scope: bytes = b""  #: whose conversation, for which model: what seeded the chain
+    #: Whose conversation, as the key of the refs that the briefs and ledger
+    #: entries of shortened content carry when ``Profile.recall`` is on
+    #: (:mod:`compaction.recall`); empty: no refs.
+    recall_salt: str = field(default="", repr=False)
 
     @property
     def tokens(self) -> int:
@@ -76,6 +80,7 @@ def read_conversation(
     counts: list[int] | None = None,
     scope: bytes = b"",
     previous: Conversation | None = None,
+    recall_salt: str = "",
 ) -> Conversation:
     """Key, count, group and chain ``messages`` of ``request``.
 
@@ -91,7 +96,9 @@ def read_conversation(
     system prompt rewritten between requests keeps it. ``previous``, if it
     :func:`continues` into ``messages``, is reused for what it already read —
     its chain too when the head is the same, for the head's messages are then
-    the same objects, and so the same seed.
+    the same objects, and so the same seed. ``recall_salt`` is kept as
+    :attr:`Conversation.recall_salt`: the key of the refs its compaction
+    writes (it changes no reading, so ``previous`` may have another).
     """
     known = continues(previous, messages, counter, head_count, scope)
     if previous is not None and known:
@@ -121,6 +128,7 @@ def read_conversation(
         chain=chain,
         scope=scope,
         counter=counter,
+        recall_salt=recall_salt,
     )
 
 
@@ -132,6 +140,7 @@ async def read_conversation_async(
     *,
     scope: bytes = b"",
     previous: Conversation | None = None,
+    recall_salt: str = "",
 ) -> Conversation:
     """:func:`read_conversation`, tokenizing much new text in a worker thread."""
     known = continues(previous, messages, counter, head_count, scope)
@@ -153,6 +162,7 @@ async def read_conversation_async(
         counts=counts,
         scope=scope,
         previous=previous,
+        recall_salt=recall_salt,
     )
 
 

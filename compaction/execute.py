@@ -81,6 +81,8 @@ class _Run:
     notes: list[str]
     #: Tokens expected before the compaction this run prepares (ahead of need).
     growth: int = 0
+    #: Whose conversation, for the refs of what is shortened ("": no refs).
+    salt: str = ""
 
     def counts(self, messages: Sequence[Message]) -> list[int]:
         return self.counter.count_messages(messages, self.keys.keys(messages))
@@ -113,6 +115,7 @@ async def execute(
         reason=decision.reason,
         notes=list(decision.notes),
         growth=decision.growth,
+        salt=conversation.recall_salt if decision.profile.recall else "",
     )
     messages, counts = decision.messages, decision.counts
     # A compaction prepared ahead (``decision.checkpoint.precomputed``) is this
@@ -201,7 +204,7 @@ async def _compact(
     tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
     current: list[Message] = messages
     stage: Stage = "none"
-    shrunk = shrink_middle(messages, head, tail, profile)
+    shrunk = shrink_middle(messages, head, tail, profile, salt=run.salt)
     if shrunk.changed and _valid(shrunk.messages, shrunk.stage, run.notes):
         current, stage = shrunk.messages, shrunk.stage
     # What a checkpoint of a prune (or a mask) keeps as it is: the verbatim
@@ -235,6 +238,7 @@ async def _compact(
                 originals=messages,
                 keys=run.keys,
                 cap=room.cap,
+                salt=run.salt,
             )
         except SummarizationError as exc:
             run.notes.append(f"condense skipped: {exc}")

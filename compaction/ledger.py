@@ -36,6 +36,7 @@ from compaction.calls import COMMAND_ARGUMENTS, key_argument, shows_files
 from compaction.files import FileLists, collect_files, parse_file_lists, render_file_lists
 from compaction.messages import message_text, tool_calls
 from compaction.profile import DEFAULT_LEDGER_SHARE, Profile
+from compaction.recall import mark, ref_of, trailing_ref
 from compaction.text import word_cut
 from compaction.tokens import TokenCounter
 from compaction.types import Message
@@ -131,12 +132,15 @@ def ledger_of(
     previous: Ledger | None = None,
     *,
     task: str = "",
+    salt: str = "",
 ) -> Ledger:
     """The ledger of ``messages`` (a span's originals), folded after ``previous``.
 
     An earlier summary among ``messages`` has its ledger parsed back and
     merged at its place. ``task`` (the head's first user message) is read for
-    identifiers only: the head keeps it verbatim.
+    identifiers only: the head keeps it verbatim. With a ``salt`` (recall on),
+    each command ends with the ref of the output it printed
+    (:mod:`compaction.recall`), so that the model can read it back.
     """
     # Imported here: the summary format renders this module's ledger.
     from compaction.summary import is_summary
@@ -146,12 +150,12 @@ def ledger_of(
     stretch: list[Message] = []
     for message in messages:
         if is_summary(message):
-            ledger = ledger.merge(_stretch_ledger(stretch, profile))
+            ledger = ledger.merge(_stretch_ledger(stretch, profile, salt))
             ledger = ledger.merge(parse_ledger(message_text(message)))
             stretch = []
         else:
             stretch.append(message)
-    ledger = ledger.merge(_stretch_ledger(stretch, profile))
+    ledger = ledger.merge(_stretch_ledger(stretch, profile, salt))
     # The file lists compute their own merge order (a modified file is never read).
     files = (previous.files if previous else FileLists()).merge(collect_files(messages, profile))
     return Ledger(
@@ -163,7 +167,7 @@ def ledger_of(
     )
 
 
-def _stretch_ledger(messages: Sequence[Message], profile: Profile) -> Ledger:
+def _stretch_ledger(messages: Sequence[Message], profile: Profile, salt: str = "") -> Ledger:
     """The ledger of messages holding no summary (files are computed by the caller)."""
     if not messages:
         return Ledger()
@@ -175,7 +179,7 @@ def _stretch_ledger(messages: Sequence[Message], profile: Profile) -> Ledger:
     found_ids = [i for text in users for i in identifiers_in(text)]
     return Ledger(
         errors=_newest(errors),
-        commands=_newest(_commands(messages)),
+        commands=_newest(_commands(messages, salt)),
         identifiers=_newest(found_ids),
         user_messages=_newest(_cap_user("\n".join(text.splitlines())) for text in users),
     )
@@ -209,8 +213,9 @@ def _cap_user(text: str) -> str:
     return kept + _CUT_MARKER.format(len(text) - len(kept))
 
 
-def _commands(messages: Sequence[Message]) -> Iterator[str]:
-    """``command → exit N`` for each command a tool call ran, in order."""
+def _commands(messages: Sequence[Message], salt: str = "") -> Iterator[str]:
+    """``command → exit N`` for each command a tool call ran, in order; with a
+    ``salt``, `` [ref: …]`` of its output after."""
     from compaction.files import results_after
 
     for index, message in enumerate(messages):
@@ -229,7 +234,19 @@ def _commands(messages: Sequence[Message]) -> Iterator[str]:
                 command = word_cut(command, COMMAND_CHARS) + " …"
             result = results.get(call.get("id"))
             code = _exit_code(result) if result is not None else None
-            yield f"`{command}` → exit {code}" if code is not None else f"`{command}`"
+            entry = f"`{command}` → exit {code}" if code is not None else f"`{command}`"
+            yield _with_ref(entry, result, salt)
+
+
+def _with_ref(entry: str, result: str | None, salt: str) -> str:
+    """``entry`` marked with the ref of ``result``, the output it names (with a salt).
+
+    A result that is itself a brief (an earlier compaction's, in the span as
+    it was stored) names its original by the ref it ends with.
+    """
+    if not salt or result is None:
+        return entry
+    return mark(entry, trailing_ref(result) or ref_of(salt, result))
 
 
 def _exit_code(result: str) -> int | None:

@@ -34,6 +34,7 @@ async def compact(
     counter: TokenCounter | None = None,
     keys: Sequence[bytes] | None = None,
     ratio: float = 1.0,
+    recall_salt: str = "",
 ) -> CompactionResult:
     """Bring a chat-completions request within its model's input limit.
 
@@ -49,13 +50,22 @@ async def compact(
 
     ``keys`` are the :func:`~compaction.tokens.message_key` of each of the
     request's messages, when the caller has computed them already.
+    ``recall_salt`` (whose conversation this is) makes the briefs and ledger
+    entries of shortened content carry refs, when ``profile.recall`` is on
+    (:mod:`compaction.recall`).
     """
     messages = check_messages(request.get("messages"))
     counter = counter or TokenCounter(request.get("model"), image_tokens=profile.image_tokens)
     known = list(keys) if keys is not None else message_keys(messages)
     counts = await count_messages_off_loop(counter, messages, known)
     conversation = read_conversation(
-        request, messages, counter, profile.head_count, keys=known, counts=counts
+        request,
+        messages,
+        counter,
+        profile.head_count,
+        keys=known,
+        counts=counts,
+        recall_salt=recall_salt,
     )
     budget = calibrated_budget(profile, requested_output_tokens(request), ratio)
     decision = decide(conversation, profile, budget, reason=reason)

@@ -66,6 +66,14 @@ DEFAULT_SUMMARY_TOOL_RESULT_CHARS = 2_000
 #: (:mod:`compaction.ledger`); the prose gets the rest.
 DEFAULT_LEDGER_SHARE = 0.35
 
+# Recall (compaction.recall): the model reads back what compaction shortened.
+#: Rounds of recall calls answered for one request before the answer is taken as it is.
+DEFAULT_RECALL_ROUNDS = 3
+#: Characters of an original one recall call returns (whole lines); the model asks for more.
+DEFAULT_RECALL_SLICE_CHARS = 12_000
+#: Tokens of recalled text one request may add over all its rounds.
+DEFAULT_RECALL_MAX_TOKENS = 24_000
+
 #: Tool names (or substrings of them) that read files or modify them. A tool
 #: whose name contains one of the "modify" words counts as modifying; otherwise
 #: one containing a "read" word counts as reading. Shell commands are looked at
@@ -273,6 +281,37 @@ class Profile:
     summarizer_context_window: int | None = field(
         default=None,
         metadata=_about("Window of the summary model, if smaller than the chat model's.", POSITIVE),
+    )
+
+    recall: bool = field(
+        default=True,
+        metadata=_about(
+            "Add the compaction_recall tool to tool-using requests forwarded over a "
+            "compaction, and answer its calls from the request's own history; the briefs "
+            "and ledger entries of shortened content then carry a [ref: …] to read it by."
+        ),
+    )
+    recall_rounds: int = field(
+        default=DEFAULT_RECALL_ROUNDS,
+        metadata=_about(
+            "Recall: rounds of compaction_recall calls answered for one request.",
+            Bounds(ge=1, le=8),
+        ),
+    )
+    recall_slice_chars: int = field(
+        default=DEFAULT_RECALL_SLICE_CHARS,
+        metadata=_about(
+            "Recall: characters of the original one call returns (whole lines; the model "
+            "is told how to ask for the rest).",
+            Bounds(ge=500, le=200_000),
+        ),
+    )
+    recall_max_tokens: int = field(
+        default=DEFAULT_RECALL_MAX_TOKENS,
+        metadata=_about(
+            "Recall: tokens of recalled text one request may add over all its rounds.",
+            Bounds(ge=1_000, le=1_000_000),
+        ),
     )
 
     read_tools: tuple[str, ...] = field(

@@ -7,7 +7,9 @@ Shrinks the bulky parts of the middle without calling a model:
   size, the exit status and the first error line (and the last, when the
   threshold leaves room): ``[read_file] src/app.py (45,210 chars)``,
   ``[bash] "pytest -q" → 32 lines output (exit code 1, AssertionError: x; last:
-  FAILED (failures=1))``; the brief never exceeds ``tool_result_chars``;
+  FAILED (failures=1))``; the brief never exceeds ``tool_result_chars``; with
+  ``Profile.recall`` and a caller's salt it ends with `` [ref: r…]``, the ref
+  of the text it replaces (:mod:`compaction.recall`), inside that limit;
 * tool-call arguments longer than ``tool_args_chars`` are cut inside their JSON
   (long string values lose their ends), so valid JSON stays valid;
 * assistant text longer than ``assistant_text_chars`` keeps its start and end
@@ -38,6 +40,7 @@ from compaction.calls import (
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
+from compaction.recall import ref_of, ref_suffix, trailing_ref
 from compaction.text import cut_middle, one_line, output_body, shrink_arguments
 from compaction.types import Message
 
@@ -49,6 +52,11 @@ _GIST_VALUE_CHARS = 30
 #: The error line is kept whole up to KEPT_LINE_CHARS, as long as the brief
 #: stays within the pruning threshold; it is never cut shorter than this.
 _BRIEF_MIN_ERROR_CHARS = 60
+#: Any ref, for the length of its marker (every ref has the same length).
+_REF_SHAPE = "r" + "a" * 12
+#: A brief is given a ref only when at least this much of it is left beside
+#: the marker: under a smaller limit a ref would be nearly all the brief.
+_MIN_MARKED_BRIEF = 24
 #: Between the first and the last error line of a brief (read back by compaction.steps).
 LAST_ERROR_SEPARATOR = "; last: "
 #: Lines at each end of a result searched for an exit status: shells and agent
@@ -78,15 +86,22 @@ class PruneResult:
     pruned: int
 
 
-def prune(messages: Sequence[Message], start: int, end: int, profile: Profile) -> PruneResult:
-    """Prune messages ``[start, end)``; every other message comes back as the same object."""
+def prune(
+    messages: Sequence[Message], start: int, end: int, profile: Profile, *, salt: str = ""
+) -> PruneResult:
+    """Prune messages ``[start, end)``; every other message comes back as the same object.
+
+    With ``profile.recall`` and a ``salt`` (whose conversation this is), each
+    brief ends with the ref of the text it replaces (:mod:`compaction.recall`).
+    """
     out = list(messages)
     pruned = 0
+    salt = salt if profile.recall else ""
     for i in range(max(start, 0), min(end, len(out))):
         message = messages[i]
         role = message.get("role")
         if role in RESULT_ROLES:
-            new = _prune_result(messages, i, profile)
+            new = _prune_result(messages, i, profile, salt)
         elif role == "assistant":
             new = _prune_assistant(message, profile)
         else:
@@ -100,16 +115,24 @@ def prune(messages: Sequence[Message], start: int, end: int, profile: Profile) -
 # --- tool results ----------------------------------------------------------
 
 
-def _prune_result(messages: Sequence[Message], index: int, profile: Profile) -> Message:
+def _prune_result(messages: Sequence[Message], index: int, profile: Profile, salt: str) -> Message:
     message = messages[index]
     limit = profile.tool_result_chars
-    if len(message_text(message)) <= limit:
+    text = message_text(message)
+    if len(text) <= limit:
         return message
+    suffix = ""
+    if salt and limit - len(ref_suffix(_REF_SHAPE)) >= _MIN_MARKED_BRIEF:
+        # A text that already ends with a ref (a brief made under a larger
+        # limit) keeps it: the ref names the original, which a brief of the
+        # brief is not.
+        suffix = ref_suffix(trailing_ref(text) or ref_of(salt, text))
+    body_limit = limit - len(suffix)
     # Calls are looked up in the input, whose arguments are not cut yet.
-    brief = tool_brief(call_for_result(messages, index), message, limit=limit)
-    if len(brief) > limit:  # only with a tiny configured limit
-        brief = one_line(brief, max(limit, 1))
-    return {**message, "content": brief}
+    brief = tool_brief(call_for_result(messages, index), message, limit=body_limit)
+    if len(brief) > body_limit:  # only with a tiny configured limit
+        brief = one_line(brief, max(body_limit, 1))
+    return {**message, "content": brief + suffix}
 
 
 def tool_brief(call: dict[str, Any] | None, result: Message, *, limit: int | None = None) -> str:

@@ -22,6 +22,7 @@ from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, key_argument, sh
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.files import results_after
 from compaction.messages import call_name_and_arguments, message_text, tool_calls
+from compaction.recall import ref_suffix, trailing_ref
 from compaction.text import one_line, output_body
 from compaction.types import Message
 
@@ -158,7 +159,11 @@ def _pruned_brief(name: str, result: str) -> tuple[str, str | None] | None:
     ``[bash] "pytest" → 32 lines output (exit code 1, AssertionError: …)`` or
     ``[read_file] src/app.py (45,210 chars)``: in the pipeline the condenser
     sees the middle after pruning, so most long results arrive like this.
+    The ``[ref: …]`` a brief may end with (recall) is not part of its outcome.
     """
+    ref = trailing_ref(result)
+    if ref is not None:
+        result = result[: -len(ref_suffix(ref))]
     if "\n" in result or not result.startswith(f"[{name}] "):
         return None
     match = _brief_match(result)

@@ -74,11 +74,14 @@ class Shrunk:
     changed: int
 
 
-def shrink_middle(messages: Sequence[Message], start: int, end: int, profile: Profile) -> Shrunk:
+def shrink_middle(
+    messages: Sequence[Message], start: int, end: int, profile: Profile, *, salt: str = ""
+) -> Shrunk:
     """The first stage of ``profile.strategy`` on messages ``[start, end)``:
-    prune for ``summary``, mask for ``mask`` and ``hybrid``."""
+    prune for ``summary`` (its briefs marked with refs for ``salt``, see
+    :func:`~compaction.pruner.prune`), mask for ``mask`` and ``hybrid``."""
     if profile.strategy == "summary":
-        pruned = prune(messages, start, end, profile)
+        pruned = prune(messages, start, end, profile, salt=salt)
         return Shrunk(pruned.messages, "pruned", pruned.pruned)
     return mask(messages, start, end)
 

@@ -1,0 +1,261 @@
+"""Recall: what the model needs to read back the content a compaction shortened.
+
+When ``Profile.recall`` is on and the caller gives a salt (whose conversation
+it is), every tool result the pruner turns into a brief ends with
+``[ref: <id>]``, and so does every ledger entry naming a removed tool output
+(:mod:`compaction.pruner`, :mod:`compaction.ledger`). The proxy adds a tool,
+:data:`TOOL_NAME`, to the request; when the model calls it, the proxy answers
+from the request itself — the client resends its whole history every turn —
+and asks again. This module holds the pieces that are the same for every API::
+
+    ref      = "r" + 12 base32 chars of blake2b(original text, key = salt)
+    brief    = "[bash] \"pytest -q\" → 812 lines output (exit code 1, …) [ref: rq4…]"
+    recall   = compaction_recall({"ref": "rq4…", "start_line": 120})
+    answer   = lines 120… of the original, whole, within max_chars, and a note
+
+A ref is stable (the same text of the same caller has the same ref on every
+request, whatever checkpoint it came from) and differs between callers, so a
+ref is only ever resolved against the caller's own request: a ref of another
+caller, or of content no longer sent, is "not found", and the answer does not
+say which. Lookup (:func:`find_original`) hashes the request's tool results
+once each, on a recall only; nothing here runs on the request path otherwise.
+Pure functions.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from compaction.messages import RESULT_ROLES, message_text
+from compaction.types import Message
+
+TOOL_NAME: Final = "compaction_recall"
+
+TOOL_DESCRIPTION: Final = (
+    "Read back content that the context manager shortened. To keep this conversation "
+    "within the model's context window, some earlier tool outputs were replaced by a "
+    "one-line summary, and some facts were moved into a summary; each shortened item ends "
+    "with a marker like [ref: r2b4c6d7e2f3g]. Call this tool with that ref to get the "
+    "original text back, exactly as the tool returned it; pass start_line and end_line "
+    "(1-based, inclusive) to read only part of a long output. Call it on its own, not "
+    "together with other tools, and before you act on a shortened output (for example "
+    "before editing a file whose earlier read was shortened): the answer comes back at "
+    "once. Refs are only valid in this conversation; a ref that is not found means the "
+    "content is gone, so run the original tool again instead."
+)
+
+TOOL_PARAMETERS: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "ref": {
+            "type": "string",
+            "description": "The ref from a [ref: …] marker, e.g. r2b4c6d7e2f3g.",
+        },
+        "start_line": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "First line to return (1-based); the first line when left out.",
+        },
+        "end_line": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "Last line to return (inclusive); the last line when left out.",
+        },
+    },
+    "required": ["ref"],
+    "additionalProperties": False,
+}
+
+#: Characters of arguments a call may send: a ref and two line numbers take
+#: well under a hundred, so anything longer is refused before it is parsed.
+MAX_ARGUMENT_CHARS: Final = 4_096
+
+_REF_CHARS = 12
+_ID = rf"r[a-z2-7]{{{_REF_CHARS}}}"
+#: ``[ref: r…]`` anywhere in a text; group 1 is the id.
+REF_PATTERN: Final = re.compile(rf"\[ref: ({_ID})\]")
+_TRAILING_REF = re.compile(rf" \[ref: ({_ID})\]\Z")
+_BARE_ID = re.compile(_ID)
+#: blake2b takes a key of at most this many bytes; a longer salt is hashed to one.
+_MAX_KEY_BYTES = 64
+_ACCEPTED = frozenset(TOOL_PARAMETERS["properties"])
+
+
+def ref_of(salt: str, text: str) -> str:
+    """The ref of ``text`` for the caller ``salt``: ``r`` and 12 lowercase base32 characters."""
+    key = salt.encode()
+    if len(key) > _MAX_KEY_BYTES:
+        key = hashlib.blake2b(key).digest()
+    digest = hashlib.blake2b(text.encode(errors="surrogatepass"), key=key, digest_size=8).digest()
+    return "r" + base64.b32encode(digest).decode().lower()[:_REF_CHARS]
+
+
+def mark(text: str, ref: str) -> str:
+    """``text`` followed by its ref marker: ``text [ref: r…]``."""
+    return f"{text}{ref_suffix(ref)}"
+
+
+def ref_suffix(ref: str) -> str:
+    """What :func:`mark` appends: ``" [ref: r…]"``."""
+    return f" [ref: {ref}]"
+
+
+def trailing_ref(text: str) -> str | None:
+    """The ref ``text`` already ends with (a brief or an entry marked before), if any."""
+    found = _TRAILING_REF.search(text)
+    return found.group(1) if found else None
+
+
+@dataclass(frozen=True)
+class RecallRequest:
+    """One call of the recall tool, its arguments checked."""
+
+    ref: str
+    start_line: int | None = None
+    end_line: int | None = None
+
+
+def parse_request(arguments: str) -> RecallRequest | str:
+    """The call's arguments (JSON text as the model wrote them), or what to tell the
+    model when they cannot be used."""
+    usage = f'{TOOL_NAME} takes {{"ref": "r…", "start_line": 1, "end_line": 50}} (lines optional).'
+    if len(arguments) > MAX_ARGUMENT_CHARS:
+        return f"The arguments are too long ({len(arguments):,} characters). {usage}"
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return f"The arguments are not valid JSON. {usage}"
+    if not isinstance(parsed, dict):
+        return f"The arguments must be a JSON object. {usage}"
+    unknown = sorted(str(name) for name in parsed if name not in _ACCEPTED)
+    if unknown:
+        return f"Unknown argument {', '.join(unknown)}. {usage}"
+    ref = _ref_given(parsed.get("ref"))
+    if ref is None:
+        return f"ref must be the id of a [ref: …] marker, like r2b4c6d7e2f3g. {usage}"
+    lines: dict[str, int | None] = {}
+    for name in ("start_line", "end_line"):
+        value = parsed.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"{name} must be a whole number of at least 1. {usage}"
+        if value is not None and value < 1:
+            return f"{name} must be at least 1 (lines are counted from 1). {usage}"
+        lines[name] = value
+    start, end = lines["start_line"], lines["end_line"]
+    if start is not None and end is not None and end < start:
+        return f"end_line ({end}) is before start_line ({start}). {usage}"
+    return RecallRequest(ref, start, end)
+
+
+def _ref_given(value: Any) -> str | None:
+    """The id in what the model passed as ``ref``: the bare id, or the marker copied whole."""
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    found = REF_PATTERN.fullmatch(value)
+    if found:
+        return found.group(1)
+    return value if _BARE_ID.fullmatch(value) else None
+
+
+def find_original(messages: Sequence[Message], salt: str, ref: str) -> str | None:
+    """The text of the tool result among ``messages`` whose ref is ``ref``, or ``None``.
+
+    ``messages`` are the request as the client sent it (its originals); each
+    tool result is hashed once, so the work is linear in their size.
+    """
+    if not _BARE_ID.fullmatch(ref):
+        return None
+    for message in messages:
+        if message.get("role") in RESULT_ROLES:
+            text = message_text(message)
+            if ref_of(salt, text) == ref:
+                return text
+    return None
+
+
+def recalled_text(original: str | None, request: RecallRequest, max_chars: int) -> str:
+    """What the tool answers: the requested lines of ``original``, exactly, and a note.
+
+    Lines are 1-based and inclusive, counted at each ``\\n``. The lines
+    returned stay within ``max_chars`` (the note is on top), whole lines but
+    when the first one alone is longer; the note says which lines of how many
+    came back and how to ask for the rest. ``None`` (the ref was not found in
+    this request) is answered the same way whatever the reason.
+    """
+    if original is None:
+        return (
+            f"No content found for ref {request.ref} in this conversation. "
+            "Run the tool that produced it again if you still need it."
+        )
+    lines = _lines(original)
+    total = len(lines)
+    if not total:
+        return f"[ref {request.ref}: the output was empty]"
+    start = request.start_line or 1
+    if start > total:
+        lines_of = f"{total:,} line{_s(total)}"
+        return f"[ref {request.ref} has {lines_of}; start_line={start} is past the end]"
+    end = min(request.end_line or total, total)
+    taken: list[str] = []
+    used = 0
+    for line in lines[start - 1 : end]:
+        if used + len(line) > max(max_chars, 1):
+            break
+        taken.append(line)
+        used += len(line)
+    if not taken:
+        # One line longer than the whole slice: its start, said so.
+        line = lines[start - 1].removesuffix("\n")
+        head = line[: max(max_chars, 1)]
+        more = f"; call again with start_line={start + 1} for the next" if start < end else ""
+        note = (
+            f"[line {start:,} of {total:,}: its first {len(head):,} of "
+            f"{len(line):,} characters{more}]"
+        )
+        return _with_note(head, note)
+    last = start + len(taken) - 1
+    note = f"[lines {start:,}–{last:,} of {total:,}"
+    if last < end:
+        note += f"; call again with start_line={last + 1} for more"
+    return _with_note("".join(taken), note + "]")
+
+
+def _lines(text: str) -> list[str]:
+    """``text`` cut after each ``\\n``, the endings kept, as ``sed -n`` counts lines."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _with_note(text: str, note: str) -> str:
+    return f"{text}{'' if text.endswith(chr(10)) else chr(10)}{note}"
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"
+
+
+__all__ = [
+    "MAX_ARGUMENT_CHARS",
+    "REF_PATTERN",
+    "TOOL_DESCRIPTION",
+    "TOOL_NAME",
+    "TOOL_PARAMETERS",
+    "RecallRequest",
+    "find_original",
+    "mark",
+    "parse_request",
+    "recalled_text",
+    "ref_of",
+    "ref_suffix",
+    "trailing_ref",
+]
