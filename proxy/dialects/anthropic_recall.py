@@ -1,0 +1,428 @@
+"""Anthropic Messages' side of recall (:mod:`proxy.dialects.recall`).
+
+The tool is declared as the API declares any client tool (``name``,
+``description``, ``input_schema``), appended after the client's own — after
+a ``cache_control`` the client put on its last tool too, so no breakpoint
+moves. A call is a ``tool_use`` block of the answer's ``content``; its result
+is a ``tool_result`` block, all of one turn's results in one user message.
+
+A stream is a run of named events (``event: x`` / ``data: {...}`` / blank
+line, ``\\r\\n`` or ``\\r`` line ends allowed). Each is relayed as soon as its
+blank line arrives, in the upstream's own bytes, unless it must be rewritten:
+
+* the first round is relayed untouched until a ``content_block_start`` of a
+  ``tool_use`` named ``compaction_recall``; from there the round is read and
+  not relayed (:attr:`AnthropicRecallStream.recalled`). Only block starts are
+  parsed until then: a text delta costs a few substring tests, and the round's
+  raw events are kept to put the whole answer together only if it is needed;
+* a recall block that starts after a client ``tool_use`` block was relayed
+  cannot be answered (the client already has its turn's tool call): its events
+  are left out (:attr:`~AnthropicRecallStream.dropped`) and the blocks after it
+  renumbered so the client sees contiguous indices;
+* a later round continues the client's one message: its ``message_start`` is
+  left out (the client has had one), every block index is moved past the
+  blocks already relayed, and ``message_delta``'s usage counts the earlier
+  rounds' output (and input, where the event carries it) as well.
+
+``error`` and ``ping`` events are always relayed; a recalled round's
+``message_delta`` and ``message_stop`` never are, since the message goes on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
+from proxy.dialects import sse
+from proxy.dialects.recall import RecallCall, RecallSurface, Usage
+
+#: The recall tool as the API declares a client tool; the same object, and so
+#: the same bytes, in every request it is added to.
+RECALL_TOOL: Final[dict[str, Any]] = {
+    "name": TOOL_NAME,
+    "description": TOOL_DESCRIPTION,
+    "input_schema": TOOL_PARAMETERS,
+}
+
+#: Two line ends in a row end an event. A lone ``\r`` is a line end only when
+#: no ``\n`` follows (a ``\r`` that ends a chunk may be the start of a ``\r\n``).
+_BOUNDARY = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+#: Longest boundary: the bytes scanned again when a chunk may complete one.
+_BOUNDARY_MAX = 4
+
+# What an event's bytes must hold to be worth parsing. Inside a JSON string a
+# quote is escaped, so a model's text cannot hold one of these.
+_BLOCK_START = b'"content_block_start"'
+_MESSAGE_START = b'"message_start"'
+_MESSAGE_DELTA = b'"message_delta"'
+_INDEX = b'"index"'
+_ALWAYS_RELAYED = (b'"error"', b'"ping"')
+
+
+class AnthropicRecall:
+    """The :class:`~proxy.dialects.recall.RecallSurface` of ``POST /v1/messages``."""
+
+    items_key: str = "messages"
+
+    def with_tool(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        tools = body.get("tools")
+        if not isinstance(tools, list) or not tools:
+            return None
+        if any(isinstance(tool, dict) and tool.get("name") == TOOL_NAME for tool in tools):
+            return None
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") == "none":
+            return None  # the model may call no tool at all
+        # Server tools (web search, code execution) stay where the client put them.
+        return {**body, "tools": [*tools, RECALL_TOOL]}
+
+    def calls(self, answer: dict[str, Any]) -> list[RecallCall]:
+        return [
+            RecallCall(str(block.get("id", "")), orjson.dumps(block.get("input", {})).decode())
+            for block in _content(answer)
+            if _is_recall(block)
+        ]
+
+    def followup(
+        self,
+        sent: dict[str, Any],
+        answer: dict[str, Any],
+        results: Sequence[tuple[RecallCall, str]],
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """``sent`` with the model's turn and the results appended.
+
+        The turn keeps every block as the API returned it (thinking and
+        redacted thinking with their signatures: the API checks them) but the
+        client's own tool calls, which the next round may make again, and empty
+        text blocks, which the API refuses in a request. ``sent`` is expected to
+        end with a user turn: were it an assistant prefill, the body returned
+        would hold two assistant turns in a row, which the API refuses.
+        """
+        kept = [
+            block
+            for block in _content(answer)
+            if not (_is_tool_use(block) and not _is_recall(block)) and not _is_empty_text(block)
+        ]
+        turn = {"role": "assistant", "content": kept}
+        replies = {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call.id, "content": text}
+                for call, text in results
+            ],
+        }
+        exchange: list[Any] = [turn, replies]
+        messages = sent.get(self.items_key)
+        before = messages if isinstance(messages, list) else []
+        return {**sent, self.items_key: [*before, *exchange]}, exchange
+
+    def no_more_calls(self, body: dict[str, Any]) -> dict[str, Any]:
+        # "none" takes no other field (``disable_parallel_tool_use`` is for the
+        # choices that let the model call tools); the tools stay declared, so
+        # the request's first bytes are the ones the earlier rounds sent.
+        return {**body, "tool_choice": {"type": "none"}}
+
+    def usage(self, answer: dict[str, Any]) -> Usage:
+        usage = answer.get("usage")
+        if not isinstance(usage, dict):
+            return Usage()
+        return Usage(_count(usage.get("input_tokens")), _count(usage.get("output_tokens")))
+
+    def final(self, answer: dict[str, Any], earlier: Usage) -> dict[str, Any]:
+        usage = answer.get("usage")
+        own = usage if isinstance(usage, dict) else {}
+        summed = {
+            **own,
+            "input_tokens": _count(own.get("input_tokens")) + earlier.prompt,
+            "output_tokens": _count(own.get("output_tokens")) + earlier.output,
+        }
+        return {**answer, "usage": summed}
+
+    def stream(self) -> AnthropicRecallStream:
+        return AnthropicRecallStream()
+
+
+@dataclass(frozen=True)
+class _Event:
+    """One whole event: its bytes as they came, its name, and its data when JSON."""
+
+    raw: bytes
+    name: str | None
+    data: dict[str, Any] | None
+
+    @property
+    def kind(self) -> str | None:
+        kind = self.data.get("type") if self.data is not None else None
+        return kind if isinstance(kind, str) else self.name
+
+    def index(self) -> int | None:
+        index = self.data.get("index") if self.data is not None else None
+        return index if isinstance(index, int) and not isinstance(index, bool) else None
+
+    def rewritten(self, **changes: Any) -> bytes:
+        assert self.data is not None
+        return sse.json_frame({**self.data, **changes}, self.name)
+
+
+@dataclass
+class _Round:
+    """What one round's stream showed so far."""
+
+    #: Every event's bytes, from the round's first: the answer is put together
+    #: from them only when the round recalled.
+    events: list[bytes] = field(default_factory=list)
+    #: Where each relayed block is in the client's stream, by the upstream's index.
+    placed: dict[int, int] = field(default_factory=dict)
+    #: Upstream indices of the recall blocks left out of the stream.
+    left_out: set[int] = field(default_factory=set)
+    client_tool: bool = False
+    recalled: bool = False
+
+
+class AnthropicRecallStream:
+    """Relays one client's Messages stream over the rounds of its answer."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0
+        self._round = _Round()
+        self._rounds = 0  # rounds before this one
+        #: Blocks the client got in earlier rounds: this round's first index.
+        self._offset = 0
+        self._earlier = Usage()
+        self._dropped = 0
+
+    @property
+    def recalled(self) -> bool:
+        return self._round.recalled
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    def feed(self, chunk: bytes) -> bytes:
+        buffer = self._buffer
+        buffer += chunk
+        out: list[bytes] = []
+        start = 0
+        at = max(0, self._scanned - _BOUNDARY_MAX)
+        while (found := _BOUNDARY.search(buffer, at)) is not None:
+            end = found.end()
+            if end == len(buffer) and buffer.endswith(b"\r"):
+                break  # the next chunk may begin with the "\n" of this "\r"
+            out.append(self._event(bytes(buffer[start:end])))
+            start = at = end
+        del buffer[:start]
+        self._scanned = len(buffer)
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        rest, self._buffer, self._scanned = bytes(self._buffer), bytearray(), 0
+        return self._event(rest) if rest else b""
+
+    def next_round(self) -> None:
+        done = self.answer()
+        self._earlier += ANTHROPIC_RECALL.usage(done)
+        self._offset += len(self._round.placed)
+        self._rounds += 1
+        self._round = _Round()
+        self._buffer, self._scanned = bytearray(), 0
+
+    def answer(self) -> dict[str, Any]:
+        return _assemble([_read(raw) for raw in self._round.events])
+
+    # --- one event ------------------------------------------------------------
+
+    def _event(self, raw: bytes) -> bytes:
+        """The bytes to relay for one whole event of the current round."""
+        now = self._round
+        now.events.append(raw)
+        if now.recalled:
+            return self._hidden(raw)
+        later = self._rounds > 0
+        renumbering = self._offset > 0 or bool(now.left_out)
+        if not (
+            _BLOCK_START in raw
+            or (later and (_MESSAGE_START in raw or _MESSAGE_DELTA in raw))
+            or (renumbering and _INDEX in raw)
+        ):
+            return raw
+        event = _read(raw)
+        kind = event.kind
+        if kind == "content_block_start":
+            return self._block_start(event)
+        if kind == "message_start":
+            return b"" if later else raw  # the client's message started in round one
+        if kind == "message_delta":
+            return self._message_delta(event)
+        return self._placed(event)
+
+    def _block_start(self, event: _Event) -> bytes:
+        now = self._round
+        index = event.index()
+        block = (event.data or {}).get("content_block")
+        if index is None or not isinstance(block, dict):
+            return event.raw
+        if _is_recall(block):
+            if not now.client_tool:
+                now.recalled = True
+                return b""
+            # The client has its turn's tool call: a recall now would show it twice.
+            now.left_out.add(index)
+            self._dropped += 1
+            return b""
+        if _is_tool_use(block):
+            now.client_tool = True
+        now.placed[index] = self._offset + len(now.placed)
+        return self._placed(event)
+
+    def _placed(self, event: _Event) -> bytes:
+        """A block's event at the block's place in the client's stream."""
+        index = event.index()
+        if index is None:
+            return event.raw
+        if index in self._round.left_out:
+            return b""
+        place = self._round.placed.get(index, index)
+        return event.raw if place == index else event.rewritten(index=place)
+
+    def _message_delta(self, event: _Event) -> bytes:
+        usage = (event.data or {}).get("usage")
+        if not isinstance(usage, dict) or self._earlier == Usage():
+            return event.raw
+        summed = {
+            **usage,
+            "output_tokens": _count(usage.get("output_tokens")) + self._earlier.output,
+        }
+        if "input_tokens" in usage:
+            summed["input_tokens"] = _count(usage.get("input_tokens")) + self._earlier.prompt
+        return event.rewritten(usage=summed)
+
+    def _hidden(self, raw: bytes) -> bytes:
+        """An event after the round's recall started: read, not relayed — but for
+        an error, a ping, and the rest of a block relayed before (the API closes a
+        block before it starts the next, so there is none unless it changes)."""
+        if not (
+            any(word in raw for word in _ALWAYS_RELAYED) or (self._round.placed and _INDEX in raw)
+        ):
+            return b""
+        event = _read(raw)
+        if event.kind in ("error", "ping"):
+            return raw
+        index = event.index()
+        if (
+            index is not None
+            and index in self._round.placed
+            and event.kind != "content_block_start"
+        ):
+            return self._placed(event)
+        return b""
+
+
+ANTHROPIC_RECALL: Final[RecallSurface] = AnthropicRecall()
+
+
+def _read(raw: bytes) -> _Event:
+    name: str | None = None
+    data: list[bytes] = []
+    for line in _LINE_BREAK.split(raw):
+        field_name, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field_name == b"event":
+            name = value.decode("utf-8", "replace") or None
+        elif field_name == b"data":
+            data.append(value)
+    try:
+        parsed = orjson.loads(b"\n".join(data)) if data else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    return _Event(raw, name, parsed if isinstance(parsed, dict) else None)
+
+
+def _assemble(events: list[_Event]) -> dict[str, Any]:
+    """A round's events as the whole answer the API would have given."""
+    message: dict[str, Any] = {}
+    usage: dict[str, Any] = {}
+    stop: dict[str, Any] = {"stop_reason": None, "stop_sequence": None}
+    blocks: dict[int, dict[str, Any]] = {}
+    inputs: dict[int, list[str]] = {}
+    for event in events:
+        data, kind, index = event.data or {}, event.kind, event.index()
+        if kind == "message_start" and isinstance(data.get("message"), dict):
+            message = data["message"]
+            usage.update(message.get("usage") or {})
+        elif kind == "message_delta":
+            stop.update({k: v for k, v in (data.get("delta") or {}).items() if k in stop})
+            usage.update(data.get("usage") or {})
+        elif index is None:
+            continue
+        elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
+            blocks[index] = dict(data["content_block"])
+        elif kind == "content_block_delta" and index in blocks:
+            _apply(blocks[index], inputs.setdefault(index, []), data.get("delta") or {})
+    for index, pieces in inputs.items():
+        if pieces:
+            blocks[index]["input"] = _parsed_input("".join(pieces))
+    return {
+        "id": message.get("id"),
+        "type": "message",
+        "role": "assistant",
+        "model": message.get("model"),
+        "content": [blocks[index] for index in sorted(blocks)],
+        **stop,
+        "usage": usage,
+    }
+
+
+def _apply(block: dict[str, Any], pieces: list[str], delta: dict[str, Any]) -> None:
+    kind = delta.get("type")
+    if kind == "text_delta":
+        block["text"] = block.get("text", "") + str(delta.get("text", ""))
+    elif kind == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + str(delta.get("thinking", ""))
+    elif kind == "signature_delta":
+        block["signature"] = block.get("signature", "") + str(delta.get("signature", ""))
+    elif kind == "input_json_delta":
+        pieces.append(str(delta.get("partial_json", "")))
+    elif kind == "citations_delta" and "citation" in delta:
+        block["citations"] = [*(block.get("citations") or []), delta["citation"]]
+
+
+def _parsed_input(text: str) -> Any:
+    """A tool call's input from its streamed JSON; ``{}`` when the model wrote
+    none, or something that is not an object (the API sends an object back)."""
+    try:
+        parsed = orjson.loads(text) if text.strip() else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _content(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    content = answer.get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _is_tool_use(block: dict[str, Any]) -> bool:
+    return block.get("type") == "tool_use"
+
+
+def _is_recall(block: dict[str, Any]) -> bool:
+    return _is_tool_use(block) and block.get("name") == TOOL_NAME
+
+
+def _is_empty_text(block: dict[str, Any]) -> bool:
+    return block.get("type") == "text" and not block.get("text")
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+__all__ = ["ANTHROPIC_RECALL", "RECALL_TOOL", "AnthropicRecall", "AnthropicRecallStream"]
