@@ -99,16 +99,14 @@ class AnthropicRecall:
 
         The turn keeps every block as the API returned it (thinking and
         redacted thinking with their signatures: the API checks them) but the
-        client's own tool calls, which the next round may make again, and empty
-        text blocks, which the API refuses in a request. ``sent`` is expected to
-        end with a user turn: were it an assistant prefill, the body returned
-        would hold two assistant turns in a row, which the API refuses.
+        client's own tool calls, which the next round may make again, a recall
+        call given no result (the API refuses a call left unanswered), and text
+        blocks of nothing but white space, which it refuses too. ``sent`` is
+        expected to end with a user turn: were it an assistant prefill, the body
+        returned would hold two assistant turns in a row, which the API refuses.
         """
-        kept = [
-            block
-            for block in _content(answer)
-            if not (_is_tool_use(block) and not _is_recall(block)) and not _is_empty_text(block)
-        ]
+        answered = {call.id for call, _ in results}
+        kept = [block for block in _content(answer) if _kept(block, answered)]
         turn = {"role": "assistant", "content": kept}
         replies = {
             "role": "user",
@@ -417,8 +415,11 @@ def _is_recall(block: dict[str, Any]) -> bool:
     return _is_tool_use(block) and block.get("name") == TOOL_NAME
 
 
-def _is_empty_text(block: dict[str, Any]) -> bool:
-    return block.get("type") == "text" and not block.get("text")
+def _kept(block: dict[str, Any], answered: set[str]) -> bool:
+    """Whether a block of the model's turn goes into the follow-up."""
+    if _is_tool_use(block):
+        return _is_recall(block) and block.get("id") in answered
+    return not (block.get("type") == "text" and not str(block.get("text", "")).strip())
 
 
 def _count(value: Any) -> int:

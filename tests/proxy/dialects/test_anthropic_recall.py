@@ -19,6 +19,7 @@ from proxy.dialects import anthropic_recall
 from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL, RECALL_TOOL
 from proxy.dialects.recall import RecallCall, Usage
 from tests.proxy.dialects.anthropic_sessions import CACHE, claude_code_request, thinking_block
+from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
 
 RECALL_INPUT = {"ref": "rabcdefghijkl", "start_line": 3}
 
@@ -268,14 +269,13 @@ def test_followup_appends_the_turn_without_client_calls_and_one_user_message_of_
     before = copy.deepcopy(sent)
     thinking = thinking_block("The test output was shortened; read it back first.")
     redacted = {"type": "redacted_thinking", "data": "EmwKAhgBEgy" + "x" * 40}
-    answer = _whole([thinking, redacted, _text(""), _text("Reading."), _recall("toolu_a"), _bash()])
-    a, b = RecallCall("toolu_a", "{}"), RecallCall("toolu_b", "{}")
+    blocks = [thinking, redacted, _text(""), _text(" \n"), _text("Reading."), _recall("toolu_a")]
+    answer = _whole([*blocks, _bash(), _recall("toolu_b", {"ref": "rzzzzzzzzzzzz"})])
+    a, b = ANTHROPIC_RECALL.calls(answer)
     body, exchange = ANTHROPIC_RECALL.followup(sent, answer, [(a, "line 3\nline 4"), (b, "gone")])
     assert sent == before  # what was sent is never changed
-    turn = {
-        "role": "assistant",
-        "content": [thinking, redacted, _text("Reading."), _recall("toolu_a")],
-    }
+    kept = [thinking, redacted, _text("Reading."), _recall("toolu_a")]
+    turn = {"role": "assistant", "content": [*kept, _recall("toolu_b", {"ref": "rzzzzzzzzzzzz"})]}
     results = {
         "role": "user",
         "content": [
@@ -285,8 +285,18 @@ def test_followup_appends_the_turn_without_client_calls_and_one_user_message_of_
     }
     assert exchange == [turn, results]
     assert body == {**sent, "messages": [*sent["messages"], turn, results]}
-    # The signature is the API's, byte for byte: it checks it on the next request.
-    assert body["messages"][1]["content"][0]["signature"] == thinking["signature"]
+    # What the API checks of it: every call paired with its result, and the
+    # thinking block's signature the one it gave that text.
+    assert AnthropicUpstream().refusal(body) is None
+
+
+def test_followup_leaves_out_a_recall_call_given_no_result_so_every_call_stays_paired() -> None:
+    sent = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+    answer = _whole([_recall("toolu_a"), _recall("toolu_b")])
+    first, _second = ANTHROPIC_RECALL.calls(answer)
+    body, exchange = ANTHROPIC_RECALL.followup(sent, answer, [(first, "text")])
+    assert exchange[0] == {"role": "assistant", "content": [_recall("toolu_a")]}
+    assert AnthropicUpstream().refusal(body) is None
 
 
 def test_followup_of_a_turn_of_thinking_and_recall_alone_keeps_both() -> None:
