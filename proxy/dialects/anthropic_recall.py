@@ -271,7 +271,8 @@ class AnthropicRecallStream:
             if not now.client_tool:
                 now.recalled = True
                 return b""
-            # The client has its turn's tool call: a recall now would show it twice.
+            # The client has this turn's tool call already: answering the recall
+            # would start a round that makes that call again, shown twice.
             now.left_out.add(index)
             self._dropped += 1
             return b""
