@@ -445,7 +445,7 @@ def _round_answer(usage: dict[str, Any] | None = USAGE_1) -> dict[str, Any]:
 def test_a_recall_call_is_not_relayed_and_its_round_is_put_together_as_a_whole_answer() -> None:
     events = _recall_round()
     whole = b"".join(events)
-    for cut in range(0, len(whole) + 1, 7):
+    for cut in range(len(whole) + 1):
         stream = CHAT_RECALL.stream()
         relayed = stream.feed(whole[:cut]) + stream.feed(whole[cut:]) + stream.end()
 
@@ -567,6 +567,15 @@ def test_a_later_round_continues_the_first_rounds_stream_with_its_id_and_the_sum
     assert message.content == "Let me read that output again.Line 120 says `assert x == 2`."
     assert not message.tool_calls
     assert completion.choices[0].finish_reason == "stop"
+
+
+def test_a_later_round_is_relayed_the_same_whatever_its_chunks() -> None:
+    second = _final_round("chatcmpl-BbSecond")
+    whole = b"".join(second)
+    expected, _ = _rounds([_recall_round(), second])
+    for cut in range(len(whole) + 1):
+        relayed, _ = _rounds([_recall_round(), [whole[:cut], whole[cut:]]])
+        assert relayed == expected, cut
 
 
 def test_the_usage_of_every_hidden_round_is_added_to_the_last() -> None:
