@@ -38,7 +38,7 @@ import orjson
 
 from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, Usage
+from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 
 #: The tool the proxy adds, in Chat's shape. One object, never changed, so the
 #: request's bytes are the same on every turn (the provider's prompt cache).
@@ -463,7 +463,8 @@ def _add_calls(calls: dict[int, dict[str, Any]], entries: list[Any]) -> None:
             call["function"]["arguments"] += function["arguments"]
 
 
-#: The one Chat Completions recall surface.
-CHAT_RECALL: Final = ChatRecall()
+#: The one Chat Completions recall surface, typed as the contract so a dialect
+#: may declare it where the protocol asks for a ``RecallSurface``.
+CHAT_RECALL: Final[RecallSurface] = ChatRecall()
 
 __all__ = ["CHAT_RECALL", "RECALL_TOOL", "ChatRecall", "ChatRecallStream"]
