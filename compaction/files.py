@@ -17,6 +17,11 @@ to the next:
   ``patch`` modify. Best effort: only tokens that look like file paths are kept.
 
 A file that was modified is never listed as read. Order is first-seen.
+
+With recall on (a caller's salt given), a file read keeps the ref of the
+newest output that showed it (:mod:`compaction.recall`), rendered after its
+path (``src/app.py [ref: r…]``) and parsed back apart from it: paths stay
+paths for everything that compares them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, parse_arguments
 from compaction.messages import call_name_and_arguments, message_text, tool_calls
 from compaction.profile import Profile
+from compaction.recall import mark, ref_of, ref_suffix, trailing_ref
 from compaction.shell import shell_files
 from compaction.types import Message
 
@@ -61,6 +67,8 @@ class FileLists:
 
     read: tuple[str, ...] = ()
     modified: tuple[str, ...] = ()
+    #: ``(path, ref)`` of read files whose output has a ref (recall), newest ref per path.
+    refs: tuple[tuple[str, str], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.read or self.modified)
@@ -70,11 +78,20 @@ class FileLists:
         modified = _unique((*self.modified, *later.modified))
         done = set(modified)
         read = _unique(p for p in (*self.read, *later.read) if p not in done)
-        return FileLists(read, modified)
+        return FileLists(read, modified, _refs_of(read, (*self.refs, *later.refs)))
 
     def limited(self, max_files: int = DEFAULT_MAX_FILES) -> FileLists:
         """At most ``max_files`` of each list, keeping the most recently seen."""
-        return FileLists(self.read[-max_files:], self.modified[-max_files:])
+        read = self.read[-max_files:]
+        return FileLists(read, self.modified[-max_files:], _refs_of(read, self.refs))
+
+
+def _refs_of(read: Sequence[str], refs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The last ref given to each of the ``read`` paths, in the order of ``read``."""
+    if not refs:
+        return ()
+    newest = dict(refs)
+    return tuple((path, newest[path]) for path in read if path in newest)
 
 
 def _unique(paths: Iterable[str]) -> tuple[str, ...]:
@@ -87,16 +104,27 @@ def _unique(paths: Iterable[str]) -> tuple[str, ...]:
 def parse_file_lists(text: str) -> FileLists:
     """The lists carried by an earlier summary's ``<read-files>`` / ``<modified-files>`` blocks."""
     found: dict[str, list[str]] = {"read": [], "modified": []}
+    refs: list[tuple[str, str]] = []
     for block in _blocks(text):
         lines = (line.strip() for line in text[block.body_start : block.body_end].splitlines())
-        found[block.kind].extend(line for line in lines if line)
-    return FileLists().merge(FileLists(_unique(found["read"]), _unique(found["modified"])))
+        for line in lines:
+            ref = trailing_ref(line)
+            if ref is not None:
+                line = line[: -len(ref_suffix(ref))].strip()
+                refs.append((line, ref))
+            if line:
+                found[block.kind].append(line)
+    return FileLists().merge(
+        FileLists(_unique(found["read"]), _unique(found["modified"]), tuple(refs))
+    )
 
 
 def render_file_lists(lists: FileLists) -> str:
     """The blocks appended to a summary; an empty list gets no block at all."""
     blocks = []
-    for tag, paths in (("read-files", lists.read), ("modified-files", lists.modified)):
+    refs = dict(lists.refs)
+    read = [mark(path, refs[path]) if path in refs else path for path in lists.read]
+    for tag, paths in (("read-files", read), ("modified-files", lists.modified)):
         if paths:
             blocks.append(f"<{tag}>\n" + "\n".join(paths) + f"\n</{tag}>")
     return "\n".join(blocks)
@@ -143,15 +171,21 @@ def _blocks(text: str) -> Iterator[_Block]:
 
 
 def collect_files(
-    messages: Sequence[Message], profile: Profile, *, max_files: int = DEFAULT_MAX_FILES
+    messages: Sequence[Message],
+    profile: Profile,
+    *,
+    max_files: int = DEFAULT_MAX_FILES,
+    salt: str = "",
 ) -> FileLists:
     """Files read and modified by the tool calls in ``messages``, merged in order with
-    the lists of any earlier summary among them."""
+    the lists of any earlier summary among them; with a ``salt``, each file read
+    with the ref of the output that showed it."""
     # Merging list after list in order comes to: every modified file once, and
     # every read file once unless it was modified; so the paths are gathered
     # first and merged once at the end.
     read: list[str] = []
     modified: list[str] = []
+    refs: list[tuple[str, str]] = []
     # Imported here: the summary format renders this module's file lists.
     from compaction.summary import is_summary
 
@@ -162,6 +196,7 @@ def collect_files(
             earlier = parse_file_lists(message_text(message))
             read.extend(earlier.read)
             modified.extend(earlier.modified)
+            refs.extend(earlier.refs)
             continue
         if message.get("role") != "assistant":
             continue
@@ -182,10 +217,15 @@ def collect_files(
                 found = FileLists(modified=(current,))
             else:
                 continue
-            found = _drop_missing(found, results.get(call.get("id"), ""))
+            result = results.get(call.get("id"))
+            found = _drop_missing(found, result or "")
             read.extend(found.read)
             modified.extend(found.modified)
-    return FileLists().merge(FileLists(tuple(read), tuple(modified))).limited(max_files)
+            if salt and result is not None and found.read:
+                ref = trailing_ref(result) or ref_of(salt, result)
+                refs.extend((path, ref) for path in found.read)
+    lists = FileLists(tuple(read), tuple(modified), tuple(refs))
+    return FileLists().merge(lists).limited(max_files)
 
 
 def results_after(messages: Sequence[Message], index: int) -> dict[Any, str]:

@@ -139,8 +139,8 @@ def ledger_of(
     An earlier summary among ``messages`` has its ledger parsed back and
     merged at its place. ``task`` (the head's first user message) is read for
     identifiers only: the head keeps it verbatim. With a ``salt`` (recall on),
-    each command ends with the ref of the output it printed
-    (:mod:`compaction.recall`), so that the model can read it back.
+    each command and each file read ends with the ref of the output it
+    printed (:mod:`compaction.recall`), so that the model can read it back.
     """
     # Imported here: the summary format renders this module's ledger.
     from compaction.summary import is_summary
@@ -157,7 +157,8 @@ def ledger_of(
             stretch.append(message)
     ledger = ledger.merge(_stretch_ledger(stretch, profile, salt))
     # The file lists compute their own merge order (a modified file is never read).
-    files = (previous.files if previous else FileLists()).merge(collect_files(messages, profile))
+    found = collect_files(messages, profile, salt=salt)
+    files = (previous.files if previous else FileLists()).merge(found)
     return Ledger(
         files.limited(),
         ledger.errors,

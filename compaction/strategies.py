@@ -53,6 +53,7 @@ from compaction.calls import call_for_result
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
 from compaction.pruner import prune
+from compaction.recall import mark, ref_of, trailing_ref
 from compaction.types import Message, Stage, Strategy
 
 STRATEGIES: tuple[Strategy, ...] = ("summary", "mask", "hybrid")
@@ -78,12 +79,13 @@ def shrink_middle(
     messages: Sequence[Message], start: int, end: int, profile: Profile, *, salt: str = ""
 ) -> Shrunk:
     """The first stage of ``profile.strategy`` on messages ``[start, end)``:
-    prune for ``summary`` (its briefs marked with refs for ``salt``, see
-    :func:`~compaction.pruner.prune`), mask for ``mask`` and ``hybrid``."""
+    prune for ``summary``, mask for ``mask`` and ``hybrid``; with
+    ``profile.recall`` and a ``salt``, each brief or placeholder ends with the
+    ref of the output it stands for (:mod:`compaction.recall`)."""
     if profile.strategy == "summary":
         pruned = prune(messages, start, end, profile, salt=salt)
         return Shrunk(pruned.messages, "pruned", pruned.pruned)
-    return mask(messages, start, end)
+    return mask(messages, start, end, salt=salt if profile.recall else "")
 
 
 def condenses(profile: Profile) -> bool:
@@ -91,10 +93,11 @@ def condenses(profile: Profile) -> bool:
     return profile.strategy != "mask" and profile.summarizer != "off"
 
 
-def mask(messages: Sequence[Message], start: int, end: int) -> Shrunk:
+def mask(messages: Sequence[Message], start: int, end: int, *, salt: str = "") -> Shrunk:
     """Replace the tool results in ``[start, end)`` longer than
     :data:`MASK_MIN_CHARS` by a placeholder; every other message comes back
-    as the same object."""
+    as the same object. With a ``salt``, each placeholder ends with the ref
+    of the output it hides."""
     out = list(messages)
     masked = 0
     for i in range(max(start, 0), min(end, len(out))):
@@ -105,7 +108,10 @@ def mask(messages: Sequence[Message], start: int, end: int) -> Shrunk:
         if len(text) <= MASK_MIN_CHARS:
             continue
         name, _ = call_name_and_arguments(call_for_result(messages, i) or {})
-        out[i] = {**message, "content": placeholder(name, text)}
+        hidden = placeholder(name, text)
+        if salt:
+            hidden = mark(hidden, trailing_ref(text) or ref_of(salt, text))
+        out[i] = {**message, "content": hidden}
         masked += 1
     return Shrunk(out, "masked", masked)
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, is_summary, message_text
+from compaction.files import parse_file_lists, render_file_lists
 from compaction.ledger import ledger_of, parse_ledger, render_ledger
 from compaction.pruner import prune
 from compaction.recall import (
@@ -29,6 +30,8 @@ from compaction.recall import (
     trailing_ref,
 )
 from compaction.steps import tool_steps
+from compaction.strategies import mask, shrink_middle
+from compaction.summary import parse_summary, summary_message
 from tests.conftest import system, tool_group, user
 from tests.synthetic import conversations
 
@@ -251,6 +254,22 @@ def test_the_steps_read_from_a_brief_are_the_same_with_its_ref() -> None:
     assert tool_steps(marked)[0].outcome == "exit 1, error: `E AssertionError: boom`"
 
 
+def test_a_masked_output_is_hidden_behind_a_placeholder_that_carries_its_ref() -> None:
+    messages = _session(LOG, "x" * 2_000)
+    masked = mask(messages, 2, len(messages), salt=SALT).messages
+    assert [trailing_ref(m["content"]) for m in masked if m["role"] == "tool"] == [
+        ref_of(SALT, LOG),
+        ref_of(SALT, "x" * 2_000),
+    ]
+    assert mask(masked, 2, len(masked), salt=SALT).changed == 0
+    plain = mask(messages, 2, len(messages)).messages
+    mask_profile = Profile(strategy="mask")
+    assert shrink_middle(messages, 2, len(messages), mask_profile, salt=SALT).messages == masked
+    off = dataclasses.replace(mask_profile, recall=False)
+    assert shrink_middle(messages, 2, len(messages), off, salt=SALT).messages == plain
+    assert not _refs(plain)
+
+
 # --- the ledger --------------------------------------------------------------
 
 
@@ -282,6 +301,56 @@ def test_a_command_whose_result_is_already_a_brief_names_the_original_by_its_ref
     pruned = prune(messages, 2, len(messages), PROFILE, salt=SALT).messages
     entry = ledger_of(pruned, PROFILE, salt=SALT).commands[-1]
     assert trailing_ref(entry) == ref_of(SALT, LOG)
+
+
+def _read(path: str, output: str) -> list[dict[str, Any]]:
+    return tool_group("read_file", {"path": path}, output)
+
+
+def test_files_read_carry_the_ref_of_the_newest_output_that_showed_them() -> None:
+    first, second = "v1\n" * 300, "v2\n" * 300
+    messages = [
+        system(),
+        user("task"),
+        *_read("src/a.py", first),
+        *_read("src/b.py", "b\n" * 300),
+        *_read("src/a.py", second),
+    ]
+    files = ledger_of(messages, PROFILE, salt=SALT).files
+    assert files.read == ("src/a.py", "src/b.py")  # paths stay paths
+    assert dict(files.refs)["src/a.py"] == ref_of(SALT, second)
+    rendered = render_file_lists(files)
+    assert f"src/a.py [ref: {ref_of(SALT, second)}]" in rendered.splitlines()
+    for ref in REF_PATTERN.findall(rendered):
+        assert find_original(messages, SALT, ref) is not None
+    assert parse_file_lists(rendered) == files
+    assert not ledger_of(messages, PROFILE).files.refs
+
+
+def test_a_file_read_then_modified_is_listed_as_modified_without_a_ref() -> None:
+    messages = [
+        system(),
+        user("task"),
+        *_read("src/a.py", "v1\n" * 300),
+        *tool_group("edit_file", {"path": "src/a.py"}, "File edited."),
+    ]
+    files = ledger_of(messages, PROFILE, salt=SALT).files
+    assert (files.read, files.modified, files.refs) == ((), ("src/a.py",), ())
+    assert "[ref:" not in render_file_lists(files)
+
+
+def test_a_summarys_file_refs_survive_a_fold_into_the_next_summary() -> None:
+    messages = [system(), user("task"), *_read("src/a.py", "v1\n" * 300)]
+    ledger = render_ledger(ledger_of(messages, PROFILE, salt=SALT), 1_000, COUNTER)
+    earlier = summary_message("Read a.", condensed=1, ledger=ledger, turn_prefix=False)
+    later = [earlier, *_read("src/b.py", "b\n" * 300)]
+    files = ledger_of(later, PROFILE, salt=SALT).files
+    assert files.read == ("src/a.py", "src/b.py")
+    assert dict(files.refs) == {
+        "src/a.py": ref_of(SALT, "v1\n" * 300),
+        "src/b.py": ref_of(SALT, "b\n" * 300),
+    }
+    assert parse_summary(earlier).files.read == ("src/a.py",)
 
 
 def test_a_summary_ledger_made_with_a_salt_names_outputs_the_request_still_holds() -> None:
@@ -320,6 +389,7 @@ _brief_profiles = st.builds(
     keep_recent_tokens=st.sampled_from([200, 500, 2_000]),
     summarizer=st.sampled_from(["extractive", "off"]),
     tool_result_chars=st.sampled_from([40, 100, 500]),
+    strategy=st.sampled_from(["summary", "summary", "mask", "hybrid"]),
     threshold=st.one_of(st.none(), st.sampled_from([1_000, 3_000])),
 )
 
