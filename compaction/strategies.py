@@ -30,6 +30,9 @@ in lines and characters, and says that it was hidden and how to see it again::
 
     [output hidden to save context: bash, 212 lines, 9,431 chars; repeat the call to see it]
 
+With ``Profile.recall`` and a caller's salt, `` [ref: r…]`` follows, the ref
+the model reads the output back by (:mod:`compaction.recall`).
+
 It keeps no part of the output on purpose: that is the difference from the
 pruner's brief, and the point of masking — the model's own next message,
 kept verbatim, already says what it concluded from the output. The name and
