@@ -23,10 +23,12 @@ Every later round continues the client's one stream: no second
 each ``output_index`` moved past the items relayed before, every
 ``sequence_number`` rewritten to follow the last one relayed, and the last
 ``response.completed`` carrying the earlier rounds' relayed items first and
-the usage of all rounds. Its ``id`` is the last round's: with ``store: false``
-(Codex) nothing is kept under any id, and a stored last round is the one
-response whose input holds the whole exchange, so it is the one to continue
-from.
+the usage of all rounds. Its ``id`` is the one the client read in
+``response.created``: the ``openai`` SDK's stream reader refuses a lifecycle
+event naming another response ("Lifecycle response identity changed"). With
+``store: false`` (Codex) no response is kept under any id; a stored one is
+kept under the last round's, which the client does not see (the proxy never
+compacts a request continuing from a ``previous_response_id``).
 
 A recall item after one of the client's calls was relayed in the same round
 is dropped instead (:attr:`ResponsesRecallStream.dropped`): the items after
@@ -238,6 +240,7 @@ class ResponsesRecallStream:
         self._renumber = False  # sequence numbers are rewritten
         self._number: int | None = None  # the next sequence number to write
         self._last = b""  # the last event relayed
+        self._id: Any = None  # the response id the client read first
         self._round = 0
         self._new_round()
 
@@ -320,6 +323,8 @@ class ResponsesRecallStream:
         if kind in _STARTS:
             if isinstance(data.get("response"), dict):
                 self._started = data["response"]
+                if self._id is None:
+                    self._id = self._started.get("id")
             # A later round's start is not news to the client: its stream goes on.
             return b"" if self._round else self._relay(raw)
         if kind == b"response.output_item.added":
@@ -374,6 +379,8 @@ class ResponsesRecallStream:
         response = {**response, "output": [*self._earlier, *kept]}
         if self._round:
             response = _with_usage(response, self._earlier_usage)
+            if self._id is not None:
+                response["id"] = self._id
         data = {**data, "response": response}
         if self._renumber and isinstance(data.get("sequence_number"), int):
             data["sequence_number"] = self._next_number(data["sequence_number"])
