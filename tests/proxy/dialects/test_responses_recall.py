@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -384,3 +386,31 @@ def test_a_third_round_starts_after_everything_relayed_before_it() -> None:
     assert [item["id"] for item in response["output"]] == ["msg_0002", "fc_s"]
     prompts = sum(answer["usage"]["input_tokens"] for answer in rounds)
     assert response["usage"]["input_tokens"] == prompts
+
+
+def _two_rounds(cuts: list[int] | None) -> bytes:
+    """The client's stream over a dropped-free recall and its answer, each round's
+    bytes cut at ``cuts`` (``None``: fed event by event)."""
+    first = answer_of([reasoning("a"), message(1, "Reading back."), recall("r")])
+    second = answer_of([message(2, "Done."), shell("s"), recall("late")])
+    reader = RESPONSES_RECALL.stream()
+    relayed = b""
+    for number, answer in enumerate((first, second)):
+        if number:
+            reader.next_round()
+        events = stream_of(answer, crlf=number == 1)
+        if cuts is None:
+            chunks = events
+        else:
+            whole = b"".join(events)
+            at = sorted({cut % (len(whole) + 1) for cut in cuts})
+            chunks = [whole[a:b] for a, b in zip([0, *at], [*at, len(whole)], strict=True)]
+        relayed += feed_all(reader, chunks)
+    assert reader.dropped == 1
+    return relayed
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=1 << 16), max_size=12))
+def test_rounds_cut_into_any_chunks_relay_the_same_stream(cuts: list[int]) -> None:
+    assert _two_rounds(cuts) == _two_rounds(None)
