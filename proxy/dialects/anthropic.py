@@ -79,6 +79,7 @@ from proxy.dialects.anthropic_pairing import (
     pairing_problems,
     text_block,
 )
+from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL
 from proxy.dialects.base import ORIGIN, Mapped, Reading, origin_of, read_mapped, rebuild
 from proxy.edge.errors import BadRequest
 
@@ -95,6 +96,8 @@ _PINNED = frozenset({"system", "developer"})
 
 class AnthropicDialect:
     name = "anthropic"
+    #: Its side of recall (:mod:`proxy.dialects.recall`).
+    recall = ANTHROPIC_RECALL
     path = "/messages"
     key_header = "x-api-key"
     cached_usage_apart = True

@@ -44,6 +44,7 @@ import orjson
 
 from compaction import ORIGIN_KEY, Message
 from config import ModelConfig
+from proxy.dialects.recall import RecallSurface
 from proxy.edge.body import parse_object
 
 #: Key on an engine message: ``"<item id>:<part>"`` of the request item it stands
@@ -207,6 +208,8 @@ class Dialect(Protocol):
     #: Whether the answer's ``usage`` counts cached prompt tokens apart from
     #: ``input_tokens`` (Anthropic), so that the prompt is their sum.
     cached_usage_apart: bool
+    #: How the recall tool is declared and its calls answered in this API.
+    recall: RecallSurface
 
     def route(self, config: ModelConfig) -> tuple[str, str | None]:
         """Where this API's requests for ``config``'s model go: the base URL, and

@@ -20,11 +20,14 @@ from compaction import Message, SummarizationError
 from config import ModelConfig
 from proxy.dialects import sse
 from proxy.dialects.base import Mapped, Reading
+from proxy.dialects.chat_recall import CHAT_RECALL
 from proxy.edge.body import parse_chat_body
 
 
 class ChatDialect:
     name = "chat"
+    #: Its side of recall (:mod:`proxy.dialects.recall`).
+    recall = CHAT_RECALL
     path = "/chat/completions"
     key_header = "authorization"
     cached_usage_apart = False

@@ -106,6 +106,11 @@ class RecallSurface(Protocol):
         appended (the exchange, put back on the conversation's next turn)."""
         ...
 
+    def no_more_calls(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` asking for an answer that calls no tool (the last recall round):
+        the API's ``tool_choice`` of none."""
+        ...
+
     def usage(self, answer: dict[str, Any]) -> Usage:
         """What the round of a whole answer cost."""
         ...

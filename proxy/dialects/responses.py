@@ -62,6 +62,7 @@ from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
 from proxy.dialects import responses_replies as replies
 from proxy.dialects.base import Mapped, Reading, clean, read_mapped, rebuild
+from proxy.dialects.responses_recall import RESPONSES_RECALL
 from proxy.edge.errors import BadRequest
 
 #: First line of Codex's compaction prompt (codex-rs/core/templates/compact/prompt.md):
@@ -212,6 +213,8 @@ def _output_content(item: dict[str, Any]) -> Any:
 
 class ResponsesDialect:
     name = "responses"
+    #: Its side of recall (:mod:`proxy.dialects.recall`).
+    recall = RESPONSES_RECALL
     path = "/responses"
     key_header = "authorization"
     cached_usage_apart = False

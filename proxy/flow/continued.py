@@ -23,6 +23,7 @@ from proxy.dialects.base import Dialect, Reading
 from proxy.edge.body import deep_nesting_refused
 from proxy.edge.errors import BadRequest
 from proxy.flow import manual
+from proxy.session.conversation import recall_salt
 from proxy.state.runtime import ProxyState
 
 #: A tail larger than this is parsed no quicker than the whole body is read
@@ -106,7 +107,13 @@ async def remembered(
         counter = state.counter(config)
         with deep_nesting_refused():
             identified = await read_conversation_async(
-                body, messages, counter, config.profile.head_count, scope=scope, previous=previous
+                body,
+                messages,
+                counter,
+                config.profile.head_count,
+                scope=scope,
+                previous=previous,
+                recall_salt=recall_salt(scope),
             )
     conversation = f"{scope.hex()}\x1f{identified.session}"
     state.readings.remember(_owner_key(dialect, owner), conversation, raw, body, identified)

@@ -50,7 +50,7 @@ from proxy.edge.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from proxy.flow import manual
+from proxy.flow import manual, recall
 from proxy.flow.overflow import detect_overflow
 from proxy.flow.read import Call, read_call
 from proxy.flow.record import empty_stream, request_record, rereads_of
@@ -58,6 +58,7 @@ from proxy.flow.send import (
     Relay,
     read_whole,
     relay_bytes,
+    relayed_headers,
     send,
     shown_url,
 )
@@ -115,7 +116,7 @@ async def _forward_untouched(call: Call, started: float) -> Response:
 async def _forward(call: Call, started: float) -> Response:
     """Forward, and retry once, smaller, after an upstream overflow."""
     resolved = await _compact_for(call, reason="threshold")
-    sent = call.encode(resolved)
+    sent, recalling = _outgoing(call, resolved)
     upstream = await _send(call, sent)
     report = await _overflow(call, resolved, upstream, started, sent)
     if isinstance(report, Response):
@@ -126,7 +127,7 @@ async def _forward(call: Call, started: float) -> Response:
         retrying = await _retry_budget(call, resolved, report)
         call = retrying.call
         resolved = await _compact_for(call, reason="overflow", budget=retrying.budget)
-        retry = call.encode(resolved)
+        retry, recalling = _outgoing(call, resolved)
         if retry == sent:  # cannot happen by the retry rule; never resend what failed
             raise ContextLengthExceeded(
                 "This request cannot be made smaller than what the upstream refused.",
@@ -137,10 +138,42 @@ async def _forward(call: Call, started: float) -> Response:
             return _empty_stream_error(call, resolved, upstream, started)
     try:
         _finish(call, resolved, upstream.status, started)
-        return Relay(upstream, resolved.headers(), _usage_tap(call, resolved), dialect=call.dialect)
+        tap = _usage_tap(call, resolved, recalling)
+        if recalling is not None and upstream.status == 200:
+            return await _recall(call, resolved, upstream, recalling, tap)
+        return Relay(upstream, resolved.headers(), tap, dialect=call.dialect)
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
+
+
+def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None]:
+    """The request to send, and how it recalls, when it goes with the recall tool."""
+    if call.unchanged(resolved) or not call.config.profile.recall:
+        return call.encode(resolved), None
+    body = call.outgoing(resolved)
+    plan = recall.plan(call, resolved, body)
+    return orjson.dumps(body if plan is None else plan.body), plan
+
+
+async def _recall(
+    call: Call, resolved: Resolved, upstream: UpstreamResponse, plan: recall.Plan, tap: UsageTap
+) -> Response:
+    """The answer of a request sent with the recall tool: its calls answered by
+    the proxy, the upstream asked again, the client given the last answer."""
+    rounds = recall.rounds_of(call, plan)
+    headers = {**resolved.headers(), "x-compaction-recall-tokens": str(plan.extra_tokens)}
+
+    async def again(body: bytes) -> UpstreamResponse:
+        return await _send(call, body)
+
+    if call.streamed:
+        relayed = relayed_headers(upstream, headers)
+        return recall.RecallRelay(call, rounds, upstream, again, relayed, tap, resolved)
+    try:
+        return await recall.whole(call, rounds, upstream, again, headers, tap)
+    finally:
+        await rounds.report(call, resolved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +302,12 @@ async def _retry_budget(
     return _Retry(call, retry.budget)
 
 
-def _usage_tap(call: Call, resolved: Resolved) -> UsageTap:
-    """Learns the upstream's ratio from the ``usage`` of the answer."""
+def _usage_tap(call: Call, resolved: Resolved, recalling: recall.Plan | None = None) -> UsageTap:
+    """Learns the upstream's ratio from the ``usage`` of the answer (its first
+    round's, with the recall tool and the exchanges put back counted in)."""
     state, config, estimate = call.state, call.config, resolved.result.tokens_after
+    if recalling is not None:
+        estimate += recalling.extra_tokens
 
     def observed(upstream_tokens: int) -> None:
         state.models.observe(config, estimate, upstream_tokens)

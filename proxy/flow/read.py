@@ -120,13 +120,21 @@ class Call:
         self.state.models.observe(self.config, estimate, prompt_tokens)
 
     def encode(self, resolved: Resolved) -> bytes:
-        mapped = self.mapped
-        engine_messages = self.body["messages"] if mapped is None else mapped.messages
-        if resolved.untouched and self.messages is engine_messages:
+        if self.unchanged(resolved):
             return self.raw  # nothing changed: the client's own bytes
+        return orjson.dumps(self.outgoing(resolved))
+
+    def unchanged(self, resolved: Resolved) -> bool:
+        """Whether the request goes upstream as the client sent it."""
+        engine_messages = self.body["messages"] if self.mapped is None else self.mapped.messages
+        return resolved.untouched and self.messages is engine_messages
+
+    def outgoing(self, resolved: Resolved) -> dict[str, Any]:
+        """The request to forward, in the client's API, with ``resolved``'s conversation."""
+        mapped = self.mapped
         if mapped is None or self.original is None:
-            return orjson.dumps({**self.body, "messages": resolved.messages})
-        return orjson.dumps(self.dialect.from_engine(self.original, mapped, resolved.messages))
+            return {**self.body, "messages": resolved.messages}
+        return self.dialect.from_engine(self.original, mapped, resolved.messages)
 
 
 @dataclasses.dataclass(frozen=True)

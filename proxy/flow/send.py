@@ -114,6 +114,13 @@ def upstream_headers(
     return headers
 
 
+def relayed_headers(
+    upstream: UpstreamResponse, extra_headers: Mapping[str, str]
+) -> list[tuple[bytes, bytes]]:
+    """The head of a response relaying ``upstream``'s, with ``extra_headers``."""
+    return _relayed_headers(upstream, extra_headers)
+
+
 def _relayed_headers(
     upstream: UpstreamResponse, extra: Mapping[str, str]
 ) -> list[tuple[bytes, bytes]]:

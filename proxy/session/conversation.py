@@ -132,6 +132,13 @@ def scope_of(config: ModelConfig, credential: str | None, api: str = "chat") -> 
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest()
 
 
+def recall_salt(scope: bytes) -> str:
+    """The key of the refs a conversation's compaction writes
+    (:mod:`compaction.recall`): its scope, so that the same content has
+    another ref for another caller, and no caller can make one of another's."""
+    return scope.hex()
+
+
 def identify(
     state: ProxyState,
     config: ModelConfig,
@@ -143,7 +150,14 @@ def identify(
     what the cache has not seen, so the caller may run it in a worker thread
     and hand the result to :func:`resolve`."""
     counter = state.counter(config)
-    return read_conversation(body, messages, counter, config.profile.head_count, scope=scope)
+    return read_conversation(
+        body,
+        messages,
+        counter,
+        config.profile.head_count,
+        scope=scope,
+        recall_salt=recall_salt(scope),
+    )
 
 
 class Asked(Protocol):
@@ -291,7 +305,12 @@ async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
         or conversation.scope != asked.scope
     ):
         conversation = await read_conversation_async(
-            asked.body, asked.messages, counter, profile.head_count, scope=asked.scope
+            asked.body,
+            asked.messages,
+            counter,
+            profile.head_count,
+            scope=asked.scope,
+            recall_salt=recall_salt(asked.scope),
         )
     return conversation
 

@@ -125,6 +125,15 @@ class Metrics:
             ["model", "tool"],
             registry=r,
         )
+        self.recalls = Counter(
+            "compaction_proxy_recalls",
+            "Calls to the compaction_recall tool the proxy answered itself, by API and "
+            "outcome: answered, not_found (an unknown ref, or another caller's), invalid "
+            "(arguments it cannot read), budget (the turn's recall budget spent), dropped "
+            "(made after a client tool call was already streamed), limit (past the rounds).",
+            ["api", "outcome"],
+            registry=r,
+        )
         self._models: set[str] = set()
         self._tools: set[str] = set()
         #: Labelled children of the per-request metrics: ``labels()`` takes a

@@ -20,6 +20,7 @@ from config import ModelConfig, ModelResolver, Settings
 from proxy.session.background import Background, Traffic
 from proxy.state.metrics import Metrics
 from proxy.state.models import ModelKnowledge, calibration_key
+from proxy.state.recalls import RecallMemory
 from proxy.state.recorder import Recorder
 from proxy.state.stores import Store
 from proxy.upstream.discovery import Discoveries, discover, is_local
@@ -62,6 +63,8 @@ class ProxyState:
     #: The latest request of each conversation, read (see compaction.incremental):
     #: the next one is read in proportion to what it adds.
     readings: ReadingCache = field(default_factory=ReadingCache)
+    #: Recall exchanges the clients never saw, put back on their next turns.
+    recalls: RecallMemory = field(default_factory=RecallMemory)
     _counters: dict[tuple[str, int, bool], TokenCounter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

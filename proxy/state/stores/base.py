@@ -44,6 +44,9 @@ EventType = Literal[
     # one at a time. The error field says which; nothing is retried.
     "compaction.superseded",
     "checkpoint.edited",
+    # The model read back content a compaction removed (proxy/flow/recall.py);
+    # the notes count the calls by outcome.
+    "context.recalled",
 ]
 
 #: Event types that leave a compaction unfinished.

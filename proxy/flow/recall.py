@@ -1,0 +1,458 @@
+"""Recall: the model reads back what compaction removed, and the client never sees it.
+
+A brief of a pruned tool output, and a summary's ledger entry of one, end
+with ``[ref: …]`` (:mod:`compaction.recall`). When a request that declares
+tools goes upstream over such a compaction, the proxy adds one tool of its
+own, ``compaction_recall``, at the end of ``tools`` (:func:`plan`). When the
+answer calls it, the proxy answers the call from the request itself — the
+client sent the original with its history — appends the exchange to what it
+sent, and asks again; the client gets the last answer only:
+
+* a whole answer (:func:`whole`) is read, answered and asked again until an
+  answer makes no recall, then given with the rounds' usage summed;
+* a stream (:class:`RecallRelay`) is relayed event by event as it comes; the
+  dialect's :class:`~proxy.dialects.recall.RecallStream` holds back only the
+  events of a recall call, and the next round's events continue the same
+  client stream.
+
+Bounds, per model (:class:`compaction.Profile`): ``recall_rounds`` answered
+rounds (the last follow-up forbids further tool calls, so the client gets an
+answer rather than a call to a tool it never declared), ``recall_slice_chars``
+per answer, ``recall_max_tokens`` of recalled text per request — and never
+more than the room the request has left under its input limit. An unknown
+ref, or one of another caller (refs are keyed by the caller), is answered
+"not found" alike.
+
+The exchange is remembered (:mod:`proxy.state.recalls`) and put back on the
+conversation's next request at the place it had, so the model does not ask
+again and the bytes sent extend those sent before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from compaction import Message, message_text
+from compaction.recall import (
+    TOOL_NAME,
+    RecallRequest,
+    find_original,
+    parse_request,
+    recalled_text,
+)
+from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
+from proxy.edge.errors import ProxyError
+from proxy.flow.send import read_whole, relay_bytes, shown_url
+from proxy.flow.usage import UsageTap
+from proxy.session.conversation import Resolved, recall_salt
+from proxy.state.stores import Event
+from proxy.upstream.transport import BodyLost, UpstreamResponse
+
+logger = logging.getLogger(__name__)
+
+#: The marker every ref is written with (:data:`compaction.recall.REF_PATTERN`).
+_REF_MARK = "[ref: "
+#: Recalled text too short to be worth a round is not sent: the model is told
+#: the budget is spent instead.
+_MIN_ROOM = 64
+
+#: Sends one follow-up request upstream (the handler's ``_send``, timed and counted).
+Sender = Callable[[bytes], Awaitable[UpstreamResponse]]
+
+
+class RecallLimit(ProxyError):
+    """The upstream went on calling ``compaction_recall`` after the proxy's
+    last follow-up told it to call no tool: there is no answer to give."""
+
+    status = 502
+    type = "upstream_error"
+    code = "recall_limit"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A request that goes upstream with the recall tool."""
+
+    surface: RecallSurface
+    body: dict[str, Any]  #: the first round's request
+    messages: list[Message]  #: the client's conversation as the engine read it
+    salt: str
+    owner: str
+    #: Tokens the tool and the exchanges put back add to the compaction's count.
+    extra_tokens: int
+    #: Tokens recalled text may take in this request, all rounds together.
+    room: int
+    rounds: int  #: recall rounds the model may have
+    slice_chars: int
+    restored: int  #: remembered exchanges put back
+
+
+def plan(
+    call: Any,
+    resolved: Resolved,
+    body: dict[str, Any],
+) -> Plan | None:
+    """The request to send with the recall tool, or ``None`` to send ``body`` as
+    it is: recall off for the model, nothing in the request was shortened with
+    a ref, no tools declared, the last turn not the user's, or no room left
+    under the input limit for the tool itself."""
+    profile = call.config.profile
+    if not profile.recall or resolved.untouched:
+        return None
+    surface: RecallSurface = call.dialect.recall
+    tooled = surface.with_tool(body)
+    if tooled is None or not _has_refs(resolved.messages):
+        return None
+    items = tooled.get(surface.items_key)
+    if not isinstance(items, list) or not items or _assistant_last(items):
+        return None
+    state = call.state
+    restored = state.recalls.restore(call.owner, items)
+    counter = state.counter(call.config)
+    extra = counter.count_text(orjson.dumps(tooled["tools"][-1]).decode())
+    extra += sum(counter.count_text(orjson.dumps(item).decode()) for item in restored.added)
+    room = resolved.result.input_limit - resolved.result.tokens_after - extra
+    if room < 0 and restored.exchanges:
+        # The exchanges put back do not fit: sent without them (the model may
+        # recall again), which is what the compaction counted.
+        restored = dataclasses.replace(restored, items=items, exchanges=())
+        extra = counter.count_text(orjson.dumps(tooled["tools"][-1]).decode())
+        room = resolved.result.input_limit - resolved.result.tokens_after - extra
+    if room < 0:
+        return None
+    if restored.exchanges:
+        tooled = {**tooled, surface.items_key: restored.items}
+    return Plan(
+        surface=surface,
+        body=tooled,
+        messages=call.messages,
+        salt=recall_salt(call.scope),
+        owner=call.owner,
+        extra_tokens=extra,
+        room=min(room, profile.recall_max_tokens),
+        rounds=profile.recall_rounds,
+        slice_chars=profile.recall_slice_chars,
+        restored=len(restored.exchanges),
+    )
+
+
+def _has_refs(messages: Sequence[Message]) -> bool:
+    """Whether any message the request sends carries a ref (a brief, a ledger)."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            if _REF_MARK in content:
+                return True
+        elif _REF_MARK in message_text(message):
+            return True
+    return False
+
+
+def _assistant_last(items: list[Any]) -> bool:
+    """Whether the conversation ends on the model's turn (a prefill): a recall
+    exchange appended after it would put two model turns in a row."""
+    last = items[-1]
+    return isinstance(last, dict) and last.get("role") == "assistant"
+
+
+# --- answering the calls ----------------------------------------------------
+
+
+@dataclasses.dataclass
+class Rounds:
+    """The recall rounds of one request: what was answered, and what is left."""
+
+    plan: Plan
+    counter: Any
+    #: The request sent in the current round, and the exchanges appended so far.
+    body: dict[str, Any]
+    exchanges: list[Any] = dataclasses.field(default_factory=list)
+    answered: int = 0  #: rounds answered
+    outcomes: dict[str, int] = dataclasses.field(default_factory=dict)
+    used: int = 0  #: tokens of recalled text sent
+    earlier: Usage = dataclasses.field(default_factory=Usage)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.answered >= self.plan.rounds
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        if n:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+
+    def answer(self, calls: Sequence[RecallCall]) -> list[tuple[RecallCall, str]]:
+        """What the tool says to each call."""
+        return [(call, self._one(call)) for call in calls]
+
+    def _one(self, call: RecallCall) -> str:
+        request = parse_request(call.arguments)
+        if isinstance(request, str):
+            self.count("invalid")
+            return request
+        left = self.plan.room - self.used
+        if left < _MIN_ROOM:
+            self.count("budget")
+            return (
+                "The recall budget of this turn is spent; go on with what you have, "
+                "or recall a smaller line range next turn."
+            )
+        original = find_original(self.plan.messages, self.plan.salt, request.ref)
+        text = self._within(original, request, left)
+        self.count("answered" if original is not None else "not_found")
+        self.used += self.counter.count_text(text)
+        return text
+
+    def _within(self, original: str | None, request: RecallRequest, left: int) -> str:
+        """The answer to ``request``, cut to the tokens ``left``."""
+        chars = self.plan.slice_chars
+        text = recalled_text(original, request, chars)
+        tokens = self.counter.count_text(text)
+        while tokens > left and chars > 200:
+            chars = max(200, int(chars * left / tokens * 0.9))
+            text = recalled_text(original, request, chars)
+            tokens = self.counter.count_text(text)
+        return text
+
+    def follow(self, answer: dict[str, Any], calls: Sequence[RecallCall]) -> bytes:
+        """The next round's request: the exchange appended, and — on the last
+        round the model may have — no more tool calls allowed."""
+        results = self.answer(calls)
+        self.answered += 1
+        self.earlier = self.earlier + self.plan.surface.usage(answer)
+        body, added = self.plan.surface.followup(self.body, answer, results)
+        self.exchanges.extend(added)
+        self.body = body
+        if self.exhausted:
+            body = self.plan.surface.no_more_calls(body)
+        return orjson.dumps(body)
+
+    def remember(self, state: Any) -> None:
+        """Keep the exchanges for the conversation's next turn."""
+        if not self.exchanges:
+            return
+        items = self.plan.body[self.plan.surface.items_key]
+        state.recalls.remember(self.plan.owner, items, self.exchanges)
+
+    async def report(self, call: Any, resolved: Resolved) -> None:
+        """The metric and the event of what was recalled (nothing when nothing was)."""
+        if not self.outcomes:
+            return
+        state = call.state
+        for outcome, n in self.outcomes.items():
+            state.metrics.recalls.labels(call.dialect.name, outcome).inc(n)
+        checkpoint = resolved.checkpoint
+        event = Event(
+            compaction_id=checkpoint.id if checkpoint is not None else uuid.uuid4().hex,
+            type="context.recalled",
+            session=resolved.session,
+            model=call.config.model,
+            reason="recall",
+            instance=state.instance,
+            checkpoint_id=checkpoint.id if checkpoint is not None else None,
+            owner=call.owner,
+            notes=tuple(f"{outcome}: {n}" for outcome, n in sorted(self.outcomes.items())),
+        )
+        await state.store.add_event(event)
+
+    @property
+    def calls(self) -> int:
+        return sum(self.outcomes.values())
+
+
+def rounds_of(call: Any, plan: Plan) -> Rounds:
+    return Rounds(plan=plan, counter=call.state.counter(call.config), body=plan.body)
+
+
+# --- a whole answer -----------------------------------------------------------
+
+
+async def whole(
+    call: Any,
+    rounds: Rounds,
+    upstream: UpstreamResponse,
+    send: Sender,
+    headers: dict[str, str],
+    tap: UsageTap,
+) -> Response:
+    """The client's answer to a non-streamed request sent with the recall tool."""
+    surface = rounds.plan.surface
+    first = True
+    while True:
+        raw = await read_whole(upstream)
+        if first:
+            tap.feed(raw)
+            tap.close()
+            first = False
+        if upstream.status != 200:
+            return relay_bytes(upstream, raw, headers)
+        answer = _json(raw)
+        calls = surface.calls(answer) if answer is not None else []
+        if answer is None or not calls:
+            rounds.remember(call.state)
+            if answer is None or not rounds.answered:
+                return relay_bytes(upstream, raw, headers)
+            final = orjson.dumps(surface.final(answer, rounds.earlier))
+            response = relay_bytes(upstream, final, headers)
+            return response
+        if rounds.exhausted:
+            rounds.count("limit", len(calls))
+            raise RecallLimit(
+                f"The upstream went on calling {TOOL_NAME} after {rounds.answered} "
+                "answered rounds and a last request that allowed no tool call."
+            )
+        upstream = await send(rounds.follow(answer, calls))
+
+
+def _json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# --- a stream -------------------------------------------------------------------
+
+
+class RecallRelay(Response):
+    """A streamed answer over recall rounds, relayed as one client stream.
+
+    The first round's head (status, headers) is the client's. Each round's
+    chunks go through the dialect's reader; when a round ends on a recall,
+    the calls are answered and the next round asked, its events continuing the
+    stream. A round that fails — the upstream unreachable, an error status, a
+    body that breaks — ends the client's stream with the API's error event.
+    """
+
+    def __init__(
+        self,
+        call: Any,
+        rounds: Rounds,
+        upstream: UpstreamResponse,
+        send: Sender,
+        headers: list[tuple[bytes, bytes]],
+        tap: UsageTap,
+        resolved: Resolved,
+    ) -> None:
+        self.call = call
+        self.resolved = resolved
+        self.rounds = rounds
+        self.upstream = upstream
+        self._send_upstream = send
+        self.status_code = upstream.status
+        self.raw_headers = headers
+        self.background = None
+        self.tap = tap
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(self._watch(receive, gone))
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            stream = self.rounds.plan.surface.stream()
+            finished = await self._rounds(stream, send, gone)
+            if finished:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            self.upstream.abort()  # nothing when its body was read to the end
+            await self.rounds.report(self.call, self.resolved)
+
+    async def _watch(self, receive: Receive, gone: asyncio.Event) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+                self.upstream.abort()
+                return
+
+    async def _rounds(self, stream: RecallStream, send: Send, gone: asyncio.Event) -> bool:
+        """Relay every round; whether the stream ended cleanly."""
+        rounds, surface = self.rounds, self.rounds.plan.surface
+        first = True
+        while True:
+            if not await self._relay_round(stream, send, tap=first):
+                return False
+            first = False
+            rounds.count("dropped", stream.dropped)
+            if not stream.recalled:
+                rounds.remember(self.call.state)
+                return True
+            if gone.is_set():
+                return False
+            answer = stream.answer()
+            calls = surface.calls(answer)
+            if rounds.exhausted or not calls:
+                rounds.count("limit", len(calls))
+                await self._error(send, f"The upstream went on calling {TOOL_NAME} past the limit.")
+                return True
+            body = rounds.follow(answer, calls)
+            try:
+                self.upstream = await self._send_upstream(body)
+            except ProxyError as exc:
+                await self._error(send, exc.message)
+                return True
+            if self.upstream.status != 200:
+                detail = (await _read_quietly(self.upstream))[:500].decode("utf-8", "replace")
+                await self._error(
+                    send, f"The upstream refused a recall round ({self.upstream.status}): {detail}"
+                )
+                return True
+            stream.next_round()
+
+    async def _relay_round(self, stream: RecallStream, send: Send, *, tap: bool) -> bool:
+        upstream = self.upstream
+        while True:
+            try:
+                chunk = await upstream.next_chunk()
+            except BodyLost as exc:
+                logger.warning(
+                    "upstream stream broke: %s",
+                    exc,
+                    extra={"fields": {"upstream": shown_url(upstream.url)}},
+                )
+                message = "The upstream connection was lost mid-stream."
+                event = self.call.dialect.error_event(message, "upstream_dropped")
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                return False
+            if chunk is None:
+                if tap:
+                    self.tap.close()
+                rest = stream.end()
+                if rest:
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
+                return True
+            if tap:
+                self.tap.feed(chunk)
+            out = stream.feed(chunk)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+
+    async def _error(self, send: Send, message: str) -> None:
+        event = self.call.dialect.error_event(message, "recall_failed")
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+
+
+async def _read_quietly(upstream: UpstreamResponse) -> bytes:
+    try:
+        return await upstream.read(1 << 16)
+    except BodyLost:
+        return b""
+
+
+__all__ = ["Plan", "RecallLimit", "RecallRelay", "Rounds", "plan", "rounds_of", "whole"]

@@ -1,0 +1,126 @@
+"""What a conversation recalled, put back on its next turns.
+
+When the model recalls removed content, the proxy answers the call itself and
+asks again (:mod:`proxy.flow.recall`); the client never sees that exchange, so
+its next request does not hold it. Sent without it, the model would not know
+it had already read the original — and would ask again — and the request would
+no longer extend the bytes the provider cached. So each exchange is kept here
+with where it sat: after the first ``at`` items of the conversation list the
+recalling request sent, identified by a digest of those items' bytes. A later
+request of the same owner whose list starts with the same items gets the
+exchange back at the same place.
+
+Kept in this process (a request served by another replica goes without it:
+the model may recall once more — nothing is wrong, it costs a round), per
+owner, at most :data:`PER_OWNER` exchanges for at most :data:`OWNERS` owners,
+the least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+#: Exchanges kept per owner (the newest), and owners kept.
+PER_OWNER = 32
+OWNERS = 1_024
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One recall exchange and the place it goes."""
+
+    at: int  #: items of the conversation list before it
+    digest: str  #: of those items' bytes (:func:`prefix_digests`)
+    items: tuple[Any, ...]  #: the model's turn and the tool's answers, as sent
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A conversation list with its remembered exchanges put back."""
+
+    items: list[Any]
+    exchanges: tuple[Exchange, ...]  #: those put back, in order
+
+    @property
+    def added(self) -> list[Any]:
+        return [item for exchange in self.exchanges for item in exchange.items]
+
+
+def digest_of(items: Sequence[Any]) -> str:
+    """The digest a list of ``items`` is remembered by (the same as a running
+    one over them would give: see :meth:`RecallMemory.restore`)."""
+    running = hashlib.blake2b(digest_size=16)
+    for item in items:
+        _extend(running, item)
+    return running.hexdigest()
+
+
+class RecallMemory:
+    """Exchanges by owner (see the module doc). Thread-safe; cheap when empty."""
+
+    def __init__(self, owners: int = OWNERS, per_owner: int = PER_OWNER) -> None:
+        self._owners = owners
+        self._per_owner = per_owner
+        self._kept: OrderedDict[str, list[Exchange]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(kept) for kept in self._kept.values())
+
+    def remember(self, owner: str, before: Sequence[Any], items: Sequence[Any]) -> None:
+        """Keep ``items``, which went after ``before``, the conversation list sent."""
+        exchange = Exchange(len(before), digest_of(before), tuple(items))
+        with self._lock:
+            kept = self._kept.pop(owner, [])
+            kept = [e for e in kept if (e.at, e.digest) != (exchange.at, exchange.digest)]
+            kept.append(exchange)
+            self._kept[owner] = kept[-self._per_owner :]
+            while len(self._kept) > self._owners:
+                self._kept.popitem(last=False)
+
+    def restore(self, owner: str, items: Sequence[Any]) -> Restored:
+        """``items`` with each remembered exchange of ``owner`` whose place they
+        still hold put back there; one pass over the items, hashed once."""
+        with self._lock:
+            kept = self._kept.get(owner)
+            if kept:
+                self._kept.move_to_end(owner)
+                kept = sorted(kept, key=lambda e: e.at)
+        if not kept:
+            return Restored(list(items), ())
+        out: list[Any] = []
+        put: list[Exchange] = []
+        running = hashlib.blake2b(digest_size=16)
+        pending = iter(kept)
+        exchange = next(pending, None)
+        for index, item in enumerate(items):
+            while exchange is not None and exchange.at <= len(out):
+                # Only in the middle: an exchange whose place is the end would
+                # stand for an answer the client has not sent back.
+                if exchange.at == len(out) and running.hexdigest() == exchange.digest:
+                    for added in exchange.items:
+                        out.append(added)
+                        _extend(running, added)
+                    put.append(exchange)
+                exchange = next(pending, None)
+            if exchange is None:  # nothing more to place: the rest as it is, unhashed
+                out.extend(items[index:])
+                break
+            out.append(item)
+            _extend(running, item)
+        return Restored(out, tuple(put))
+
+
+def _extend(running: Any, item: Any) -> None:
+    running.update(orjson.dumps(item))
+    running.update(b"\x1e")
+
+
+__all__ = ["Exchange", "RecallMemory", "Restored", "digest_of"]

@@ -1,0 +1,390 @@
+"""A scripted model that recalls what the proxy removed, in all three APIs, on loopback.
+
+:class:`RecallUpstream` is a Starlette app (serve it with
+:func:`tests.proxy.servers.serve_in_thread`) answering
+``/v1/chat/completions``, ``/v1/messages`` and ``/v1/responses`` as a model
+that needs a line it can no longer see:
+
+* a request offered ``compaction_recall`` whose text holds a ``[ref: …]``
+  gets a call to it for that ref (or for ``ref``, when the test sets one),
+  after a little text in a stream ("Let me look at the original.");
+* a conversation that already holds a call to it asks for nothing more;
+* a request whose last turn is that tool's result gets a text answer,
+  ``RECALLED: <the first line of the result holding "needle">`` (or
+  ``RECALLED: <its first line>``);
+* with ``always`` set it calls the tool on every request whose
+  ``tool_choice`` allows tools, to test the proxy's round limit;
+* anything else gets ``NO RECALL``.
+
+Answers are the APIs' real shapes, JSON or the real event sequence, with
+``usage``. Every request is recorded (:attr:`received`, parsed).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+TOOL = "compaction_recall"
+_REF = re.compile(rb"\[ref: (r[a-z0-9]+)\]")
+PREAMBLE = "Let me look at the original."
+
+
+@dataclass
+class RecallUpstream:
+    #: A ref to ask for instead of the first found (another owner's, an unknown one).
+    ref: str | None = None
+    #: Call the tool whenever the request lets the model call tools.
+    always: bool = False
+    #: Every request, parsed, in order, with its API ("chat", "anthropic", "responses").
+    received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: The raw bytes of each request, in the same order.
+    raw: list[bytes] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/messages", self._anthropic, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
+            ]
+        )
+
+    # --- what the model decides -------------------------------------------------
+
+    def _decide(self, conversation: bytes, offered: bool, allowed: bool, result: str | None) -> Any:
+        """``("call", ref)`` or ``("text", text)``."""
+        if result is not None and not (self.always and allowed):
+            lines = result.splitlines() or [""]
+            line = next((x for x in lines if "needle" in x), lines[0])
+            return "text", f"RECALLED: {line}"
+        if offered and allowed:
+            found = _REF.search(conversation)  # not the tools' bytes
+            ref = self.ref or (found.group(1).decode() if found else None)
+            # A model that has recalled before in this conversation has the
+            # original in front of it, and asks for nothing more.
+            if ref is not None and (self.always or TOOL.encode() not in conversation):
+                return "call", ref
+        return "text", "NO RECALL"
+
+    async def _read(self, request: Request, api: str) -> dict[str, Any]:
+        raw = await request.body()
+        body: dict[str, Any] = orjson.loads(raw)
+        self.received.append((api, body))
+        self.raw.append(raw)
+        return body
+
+    # --- Chat Completions ---------------------------------------------------------
+
+    async def _chat(self, request: Request) -> Response:
+        body = await self._read(request, "chat")
+        tools = body.get("tools") or []
+        offered = any((t.get("function") or {}).get("name") == TOOL for t in tools)
+        allowed = body.get("tool_choice") != "none"
+        messages = body.get("messages") or []
+        result = None
+        if messages and messages[-1].get("role") == "tool":
+            result = str(messages[-1].get("content"))
+        kind, value = self._decide(orjson.dumps(messages), offered, allowed, result)
+        n = len(self.received)
+        usage = {"prompt_tokens": 100 * n, "completion_tokens": 10, "total_tokens": 100 * n + 10}
+        if kind == "call":
+            call = {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": TOOL, "arguments": orjson.dumps({"ref": value}).decode()},
+            }
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish = "tool_calls"
+        else:
+            message, finish = {"role": "assistant", "content": value}, "stop"
+        if not body.get("stream"):
+            answer = {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion",
+                "created": 1,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage,
+            }
+            return JSONResponse(answer)
+        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+        return StreamingResponse(
+            _chat_events(n, body.get("model"), kind, value, message, finish, usage, include_usage),
+            media_type="text/event-stream",
+        )
+
+    # --- Anthropic Messages ---------------------------------------------------------
+
+    async def _anthropic(self, request: Request) -> Response:
+        body = await self._read(request, "anthropic")
+        offered = any(t.get("name") == TOOL for t in body.get("tools") or [])
+        allowed = (body.get("tool_choice") or {}).get("type") != "none"
+        messages = body.get("messages") or []
+        result = None
+        last = messages[-1] if messages else {}
+        if last.get("role") == "user" and isinstance(last.get("content"), list):
+            results = [b for b in last["content"] if b.get("type") == "tool_result"]
+            if results:
+                content = results[-1].get("content")
+                if isinstance(content, list):
+                    content = "".join(b.get("text", "") for b in content)
+                result = str(content)
+        kind, value = self._decide(orjson.dumps(messages), offered, allowed, result)
+        n = len(self.received)
+        usage = {"input_tokens": 100 * n, "output_tokens": 10}
+        if kind == "call":
+            blocks: list[dict[str, Any]] = [
+                {"type": "text", "text": PREAMBLE},
+                {"type": "tool_use", "id": f"toolu_{n}", "name": TOOL, "input": {"ref": value}},
+            ]
+            stop = "tool_use"
+        else:
+            blocks, stop = [{"type": "text", "text": value}], "end_turn"
+        message = {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": blocks,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return JSONResponse(message)
+        return StreamingResponse(_anthropic_events(message), media_type="text/event-stream")
+
+    # --- Responses ---------------------------------------------------------------------
+
+    async def _responses(self, request: Request) -> Response:
+        body = await self._read(request, "responses")
+        tools = body.get("tools") or []
+        offered = any(t.get("name") == TOOL for t in tools)
+        allowed = body.get("tool_choice") != "none"
+        items = body.get("input")
+        result = None
+        if isinstance(items, list) and items and items[-1].get("type") == "function_call_output":
+            result = str(items[-1].get("output"))
+        kind, value = self._decide(orjson.dumps(items), offered, allowed, result)
+        n = len(self.received)
+        usage = {"input_tokens": 100 * n, "output_tokens": 10, "total_tokens": 100 * n + 10}
+        if kind == "call":
+            output: list[dict[str, Any]] = [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{n}",
+                    "call_id": f"call_{n}",
+                    "name": TOOL,
+                    "arguments": orjson.dumps({"ref": value}).decode(),
+                    "status": "completed",
+                }
+            ]
+        else:
+            output = [
+                {
+                    "type": "message",
+                    "id": f"msg_{n}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": value, "annotations": []}],
+                }
+            ]
+        response = {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": 1,
+            "status": "completed",
+            "model": body.get("model"),
+            "output": output,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return JSONResponse(response)
+        return StreamingResponse(_responses_events(response), media_type="text/event-stream")
+
+    # --- reading what was asked ---------------------------------------------------
+
+    def turns(self) -> list[tuple[str, dict[str, Any]]]:
+        """The requests of the conversation (not the summarizer's: they offer no tools)."""
+        return [(api, body) for api, body in self.received if body.get("tools")]
+
+
+def _frame(payload: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _chat_events(
+    n: int,
+    model: Any,
+    kind: str,
+    value: str,
+    message: dict[str, Any],
+    finish: str,
+    usage: dict[str, Any],
+    include_usage: bool,
+) -> Iterator[bytes]:
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason}
+        return _frame(
+            {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": model,
+                "choices": [choice],
+            }
+        )
+
+    yield chunk({"role": "assistant", "content": ""})
+    if kind == "call":
+        yield chunk({"content": PREAMBLE})
+        call = message["tool_calls"][0]
+        yield chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": TOOL, "arguments": ""},
+                    }
+                ]
+            }
+        )
+        arguments = call["function"]["arguments"]
+        for part in (arguments[:5], arguments[5:]):
+            yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
+    else:
+        for part in (value[:4], value[4:]):
+            yield chunk({"content": part})
+    yield chunk({}, finish)
+    if include_usage:
+        yield _frame(
+            {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    yield b"data: [DONE]\n\n"
+
+
+def _anthropic_events(message: dict[str, Any]) -> Iterator[bytes]:
+    start = {**message, "content": [], "stop_reason": None}
+    start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 1}
+    yield _frame({"type": "message_start", "message": start}, "message_start")
+    yield _frame({"type": "ping"}, "ping")
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opening: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": block["text"]}]
+        else:
+            opening = {**block, "input": {}}
+            text = orjson.dumps(block["input"]).decode()
+            deltas = [
+                {"type": "input_json_delta", "partial_json": text[:4]},
+                {"type": "input_json_delta", "partial_json": text[4:]},
+            ]
+        yield _frame(
+            {"type": "content_block_start", "index": index, "content_block": opening},
+            "content_block_start",
+        )
+        for delta in deltas:
+            yield _frame(
+                {"type": "content_block_delta", "index": index, "delta": delta},
+                "content_block_delta",
+            )
+        yield _frame({"type": "content_block_stop", "index": index}, "content_block_stop")
+    yield _frame(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": message["usage"]["output_tokens"]},
+        },
+        "message_delta",
+    )
+    yield _frame({"type": "message_stop"}, "message_stop")
+
+
+def _responses_events(response: dict[str, Any]) -> Iterator[bytes]:
+    number = 0
+
+    def event(kind: str, **fields: Any) -> bytes:
+        nonlocal number
+        payload = {"type": kind, "sequence_number": number, **fields}
+        number += 1
+        return _frame(payload, kind)
+
+    opening = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=opening)
+    yield event("response.in_progress", response=opening)
+    for index, item in enumerate(response["output"]):
+        if item["type"] == "function_call":
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            )
+            yield event(
+                "response.function_call_arguments.delta",
+                output_index=index,
+                item_id=item["id"],
+                delta=item["arguments"],
+            )
+            yield event(
+                "response.function_call_arguments.done",
+                output_index=index,
+                item_id=item["id"],
+                arguments=item["arguments"],
+            )
+        else:
+            text = item["content"][0]["text"]
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "content": [], "status": "in_progress"},
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            yield event(
+                "response.content_part.added",
+                output_index=index,
+                item_id=item["id"],
+                content_index=0,
+                part=part,
+            )
+            yield event(
+                "response.output_text.delta",
+                output_index=index,
+                item_id=item["id"],
+                content_index=0,
+                delta=text,
+            )
+            yield event(
+                "response.output_text.done",
+                output_index=index,
+                item_id=item["id"],
+                content_index=0,
+                text=text,
+            )
+            yield event(
+                "response.content_part.done",
+                output_index=index,
+                item_id=item["id"],
+                content_index=0,
+                part={**part, "text": text},
+            )
+        yield event("response.output_item.done", output_index=index, item=item)
+    yield event("response.completed", response=response)

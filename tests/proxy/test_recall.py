@@ -1,0 +1,330 @@
+"""Recall through real servers: a scripted model reads back a pruned file, in all three APIs.
+
+The proxy runs on loopback in front of :class:`~tests.proxy.recall_upstream.RecallUpstream`,
+a model that calls ``compaction_recall`` for the first ``[ref: …]`` it finds and
+answers ``RECALLED: <the line holding "needle">`` once it has the tool's
+result. The clients are the real SDKs (``openai`` for Chat Completions and
+Responses, ``anthropic`` for Messages), streamed and not: what they parse is
+what a user's program would.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+
+from config import load_settings
+from proxy.app import create_app
+from tests.proxy.recall_upstream import PREAMBLE, TOOL, RecallUpstream
+from tests.proxy.servers import serve_in_thread
+
+MODEL = "scripted-model"
+NEEDLE = "line 207: value_207 = compute(207)  # the needle"
+FILE = "\n".join(
+    NEEDLE if i == 207 else f"line {i}: value_{i} = compute({i})" for i in range(1, 401)
+)
+READ_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
+_REF = re.compile(r"\[ref: (r[a-z0-9]+)\]")
+
+
+# --- one conversation, in each API ---------------------------------------------------
+
+
+def chat_request(final: str | None = None) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix app.py"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "app.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": FILE},
+        {"role": "assistant", "content": "I read app.py."},
+        {"role": "user", "content": "Now change the needle line."},
+    ]
+    if final is not None:
+        messages += [
+            {"role": "assistant", "content": final},
+            {"role": "user", "content": "Thanks."},
+        ]
+    return {
+        "model": MODEL,
+        "messages": messages,
+        "tools": [
+            {"type": "function", "function": {"name": "read_file", "parameters": READ_SCHEMA}}
+        ],
+    }
+
+
+def anthropic_request(final: str | None = None) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Fix app.py"},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_a",
+                    "name": "read_file",
+                    "input": {"path": "app.py"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": FILE}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "I read app.py."}]},
+        {"role": "user", "content": "Now change the needle line."},
+    ]
+    if final is not None:
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": final}]},
+            {"role": "user", "content": "Thanks."},
+        ]
+    return {
+        "model": MODEL,
+        "max_tokens": 1024,
+        "system": "You are a coding agent.",
+        "messages": messages,
+        "tools": [{"name": "read_file", "input_schema": READ_SCHEMA}],
+    }
+
+
+def responses_request(final: str | None = None) -> dict[str, Any]:
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "Fix app.py"},
+        {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "read_file",
+            "arguments": '{"path": "app.py"}',
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": FILE},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "I read app.py."}],
+        },
+        {"role": "user", "content": "Now change the needle line."},
+    ]
+    if final is not None:
+        items += [
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": final}],
+            },
+            {"role": "user", "content": "Thanks."},
+        ]
+    return {
+        "model": MODEL,
+        "instructions": "You are a coding agent.",
+        "input": items,
+        "tools": [{"type": "function", "name": "read_file", "parameters": READ_SCHEMA}],
+    }
+
+
+@dataclass(frozen=True)
+class Api:
+    name: str
+    request: Callable[..., dict[str, Any]]
+    items: str  #: the request's conversation list
+    #: (base URL, key, request, stream) → the answer's text, as the SDK read it
+    ask: Callable[[str, str, dict[str, Any], bool], str]
+
+    def tools(self, body: dict[str, Any]) -> list[str]:
+        return [t.get("name") or (t.get("function") or {}).get("name") for t in body["tools"]]
+
+
+def _ask_chat(url: str, key: str, body: dict[str, Any], stream: bool) -> str:
+    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+    if not stream:
+        answer = client.chat.completions.create(**body)
+        choice = answer.choices[0]
+        assert not choice.message.tool_calls and choice.finish_reason == "stop"
+        return choice.message.content or ""
+    text, finishes = [], []
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for choice in chunk.choices:
+            assert not choice.delta.tool_calls, "the client saw a tool call"
+            text.append(choice.delta.content or "")
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    assert finishes == ["stop"]
+    return "".join(text)
+
+
+def _ask_anthropic(url: str, key: str, body: dict[str, Any], stream: bool) -> str:
+    client = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key=key, max_retries=0)
+    if not stream:
+        message = client.messages.create(**body)
+    else:
+        with client.messages.stream(**body) as events:
+            message = events.get_final_message()
+    assert [b.type for b in message.content if b.type != "text"] == []
+    assert message.stop_reason == "end_turn"
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+def _ask_responses(url: str, key: str, body: dict[str, Any], stream: bool) -> str:
+    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+    if not stream:
+        response = client.responses.create(**body)
+    else:
+        with client.responses.stream(**body) as events:
+            response = events.get_final_response()
+    assert [item.type for item in response.output if item.type != "message"] == []
+    return response.output_text
+
+
+APIS = [
+    Api("chat", chat_request, "messages", _ask_chat),
+    Api("anthropic", anthropic_request, "messages", _ask_anthropic),
+    Api("responses", responses_request, "input", _ask_responses),
+]
+
+
+@contextmanager
+def proxy_for(upstream: RecallUpstream, **compaction: Any) -> Iterator[str]:
+    """The proxy on loopback in front of ``upstream``; yields its /v1 URL. The
+    conversation above is compacted (a 2,000-token trigger and a 300-token tail prune the file)."""
+    with serve_in_thread(upstream.app()) as base:
+        settings = load_settings(
+            None,
+            store={"url": "memory://"},
+            upstream={"base_url": base + "/v1", "anthropic_base_url": base + "/v1"},
+            compaction={
+                "threshold": 2000,
+                "keep_recent_tokens": 300,
+                "summarizer": "extractive",
+                **compaction,
+            },
+        )
+        with serve_in_thread(create_app(settings)) as url:
+            yield url + "/v1"
+
+
+def _ref_in(body: dict[str, Any], items: str) -> str:
+    found = _REF.search(orjson.dumps(body[items]).decode())
+    assert found is not None, "no ref in what the proxy sent"
+    return found.group(1)
+
+
+def _text(item: Any) -> str:
+    return orjson.dumps(item).decode()
+
+
+# --- the tests ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_a_recalled_file_reaches_the_model_and_the_client_gets_one_ordinary_answer(
+    api: Api, stream: bool
+) -> None:
+    upstream = RecallUpstream()
+    with proxy_for(upstream) as url:
+        text = api.ask(url, "sk-alice", api.request(), stream)
+        metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    assert text.endswith(f"RECALLED: {NEEDLE}")
+    if stream and api.name != "responses":  # the model's text before its call was streamed
+        assert text.startswith(PREAMBLE)
+    first, second = (body for _, body in upstream.turns())
+    assert len(upstream.turns()) == 2
+    # The tool is added last, in the same bytes both times.
+    assert api.tools(first)[-1] == TOOL and api.tools(second)[-1] == TOOL
+    assert _text(first["tools"]) == _text(second["tools"])
+    # The second round extends the first: what was sent, then the exchange.
+    sent = first[api.items]
+    assert second[api.items][: len(sent)] == sent
+    exchange = second[api.items][len(sent) :]
+    assert NEEDLE in _text(exchange[-1]) and TOOL in _text(exchange)
+    assert FILE not in _text(first[api.items])  # the file went as a brief
+    assert f'compaction_proxy_recalls_total{{api="{api.name}",outcome="answered"}} 1.0' in metrics
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_the_next_turn_carries_the_exchange_where_it_was_so_the_bytes_extend_what_was_sent(
+    api: Api,
+) -> None:
+    upstream = RecallUpstream()
+    with proxy_for(upstream) as url:
+        final = api.ask(url, "sk-alice", api.request(), False)
+        recalling = upstream.turns()[-1][1][api.items]  # the round the model answered
+        upstream.received.clear()
+        again = api.ask(url, "sk-alice", api.request(final=final), False)
+    assert again == "NO RECALL"  # it had what it recalled, and asked for nothing
+    ((_, turn),) = upstream.turns()
+    sent = turn[api.items]
+    # What the answered round sent — the conversation, the model's call and
+    # the tool's answer — comes first, item for item; then the client's
+    # final answer and its new message.
+    assert sent[: len(recalling)] == recalling
+    assert NEEDLE in _text(recalling[-1])
+    assert final in _text(sent[len(recalling)]) and "Thanks." in _text(sent[-1])
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_a_ref_of_another_caller_is_not_found_like_a_ref_that_never_existed(api: Api) -> None:
+    upstream = RecallUpstream()
+    with proxy_for(upstream) as url:
+        api.ask(url, "sk-bob", api.request(), False)
+        bobs = _ref_in(upstream.turns()[0][1], api.items)
+        upstream.received.clear()
+        upstream.ref = bobs  # Alice's model asks for Bob's ref
+        theirs = api.ask(url, "sk-alice", api.request(), False)
+        alices = _ref_in(upstream.turns()[0][1], api.items)
+        upstream.received.clear()
+        upstream.ref = "rzzzzzzzzzzzz"
+        unknown = api.ask(url, "sk-alice", api.request(), False)
+    assert alices != bobs  # the same file has another ref for another caller
+    assert NEEDLE not in theirs
+    assert theirs.replace(bobs, "R") == unknown.replace("rzzzzzzzzzzzz", "R")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_the_round_limit_holds_and_the_last_round_lets_the_model_call_no_tool(
+    api: Api, stream: bool
+) -> None:
+    upstream = RecallUpstream(always=True)
+    with proxy_for(upstream, recall_rounds=2) as url:
+        text = api.ask(url, "sk-alice", api.request(), stream)
+    turns = [body for _, body in upstream.turns()]
+    assert len(turns) == 3  # the first round, then two answered
+    assert [body.get("tool_choice") for body in turns[:2]] == [None, None]
+    assert turns[2].get("tool_choice") in ("none", {"type": "none"})
+    assert text.endswith(f"RECALLED: {NEEDLE}")
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_no_tool_is_added_to_a_request_that_declares_none_or_for_a_model_with_recall_off(
+    api: Api,
+) -> None:
+    upstream = RecallUpstream()
+    bare = {k: v for k, v in api.request().items() if k != "tools"}
+    with proxy_for(upstream) as url:
+        assert api.ask(url, "sk-alice", bare, False) == "NO RECALL"
+    with proxy_for(upstream, recall=False) as url:
+        assert api.ask(url, "sk-alice", api.request(), False) == "NO RECALL"
+    first, second = (body for _, body in upstream.received)
+    assert "tools" not in first
+    assert api.tools(second) == ["read_file"]
+    assert _REF.search(_text(second)) is None  # and its briefs carry no ref
