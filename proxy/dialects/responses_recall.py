@@ -54,7 +54,7 @@ import orjson
 
 from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, Usage
+from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 
 #: The tool as the request declares it, the same object (and so the same
 #: bytes) on every request, so the provider's prompt cache keeps hitting.
@@ -456,7 +456,7 @@ def _replace(found: re.Match[bytes], number: int) -> bytes:
 
 
 #: The Responses surface; stateless (each stream has its own reader).
-RESPONSES_RECALL = ResponsesRecall()
+RESPONSES_RECALL: Final[RecallSurface] = ResponsesRecall()
 
 __all__ = [
     "CLIENT_CALLS",

@@ -19,8 +19,8 @@ from pydantic import TypeAdapter
 
 from compaction.recall import TOOL_NAME
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage
-from proxy.dialects.responses_recall import RECALL_TOOL, RESPONSES_RECALL, ResponsesRecallStream
+from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
+from proxy.dialects.responses_recall import RECALL_TOOL, RESPONSES_RECALL
 from tests.proxy.dialects.responses_shapes import codex_request
 from tests.proxy.dialects.responses_upstream import _events, _response
 from tests.proxy.dialects.responses_upstream import _message as message
@@ -88,7 +88,7 @@ def events_in(relayed: bytes) -> list[dict[str, Any]]:
     return [read(part + b"\n\n") for part in parts[:-1]]
 
 
-def feed_all(reader: ResponsesRecallStream, chunks: list[bytes]) -> bytes:
+def feed_all(reader: RecallStream, chunks: list[bytes]) -> bytes:
     return b"".join(reader.feed(chunk) for chunk in chunks) + reader.end()
 
 
