@@ -71,10 +71,10 @@ from compaction.messages import (
 from compaction.pipeline import compact
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.recall import (
+    RECALL_TOOL_DESCRIPTION,
+    RECALL_TOOL_NAME,
+    RECALL_TOOL_PARAMETERS,
     REF_PATTERN,
-    TOOL_DESCRIPTION,
-    TOOL_NAME,
-    TOOL_PARAMETERS,
     RecallRequest,
     find_original,
     mark,
@@ -98,11 +98,11 @@ __all__ = [
     "DEFAULT_READING_CACHE_BYTES",
     "NO_REREADS",
     "ORIGIN_KEY",
+    "RECALL_TOOL_DESCRIPTION",
+    "RECALL_TOOL_NAME",
+    "RECALL_TOOL_PARAMETERS",
     "REF_PATTERN",
     "SUMMARY_MARKER",
-    "TOOL_DESCRIPTION",
-    "TOOL_NAME",
-    "TOOL_PARAMETERS",
     "WINDOW_BOUNDS",
     "Bounds",
     "Budget",

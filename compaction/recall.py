@@ -4,7 +4,7 @@ When ``Profile.recall`` is on and the caller gives a salt (whose conversation
 it is), every tool result the pruner turns into a brief ends with
 ``[ref: <id>]``, and so does every ledger entry naming a removed tool output
 (:mod:`compaction.pruner`, :mod:`compaction.ledger`). The proxy adds a tool,
-:data:`TOOL_NAME`, to the request; when the model calls it, the proxy answers
+:data:`RECALL_TOOL_NAME`, to the request; when the model calls it, the proxy answers
 from the request itself — the client resends its whole history every turn —
 and asks again. This module holds the pieces that are the same for every API::
 
@@ -35,37 +35,33 @@ from typing import Any, Final
 from compaction.messages import RESULT_ROLES, message_text
 from compaction.types import Message
 
-TOOL_NAME: Final = "compaction_recall"
+RECALL_TOOL_NAME: Final = "compaction_recall"
 
-TOOL_DESCRIPTION: Final = (
-    "Read back content that the context manager shortened. To keep this conversation "
-    "within the model's context window, some earlier tool outputs were replaced by a "
-    "one-line summary, and some facts were moved into a summary; each shortened item ends "
-    "with a marker like [ref: r2b4c6d7e2f3g]. Call this tool with that ref to get the "
-    "original text back, exactly as the tool returned it; pass start_line and end_line "
-    "(1-based, inclusive) to read only part of a long output. Call it on its own, not "
-    "together with other tools, and before you act on a shortened output (for example "
-    "before editing a file whose earlier read was shortened): the answer comes back at "
-    "once. Refs are only valid in this conversation; a ref that is not found means the "
-    "content is gone, so run the original tool again instead."
+RECALL_TOOL_DESCRIPTION: Final = (
+    "Read back the original of content shortened to fit the context window: an old tool "
+    "output replaced by a one-line brief, or a summary entry, each ending with a marker "
+    "like [ref: r2b4c6d7e2f3g]. Pass that ref, and start_line/end_line (1-based, "
+    "inclusive) for part of a long output, to get the text exactly as it was. Call it "
+    "alone, before acting on shortened content (e.g. before editing a file whose read was "
+    "shortened). A ref not found is gone: run the original tool again."
 )
 
-TOOL_PARAMETERS: Final[dict[str, Any]] = {
+RECALL_TOOL_PARAMETERS: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
         "ref": {
             "type": "string",
-            "description": "The ref from a [ref: …] marker, e.g. r2b4c6d7e2f3g.",
+            "description": "The id in a [ref: …] marker.",
         },
         "start_line": {
             "type": "integer",
             "minimum": 1,
-            "description": "First line to return (1-based); the first line when left out.",
+            "description": "First line to return (default 1).",
         },
         "end_line": {
             "type": "integer",
             "minimum": 1,
-            "description": "Last line to return (inclusive); the last line when left out.",
+            "description": "Last line to return (default: the last).",
         },
     },
     "required": ["ref"],
@@ -84,7 +80,7 @@ _TRAILING_REF = re.compile(rf" \[ref: ({_ID})\]\Z")
 _BARE_ID = re.compile(_ID)
 #: blake2b takes a key of at most this many bytes; a longer salt is hashed to one.
 _MAX_KEY_BYTES = 64
-_ACCEPTED = frozenset(TOOL_PARAMETERS["properties"])
+_ACCEPTED = frozenset(RECALL_TOOL_PARAMETERS["properties"])
 
 
 def ref_of(salt: str, text: str) -> str:
@@ -124,7 +120,7 @@ class RecallRequest:
 def parse_request(arguments: str) -> RecallRequest | str:
     """The call's arguments (JSON text as the model wrote them), or what to tell the
     model when they cannot be used."""
-    usage = f'{TOOL_NAME} takes {{"ref": "r…", "start_line": 1, "end_line": 50}} (lines optional).'
+    usage = f'{RECALL_TOOL_NAME} takes {{"ref": "r…", "start_line": 1, "end_line": 50}} (lines optional).'
     if len(arguments) > MAX_ARGUMENT_CHARS:
         return f"The arguments are too long ({len(arguments):,} characters). {usage}"
     try:
@@ -246,10 +242,10 @@ def _s(count: int) -> str:
 
 __all__ = [
     "MAX_ARGUMENT_CHARS",
+    "RECALL_TOOL_DESCRIPTION",
+    "RECALL_TOOL_NAME",
+    "RECALL_TOOL_PARAMETERS",
     "REF_PATTERN",
-    "TOOL_DESCRIPTION",
-    "TOOL_NAME",
-    "TOOL_PARAMETERS",
     "RecallRequest",
     "find_original",
     "mark",

@@ -37,16 +37,16 @@ from typing import Any, Final
 
 import orjson
 
-from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
+from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 
 #: The recall tool as the API declares a client tool; the same object, and so
 #: the same bytes, in every request it is added to.
 RECALL_TOOL: Final[dict[str, Any]] = {
-    "name": TOOL_NAME,
-    "description": TOOL_DESCRIPTION,
-    "input_schema": TOOL_PARAMETERS,
+    "name": RECALL_TOOL_NAME,
+    "description": RECALL_TOOL_DESCRIPTION,
+    "input_schema": RECALL_TOOL_PARAMETERS,
 }
 
 #: Two line ends in a row end an event. A lone ``\r`` is a line end only when
@@ -74,7 +74,7 @@ class AnthropicRecall:
         tools = body.get("tools")
         if not isinstance(tools, list) or not tools:
             return None
-        if any(isinstance(tool, dict) and tool.get("name") == TOOL_NAME for tool in tools):
+        if any(isinstance(tool, dict) and tool.get("name") == RECALL_TOOL_NAME for tool in tools):
             return None
         choice = body.get("tool_choice")
         if isinstance(choice, dict) and choice.get("type") == "none":
@@ -413,7 +413,7 @@ def _is_tool_use(block: dict[str, Any]) -> bool:
 
 
 def _is_recall(block: dict[str, Any]) -> bool:
-    return _is_tool_use(block) and block.get("name") == TOOL_NAME
+    return _is_tool_use(block) and block.get("name") == RECALL_TOOL_NAME
 
 
 def _kept(block: dict[str, Any], answered: set[str]) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import orjson
 
-from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
+from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 
@@ -45,9 +45,9 @@ from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 RECALL_TOOL: Final[dict[str, Any]] = {
     "type": "function",
     "function": {
-        "name": TOOL_NAME,
-        "description": TOOL_DESCRIPTION,
-        "parameters": TOOL_PARAMETERS,
+        "name": RECALL_TOOL_NAME,
+        "description": RECALL_TOOL_DESCRIPTION,
+        "parameters": RECALL_TOOL_PARAMETERS,
     },
 }
 
@@ -92,7 +92,7 @@ def _recall_entries(message: dict[str, Any]) -> list[dict[str, Any]]:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return []
-    return [c for c in calls if isinstance(c, dict) and _function_name(c) == TOOL_NAME]
+    return [c for c in calls if isinstance(c, dict) and _function_name(c) == RECALL_TOOL_NAME]
 
 
 def _count(usage: Any, key: str) -> int:
@@ -124,7 +124,7 @@ class ChatRecall:
         tools = body.get("tools")
         if not isinstance(tools, list) or not tools:
             return None
-        if any(_function_name(tool) == TOOL_NAME for tool in tools):
+        if any(_function_name(tool) == RECALL_TOOL_NAME for tool in tools):
             return None
         return {**body, "tools": [*tools, RECALL_TOOL]}
 
@@ -364,7 +364,7 @@ class ChatRecallStream:
 
     def _class(self, index: int, entry: dict[str, Any]) -> str:
         """What the call at ``index`` is, from its first delta."""
-        if _function_name(entry) != TOOL_NAME:
+        if _function_name(entry) != RECALL_TOOL_NAME:
             kind = _CLIENT
             self._client_index[index] = len(self._client_index)
             # A client call is relayed now: this round cannot recall any more.

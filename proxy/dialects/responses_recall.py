@@ -52,7 +52,7 @@ from typing import Any, Final
 
 import orjson
 
-from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
+from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 
@@ -60,9 +60,9 @@ from proxy.dialects.recall import RecallCall, RecallSurface, Usage
 #: bytes) on every request, so the provider's prompt cache keeps hitting.
 RECALL_TOOL: Final[dict[str, Any]] = {
     "type": "function",
-    "name": TOOL_NAME,
-    "description": TOOL_DESCRIPTION,
-    "parameters": TOOL_PARAMETERS,
+    "name": RECALL_TOOL_NAME,
+    "description": RECALL_TOOL_DESCRIPTION,
+    "parameters": RECALL_TOOL_PARAMETERS,
     "strict": False,
 }
 
@@ -103,7 +103,7 @@ def _is_recall(item: Any) -> bool:
     return (
         isinstance(item, dict)
         and item.get("type") == "function_call"
-        and item.get("name") == TOOL_NAME
+        and item.get("name") == RECALL_TOOL_NAME
     )
 
 
@@ -176,7 +176,7 @@ class ResponsesRecall:
         tools = body.get("tools")
         if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
             return None
-        if any(isinstance(tool, dict) and tool.get("name") == TOOL_NAME for tool in tools):
+        if any(isinstance(tool, dict) and tool.get("name") == RECALL_TOOL_NAME for tool in tools):
             return None
         return {**body, "tools": [*tools, RECALL_TOOL]}
 

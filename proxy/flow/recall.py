@@ -41,11 +41,12 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from compaction import Message, message_text
-from compaction.recall import (
-    TOOL_NAME,
+from compaction import (
+    RECALL_TOOL_NAME,
+    Message,
     RecallRequest,
     find_original,
+    message_text,
     parse_request,
     recalled_text,
 )
@@ -306,7 +307,7 @@ async def whole(
         if rounds.exhausted:
             rounds.count("limit", len(calls))
             raise RecallLimit(
-                f"The upstream went on calling {TOOL_NAME} after {rounds.answered} "
+                f"The upstream went on calling {RECALL_TOOL_NAME} after {rounds.answered} "
                 "answered rounds and a last request that allowed no tool call."
             )
         upstream = await send(rounds.follow(answer, calls))
@@ -399,7 +400,9 @@ class RecallRelay(Response):
             calls = surface.calls(answer)
             if rounds.exhausted or not calls:
                 rounds.count("limit", len(calls))
-                await self._error(send, f"The upstream went on calling {TOOL_NAME} past the limit.")
+                await self._error(
+                    send, f"The upstream went on calling {RECALL_TOOL_NAME} past the limit."
+                )
                 return True
             body = rounds.follow(answer, calls)
             try:

@@ -18,9 +18,9 @@ from compaction.ledger import ledger_of, parse_ledger, render_ledger
 from compaction.pruner import prune
 from compaction.recall import (
     MAX_ARGUMENT_CHARS,
+    RECALL_TOOL_NAME,
+    RECALL_TOOL_PARAMETERS,
     REF_PATTERN,
-    TOOL_NAME,
-    TOOL_PARAMETERS,
     RecallRequest,
     find_original,
     mark,
@@ -81,11 +81,11 @@ def test_a_marked_text_ends_with_a_ref_the_pattern_finds() -> None:
 
 
 def test_the_tool_takes_a_ref_and_an_optional_line_range_and_nothing_else() -> None:
-    assert TOOL_NAME == "compaction_recall"
-    assert TOOL_PARAMETERS["required"] == ["ref"]
-    assert set(TOOL_PARAMETERS["properties"]) == {"ref", "start_line", "end_line"}
-    assert TOOL_PARAMETERS["additionalProperties"] is False
-    assert json.loads(json.dumps(TOOL_PARAMETERS)) == TOOL_PARAMETERS
+    assert RECALL_TOOL_NAME == "compaction_recall"
+    assert RECALL_TOOL_PARAMETERS["required"] == ["ref"]
+    assert set(RECALL_TOOL_PARAMETERS["properties"]) == {"ref", "start_line", "end_line"}
+    assert RECALL_TOOL_PARAMETERS["additionalProperties"] is False
+    assert json.loads(json.dumps(RECALL_TOOL_PARAMETERS)) == RECALL_TOOL_PARAMETERS
 
 
 def test_a_request_is_read_with_or_without_its_lines_and_with_the_marker_copied_whole() -> None:
@@ -120,7 +120,7 @@ def test_bad_arguments_get_a_short_message_for_the_model(arguments: str, said: s
     answer = parse_request(arguments)
     assert isinstance(answer, str)
     assert said in answer
-    assert TOOL_NAME in answer  # says how the tool is called
+    assert RECALL_TOOL_NAME in answer  # says how the tool is called
     assert len(answer) < 300
 
 

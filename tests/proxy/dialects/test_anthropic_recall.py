@@ -14,7 +14,7 @@ import httpx2
 import orjson
 import pytest
 
-from compaction.recall import TOOL_DESCRIPTION, TOOL_NAME, TOOL_PARAMETERS
+from compaction.recall import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import anthropic_recall
 from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL, RECALL_TOOL
 from proxy.dialects.recall import RecallCall, Usage
@@ -114,7 +114,7 @@ def _answer(
 
 def _recall(call_id: str = "toolu_recall1", tool_input: Any = None) -> dict[str, Any]:
     given = RECALL_INPUT if tool_input is None else tool_input
-    return {"type": "tool_use", "id": call_id, "name": TOOL_NAME, "input": given}
+    return {"type": "tool_use", "id": call_id, "name": RECALL_TOOL_NAME, "input": given}
 
 
 def _bash(call_id: str = "toolu_bash1") -> dict[str, Any]:
@@ -163,9 +163,9 @@ def _sdk_final(raw: bytes) -> Any:
 
 def test_the_recall_tool_is_the_engines_name_description_and_schema_as_a_client_tool() -> None:
     assert RECALL_TOOL == {
-        "name": TOOL_NAME,
-        "description": TOOL_DESCRIPTION,
-        "input_schema": TOOL_PARAMETERS,
+        "name": RECALL_TOOL_NAME,
+        "description": RECALL_TOOL_DESCRIPTION,
+        "input_schema": RECALL_TOOL_PARAMETERS,
     }
 
 
@@ -379,7 +379,7 @@ def test_a_recall_call_is_hidden_and_its_round_put_together_as_the_whole_answer(
         out, stream = _relay([raw[:cut], raw[cut:]])
         assert out == shown
         assert stream.recalled and stream.dropped == 0
-    assert TOOL_NAME.encode() not in shown
+    assert RECALL_TOOL_NAME.encode() not in shown
     assert stream.answer() == {
         "id": "msg_01",
         "type": "message",
@@ -420,7 +420,7 @@ def test_a_recall_after_a_client_tool_call_is_dropped_and_later_blocks_renumbere
     blocks = [_text("Running it."), _bash(), _recall(), _bash("toolu_bash2")]
     out, stream = _relay(_answer(blocks, "tool_use"))
     assert not stream.recalled and stream.dropped == 1
-    assert TOOL_NAME.encode() not in out
+    assert RECALL_TOOL_NAME.encode() not in out
     indices = [d["index"] for d in _datas(out) if "index" in d]
     assert sorted(set(indices)) == [0, 1, 2]
     final = _sdk_final(out)

@@ -20,7 +20,7 @@ import pytest
 from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from compaction.recall import TOOL_NAME
+from compaction.recall import RECALL_TOOL_NAME
 from proxy.dialects.chat_recall import CHAT_RECALL, RECALL_TOOL, ChatRecallStream
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 
@@ -106,7 +106,7 @@ def _recall_round(usage: dict[str, Any] | None = USAGE_1) -> list[bytes]:
         _role(),
         _text("Let me read "),
         _text("that output again."),
-        _call_start(0, "call_R1", TOOL_NAME),
+        _call_start(0, "call_R1", RECALL_TOOL_NAME),
         _arguments(0, '{"ref": "r2b4c'),
         _arguments(0, '6d7e2f3g", "start_line"'),
         _arguments(0, ": 120}"),
@@ -169,7 +169,7 @@ def test_the_recall_tool_goes_after_the_requests_own_tools_in_the_same_bytes_eve
 
     assert first is not None and second is not None
     assert first["tools"] == [*TOOLS, RECALL_TOOL]
-    assert first["tools"][-1]["function"]["name"] == TOOL_NAME
+    assert first["tools"][-1]["function"]["name"] == RECALL_TOOL_NAME
     assert orjson.dumps(first) == orjson.dumps(second)
     assert first["tool_choice"] == "auto" and first["parallel_tool_calls"] is False
     assert body == before
@@ -182,7 +182,7 @@ def test_the_recall_tool_goes_after_the_requests_own_tools_in_the_same_bytes_eve
         [],
         "run_shell_command",
         [RECALL_TOOL],
-        [*TOOLS, {"type": "function", "function": {"name": TOOL_NAME}}],
+        [*TOOLS, {"type": "function", "function": {"name": RECALL_TOOL_NAME}}],
     ],
     ids=["no tools", "an empty list", "not a list", "only ours", "ours already declared"],
 )
@@ -249,9 +249,9 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 def test_the_recall_calls_of_an_answer_are_read_in_order_and_the_clients_own_left_out() -> None:
     answer = _answer(
         [
-            _call("call_A", TOOL_NAME, '{"ref": "raaaaaaaaaaaa"}'),
+            _call("call_A", RECALL_TOOL_NAME, '{"ref": "raaaaaaaaaaaa"}'),
             _call("call_B", "run_shell_command", '{"command": "ls"}'),
-            _call("call_C", TOOL_NAME, '{"ref": "rbbbbbbbbbbbb", "end_line": 9}'),
+            _call("call_C", RECALL_TOOL_NAME, '{"ref": "rbbbbbbbbbbbb", "end_line": 9}'),
         ]
     )
     assert CHAT_RECALL.calls(answer) == [
@@ -322,7 +322,7 @@ def test_the_followup_repeats_the_models_turn_with_only_its_recall_calls_then_on
     }
     answer = _answer(
         [
-            _call("call_A", TOOL_NAME, '{"ref": "raaaaaaaaaaaa"}'),
+            _call("call_A", RECALL_TOOL_NAME, '{"ref": "raaaaaaaaaaaa"}'),
             _call("call_B", "run_shell_command", '{"command": "ls"}'),
         ]
     )
@@ -336,7 +336,7 @@ def test_the_followup_repeats_the_models_turn_with_only_its_recall_calls_then_on
         {
             "role": "assistant",
             "content": "Reading it back first.",
-            "tool_calls": [_call("call_A", TOOL_NAME, '{"ref": "raaaaaaaaaaaa"}')],
+            "tool_calls": [_call("call_A", RECALL_TOOL_NAME, '{"ref": "raaaaaaaaaaaa"}')],
             "annotations": [],
         },
         {"role": "tool", "tool_call_id": "call_A", "content": "line 1\nline 2"},
@@ -346,7 +346,7 @@ def test_the_followup_repeats_the_models_turn_with_only_its_recall_calls_then_on
 
 
 def test_a_followup_keeps_a_null_content_beside_the_calls() -> None:
-    answer = _answer([_call("call_A", TOOL_NAME, "{}")])
+    answer = _answer([_call("call_A", RECALL_TOOL_NAME, "{}")])
     call = RecallCall("call_A", "{}")
     _, items = CHAT_RECALL.followup({"messages": []}, answer, [(call, "No content found.")])
     assert items[0]["content"] is None and "refusal" not in items[0]
@@ -430,7 +430,7 @@ def _round_answer(usage: dict[str, Any] | None = USAGE_1) -> dict[str, Any]:
                     "role": "assistant",
                     "content": "Let me read that output again.",
                     "tool_calls": [
-                        _call("call_R1", TOOL_NAME, '{"ref": "r2b4c6d7e2f3g", "start_line": 120}')
+                        _call("call_R1", RECALL_TOOL_NAME, '{"ref": "r2b4c6d7e2f3g", "start_line": 120}')
                     ],
                 },
                 "finish_reason": "tool_calls",
@@ -471,7 +471,7 @@ def test_a_recall_after_a_relayed_client_call_is_dropped_and_the_later_calls_ren
         _role(),
         _call_start(0, "call_1", "run_shell_command"),
         _arguments(0, '{"command": "ls"}'),
-        _call_start(1, "call_R", TOOL_NAME),
+        _call_start(1, "call_R", RECALL_TOOL_NAME),
         _arguments(1, '{"ref": "r2b4c6d7e2f3g"}'),
         _call_start(2, "call_2", "read_file"),
         _arguments(2, '{"path": "a.py"}'),
@@ -485,7 +485,7 @@ def test_a_recall_after_a_relayed_client_call_is_dropped_and_the_later_calls_ren
     assert not stream.recalled and stream.dropped == 1
     assert relayed.startswith(b"".join(events[:3]))
     assert relayed.endswith(b"".join(events[-3:]))
-    assert b"call_R" not in relayed and TOOL_NAME.encode() not in relayed
+    assert b"call_R" not in relayed and RECALL_TOOL_NAME.encode() not in relayed
     # The recall call's two events, left with nothing to say, are not relayed at all.
     assert len(_data(relayed)) == len(events) - 2
     message = _client_reads(relayed).choices[0].message
@@ -498,7 +498,7 @@ def test_a_recall_after_a_relayed_client_call_is_dropped_and_the_later_calls_ren
 def test_every_call_after_a_recall_call_is_hidden_with_the_rest_of_its_round() -> None:
     events = [
         _role(),
-        _call_start(0, "call_R", TOOL_NAME),
+        _call_start(0, "call_R", RECALL_TOOL_NAME),
         _arguments(0, '{"ref": "r2b4c6d7e2f3g"}'),
         _call_start(1, "call_1", "run_shell_command"),
         _arguments(1, '{"command": "ls"}'),
@@ -509,7 +509,7 @@ def test_every_call_after_a_recall_call_is_hidden_with_the_rest_of_its_round() -
     assert b"".join(stream.feed(event) for event in events) + stream.end() == _role()
     assert stream.recalled
     calls = stream.answer()["choices"][0]["message"]["tool_calls"]
-    assert [c["function"]["name"] for c in calls] == [TOOL_NAME, "run_shell_command"]
+    assert [c["function"]["name"] for c in calls] == [RECALL_TOOL_NAME, "run_shell_command"]
 
 
 # ---- the stream: later rounds ---------------------------------------------------------------
@@ -581,7 +581,7 @@ def test_a_later_round_is_relayed_the_same_whatever_its_chunks() -> None:
 def test_the_usage_of_every_hidden_round_is_added_to_the_last() -> None:
     second_round = [
         _role("chatcmpl-Mid"),
-        _call_start(0, "call_R2", TOOL_NAME, "chatcmpl-Mid"),
+        _call_start(0, "call_R2", RECALL_TOOL_NAME, "chatcmpl-Mid"),
         _arguments(0, '{"ref": "r2b4c6d7e2f3g", "start_line": 300}', "chatcmpl-Mid"),
         _chunk({}, "tool_calls", chunk_id="chatcmpl-Mid"),
         _usage_chunk({"prompt_tokens": 1400, "completion_tokens": 20, "total_tokens": 1420}),
@@ -601,7 +601,7 @@ def test_the_usage_of_every_hidden_round_is_added_to_the_last() -> None:
 def test_a_later_round_that_recalls_again_hides_its_call_and_is_put_together_anew() -> None:
     second_round = [
         _chunk({"role": "assistant", "content": "More: "}, chunk_id="chatcmpl-Mid"),
-        _call_start(0, "call_R2", TOOL_NAME, "chatcmpl-Mid"),
+        _call_start(0, "call_R2", RECALL_TOOL_NAME, "chatcmpl-Mid"),
         _arguments(0, '{"ref": "r2b4c6d7e2f3g"}', "chatcmpl-Mid"),
         _chunk({}, "tool_calls", chunk_id="chatcmpl-Mid"),
         DONE,
@@ -631,7 +631,7 @@ def test_an_event_too_long_to_hold_is_relayed_as_it_comes_and_the_round_cannot_r
     events = [
         _role(),
         long_text,
-        _call_start(0, "call_R", TOOL_NAME),
+        _call_start(0, "call_R", RECALL_TOOL_NAME),
         _arguments(0, '{"ref": "r2b4c6d7e2f3g"}'),
         _chunk({}, "tool_calls"),
         DONE,
@@ -648,7 +648,7 @@ def test_an_event_too_long_to_hold_is_relayed_as_it_comes_and_the_round_cannot_r
     relayed += stream.end()
 
     assert not stream.recalled and stream.dropped == 1
-    assert TOOL_NAME.encode() not in relayed
+    assert RECALL_TOOL_NAME.encode() not in relayed
     assert relayed.startswith(events[0] + long_text) and relayed.endswith(events[-2] + DONE)
 
 
@@ -674,7 +674,7 @@ def test_a_round_too_long_to_repeat_drops_its_recall_call() -> None:
     relayed = b"".join(stream.feed(event) for event in events) + stream.end()
 
     assert not stream.recalled and stream.dropped == 1
-    assert TOOL_NAME.encode() not in relayed
+    assert RECALL_TOOL_NAME.encode() not in relayed
     assert _client_reads(relayed).choices[0].message.content == "Let me read that output again."
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from compaction.recall import TOOL_NAME
+from compaction.recall import RECALL_TOOL_NAME
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 from proxy.dialects.responses_recall import RECALL_TOOL, RESPONSES_RECALL
@@ -49,7 +49,7 @@ def call(tag: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def recall(tag: str, ref: str = "rabcdefghijkl") -> dict[str, Any]:
-    return call(tag, TOOL_NAME, {"ref": ref, "start_line": 1})
+    return call(tag, RECALL_TOOL_NAME, {"ref": ref, "start_line": 1})
 
 
 def shell(tag: str) -> dict[str, Any]:
@@ -109,7 +109,7 @@ def test_the_tool_is_appended_last_in_the_same_bytes_for_every_request() -> None
     assert with_first["tools"][:-1] == first["tools"]
     assert with_first["tools"][-1] is RECALL_TOOL
     assert orjson.dumps(with_first["tools"][-1]) == orjson.dumps(with_second["tools"][-1])
-    assert RECALL_TOOL["type"] == "function" and RECALL_TOOL["name"] == TOOL_NAME
+    assert RECALL_TOOL["type"] == "function" and RECALL_TOOL["name"] == RECALL_TOOL_NAME
     # Codex's own settings go through as it sent them.
     assert {k: v for k, v in with_first.items() if k != "tools"} == {
         k: v for k, v in first.items() if k != "tools"
@@ -281,7 +281,7 @@ def test_a_recall_call_after_a_relayed_client_call_is_dropped_and_the_indices_cl
     output = [reasoning("a"), shell("s"), recall("r"), message(3, "Then the tests.")]
     relayed = events_in(feed_all(reader := RESPONSES_RECALL.stream(), stream_of(answer_of(output))))
     assert not reader.recalled and reader.dropped == 1
-    assert all(TOOL_NAME not in orjson.dumps(e).decode() for e in relayed)
+    assert all(RECALL_TOOL_NAME not in orjson.dumps(e).decode() for e in relayed)
     indices = [e["output_index"] for e in relayed if e["type"] == "response.output_item.added"]
     assert indices == [0, 1, 2]
     text = [e for e in relayed if e["type"] == "response.output_text.delta"]
