@@ -60,17 +60,32 @@ def escaped(value: object) -> str:
 
 
 class TextFormatter(logging.Formatter):
+    """``<time> <level> <logger>: <message> key=value …``, escaped as the module says."""
+
     def __init__(self) -> None:
         super().__init__()
+        #: The last second formatted and its text: every request writes a
+        #: line, and most lines share their second with the one before.
+        self._second: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """:meth:`logging.Formatter.formatTime`'s text, the second's part made once a second."""
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second[0]:
+            self._second = (second, time.strftime(self.default_time_format, self.converter(second)))
+        return self.default_msec_format % (self._second[1], record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = (
-            f"{self.formatTime(record)} {escaped(record.levelname)} {escaped(record.name)}: "
-            f"{escaped(record.getMessage())}"
-        )
+        time_, level, name = self.formatTime(record), record.levelname, record.name
+        line = f"{time_} {level!s} {name!s}: {record.getMessage()}"
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            line += " " + " ".join(f"{escaped(k)}={escaped(v)}" for k, v in fields.items())
+            line += " " + " ".join(f"{k!s}={v!s}" for k, v in fields.items())
+        # Escaped once, as a whole: the separators are printable, and the table
+        # maps one character at a time, so this is each part escaped, joined.
+        line = escaped(line)
         if record.exc_info:
             line += _indented(self.formatException(record.exc_info))
         if record.stack_info:

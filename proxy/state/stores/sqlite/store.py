@@ -90,12 +90,14 @@ class SQLiteStore:
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         if not hashes:
             return {}
-        wanted = list(dict.fromkeys(hashes))
 
         def work(connection: sqlite3.Connection) -> dict[str, Checkpoint]:
             found: dict[str, Checkpoint] = {}
-            ends = self._known_ends(connection)
-            hits = [h for h in wanted if h in ends]
+            # A set's intersection with the chain, not a walk of it: a long
+            # conversation's chain has a thousand hashes or more and at most a
+            # few are checkpoints, and this runs on every request (the answer
+            # is a mapping: the order the hits are found in is not part of it).
+            hits = list(self._known_ends(connection).intersection(hashes))
             for start in range(0, len(hits), 500):  # below SQLite's variable limit
                 chunk = hits[start : start + 500]
                 marks = ", ".join("?" * len(chunk))
