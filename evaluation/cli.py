@@ -5,8 +5,10 @@
                               [--upstream URL --summary-model NAME] [--judge URL]
 
 Defaults: windows 8192, 16384 and 32768; all three strategies; the extractive
-summarizer (no network). ``--summarizer llm`` asks ``--upstream`` (default:
-the configuration's ``upstream.base_url``) for summaries with
+summarizer (no network). What recall gets back (:mod:`evaluation.recall`) is
+measured at the ``--window`` values given, or at 8192 and 16384.
+``--summarizer llm`` asks ``--upstream`` (default: the configuration's
+``upstream.base_url``) for summaries with
 ``--summary-model`` (default: the configuration's ``compaction.summary_model``),
 with the key in the configuration's key variable (``OPENAI_API_KEY`` unless
 set otherwise), as ``compaction-proxy compact`` does. ``--judge URL`` grades
@@ -29,6 +31,14 @@ from compaction import Profile, Strategy, Summarizer
 from config import Settings, load_settings, resolve_model
 from evaluation.corpus import read_bodies
 from evaluation.judge import Judge
+from evaluation.recall import (
+    RECALL_WINDOWS,
+    evaluate_recall,
+    proxy_counter,
+    recall_json,
+    recall_table,
+    tool_tokens,
+)
 from evaluation.repeats import natural_repeats
 from evaluation.report import report_json, report_table
 from evaluation.run import evaluate
@@ -92,15 +102,18 @@ async def run_eval(argv: Sequence[str]) -> str:
         profiles = _profiles(settings, args.summarizer)
         cells = await evaluate(bodies, windows, strategies, profiles, summarizer, judge)
         repeats = natural_repeats(bodies, profiles)
+        recall_windows = tuple(args.window or RECALL_WINDOWS)
+        recalled = await evaluate_recall(bodies, recall_windows, profiles)
     finally:
         if transport is not None:
             await transport.aclose()
     judged = judge is not None
+    tool = tool_tokens(proxy_counter(None, profiles(None)))
     if args.json:
-        report = report_json(cells, judged, repeats)
+        report = {**report_json(cells, judged, repeats), "recall": recall_json(recalled, tool)}
         text = orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
     else:
-        text = report_table(cells, judged, repeats)
+        text = report_table(cells, judged, repeats) + "\n\n" + recall_table(recalled, tool)
     if args.output:
         Path(args.output).write_text(text + "\n")
     return text
