@@ -221,8 +221,11 @@ class ModelKnowledge:
         """A prompt of ``prompt_tokens`` was answered: the window is at least that."""
         key = calibration_key(config)
         known = self.get(key)
+        proven = proven_floor(known.proven, prompt_tokens)
+        # Most answers prove no more than the last one did: the record is kept
+        # as it is (now the most recently updated), not copied unchanged.
         self._keep(
-            key, dataclasses.replace(known, proven=proven_floor(known.proven, prompt_tokens))
+            key, known if proven == known.proven else dataclasses.replace(known, proven=proven)
         )
         self._raise_working_limit(key)
 

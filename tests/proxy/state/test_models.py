@@ -66,6 +66,21 @@ async def test_a_row_updated_again_is_kept_over_older_ones() -> None:
     assert len(models) == CAP
 
 
+async def test_a_row_answered_again_with_nothing_new_is_kept_over_older_ones() -> None:
+    # Most answers prove no larger prompt than the last: the row is not copied
+    # then, but it is still the one most recently in use.
+    models = _models()
+    first, *others = _configs([f"model-{number}" for number in range(CAP + 1)])
+    models.prove(first, 200)
+    for config in others[:-1]:
+        models.prove(config, 100)
+    models.prove(first, 200)
+    models.prove(others[-1], 100)
+    assert list(models)[-2:] == [calibration_key(first), calibration_key(others[-1])]
+    assert calibration_key(others[0]) not in list(models)
+    assert models.get(calibration_key(first)).proven == 200
+
+
 async def test_one_digit_heavy_answer_moves_the_limit_of_the_models_conversations_by_a_step() -> (
     None
 ):
