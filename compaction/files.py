@@ -34,7 +34,7 @@ from typing import Any
 from compaction.calls import COMMAND_ARGUMENTS, PATH_ARGUMENTS, parse_arguments
 from compaction.messages import call_name_and_arguments, message_text, tool_calls
 from compaction.profile import Profile
-from compaction.recall import mark, ref_of, ref_suffix, trailing_ref
+from compaction.recall import mark, output_ref, ref_suffix, trailing_ref
 from compaction.shell import shell_files
 from compaction.types import Message
 
@@ -221,8 +221,8 @@ def collect_files(
             found = _drop_missing(found, result or "")
             read.extend(found.read)
             modified.extend(found.modified)
-            if salt and result is not None and found.read:
-                ref = trailing_ref(result) or ref_of(salt, result)
+            ref = output_ref(salt, result, profile.tool_result_chars) if result else None
+            if ref is not None and found.read:
                 refs.extend((path, ref) for path in found.read)
     lists = FileLists(tuple(read), tuple(modified), tuple(refs))
     return FileLists().merge(lists).limited(max_files)

@@ -36,7 +36,7 @@ from compaction.calls import COMMAND_ARGUMENTS, key_argument, shows_files
 from compaction.files import FileLists, collect_files, parse_file_lists, render_file_lists
 from compaction.messages import message_text, tool_calls
 from compaction.profile import DEFAULT_LEDGER_SHARE, Profile
-from compaction.recall import mark, ref_of, trailing_ref
+from compaction.recall import mark, output_ref
 from compaction.text import word_cut
 from compaction.tokens import TokenCounter
 from compaction.types import Message
@@ -180,7 +180,7 @@ def _stretch_ledger(messages: Sequence[Message], profile: Profile, salt: str = "
     found_ids = [i for text in users for i in identifiers_in(text)]
     return Ledger(
         errors=_newest(errors),
-        commands=_newest(_commands(messages, salt)),
+        commands=_newest(_commands(messages, salt, profile.tool_result_chars)),
         identifiers=_newest(found_ids),
         user_messages=_newest(_cap_user("\n".join(text.splitlines())) for text in users),
     )
@@ -214,9 +214,9 @@ def _cap_user(text: str) -> str:
     return kept + _CUT_MARKER.format(len(text) - len(kept))
 
 
-def _commands(messages: Sequence[Message], salt: str = "") -> Iterator[str]:
+def _commands(messages: Sequence[Message], salt: str = "", shortest: int = 0) -> Iterator[str]:
     """``command → exit N`` for each command a tool call ran, in order; with a
-    ``salt``, `` [ref: …]`` of its output after."""
+    ``salt``, `` [ref: …]`` of its output after (:func:`compaction.recall.output_ref`)."""
     from compaction.files import results_after
 
     for index, message in enumerate(messages):
@@ -236,18 +236,13 @@ def _commands(messages: Sequence[Message], salt: str = "") -> Iterator[str]:
             result = results.get(call.get("id"))
             code = _exit_code(result) if result is not None else None
             entry = f"`{command}` → exit {code}" if code is not None else f"`{command}`"
-            yield _with_ref(entry, result, salt)
+            yield _with_ref(entry, result, salt, shortest)
 
 
-def _with_ref(entry: str, result: str | None, salt: str) -> str:
-    """``entry`` marked with the ref of ``result``, the output it names (with a salt).
-
-    A result that is itself a brief (an earlier compaction's, in the span as
-    it was stored) names its original by the ref it ends with.
-    """
-    if not salt or result is None:
-        return entry
-    return mark(entry, trailing_ref(result) or ref_of(salt, result))
+def _with_ref(entry: str, result: str | None, salt: str, shortest: int) -> str:
+    """``entry`` marked with the ref of ``result``, the output it names, when it has one."""
+    ref = output_ref(salt, result, shortest) if result is not None else None
+    return entry if ref is None else mark(entry, ref)
 
 
 def _exit_code(result: str) -> int | None:

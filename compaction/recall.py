@@ -117,10 +117,27 @@ class RecallRequest:
     end_line: int | None = None
 
 
+def output_ref(salt: str, output: str, shortest: int) -> str | None:
+    """The ref a summary's entry gives the tool output it names, or ``None``.
+
+    A brief names its original by the ref it ends with. Any other output gets
+    its own ref when it is longer than ``shortest`` characters (the pruner's
+    ``tool_result_chars``: an output it would have briefed): a shorter one is
+    covered by the entry itself — the command, its exit code, its error lines
+    — and a ref costs a dozen tokens in every request that carries the summary.
+    """
+    if not salt:
+        return None
+    return trailing_ref(output) or (ref_of(salt, output) if len(output) > shortest else None)
+
+
 def parse_request(arguments: str) -> RecallRequest | str:
     """The call's arguments (JSON text as the model wrote them), or what to tell the
     model when they cannot be used."""
-    usage = f'{RECALL_TOOL_NAME} takes {{"ref": "r…", "start_line": 1, "end_line": 50}} (lines optional).'
+    usage = (
+        f'{RECALL_TOOL_NAME} takes {{"ref": "r…", "start_line": 1, "end_line": 50}}'
+        " (lines optional)."
+    )
     if len(arguments) > MAX_ARGUMENT_CHARS:
         return f"The arguments are too long ({len(arguments):,} characters). {usage}"
     try:
@@ -249,6 +266,7 @@ __all__ = [
     "RecallRequest",
     "find_original",
     "mark",
+    "output_ref",
     "parse_request",
     "recalled_text",
     "ref_of",

@@ -277,11 +277,13 @@ def test_ledger_commands_carry_refs_that_find_their_output() -> None:
     messages = _session("<returncode>1</returncode>\n" + LOG, "<returncode>0</returncode>\nok")
     ledger = ledger_of(messages, PROFILE, salt=SALT)
     assert len(ledger.commands) == 2
-    for entry in ledger.commands:
-        ref = trailing_ref(entry)
-        assert ref is not None
-        assert find_original(messages, SALT, ref) is not None
-    assert ledger.commands[0].startswith("`pytest -q -k case0` → exit 1 [ref: ")
+    long_output, short_output = ledger.commands
+    ref = trailing_ref(long_output)
+    assert ref is not None
+    assert find_original(messages, SALT, ref) == "<returncode>1</returncode>\n" + LOG
+    assert long_output.startswith("`pytest -q -k case0` → exit 1 [ref: ")
+    # An output the pruner would not have briefed is covered by its entry: no ref to pay for.
+    assert trailing_ref(short_output) is None and "[ref:" not in short_output
     assert not any("[ref:" in entry for entry in ledger_of(messages, PROFILE).commands)
 
 
