@@ -26,7 +26,7 @@ reasoning items, the summarizer's answers) and records every request.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,14 +301,14 @@ class RecallingResponsesUpstream(ResponsesUpstream):
         ]
 
 
-def tool_uses(events: Iterator[dict[str, Any]]) -> list[str]:
+def tool_uses(events: Iterable[dict[str, Any]]) -> list[str]:
     """The names of the tool calls in Claude Code's stream-json output."""
-    names = []
+    names: list[str] = []
     for event in events:
         message = event.get("message") if event.get("type") == "assistant" else None
         for block in (message or {}).get("content") or ():
             if isinstance(block, dict) and block.get("type") == "tool_use":
-                names.append(block.get("name"))
+                names.append(str(block.get("name")))
     return names
 
 

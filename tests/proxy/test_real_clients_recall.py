@@ -64,14 +64,15 @@ CHANGED = NEEDLE.replace("= 30", "= 60")
 #: Codex 0.171), below that plus the file and a few notes: the session crosses
 #: it a few tool calls after the read. Pruning alone must end that compaction
 #: (``prune_target`` 1), so the read becomes a brief and no summary hides it.
-_PROFILE = {
+CLAUDE_WINDOW, CODEX_WINDOW = 100_000, 64_000
+_PROFILE: dict[str, Any] = {
     "reserve_tokens": 4_096,
     "keep_recent_tokens": 300,
     "summarizer": "extractive",
     "prune_target": 1.0,
 }
-CLAUDE_PROFILE = {**_PROFILE, "context_window": 100_000, "threshold": 25_000}
-CODEX_PROFILE = {**_PROFILE, "context_window": 64_000, "threshold": 14_000}
+CLAUDE_PROFILE = {**_PROFILE, "context_window": CLAUDE_WINDOW, "threshold": 25_000}
+CODEX_PROFILE = {**_PROFILE, "context_window": CODEX_WINDOW, "threshold": 14_000}
 
 
 def _app_source() -> str:
@@ -167,7 +168,7 @@ def claude_code(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         new="= 60",
         notes=tuple(str(work / f"notes{k}.txt") for k in range(NOTES)),
     )
-    upstream = RecallingAnthropicUpstream(window=CLAUDE_PROFILE["context_window"], task=task)
+    upstream = RecallingAnthropicUpstream(window=CLAUDE_WINDOW, task=task)
     home = root / "claude-home"
     home.mkdir()
     with (
@@ -221,7 +222,7 @@ def codex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
         new="= 60",
         notes=tuple(f"notes{k}.txt" for k in range(NOTES)),
     )
-    upstream = RecallingResponsesUpstream(window=CODEX_PROFILE["context_window"], task=task)
+    upstream = RecallingResponsesUpstream(window=CODEX_WINDOW, task=task)
     home = root / "codex-home"
     home.mkdir()
     with (
@@ -281,7 +282,7 @@ def test_claude_code_edits_a_file_whose_read_was_pruned_after_the_model_recalls_
     assert result.get("subtype") == "success" and result.get("is_error") is False, result
     assert result.get("result") == FINISHED, result
     # It read, worked, edited with its own tools — and met no other tool.
-    used = tool_uses(iter(events))
+    used = tool_uses(events)
     assert used[0] == "Read" and used[-1] == "Edit" and set(used) == {"Read", "Edit"}, used
     failed = [
         block
