@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tests.bench import background, clients, dashboard
+from tests.bench import background, clients, dashboard, recall
 from tests.bench.clients import ClientCost
 from tests.bench.growing import FORWARDER, TARGET_RATIO, ReadingMemory, Size
 from tests.bench.large import CORPUS_WINDOW, WINDOW, Bucket, FirstCompaction
@@ -51,6 +51,8 @@ class Results:
     growing_rss: tuple[int, int] | None = None
     #: What one 1M-token conversation's reading holds.
     reading: ReadingMemory | None = None
+    #: What recall adds to a stream that makes no recall, and one recall round's cost.
+    recall: recall.RecallBench | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,16 @@ def checks(r: Results) -> list[Check]:
             _le(big, 5.0),
         ),
     ]
+    if r.recall is not None:
+        by_recall = r.recall.recall_ttfb
+        found.append(
+            Check(
+                "streaming TTFB added by recall, no recall made (on − off, compacted)",
+                f"≤ {recall.BUDGET_MS:.0f} ms",
+                by_recall.show(2, " ms"),
+                _le(by_recall, recall.BUDGET_MS),
+            )
+        )
     for session in r.growing:
         over = _over_forwarder(session)
         found.append(
@@ -533,6 +545,8 @@ def render(r: Results) -> str:
     if r.background is not None:
         lines += ["## 7. Compactions prepared in the background", ""]
         lines += [*background.report(r.background), ""]
+    if r.recall is not None:
+        lines += ["## 8. Recall", "", *recall.report(r.recall), ""]
     if r.profiles:
         lines += ["## Where the proxy's CPU goes", "", *_profiles(r)]
     return "\n".join(lines).rstrip() + "\n"

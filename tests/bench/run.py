@@ -31,6 +31,7 @@ from tests.bench import (
     passthrough,
     peer,
     profiling,
+    recall,
     streaming,
 )
 from tests.bench.client import Target, run, sequential
@@ -217,6 +218,10 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
             board = dashboard.measure(upstream, logs)
         with clock.phase("7. compactions prepared in the background (a 4 s summarizer)"):
             ahead = background.measure(logs)
+        with clock.phase("8. recall: streamed TTFB with no recall made, one recall round"):
+            recalled = recall.measure(
+                logs, recall.Settings(rounds=3, streams=5, round_trips=5) if quick else None
+            )
         profiles = []
         if not args.no_profile:
             with clock.phase("profiling a proxy process under load"):
@@ -305,6 +310,7 @@ def bench(args: argparse.Namespace, argv: list[str]) -> Results:
         growing_floor=floor,
         growing_rss=grown_rss,
         reading=reading,
+        recall=recalled,
     )
 
 
