@@ -71,7 +71,7 @@ DEFAULT_LEDGER_SHARE = 0.35
 DEFAULT_RECALL_ROUNDS = 3
 #: Characters of an original one recall call returns (whole lines); the model asks for more.
 DEFAULT_RECALL_SLICE_CHARS = 12_000
-#: Tokens of recalled text one request may add over all its rounds.
+#: Tokens the recall rounds may add to one request (answers and the model's turns).
 DEFAULT_RECALL_MAX_TOKENS = 24_000
 
 #: Tool names (or substrings of them) that read files or modify them. A tool
@@ -309,7 +309,8 @@ class Profile:
     recall_max_tokens: int = field(
         default=DEFAULT_RECALL_MAX_TOKENS,
         metadata=_about(
-            "Recall: tokens of recalled text one request may add over all its rounds.",
+            "Recall: tokens the rounds may add to one request (the answers and the model's "
+            "turns that called the tool), within the room left under the input limit.",
             Bounds(ge=1_000, le=1_000_000),
         ),
     )

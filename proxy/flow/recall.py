@@ -18,8 +18,9 @@ sent, and asks again; the client gets the last answer only:
 Bounds, per model (:class:`compaction.Profile`): ``recall_rounds`` answered
 rounds (the last follow-up forbids further tool calls, so the client gets an
 answer rather than a call to a tool it never declared), ``recall_slice_chars``
-per answer, ``recall_max_tokens`` of recalled text per request — and never
-more than the room the request has left under its input limit. An unknown
+per answer, ``recall_max_tokens`` added to a request over all its rounds (the
+model's turns and the tool's answers) — and never more than the room the
+request has left under its input limit. An unknown
 ref, or one of another caller (refs are keyed by the caller), is answered
 "not found" alike.
 
@@ -179,7 +180,9 @@ class Rounds:
     exchanges: list[Any] = dataclasses.field(default_factory=list)
     answered: int = 0  #: rounds answered
     outcomes: dict[str, int] = dataclasses.field(default_factory=dict)
-    used: int = 0  #: tokens of recalled text sent
+    #: Tokens the rounds added to the request: the model's turns and the
+    #: tool's answers (held to ``plan.room``).
+    used: int = 0
     earlier: Usage = dataclasses.field(default_factory=Usage)
 
     @property
@@ -225,15 +228,27 @@ class Rounds:
 
     def follow(self, answer: dict[str, Any], calls: Sequence[RecallCall]) -> bytes:
         """The next round's request: the exchange appended, and — on the last
-        round the model may have — no more tool calls allowed."""
+        round the model may have — no more tool calls allowed.
+
+        The model's turn is appended with the answers, so it is counted
+        against the room first; the answers get what is left.
+        """
+        surface = self.plan.surface
+        _, bare = surface.followup(self.body, answer, [(call, "") for call in calls])
+        self.used += sum(self.counter.count_text(orjson.dumps(item).decode()) for item in bare)
+        if self.used > self.plan.room:
+            raise RecallLimit(
+                f"The model's turn calling {RECALL_TOOL_NAME} leaves no room under the "
+                "request's limits for another round."
+            )
         results = self.answer(calls)
         self.answered += 1
-        self.earlier = self.earlier + self.plan.surface.usage(answer)
-        body, added = self.plan.surface.followup(self.body, answer, results)
+        self.earlier = self.earlier + surface.usage(answer)
+        body, added = surface.followup(self.body, answer, results)
         self.exchanges.extend(added)
         self.body = body
         if self.exhausted:
-            body = self.plan.surface.no_more_calls(body)
+            body = surface.no_more_calls(body)
         return orjson.dumps(body)
 
     def remember(self, state: Any) -> None:
@@ -404,8 +419,8 @@ class RecallRelay(Response):
                     send, f"The upstream went on calling {RECALL_TOOL_NAME} past the limit."
                 )
                 return True
-            body = rounds.follow(answer, calls)
             try:
+                body = rounds.follow(answer, calls)
                 self.upstream = await self._send_upstream(body)
             except ProxyError as exc:
                 await self._error(send, exc.message)

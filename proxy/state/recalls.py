@@ -100,7 +100,9 @@ class RecallMemory:
         running = hashlib.blake2b(digest_size=16)
         pending = iter(kept)
         exchange = next(pending, None)
-        for index, item in enumerate(items):
+        rest = list(items)
+        index = 0
+        while index < len(rest):
             while exchange is not None and exchange.at <= len(out):
                 # Only in the middle: an exchange whose place is the end would
                 # stand for an answer the client has not sent back.
@@ -109,18 +111,91 @@ class RecallMemory:
                         out.append(added)
                         _extend(running, added)
                     put.append(exchange)
+                    rest[index:] = _without_held(exchange.items, rest[index:])
                 exchange = next(pending, None)
             if exchange is None:  # nothing more to place: the rest as it is, unhashed
-                out.extend(items[index:])
+                out.extend(rest[index:])
                 break
-            out.append(item)
-            _extend(running, item)
+            out.append(rest[index])
+            _extend(running, rest[index])
+            index += 1
         return Restored(out, tuple(put))
 
 
 def _extend(running: Any, item: Any) -> None:
-    running.update(orjson.dumps(item))
+    running.update(orjson.dumps(_identity(item)))
     running.update(b"\x1e")
+
+
+#: Keys that say how to cache an item, not what it is: Anthropic clients
+#: move their ``cache_control`` breakpoints to the newest blocks every turn.
+_NOT_CONTENT = "cache_control"
+
+
+def _identity(item: Any) -> Any:
+    """``item`` as its place is recognised by: without cache breakpoints, in the
+    item or in its content blocks."""
+    if not isinstance(item, dict):
+        return item
+    content = item.get("content")
+    if _NOT_CONTENT not in item and not (
+        isinstance(content, list)
+        and any(isinstance(b, dict) and _NOT_CONTENT in b for b in content)
+    ):
+        return item
+    bare = {k: v for k, v in item.items() if k != _NOT_CONTENT}
+    if isinstance(content, list):
+        bare["content"] = [_identity(block) for block in content]
+    return bare
+
+
+def _without_held(exchange: Sequence[Any], following: list[Any]) -> list[Any]:
+    """The client's items after a put-back exchange, without what the exchange
+    already holds.
+
+    The model's turn that called the tool was streamed to the client up to the
+    call (its reasoning, its first words), and the client keeps that part in
+    its next item — as items of their own (Responses: the same ``id``), or as
+    the first blocks (Anthropic) or the first text (Chat) of the assistant
+    message it stores for the whole answer. With the exchange back in place,
+    that part would be sent twice; it is taken from the client's copy, so
+    everything the client sent is still sent, once.
+    """
+    ids = {item.get("id") for item in exchange if isinstance(item, dict) and item.get("id")}
+    start = 0
+    while (
+        start < len(following)
+        and isinstance(following[start], dict)
+        and following[start].get("id") in ids
+    ):
+        start += 1
+    following = following[start:]
+    turn = next((item for item in exchange if _assistant(item)), None)
+    if not following or turn is None or not _assistant(following[0]):
+        return following
+    ours, theirs = turn.get("content"), following[0].get("content")
+    if isinstance(ours, str) and isinstance(theirs, str) and ours and theirs.startswith(ours):
+        return [{**following[0], "content": theirs[len(ours) :]}, *following[1:]]
+    if isinstance(ours, list) and isinstance(theirs, list):
+        streamed = [_identity(b) for b in ours if not _calls_a_tool(b)]
+        held = 0
+        while (
+            held < len(streamed)
+            and held < len(theirs) - 1  # the client's own answer stays
+            and _identity(theirs[held]) == streamed[held]
+        ):
+            held += 1
+        if held:
+            return [{**following[0], "content": theirs[held:]}, *following[1:]]
+    return following
+
+
+def _assistant(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("role") == "assistant"
+
+
+def _calls_a_tool(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_use"
 
 
 __all__ = ["Exchange", "RecallMemory", "Restored", "digest_of"]

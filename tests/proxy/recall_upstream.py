@@ -44,6 +44,8 @@ class RecallUpstream:
     ref: str | None = None
     #: Call the tool whenever the request lets the model call tools.
     always: bool = False
+    #: What the model writes in the turn that calls the tool (whole answers).
+    turn_text: str | None = None
     #: Every request, parsed, in order, with its API ("chat", "anthropic", "responses").
     received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: The raw bytes of each request, in the same order.
@@ -102,7 +104,11 @@ class RecallUpstream:
                 "type": "function",
                 "function": {"name": TOOL, "arguments": orjson.dumps({"ref": value}).decode()},
             }
-            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": self.turn_text,
+                "tool_calls": [call],
+            }
             finish = "tool_calls"
         else:
             message, finish = {"role": "assistant", "content": value}, "stop"
@@ -143,7 +149,7 @@ class RecallUpstream:
         usage = {"input_tokens": 100 * n, "output_tokens": 10}
         if kind == "call":
             blocks: list[dict[str, Any]] = [
-                {"type": "text", "text": PREAMBLE},
+                {"type": "text", "text": self.turn_text or PREAMBLE},
                 {"type": "tool_use", "id": f"toolu_{n}", "name": TOOL, "input": {"ref": value}},
             ]
             stop = "tool_use"
@@ -179,6 +185,7 @@ class RecallUpstream:
         usage = {"input_tokens": 100 * n, "output_tokens": 10, "total_tokens": 100 * n + 10}
         if kind == "call":
             output: list[dict[str, Any]] = [
+                *([_message_item(f"msg_{n}_0", self.turn_text)] if self.turn_text else []),
                 {
                     "type": "function_call",
                     "id": f"fc_{n}",
@@ -186,18 +193,10 @@ class RecallUpstream:
                     "name": TOOL,
                     "arguments": orjson.dumps({"ref": value}).decode(),
                     "status": "completed",
-                }
+                },
             ]
         else:
-            output = [
-                {
-                    "type": "message",
-                    "id": f"msg_{n}",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [{"type": "output_text", "text": value, "annotations": []}],
-                }
-            ]
+            output = [_message_item(f"msg_{n}", value)]
         response = {
             "id": f"resp_{n}",
             "object": "response",
@@ -216,6 +215,16 @@ class RecallUpstream:
     def turns(self) -> list[tuple[str, dict[str, Any]]]:
         """The requests of the conversation (not the summarizer's: they offer no tools)."""
         return [(api, body) for api, body in self.received if body.get("tools")]
+
+
+def _message_item(item_id: str, text: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def _frame(payload: Any, event: str | None = None) -> bytes:

@@ -318,11 +318,6 @@ def test_claude_codes_model_recalls_the_pruned_read_once_and_gets_the_original_l
     assert claude_code.answered.endswith(" 1.0"), claude_code.answered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Claude Code moves cache_control every turn: the items before the exchange "
-    "never match the recalling request's bytes, so the exchange is not put back",
-)
 def test_claude_codes_next_turn_after_a_recall_holds_the_exchange_where_it_was(
     claude_code: Session,
 ) -> None:
@@ -377,11 +372,6 @@ def test_codexs_model_recalls_the_pruned_read_once_and_gets_the_original_line_ba
     assert codex.answered.endswith(" 1.0"), codex.answered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the streamed recalling round relays its reasoning item, Codex sends it back, "
-    "and the exchange put back before it holds it too: the next turn is refused",
-)
 def test_codex_completes_the_task_without_an_error_after_the_recall(codex: Session) -> None:
     assert codex.returncode == 0, codex.stderr[-2000:]
     assert codex.statuses and set(codex.statuses) == {200}, codex.statuses

@@ -328,3 +328,20 @@ def test_no_tool_is_added_to_a_request_that_declares_none_or_for_a_model_with_re
     assert "tools" not in first
     assert api.tools(second) == ["read_file"]
     assert _REF.search(_text(second)) is None  # and its briefs carry no ref
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_a_calling_turn_too_long_for_the_recall_room_is_refused_not_sent_over_the_limit(
+    api: Api,
+) -> None:
+    upstream = RecallUpstream(turn_text=" ".join(f"word{i}" for i in range(3000)))
+    with proxy_for(upstream, recall_max_tokens=1000) as url:
+        answer = httpx.post(
+            f"{url}/{'messages' if api.name == 'anthropic' else api.name.replace('chat', 'chat/completions')}",
+            json=api.request(),
+            headers={"authorization": "Bearer sk-alice", "x-api-key": "sk-alice"},
+            timeout=30,
+        )
+    assert answer.status_code == 502
+    assert "recall_limit" in answer.text or "compaction_recall" in answer.text
+    assert len(upstream.turns()) == 1  # nothing was sent past the room
