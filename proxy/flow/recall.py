@@ -56,10 +56,13 @@ from proxy.edge.errors import ProxyError
 from proxy.flow.send import read_whole, relay_bytes, shown_url
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, recall_salt
+from proxy.state.logs import REQUESTS
 from proxy.state.stores import Event
 from proxy.upstream.transport import BodyLost, UpstreamResponse
 
 logger = logging.getLogger(__name__)
+#: The one line per request that recalled, beside the request's own.
+requests_log = logging.getLogger(REQUESTS)
 
 #: The marker every ref is written with (:data:`compaction.recall.REF_PATTERN`).
 _REF_MARK = "[ref: "
@@ -267,7 +270,8 @@ class Rounds:
             state.metrics.recalls.labels(call.dialect.name, outcome).inc(n)
         checkpoint = resolved.checkpoint
         event = Event(
-            compaction_id=checkpoint.id if checkpoint is not None else uuid.uuid4().hex,
+            # Its own id: a recall is no step of the compaction that made the refs.
+            compaction_id=uuid.uuid4().hex,
             type="context.recalled",
             session=resolved.session,
             model=call.config.model,
@@ -277,6 +281,9 @@ class Rounds:
             owner=call.owner,
             notes=tuple(f"{outcome}: {n}" for outcome, n in sorted(self.outcomes.items())),
         )
+        fields = {"api": call.dialect.name, "model": call.config.model or "-"}
+        fields.update({"rounds": self.answered, **self.outcomes})
+        requests_log.info("recall", extra={"fields": fields})
         await state.store.add_event(event)
 
     @property

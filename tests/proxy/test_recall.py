@@ -11,6 +11,7 @@ what a user's program would.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -194,6 +195,7 @@ def _ask_responses(url: str, key: str, body: dict[str, Any], stream: bool) -> st
     return response.output_text
 
 
+PATHS = {"chat": "chat/completions", "anthropic": "messages", "responses": "responses"}
 APIS = [
     Api("chat", chat_request, "messages", _ask_chat),
     Api("anthropic", anthropic_request, "messages", _ask_anthropic),
@@ -227,6 +229,18 @@ def _ref_in(body: dict[str, Any], items: str) -> str:
     return found.group(1)
 
 
+def _events(url: str, key: str) -> list[dict[str, Any]]:
+    """The caller's events, as the events endpoint gives them; a recall's is
+    written after the answer went out, so it is waited for (bounded)."""
+    for _ in range(100):
+        answer = httpx.get(f"{url}/compaction/events", headers={"authorization": f"Bearer {key}"})
+        found: list[dict[str, Any]] = answer.json()["data"]
+        if any(event["type"] == "context.recalled" for event in found):
+            return found
+        time.sleep(0.05)
+    return found
+
+
 def _text(item: Any) -> str:
     return orjson.dumps(item).decode()
 
@@ -243,6 +257,7 @@ def test_a_recalled_file_reaches_the_model_and_the_client_gets_one_ordinary_answ
     with proxy_for(upstream) as url:
         text = api.ask(url, "sk-alice", api.request(), stream)
         metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
+        events = _events(url, "sk-alice")
     assert text.endswith(f"RECALLED: {NEEDLE}")
     if stream and api.name != "responses":  # the model's text before its call was streamed
         assert text.startswith(PREAMBLE)
@@ -258,6 +273,8 @@ def test_a_recalled_file_reaches_the_model_and_the_client_gets_one_ordinary_answ
     assert NEEDLE in _text(exchange[-1]) and TOOL in _text(exchange)
     assert FILE not in _text(first[api.items])  # the file went as a brief
     assert f'compaction_proxy_recalls_total{{api="{api.name}",outcome="answered"}} 1.0' in metrics
+    (recalled,) = [event for event in events if event["type"] == "context.recalled"]
+    assert recalled["notes"] == ["answered: 1"] and recalled["reason"] == "recall"
 
 
 @pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
@@ -337,7 +354,7 @@ def test_a_calling_turn_too_long_for_the_recall_room_is_refused_not_sent_over_th
     upstream = RecallUpstream(turn_text=" ".join(f"word{i}" for i in range(3000)))
     with proxy_for(upstream, recall_max_tokens=1000) as url:
         answer = httpx.post(
-            f"{url}/{'messages' if api.name == 'anthropic' else api.name.replace('chat', 'chat/completions')}",
+            f"{url}/{PATHS[api.name]}",
             json=api.request(),
             headers={"authorization": "Bearer sk-alice", "x-api-key": "sk-alice"},
             timeout=30,
