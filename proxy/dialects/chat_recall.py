@@ -24,17 +24,15 @@ would read ``"assistantassistant"``) and an event left with nothing to say is
 not relayed; a usage object gets the hidden rounds' usage added. A recall call
 after one of the client's calls was relayed is taken out of the stream, and
 the client's calls after it are renumbered so their indices stay dense (the
-SDK places a call by its index). Line ends are ``\\n`` or ``\\r\\n``, as the
-APIs write them.
+SDK places a call by its index). Events are split by :class:`sse.EventSplitter`,
+which bounds what is held of one (:data:`sse.MAX_EVENT_BYTES`); a round keeps at
+most :data:`sse.MAX_KEPT_BYTES` of its events.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, Final
-
-import orjson
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
@@ -50,22 +48,6 @@ RECALL_TOOL: Final[dict[str, Any]] = {
         "parameters": RECALL_TOOL_PARAMETERS,
     },
 }
-
-#: The longest event held back while its end has not come: past it, what came
-#: is relayed as it is (a client reads it as the upstream wrote it) and the
-#: round can no longer be repeated to recall (its events are no longer whole).
-MAX_EVENT_BYTES: Final = 8 << 20
-#: The most of a round's events kept to repeat it in the follow-up request;
-#: past it, a recall call of that round is dropped (before the call) or the
-#: round's answer lacks what came after (once the call has started).
-MAX_KEPT_BYTES: Final = 32 << 20
-
-#: A blank line: the end of an event.
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
-_LINE_END = re.compile(rb"\r?\n")
-#: The longest event end, less one: how far back a new chunk may complete one.
-_END_OVERLAP = 3
-_DONE = b"[DONE]"
 
 # How an index's call was classed when its first delta came.
 _CLIENT = "client"
@@ -180,26 +162,9 @@ class ChatRecall:
         return ChatRecallStream()
 
 
-def _data(event: bytes) -> bytes | None:
-    """The data of ``event`` (its ``data:`` fields joined), ``None`` when it has none."""
-    fields = [
-        line[6:] if line.startswith(b"data: ") else line[5:]
-        for line in _LINE_END.split(event)
-        if line.startswith(b"data:")
-    ]
-    return b"\n".join(fields) if fields else None
-
-
 def _payload(event: bytes) -> dict[str, Any] | None:
     """The JSON object ``event`` carries, ``None`` for ``[DONE]``, comments or a garble."""
-    data = _data(event)
-    if data is None or data.strip() == _DONE:
-        return None
-    try:
-        payload = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return payload if isinstance(payload, dict) else None
+    return sse.fields(event).json_object()
 
 
 def _choices(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -228,13 +193,14 @@ class ChatRecallStream:
     """Reads one client's chunk stream over the rounds of its answer (see the module doc)."""
 
     def __init__(
-        self, *, max_event_bytes: int = MAX_EVENT_BYTES, max_kept_bytes: int = MAX_KEPT_BYTES
+        self,
+        *,
+        max_event_bytes: int = sse.MAX_EVENT_BYTES,
+        max_kept_bytes: int = sse.MAX_KEPT_BYTES,
     ) -> None:
         self._max_event = max_event_bytes
         self._max_kept = max_kept_bytes
-        self._torn = False  # the held bytes were let go before their event ended
-        self._held = bytearray()
-        self._scanned = 0  # where the search for an event end resumes in _held
+        self._splitter = sse.EventSplitter(max_event_bytes)
         self._round = 0
         self._first_id: str | None = None
         self._earlier = Usage()
@@ -259,24 +225,13 @@ class ChatRecallStream:
         return self._dropped
 
     def feed(self, chunk: bytes) -> bytes:
-        held = self._held
-        held += chunk
-        out = []
-        start = 0
-        search = max(0, self._scanned - _END_OVERLAP)
-        while (end := _EVENT_END.search(held, search)) is not None:
-            out.append(self._event(bytes(held[start : end.end()])))
-            start = search = end.end()
-        del held[:start]
-        if len(held) > self._max_event:
-            out.append(self._let_go(bytes(held)))
-            held.clear()
-        self._scanned = len(held)
-        return b"".join(out)
+        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
+
+    def _split(self, event: sse.Event) -> bytes:
+        return self._event(event.raw) if event.whole else self._let_go(event.raw)
 
     def _let_go(self, part: bytes) -> bytes:
-        """Relay ``part`` of an event too long to hold, and whatever of it follows."""
-        self._torn = True
+        """Relay ``part`` of an event too long to hold (every piece goes the same way)."""
         if self._recalled:
             # Hidden all the same; the answer is what was kept up to here.
             self._keeping = False
@@ -289,12 +244,8 @@ class ChatRecallStream:
         self._events.clear()
 
     def end(self) -> bytes:
-        if not self._held:
-            return b""
-        rest = bytes(self._held)
-        self._held.clear()
-        self._scanned = 0
-        return self._event(rest)
+        rest = self._splitter.rest()
+        return self._split(rest) if rest is not None else b""
 
     def next_round(self) -> None:
         if self._recalled:
@@ -302,17 +253,11 @@ class ChatRecallStream:
             if self._first_id is None and isinstance(answer.get("id"), str) and answer["id"]:
                 self._first_id = answer["id"]
             self._earlier += _usage(answer)
-        self._held.clear()
-        self._scanned = 0
-        self._torn = False
+        self._splitter = sse.EventSplitter(self._max_event)
         self._round += 1
         self._reset_round()
 
     def _event(self, event: bytes) -> bytes:
-        if self._torn:
-            # The rest of an event already partly relayed: it goes the same way.
-            self._torn = False
-            return b"" if self._recalled else event
         if self._keeping:
             self._kept += len(event)
             if self._kept <= self._max_kept:

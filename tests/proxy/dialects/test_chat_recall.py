@@ -430,7 +430,11 @@ def _round_answer(usage: dict[str, Any] | None = USAGE_1) -> dict[str, Any]:
                     "role": "assistant",
                     "content": "Let me read that output again.",
                     "tool_calls": [
-                        _call("call_R1", RECALL_TOOL_NAME, '{"ref": "r2b4c6d7e2f3g", "start_line": 120}')
+                        _call(
+                            "call_R1",
+                            RECALL_TOOL_NAME,
+                            '{"ref": "r2b4c6d7e2f3g", "start_line": 120}',
+                        )
                     ],
                 },
                 "finish_reason": "tool_calls",
@@ -452,6 +456,19 @@ def test_a_recall_call_is_not_relayed_and_its_round_is_put_together_as_a_whole_a
         assert relayed == b"".join(events[:3]), cut
         assert stream.recalled and stream.dropped == 0
         assert stream.answer() == _round_answer(), cut
+
+
+def test_a_recall_round_written_with_lone_carriage_returns_is_hidden_all_the_same() -> None:
+    # A line may end with a "\r" alone; the splitter waits for the byte after
+    # each final "\r", so every event goes out once the next one starts.
+    events = [event.replace(b"\n", b"\r") for event in _recall_round()]
+    stream = CHAT_RECALL.stream()
+
+    relayed = b"".join(stream.feed(event) for event in events) + stream.end()
+
+    assert relayed == b"".join(events[:3])
+    assert stream.recalled and stream.dropped == 0
+    assert stream.answer() == _round_answer()
 
 
 def test_a_recall_rounds_answer_is_what_the_followup_is_built_from() -> None:

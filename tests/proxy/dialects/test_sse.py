@@ -6,6 +6,7 @@ private module of each): what a client of the proxy runs on every frame.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -152,7 +153,7 @@ def test_every_cut_of_a_stream_mixing_line_ends_gives_the_same_events() -> None:
 @given(cuts=st.lists(st.integers(0, len(MIXED_STREAM)), max_size=12))
 def test_any_cuts_of_a_stream_give_the_same_events(cuts: list[int]) -> None:
     points = [0, *sorted(cuts), len(MIXED_STREAM)]
-    chunks = (MIXED_STREAM[a:b] for a, b in zip(points, points[1:], strict=False))
+    chunks = (MIXED_STREAM[a:b] for a, b in itertools.pairwise(points))
     assert _split(chunks) == [sse.Event(raw) for raw in MIXED]
 
 
