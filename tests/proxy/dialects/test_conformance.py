@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from compaction import (
+    REF_PATTERN,
     CannotFitError,
     Profile,
     TokenCounter,
@@ -34,6 +35,7 @@ from compaction import (
     compact,
     decide,
     execute,
+    find_original,
     new_checkpoint,
     read_conversation,
     validate_tool_pairing,
@@ -338,6 +340,8 @@ def to_responses(steps: list[Any]) -> dict[str, Any]:
 
 
 WRITERS = {"chat": to_chat, "anthropic": to_anthropic, "responses": to_responses}
+#: Whose conversation, as the proxy keys its refs (recall is on by default).
+SALT = "conformance"
 
 
 # --- running a request through the proxy's mapping and engine ---------------------
@@ -349,10 +353,19 @@ def _send(
     """What the proxy would send for ``body`` (``None``: it answers 400, sends nothing)."""
     mapped = DIALECTS[dialect].to_engine(body)
     try:
-        result = asyncio.run(compact(mapped.request, profile, reason=reason, counter=COUNTER))
+        result = asyncio.run(
+            compact(mapped.request, profile, reason=reason, counter=COUNTER, recall_salt=SALT)
+        )
     except CannotFitError:
         return None
-    return result, DIALECTS[dialect].from_engine(body, mapped, result.messages)
+    sent = DIALECTS[dialect].from_engine(body, mapped, result.messages)
+    # Every ref in what is sent reads back an original of this request.
+    refs = REF_PATTERN.findall(orjson.dumps(sent).decode())
+    for ref in refs:
+        assert find_original(mapped.messages, SALT, ref) is not None, (ref, result.notes)
+    if refs:
+        event("refs sent")
+    return result, sent
 
 
 def _pairing(dialect: DialectName, sent: dict[str, Any]) -> list[Any]:
