@@ -94,7 +94,9 @@ class Plan:
     owner: str
     #: Tokens the tool and the exchanges put back add to the compaction's count.
     extra_tokens: int
-    #: Tokens recalled text may take in this request, all rounds together.
+    #: Tokens the rounds may add to this request, all together (the model's
+    #: turns and the tool's answers): ``recall_max_tokens``, within the room
+    #: left under the input limit.
     room: int
     rounds: int  #: recall rounds the model may have
     slice_chars: int
