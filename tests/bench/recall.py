@@ -256,7 +256,7 @@ def measure(logs: Path, settings: Settings | None = None) -> RecallBench:
                     before = server.cpu_seconds()
                     expect = b"RECALLED:" if name == ON else b"NO RECALL"
                     seconds = client.run(_calls(target, requests, expect))
-                    cpu[name].append((server.cpu_seconds() - before) / len(requests))
+                    cpu[name].append(server.cpu_seconds() - before)
                 medians[name] = ms(statistics.median(seconds))
                 times[name].append(medians[name])
             added_rounds.append(medians[ON] - medians[OFF] - medians[DIRECT])
@@ -272,7 +272,9 @@ def measure(logs: Path, settings: Settings | None = None) -> RecallBench:
         recalled_tokens=counter.count_text(recalled),
         followup_tokens=counter.count_request(followed),
         round_added=spread(added_rounds),
-        round_cpu_ms=ms(statistics.median(cpu[ON]) - statistics.median(cpu[OFF])),
+        # Summed over every round: the clock of /proc ticks every 10 ms, too
+        # coarse for one round's twenty requests.
+        round_cpu_ms=ms((sum(cpu[ON]) - sum(cpu[OFF])) / (settings.rounds * settings.round_trips)),
         on_ms=spread(times[ON]),
         off_ms=spread(times[OFF]),
         followup_ms=spread(times[DIRECT]),
