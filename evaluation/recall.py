@@ -45,16 +45,18 @@ from typing import Any, Literal
 import orjson
 
 from compaction import (
+    REF_PATTERN,
     CannotFitError,
     Message,
     Profile,
     TokenCounter,
     check_messages,
     compact,
+    encoding_for_model,
     message_text,
+    ref_of,
+    splits_digits,
 )
-from compaction.recall import REF_PATTERN, ref_of
-from compaction.tokens import encoding_for_model, splits_digits
 from evaluation.corpus import Body
 from evaluation.facts import (
     ERROR_CHARS,
