@@ -7,7 +7,7 @@ moves. A call is a ``tool_use`` block of the answer's ``content``; its result
 is a ``tool_result`` block, all of one turn's results in one user message.
 
 A stream is a run of named events (``event: x`` / ``data: {...}`` / blank
-line, ``\\r\\n`` or ``\\r`` line ends allowed). Each is relayed as soon as its
+line), split by :class:`sse.EventSplitter`. Each is relayed as soon as its
 blank line arrives, in the upstream's own bytes, unless it must be rewritten:
 
 * the first round is relayed untouched until a ``content_block_start`` of a
@@ -26,6 +26,12 @@ blank line arrives, in the upstream's own bytes, unless it must be rewritten:
 
 ``error`` and ``ping`` events are always relayed; a recalled round's
 ``message_delta`` and ``message_stop`` never are, since the message goes on.
+
+What a round keeps is bounded (:data:`sse.MAX_KEPT_BYTES`): past it, a recall
+block that starts later is dropped like one after a client call. An event too
+long to hold (:data:`sse.MAX_EVENT_BYTES`) is relayed in pieces as it comes
+(its block's index moved, or left out with its block), and its round can no
+longer recall; in a round that has recalled, it stays hidden.
 """
 
 from __future__ import annotations
@@ -49,12 +55,10 @@ RECALL_TOOL: Final[dict[str, Any]] = {
     "input_schema": RECALL_TOOL_PARAMETERS,
 }
 
-#: Two line ends in a row end an event. A lone ``\r`` is a line end only when
-#: no ``\n`` follows (a ``\r`` that ends a chunk may be the start of a ``\r\n``).
-_BOUNDARY = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
-_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
-#: Longest boundary: the bytes scanned again when a chunk may complete one.
-_BOUNDARY_MAX = 4
+#: The block index in the first piece of an event too long to parse. Inside a
+#: JSON string every quote is escaped, so this can only be a key, and the
+#: API writes the top-level ``index`` before the delta.
+_INDEX_KEY = re.compile(rb'"index"\s*:\s*(\d+)')
 
 # What an event's bytes must hold to be worth parsing. Inside a JSON string a
 # quote is escaped, so a model's text cannot hold one of these.
@@ -175,6 +179,12 @@ class _Round:
     #: Every event's bytes, from the round's first: the answer is put together
     #: from them only when the round recalled.
     events: list[bytes] = field(default_factory=list)
+    #: Bytes of the round's events read while keeping them.
+    kept: int = 0
+    #: Whether the round's events are still kept (the round may recall, or has).
+    keeping: bool = True
+    #: Whether the pieces of the event too long to hold now coming are relayed.
+    relaying_pieces: bool = True
     #: Where each relayed block is in the client's stream, by the upstream's index.
     placed: dict[int, int] = field(default_factory=dict)
     #: Upstream indices of the recall blocks left out of the stream.
@@ -186,9 +196,15 @@ class _Round:
 class AnthropicRecallStream:
     """Relays one client's Messages stream over the rounds of its answer."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._scanned = 0
+    def __init__(
+        self,
+        *,
+        max_event_bytes: int = sse.MAX_EVENT_BYTES,
+        max_kept_bytes: int = sse.MAX_KEPT_BYTES,
+    ) -> None:
+        self._max_event = max_event_bytes
+        self._max_kept = max_kept_bytes
+        self._splitter = sse.EventSplitter(max_event_bytes)
         self._round = _Round()
         self._rounds = 0  # rounds before this one
         #: Blocks the client got in earlier rounds: this round's first index.
@@ -205,24 +221,14 @@ class AnthropicRecallStream:
         return self._dropped
 
     def feed(self, chunk: bytes) -> bytes:
-        buffer = self._buffer
-        buffer += chunk
-        out: list[bytes] = []
-        start = 0
-        at = max(0, self._scanned - _BOUNDARY_MAX)
-        while (found := _BOUNDARY.search(buffer, at)) is not None:
-            end = found.end()
-            if end == len(buffer) and buffer.endswith(b"\r"):
-                break  # the next chunk may begin with the "\n" of this "\r"
-            out.append(self._event(bytes(buffer[start:end])))
-            start = at = end
-        del buffer[:start]
-        self._scanned = len(buffer)
-        return b"".join(out)
+        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
 
     def end(self) -> bytes:
-        rest, self._buffer, self._scanned = bytes(self._buffer), bytearray(), 0
-        return self._event(rest) if rest else b""
+        rest = self._splitter.rest()
+        return self._split(rest) if rest is not None else b""
+
+    def _split(self, event: sse.Event) -> bytes:
+        return self._event(event.raw) if event.whole else self._piece(event)
 
     def next_round(self) -> None:
         done = self.answer()
@@ -230,7 +236,7 @@ class AnthropicRecallStream:
         self._offset += len(self._round.placed)
         self._rounds += 1
         self._round = _Round()
-        self._buffer, self._scanned = bytearray(), 0
+        self._splitter = sse.EventSplitter(self._max_event)
 
     def answer(self) -> dict[str, Any]:
         return _assemble([_read(raw) for raw in self._round.events])
@@ -240,7 +246,7 @@ class AnthropicRecallStream:
     def _event(self, raw: bytes) -> bytes:
         """The bytes to relay for one whole event of the current round."""
         now = self._round
-        now.events.append(raw)
+        self._keep(raw)
         if now.recalled:
             return self._hidden(raw)
         later = self._rounds > 0
@@ -268,11 +274,12 @@ class AnthropicRecallStream:
         if index is None or not isinstance(block, dict):
             return event.raw
         if _is_recall(block):
-            if not now.client_tool:
+            if not now.client_tool and now.keeping:
                 now.recalled = True
                 return b""
             # The client has this turn's tool call already: answering the recall
-            # would start a round that makes that call again, shown twice.
+            # would start a round that makes that call again, shown twice. Or
+            # the round is past what is kept of it: it cannot be put together.
             now.left_out.add(index)
             self._dropped += 1
             return b""
@@ -303,6 +310,37 @@ class AnthropicRecallStream:
             summed["input_tokens"] = _count(usage.get("input_tokens")) + self._earlier.prompt
         return event.rewritten(usage=summed)
 
+    def _keep(self, raw: bytes) -> None:
+        now = self._round
+        if not now.keeping:
+            return
+        now.kept += len(raw)
+        if now.kept <= self._max_kept:
+            now.events.append(raw)
+        else:
+            self._stop_keeping()
+
+    def _stop_keeping(self) -> None:
+        now = self._round
+        now.keeping = False
+        if not now.recalled:
+            now.events.clear()  # the round cannot recall: its answer is not needed
+
+    def _piece(self, event: sse.Event) -> bytes:
+        """A piece of an event too long to hold, relayed as it comes (its block's
+        index moved), or left out with its block or its recalled round."""
+        now = self._round
+        if event.piece == 1:
+            self._stop_keeping()
+            found = _INDEX_KEY.search(event.raw)
+            index = int(found.group(1)) if found else None
+            now.relaying_pieces = not now.recalled and index not in now.left_out
+            place = now.placed.get(index, index) if index is not None else None
+            if found and now.relaying_pieces and place != index:
+                raw = event.raw
+                return raw[: found.start(1)] + str(place).encode() + raw[found.end(1) :]
+        return event.raw if now.relaying_pieces else b""
+
     def _hidden(self, raw: bytes) -> bytes:
         """An event after the round's recall started: read, not relayed — but for
         an error, a ping, and the rest of a block relayed before (the API closes a
@@ -328,20 +366,8 @@ ANTHROPIC_RECALL: Final[RecallSurface] = AnthropicRecall()
 
 
 def _read(raw: bytes) -> _Event:
-    name: str | None = None
-    data: list[bytes] = []
-    for line in _LINE_BREAK.split(raw):
-        field_name, _, value = line.partition(b":")
-        value = value[1:] if value.startswith(b" ") else value
-        if field_name == b"event":
-            name = value.decode("utf-8", "replace") or None
-        elif field_name == b"data":
-            data.append(value)
-    try:
-        parsed = orjson.loads(b"\n".join(data)) if data else None
-    except orjson.JSONDecodeError:
-        parsed = None
-    return _Event(raw, name, parsed if isinstance(parsed, dict) else None)
+    read = sse.fields(raw)
+    return _Event(raw, read.name, read.json_object())
 
 
 def _assemble(events: list[_Event]) -> dict[str, Any]:

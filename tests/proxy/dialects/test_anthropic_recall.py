@@ -16,7 +16,7 @@ import pytest
 
 from compaction.recall import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import anthropic_recall
-from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL, RECALL_TOOL
+from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL, RECALL_TOOL, AnthropicRecallStream
 from proxy.dialects.recall import RecallCall, Usage
 from tests.proxy.dialects.anthropic_sessions import CACHE, claude_code_request, thinking_block
 from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
@@ -519,3 +519,65 @@ def test_the_rest_of_a_block_open_when_a_recall_starts_is_still_relayed() -> Non
     out, stream = _relay(events)
     assert stream.recalled
     assert out == b"".join([events[0], *text])
+
+
+# --- bounds ---------------------------------------------------------------------------------
+
+#: An event bound above every event of these streams but their long deltas.
+_HELD = 200
+
+
+def test_a_round_past_what_is_kept_of_it_drops_a_later_recall_call() -> None:
+    events, _ = _recalling_round()
+    # Everything up to the recall block fits; its start is one byte too many.
+    stream = AnthropicRecallStream(max_kept_bytes=len(b"".join(events[:11])))
+
+    out = b"".join(stream.feed(event) for event in events) + stream.end()
+
+    assert not stream.recalled and stream.dropped == 1
+    assert RECALL_TOOL_NAME.encode() not in out
+    assert out == b"".join([*events[:11], *events[-2:]])
+    final = _sdk_final(out)
+    assert [b.type for b in final.content] == ["thinking", "text"]
+
+
+def test_an_event_too_long_to_hold_is_relayed_as_it_comes_and_its_round_cannot_recall() -> None:
+    blocks = [_text("x" * 600), _recall()]
+    events = _answer(blocks, "tool_use")
+    stream = AnthropicRecallStream(max_event_bytes=_HELD)
+
+    out = b"".join(
+        stream.feed(event[i : i + 40]) for event in events for i in range(0, len(event), 40)
+    )
+    out += stream.end()
+
+    assert not stream.recalled and stream.dropped == 1
+    assert out == b"".join([*events[:6], *events[-2:]])
+    assert _sdk_final(out).content[0].text == "x" * 600
+
+
+def test_an_event_too_long_to_hold_in_a_later_round_is_moved_to_its_blocks_place() -> None:
+    first, _ = _recalling_round()
+    second = _answer([_text("y" * 600)], "end_turn", 5, message_id="msg_02")
+    stream = AnthropicRecallStream(max_event_bytes=_HELD)
+    out = b"".join(stream.feed(e) for e in first) + stream.end()
+    stream.next_round()
+
+    out += b"".join(stream.feed(e[i : i + 40]) for e in second for i in range(0, len(e), 40))
+    out += stream.end()
+
+    final = _sdk_final(out)
+    assert [b.type for b in final.content] == ["thinking", "text", "text"]
+    assert final.content[2].text == "y" * 600
+
+
+def test_a_long_event_of_a_dropped_recall_block_is_left_out_in_every_piece() -> None:
+    blocks = [_bash(), _recall(tool_input={"ref": "r" + "z" * 600})]
+    events = _answer(blocks, "tool_use")
+    stream = AnthropicRecallStream(max_event_bytes=_HELD)
+
+    out = b"".join(stream.feed(e[i : i + 40]) for e in events for i in range(0, len(e), 40))
+    out += stream.end()
+
+    assert stream.dropped == 1 and b"zzz" not in out
+    assert [b.type for b in _sdk_final(out).content] == ["tool_use"]
