@@ -75,7 +75,10 @@ class TextFormatter(logging.Formatter):
         second = int(record.created)
         if second != self._second[0]:
             self._second = (second, time.strftime(self.default_time_format, self.converter(second)))
-        return self.default_msec_format % (self._second[1], record.msecs)
+        msec_format = self.default_msec_format
+        if msec_format is None:  # as the standard formatter: the second alone
+            return self._second[1]
+        return msec_format % (self._second[1], record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         time_, level, name = self.formatTime(record), record.levelname, record.name
