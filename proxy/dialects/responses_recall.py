@@ -4,12 +4,13 @@ The tool is a ``function`` tool appended to ``tools``; the model calls it with
 a ``function_call`` output item, and its answer goes back as a
 ``function_call_output`` item after the model's own items in ``input``.
 
-A stream is a sequence of typed events (``event:`` + ``data:`` lines), each
-numbered by ``sequence_number``; the events of one output item carry its
-``output_index`` (and ``item_id``). :class:`ResponsesRecallStream` relays each
-event as soon as it is whole, and hides the events of a ``function_call``
-named ``compaction_recall`` (``response.output_item.added`` tells its name,
-the events after it are matched by ``output_index`` or ``item_id``)::
+A stream is a sequence of typed events (``event:`` + ``data:`` lines, split by
+:class:`sse.EventSplitter`), each numbered by ``sequence_number``; the events
+of one output item carry its ``output_index`` (and ``item_id``).
+:class:`ResponsesRecallStream` relays each event as soon as it is whole, and
+hides the events of a ``function_call`` named ``compaction_recall``
+(``response.output_item.added`` tells its name, the events after it are
+matched by ``output_index`` or ``item_id``)::
 
     round 1:  created  in_progress  item 0 (reasoning)  item 1 (recall) …  completed
     relayed:  created  in_progress  item 0              ·                  ·
@@ -33,7 +34,10 @@ compacts a request continuing from a ``previous_response_id``).
 A recall item after one of the client's calls was relayed in the same round
 is dropped instead (:attr:`ResponsesRecallStream.dropped`): the items after
 it move down one index, and the round's ``response.completed`` is relayed
-without it.
+without it. So is one that starts once the round has passed what is kept of
+it (its done items and its response, :data:`sse.MAX_KEPT_BYTES`), or after an
+event too long to hold (:data:`sse.MAX_EVENT_BYTES`), which is relayed in
+pieces as it comes (hidden with its item, or in a round that recalled).
 
 Only events whose bytes name one of the types that matter are parsed; the
 others (text deltas above all) cost a regular-expression search, and are
@@ -49,8 +53,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any, Final
-
-import orjson
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
@@ -91,12 +93,6 @@ _STARTS = (b"response.created", b"response.queued", b"response.in_progress")
 _INDEX = re.compile(rb'"output_index"\s*:\s*(\d+)')
 _NUMBER = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 _ITEM_ID = re.compile(rb'"item_id"\s*:\s*"([^"\\]*)"')
-_EVENT_NAME = re.compile(rb"^event: ?([^\r\n]*)", re.MULTILINE)
-_DATA = re.compile(rb"^data: ?([^\r\n]*)", re.MULTILINE)
-#: A line end (``\r`` alone is one too), and two of them: the blank line that
-#: ends an event.
-_LINE_END = re.compile(rb"\r\n|\r(?!\n)|\n")
-_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 
 
 def _is_recall(item: Any) -> bool:
@@ -220,20 +216,18 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _data(raw: bytes) -> Any:
-    """An event's data as JSON (its ``data:`` lines joined), or ``None``."""
-    try:
-        return orjson.loads(b"\n".join(_DATA.findall(raw)))
-    except orjson.JSONDecodeError:
-        return None
-
-
 class ResponsesRecallStream:
     """One client stream over the rounds of its answer (see the module doc)."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._scan = 0  # where the search for the next blank line resumes
+    def __init__(
+        self,
+        *,
+        max_event_bytes: int = sse.MAX_EVENT_BYTES,
+        max_kept_bytes: int = sse.MAX_KEPT_BYTES,
+    ) -> None:
+        self._max_event = max_event_bytes
+        self._max_kept = max_kept_bytes
+        self._splitter = sse.EventSplitter(max_event_bytes)
         self._dropped = 0
         self._earlier: list[Any] = []  # items relayed in earlier rounds
         self._earlier_usage = Usage()
@@ -255,6 +249,9 @@ class ResponsesRecallStream:
         self._started: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None
         self._completed = False
+        self._kept = 0  # bytes of the events whose content the round keeps
+        self._keeping = True  # the round may still recall, or has
+        self._relaying_pieces = True  # the event too long to hold now coming is relayed
 
     @property
     def recalled(self) -> bool:
@@ -265,14 +262,14 @@ class ResponsesRecallStream:
         return self._dropped
 
     def feed(self, chunk: bytes) -> bytes:
-        self._buffer += chunk
-        return b"".join(self._event(raw) for raw in self._whole_events())
+        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
 
     def end(self) -> bytes:
-        rest = bytes(self._buffer)
-        self._buffer.clear()
-        self._scan = 0
-        return self._event(rest) if rest else b""
+        rest = self._splitter.rest()
+        return self._split(rest) if rest is not None else b""
+
+    def _split(self, event: sse.Event) -> bytes:
+        return self._event(event.raw) if event.whole else self._piece(event)
 
     def answer(self) -> dict[str, Any]:
         if self._completed and self._ended is not None:
@@ -291,47 +288,57 @@ class ResponsesRecallStream:
             self._earlier.append(item)
         self._earlier_usage += _usage(self.answer())
         self._start_renumbering()
-        self._buffer.clear()
-        self._scan = 0
+        self._splitter = sse.EventSplitter(self._max_event)
         self._round += 1
         self._new_round()
 
     # --- events ------------------------------------------------------------
 
-    def _whole_events(self) -> list[bytes]:
-        """Split the whole events (and stray blank lines) off the buffer."""
-        buffer, start, events = self._buffer, 0, []
-        while start < len(buffer):
-            found = _LINE_END.match(buffer, start) or _BLANK_LINE.search(
-                buffer, max(start, self._scan)
-            )
-            if found is None or (found.end() == len(buffer) and buffer.endswith(b"\r")):
-                break  # not whole yet (a last "\r" may be the start of "\r\n")
-            events.append(bytes(buffer[start : found.end()]))
-            start = found.end()
-        del buffer[:start]
-        # A blank line is at most 4 bytes: the next one ends in bytes yet to come.
-        self._scan = max(0, len(buffer) - 3)
-        return events
-
     def _event(self, raw: bytes) -> bytes:
         found = _TYPE.search(raw)
-        kind = found.group(1) if found else b""
-        data = _data(raw) if found else None
-        if not isinstance(data, dict):
+        read = sse.fields(raw) if found else None
+        data = read.json_object() if read is not None else None
+        if read is None or data is None:
             return self._other(raw)
+        kind = found.group(1) if found else b""
         if kind in _STARTS:
-            if isinstance(data.get("response"), dict):
-                self._started = data["response"]
+            response = data.get("response")
+            if isinstance(response, dict):
                 if self._id is None:
-                    self._id = self._started.get("id")
+                    self._id = response.get("id")
+                if self._keep(raw):
+                    self._started = response
             # A later round's start is not news to the client: its stream goes on.
             return b"" if self._round else self._relay(raw)
         if kind == b"response.output_item.added":
             return self._added(raw, data)
         if kind == b"response.output_item.done":
             return self._item_done(raw, data)
-        return self._end(raw, data, kind == b"response.completed")
+        return self._end(raw, data, kind == b"response.completed", read.name)
+
+    def _piece(self, event: sse.Event) -> bytes:
+        """A piece of an event too long to hold: relayed as it comes, unless its
+        item is hidden or its round recalled; the round can no longer recall."""
+        if event.piece == 1:
+            self._stop_keeping()
+            self._relaying_pieces = not self._hides(event.raw)
+        return self._relay(event.raw) if self._relaying_pieces else b""
+
+    def _keep(self, raw: bytes) -> bool:
+        """Whether the round keeps what ``raw`` says: within its bound, counted."""
+        if not self._keeping:
+            return False
+        self._kept += len(raw)
+        if self._kept <= self._max_kept:
+            return True
+        self._stop_keeping()
+        return False
+
+    def _stop_keeping(self) -> None:
+        self._keeping = False
+        if not self._recalled:  # the round cannot recall: its answer is not needed
+            self._done.clear()
+            self._started = self._ended = None
 
     def _added(self, raw: bytes, data: dict[str, Any]) -> bytes:
         index, item = data.get("output_index"), data.get("item")
@@ -339,7 +346,7 @@ class ResponsesRecallStream:
             return b""
         if _is_recall(item):
             self._hide(index, item)
-            if self._client_call:
+            if self._client_call or not self._keeping:
                 self._dropped += 1
             else:
                 self._recalled = True
@@ -352,7 +359,7 @@ class ResponsesRecallStream:
 
     def _item_done(self, raw: bytes, data: dict[str, Any]) -> bytes:
         index, item = data.get("output_index"), data.get("item")
-        if isinstance(index, int):
+        if isinstance(index, int) and self._keep(raw):
             self._done[index] = item
         if self._is_hidden(index, item.get("id") if isinstance(item, dict) else None):
             return b""
@@ -362,9 +369,9 @@ class ResponsesRecallStream:
             self._open.discard(index)
         return self._relay(raw)
 
-    def _end(self, raw: bytes, data: dict[str, Any], completed: bool) -> bytes:
+    def _end(self, raw: bytes, data: dict[str, Any], completed: bool, name: str | None) -> bytes:
         response = data.get("response")
-        if isinstance(response, dict):
+        if isinstance(response, dict) and self._keep(raw):
             self._ended, self._completed = response, completed
         if self._recalled:
             return b""
@@ -384,8 +391,7 @@ class ResponsesRecallStream:
         data = {**data, "response": response}
         if self._renumber and isinstance(data.get("sequence_number"), int):
             data["sequence_number"] = self._next_number(data["sequence_number"])
-        name = _EVENT_NAME.search(raw)
-        out = sse.json_frame(data, name.group(1).decode() if name else None)
+        out = sse.json_frame(data, name)
         self._last = out
         return out
 
@@ -393,18 +399,20 @@ class ResponsesRecallStream:
         """An event of an item (a delta), of the response, or a blank line."""
         if not raw.strip(b"\r\n"):
             return raw
-        if self._hidden or self._recalled:
-            found = _INDEX.search(raw)
-            index = int(found.group(1)) if found else None
-            item_id = None
-            if index is None and self._hidden_ids:
-                named = _ITEM_ID.search(raw)
-                item_id = named.group(1).decode() if named else None
-            if self._is_hidden(index, item_id):
-                return b""
-            if self._recalled and index not in self._open:
-                return b""
-        return self._relay(raw)
+        return b"" if self._hides(raw) else self._relay(raw)
+
+    def _hides(self, raw: bytes) -> bool:
+        """Whether an event read by its bytes alone belongs to a hidden item, or to
+        none the client has open in a round that recalled."""
+        if not (self._hidden or self._recalled):
+            return False
+        found = _INDEX.search(raw)
+        index = int(found.group(1)) if found else None
+        item_id = None
+        if index is None and self._hidden_ids:
+            named = _ITEM_ID.search(raw)
+            item_id = named.group(1).decode() if named else None
+        return self._is_hidden(index, item_id) or (self._recalled and index not in self._open)
 
     # --- hiding and renumbering --------------------------------------------
 

@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 from compaction.recall import RECALL_TOOL_NAME
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
-from proxy.dialects.responses_recall import RECALL_TOOL, RESPONSES_RECALL
+from proxy.dialects.responses_recall import RECALL_TOOL, RESPONSES_RECALL, ResponsesRecallStream
 from tests.proxy.dialects.responses_shapes import codex_request
 from tests.proxy.dialects.responses_upstream import _events, _response
 from tests.proxy.dialects.responses_upstream import _message as message
@@ -414,3 +414,64 @@ def _two_rounds(cuts: list[int] | None) -> bytes:
 @given(st.lists(st.integers(min_value=0, max_value=1 << 16), max_size=12))
 def test_rounds_cut_into_any_chunks_relay_the_same_stream(cuts: list[int]) -> None:
     assert _two_rounds(cuts) == _two_rounds(None)
+
+
+# --- bounds ----------------------------------------------------------------------
+
+
+def test_a_round_past_what_is_kept_of_it_drops_a_later_recall_call() -> None:
+    output = [reasoning("a"), message(1, "Reading it back."), recall("r")]
+    chunks = stream_of(answer_of(output))
+    before = chunks[: next(i for i, c in enumerate(chunks) if b"fc_r" in c)]
+    # What the round keeps: its response and its finished items; the message's
+    # item.done is one byte too many.
+    kept = [c for c in before if b'"response.output_item.added"' not in c and b"delta" not in c]
+    kept = [c for c in kept if b"content_part" not in c and b"output_text.done" not in c]
+    reader = ResponsesRecallStream(max_kept_bytes=len(b"".join(kept)) - 1)
+
+    relayed = events_in(feed_all(reader, chunks))
+
+    assert not reader.recalled and reader.dropped == 1
+    assert all(RECALL_TOOL_NAME not in orjson.dumps(e).decode() for e in relayed)
+    assert [e["sequence_number"] for e in relayed] == list(range(len(relayed)))
+    assert relayed[-1]["type"] == "response.completed"
+    assert relayed[-1]["response"]["output"] == output[:2]
+
+
+def test_a_round_within_what_is_kept_of_it_recalls() -> None:
+    output = [reasoning("a"), message(1, "Reading it back."), recall("r")]
+    chunks = stream_of(answer_of(output))
+    reader = ResponsesRecallStream(max_kept_bytes=len(b"".join(chunks)))
+    feed_all(reader, chunks)
+    assert reader.recalled and reader.answer()["output"] == output
+
+
+def test_events_too_long_to_hold_go_out_in_pieces_and_their_round_cannot_recall() -> None:
+    output = [message(0, "x" * 4000), recall("r")]
+    chunks = stream_of(answer_of(output))
+    reader = ResponsesRecallStream(max_event_bytes=3000)
+
+    relayed = b"".join(reader.feed(c[i : i + 700]) for c in chunks for i in range(0, len(c), 700))
+    relayed += reader.end()
+
+    assert not reader.recalled and reader.dropped == 1
+    shown = [c for c in chunks if b"fc_r" not in c]
+    # Every event of the message as the upstream wrote it (some in pieces); the
+    # recall item's events left out, and the numbers closed up behind them.
+    assert relayed.startswith(b"".join(shown))
+    numbers = [e["sequence_number"] for e in events_in(relayed)[:-1]]
+    assert numbers == list(range(len(shown)))
+
+
+def test_an_event_too_long_to_hold_in_a_recalled_round_stays_hidden_and_the_call_is_kept() -> None:
+    output = [message(0, "Reading."), recall("r"), message(2, "y" * 4000)]
+    chunks = stream_of(answer_of(output))
+    reader = ResponsesRecallStream(max_event_bytes=3000)
+
+    relayed = b"".join(reader.feed(c[i : i + 700]) for c in chunks for i in range(0, len(c), 700))
+    relayed += reader.end()
+
+    assert reader.recalled and b"yyy" not in relayed
+    assert RESPONSES_RECALL.calls(reader.answer()) == [
+        RecallCall("call_r", '{"ref":"rabcdefghijkl","start_line":1}')
+    ]
