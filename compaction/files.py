@@ -26,6 +26,7 @@ paths for everything that compares them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,7 +68,8 @@ class FileLists:
 
     read: tuple[str, ...] = ()
     modified: tuple[str, ...] = ()
-    #: ``(path, ref)`` of read files whose output has a ref (recall), newest ref per path.
+    #: ``(path, ref)`` of read files whose output has a ref (recall): the newest
+    #: few per path, oldest first (:func:`_refs_of`).
     refs: tuple[tuple[str, str], ...] = ()
 
     def __bool__(self) -> bool:
@@ -86,12 +88,33 @@ class FileLists:
         return FileLists(read, self.modified[-max_files:], _refs_of(read, self.refs))
 
 
+#: Refs a summary's read-files list keeps: the newest few reads of each file
+#: (an agent reads a long file in parts, and each part is an output of its
+#: own), and of all files together the newest — a ref costs about a dozen
+#: tokens in every request that carries the summary.
+REFS_PER_FILE = 5
+MAX_FILE_REFS = 30
+
+
 def _refs_of(read: Sequence[str], refs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """The last ref given to each of the ``read`` paths, in the order of ``read``."""
-    if not refs:
+    """The newest refs given to the ``read`` paths (:data:`REFS_PER_FILE` each,
+    :data:`MAX_FILE_REFS` in all), in the order of ``read``, oldest first per path."""
+    given = list(refs)
+    if not given:
         return ()
-    newest = dict(refs)
-    return tuple((path, newest[path]) for path in read if path in newest)
+    listed = set(read)
+    kept: list[tuple[str, str]] = []
+    per_path: dict[str, int] = {}
+    for pair in reversed(given):  # newest first
+        path = pair[0]
+        if path not in listed or pair in kept or per_path.get(path, 0) >= REFS_PER_FILE:
+            continue
+        per_path[path] = per_path.get(path, 0) + 1
+        kept.append(pair)
+        if len(kept) >= MAX_FILE_REFS:
+            break
+    order = {path: i for i, path in enumerate(read)}
+    return tuple(sorted(reversed(kept), key=lambda pair: order[pair[0]]))
 
 
 def _unique(paths: Iterable[str]) -> tuple[str, ...]:
@@ -108,10 +131,11 @@ def parse_file_lists(text: str) -> FileLists:
     for block in _blocks(text):
         lines = (line.strip() for line in text[block.body_start : block.body_end].splitlines())
         for line in lines:
-            ref = trailing_ref(line)
-            if ref is not None:
-                line = line[: -len(ref_suffix(ref))].strip()
-                refs.append((line, ref))
+            marked: list[str] = []
+            while (ref := trailing_ref(line)) is not None:
+                line = line[: -len(ref_suffix(ref))].rstrip()
+                marked.append(ref)
+            refs.extend((line, ref) for ref in reversed(marked))
             if line:
                 found[block.kind].append(line)
     return FileLists().merge(
@@ -122,8 +146,10 @@ def parse_file_lists(text: str) -> FileLists:
 def render_file_lists(lists: FileLists) -> str:
     """The blocks appended to a summary; an empty list gets no block at all."""
     blocks = []
-    refs = dict(lists.refs)
-    read = [mark(path, refs[path]) if path in refs else path for path in lists.read]
+    refs: dict[str, list[str]] = {}
+    for path, ref in lists.refs:
+        refs.setdefault(path, []).append(ref)
+    read = [functools.reduce(mark, refs.get(path, ()), path) for path in lists.read]
     for tag, paths in (("read-files", read), ("modified-files", lists.modified)):
         if paths:
             blocks.append(f"<{tag}>\n" + "\n".join(paths) + f"\n</{tag}>")

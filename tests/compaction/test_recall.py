@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, is_summary, message_text
-from compaction.files import parse_file_lists, render_file_lists
+from compaction.files import REFS_PER_FILE, parse_file_lists, render_file_lists
 from compaction.ledger import ledger_of, parse_ledger, render_ledger
 from compaction.pruner import prune
 from compaction.recall import (
@@ -309,7 +309,7 @@ def _read(path: str, output: str) -> list[dict[str, Any]]:
     return tool_group("read_file", {"path": path}, output)
 
 
-def test_files_read_carry_the_ref_of_the_newest_output_that_showed_them() -> None:
+def test_files_read_carry_the_refs_of_their_newest_reads_each_part_its_own() -> None:
     first, second = "v1\n" * 300, "v2\n" * 300
     messages = [
         system(),
@@ -320,13 +320,25 @@ def test_files_read_carry_the_ref_of_the_newest_output_that_showed_them() -> Non
     ]
     files = ledger_of(messages, PROFILE, salt=SALT).files
     assert files.read == ("src/a.py", "src/b.py")  # paths stay paths
-    assert dict(files.refs)["src/a.py"] == ref_of(SALT, second)
+    a_refs = [ref for path, ref in files.refs if path == "src/a.py"]
+    assert a_refs == [ref_of(SALT, first), ref_of(SALT, second)]  # both parts, oldest first
     rendered = render_file_lists(files)
-    assert f"src/a.py [ref: {ref_of(SALT, second)}]" in rendered.splitlines()
+    line = f"src/a.py [ref: {ref_of(SALT, first)}] [ref: {ref_of(SALT, second)}]"
+    assert line in rendered.splitlines()
     for ref in REF_PATTERN.findall(rendered):
         assert find_original(messages, SALT, ref) is not None
     assert parse_file_lists(rendered) == files
     assert not ledger_of(messages, PROFILE).files.refs
+
+
+def test_a_file_read_many_times_keeps_only_its_newest_refs() -> None:
+    reads = [f"part {n}\n" * 400 for n in range(REFS_PER_FILE + 2)]
+    messages = [system(), user("task")]
+    for text in reads:
+        messages += _read("src/a.py", text)
+    files = ledger_of(messages, PROFILE, salt=SALT).files
+    kept = [ref for _, ref in files.refs]
+    assert kept == [ref_of(SALT, text) for text in reads[-REFS_PER_FILE:]]
 
 
 def test_a_file_read_then_modified_is_listed_as_modified_without_a_ref() -> None:
