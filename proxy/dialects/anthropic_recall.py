@@ -179,10 +179,6 @@ class _Round:
     #: Every event's bytes, from the round's first: the answer is put together
     #: from them only when the round recalled.
     events: list[bytes] = field(default_factory=list)
-    #: Bytes of the round's events read while keeping them.
-    kept: int = 0
-    #: Whether the round's events are still kept (the round may recall, or has).
-    keeping: bool = True
     #: Whether the pieces of the event too long to hold now coming are relayed.
     relaying_pieces: bool = True
     #: Where each relayed block is in the client's stream, by the upstream's index.
@@ -193,18 +189,11 @@ class _Round:
     recalled: bool = False
 
 
-class AnthropicRecallStream:
+class AnthropicRecallStream(sse.RoundReader):
     """Relays one client's Messages stream over the rounds of its answer."""
 
-    def __init__(
-        self,
-        *,
-        max_event_bytes: int = sse.MAX_EVENT_BYTES,
-        max_kept_bytes: int = sse.MAX_KEPT_BYTES,
-    ) -> None:
-        self._max_event = max_event_bytes
-        self._max_kept = max_kept_bytes
-        self._splitter = sse.EventSplitter(max_event_bytes)
+    def __init__(self, **bounds: int) -> None:
+        super().__init__(**bounds)  # max_event_bytes, max_kept_bytes
         self._round = _Round()
         self._rounds = 0  # rounds before this one
         #: Blocks the client got in earlier rounds: this round's first index.
@@ -220,33 +209,23 @@ class AnthropicRecallStream:
     def dropped(self) -> int:
         return self._dropped
 
-    def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
-
-    def end(self) -> bytes:
-        rest = self._splitter.rest()
-        return self._split(rest) if rest is not None else b""
-
-    def _split(self, event: sse.Event) -> bytes:
-        return self._event(event.raw) if event.whole else self._piece(event)
-
     def next_round(self) -> None:
         done = self.answer()
         self._earlier += ANTHROPIC_RECALL.usage(done)
         self._offset += len(self._round.placed)
         self._rounds += 1
         self._round = _Round()
-        self._splitter = sse.EventSplitter(self._max_event)
+        self._next_round_events()
 
     def answer(self) -> dict[str, Any]:
         return _assemble([_read(raw) for raw in self._round.events])
 
     # --- one event ------------------------------------------------------------
 
-    def _event(self, raw: bytes) -> bytes:
-        """The bytes to relay for one whole event of the current round."""
+    def _whole(self, raw: bytes) -> bytes:
         now = self._round
-        self._keep(raw)
+        if self._counted(raw):
+            now.events.append(raw)
         if now.recalled:
             return self._hidden(raw)
         later = self._rounds > 0
@@ -274,7 +253,7 @@ class AnthropicRecallStream:
         if index is None or not isinstance(block, dict):
             return event.raw
         if _is_recall(block):
-            if not now.client_tool and now.keeping:
+            if not now.client_tool and self._keeping:
                 now.recalled = True
                 return b""
             # The client has this turn's tool call already: answering the recall
@@ -310,21 +289,10 @@ class AnthropicRecallStream:
             summed["input_tokens"] = _count(usage.get("input_tokens")) + self._earlier.prompt
         return event.rewritten(usage=summed)
 
-    def _keep(self, raw: bytes) -> None:
-        now = self._round
-        if not now.keeping:
-            return
-        now.kept += len(raw)
-        if now.kept <= self._max_kept:
-            now.events.append(raw)
-        else:
-            self._stop_keeping()
-
     def _stop_keeping(self) -> None:
-        now = self._round
-        now.keeping = False
-        if not now.recalled:
-            now.events.clear()  # the round cannot recall: its answer is not needed
+        super()._stop_keeping()
+        if not self._round.recalled:
+            self._round.events.clear()  # the round cannot recall: its answer is not needed
 
     def _piece(self, event: sse.Event) -> bytes:
         """A piece of an event too long to hold, relayed as it comes (its block's

@@ -189,18 +189,11 @@ def _says_nothing(payload: dict[str, Any]) -> bool:
     return True
 
 
-class ChatRecallStream:
+class ChatRecallStream(sse.RoundReader):
     """Reads one client's chunk stream over the rounds of its answer (see the module doc)."""
 
-    def __init__(
-        self,
-        *,
-        max_event_bytes: int = sse.MAX_EVENT_BYTES,
-        max_kept_bytes: int = sse.MAX_KEPT_BYTES,
-    ) -> None:
-        self._max_event = max_event_bytes
-        self._max_kept = max_kept_bytes
-        self._splitter = sse.EventSplitter(max_event_bytes)
+    def __init__(self, **bounds: int) -> None:
+        super().__init__(**bounds)  # max_event_bytes, max_kept_bytes
         self._round = 0
         self._first_id: str | None = None
         self._earlier = Usage()
@@ -209,8 +202,6 @@ class ChatRecallStream:
 
     def _reset_round(self) -> None:
         self._events: list[bytes] = []
-        self._kept = 0  # bytes of the round's events seen while keeping
-        self._keeping = True  # the round may still recall, so its events are kept
         self._recalled = False
         self._calls: dict[int, str] = {}
         self._client_index: dict[int, int] = {}
@@ -224,28 +215,17 @@ class ChatRecallStream:
     def dropped(self) -> int:
         return self._dropped
 
-    def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
-
-    def _split(self, event: sse.Event) -> bytes:
-        return self._event(event.raw) if event.whole else self._let_go(event.raw)
-
-    def _let_go(self, part: bytes) -> bytes:
-        """Relay ``part`` of an event too long to hold (every piece goes the same way)."""
-        if self._recalled:
-            # Hidden all the same; the answer is what was kept up to here.
-            self._keeping = False
-            return b""
+    def _piece(self, event: sse.Event) -> bytes:
+        """Relay a piece of an event too long to hold (every piece goes the same
+        way); hidden all the same in a round that recalled, whose answer is what
+        was kept up to here."""
         self._stop_keeping()
-        return part
+        return b"" if self._recalled else event.raw
 
     def _stop_keeping(self) -> None:
-        self._keeping = False
-        self._events.clear()
-
-    def end(self) -> bytes:
-        rest = self._splitter.rest()
-        return self._split(rest) if rest is not None else b""
+        super()._stop_keeping()
+        if not self._recalled:
+            self._events.clear()  # the round cannot recall: its answer is not needed
 
     def next_round(self) -> None:
         if self._recalled:
@@ -253,17 +233,13 @@ class ChatRecallStream:
             if self._first_id is None and isinstance(answer.get("id"), str) and answer["id"]:
                 self._first_id = answer["id"]
             self._earlier += _usage(answer)
-        self._splitter = sse.EventSplitter(self._max_event)
+        self._next_round_events()
         self._round += 1
         self._reset_round()
 
-    def _event(self, event: bytes) -> bytes:
-        if self._keeping:
-            self._kept += len(event)
-            if self._kept <= self._max_kept:
-                self._events.append(event)
-            elif not self._recalled:
-                self._stop_keeping()
+    def _whole(self, event: bytes) -> bytes:
+        if self._counted(event):
+            self._events.append(event)
         if self._recalled:
             return b""
         if self._round == 0 and b'"tool_calls"' not in event:

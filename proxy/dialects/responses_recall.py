@@ -216,18 +216,11 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-class ResponsesRecallStream:
+class ResponsesRecallStream(sse.RoundReader):
     """One client stream over the rounds of its answer (see the module doc)."""
 
-    def __init__(
-        self,
-        *,
-        max_event_bytes: int = sse.MAX_EVENT_BYTES,
-        max_kept_bytes: int = sse.MAX_KEPT_BYTES,
-    ) -> None:
-        self._max_event = max_event_bytes
-        self._max_kept = max_kept_bytes
-        self._splitter = sse.EventSplitter(max_event_bytes)
+    def __init__(self, **bounds: int) -> None:
+        super().__init__(**bounds)  # max_event_bytes, max_kept_bytes
         self._dropped = 0
         self._earlier: list[Any] = []  # items relayed in earlier rounds
         self._earlier_usage = Usage()
@@ -249,8 +242,6 @@ class ResponsesRecallStream:
         self._started: dict[str, Any] | None = None
         self._ended: dict[str, Any] | None = None
         self._completed = False
-        self._kept = 0  # bytes of the events whose content the round keeps
-        self._keeping = True  # the round may still recall, or has
         self._relaying_pieces = True  # the event too long to hold now coming is relayed
 
     @property
@@ -260,16 +251,6 @@ class ResponsesRecallStream:
     @property
     def dropped(self) -> int:
         return self._dropped
-
-    def feed(self, chunk: bytes) -> bytes:
-        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
-
-    def end(self) -> bytes:
-        rest = self._splitter.rest()
-        return self._split(rest) if rest is not None else b""
-
-    def _split(self, event: sse.Event) -> bytes:
-        return self._event(event.raw) if event.whole else self._piece(event)
 
     def answer(self) -> dict[str, Any]:
         if self._completed and self._ended is not None:
@@ -288,13 +269,13 @@ class ResponsesRecallStream:
             self._earlier.append(item)
         self._earlier_usage += _usage(self.answer())
         self._start_renumbering()
-        self._splitter = sse.EventSplitter(self._max_event)
+        self._next_round_events()
         self._round += 1
         self._new_round()
 
     # --- events ------------------------------------------------------------
 
-    def _event(self, raw: bytes) -> bytes:
+    def _whole(self, raw: bytes) -> bytes:
         found = _TYPE.search(raw)
         read = sse.fields(raw) if found else None
         data = read.json_object() if read is not None else None
@@ -306,7 +287,7 @@ class ResponsesRecallStream:
             if isinstance(response, dict):
                 if self._id is None:
                     self._id = response.get("id")
-                if self._keep(raw):
+                if self._counted(raw):
                     self._started = response
             # A later round's start is not news to the client: its stream goes on.
             return b"" if self._round else self._relay(raw)
@@ -324,18 +305,8 @@ class ResponsesRecallStream:
             self._relaying_pieces = not self._hides(event.raw)
         return self._relay(event.raw) if self._relaying_pieces else b""
 
-    def _keep(self, raw: bytes) -> bool:
-        """Whether the round keeps what ``raw`` says: within its bound, counted."""
-        if not self._keeping:
-            return False
-        self._kept += len(raw)
-        if self._kept <= self._max_kept:
-            return True
-        self._stop_keeping()
-        return False
-
     def _stop_keeping(self) -> None:
-        self._keeping = False
+        super()._stop_keeping()
         if not self._recalled:  # the round cannot recall: its answer is not needed
             self._done.clear()
             self._started = self._ended = None
@@ -359,7 +330,7 @@ class ResponsesRecallStream:
 
     def _item_done(self, raw: bytes, data: dict[str, Any]) -> bytes:
         index, item = data.get("output_index"), data.get("item")
-        if isinstance(index, int) and self._keep(raw):
+        if isinstance(index, int) and self._counted(raw):
             self._done[index] = item
         if self._is_hidden(index, item.get("id") if isinstance(item, dict) else None):
             return b""
@@ -371,7 +342,7 @@ class ResponsesRecallStream:
 
     def _end(self, raw: bytes, data: dict[str, Any], completed: bool, name: str | None) -> bytes:
         response = data.get("response")
-        if isinstance(response, dict) and self._keep(raw):
+        if isinstance(response, dict) and self._counted(raw):
             self._ended, self._completed = response, completed
         if self._recalled:
             return b""

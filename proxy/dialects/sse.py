@@ -29,6 +29,8 @@ each byte a bounded number of times however the stream is cut, holds a
 final ``\\r`` until the next byte tells whether it is the first half of a
 ``\\r\\n``, and holds at most :data:`MAX_EVENT_BYTES` of an event whose end
 has not come: past that, the event is handed out in pieces as it comes.
+:class:`RoundReader` is what the three APIs' recall streams build on: the
+splitter, and the count of what a round keeps (:data:`MAX_KEPT_BYTES`).
 """
 
 from __future__ import annotations
@@ -162,6 +164,65 @@ class EventSplitter:
         return rest
 
 
+class RoundReader:
+    """What the three recall streams share: one client stream read event by
+    event over the rounds of its answer, within both bounds.
+
+    A subclass says what to relay of a whole event (``_whole``) and of a piece
+    of one too long to hold (``_piece``), counts what it keeps of a round with
+    ``_counted``, and lets go of it in ``_stop_keeping``.
+    """
+
+    def __init__(
+        self, *, max_event_bytes: int = MAX_EVENT_BYTES, max_kept_bytes: int = MAX_KEPT_BYTES
+    ) -> None:
+        self._max_event = max_event_bytes
+        self._max_kept = max_kept_bytes
+        self._splitter = EventSplitter(max_event_bytes)
+        self._kept = 0  # bytes of what the round keeps, counted while keeping
+        self._keeping = True  # the round may still recall (or has), so it is kept
+
+    def feed(self, chunk: bytes) -> bytes:
+        return b"".join(self._split(event) for event in self._splitter.feed(chunk))
+
+    def end(self) -> bytes:
+        rest = self._splitter.rest()
+        return self._split(rest) if rest is not None else b""
+
+    def _split(self, event: Event) -> bytes:
+        return self._whole(event.raw) if event.whole else self._piece(event)
+
+    def _whole(self, raw: bytes) -> bytes:
+        """The bytes to relay for one whole event of the current round."""
+        raise NotImplementedError
+
+    def _piece(self, event: Event) -> bytes:
+        """The bytes to relay for a piece of an event too long to hold."""
+        raise NotImplementedError
+
+    def _next_round_events(self) -> None:
+        """The chunks fed next are a new round's: nothing held, nothing kept yet."""
+        self._splitter = EventSplitter(self._max_event)
+        self._kept = 0
+        self._keeping = True
+
+    def _counted(self, raw: bytes) -> bool:
+        """Whether the round keeps ``raw``: while it keeps, within the bound;
+        past the bound it keeps nothing more."""
+        if not self._keeping:
+            return False
+        self._kept += len(raw)
+        if self._kept <= self._max_kept:
+            return True
+        self._stop_keeping()
+        return False
+
+    def _stop_keeping(self) -> None:
+        """The round keeps nothing more (a subclass lets go of what it kept too,
+        when the round can no longer recall)."""
+        self._keeping = False
+
+
 @dataclass(frozen=True)
 class Fields:
     """What a reader makes of one event's bytes."""
@@ -208,6 +269,7 @@ __all__ = [
     "Event",
     "EventSplitter",
     "Fields",
+    "RoundReader",
     "fields",
     "frame",
     "json_frame",
