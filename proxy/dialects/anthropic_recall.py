@@ -45,7 +45,7 @@ import orjson
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage
+from proxy.dialects.recall import RecallCall, RecallSurface, Usage, token_count
 
 #: The recall tool as the API declares a client tool; the same object, and so
 #: the same bytes, in every request it is added to.
@@ -134,15 +134,15 @@ class AnthropicRecall:
         usage = answer.get("usage")
         if not isinstance(usage, dict):
             return Usage()
-        return Usage(_count(usage.get("input_tokens")), _count(usage.get("output_tokens")))
+        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
 
     def final(self, answer: dict[str, Any], earlier: Usage) -> dict[str, Any]:
         usage = answer.get("usage")
         own = usage if isinstance(usage, dict) else {}
         summed = {
             **own,
-            "input_tokens": _count(own.get("input_tokens")) + earlier.prompt,
-            "output_tokens": _count(own.get("output_tokens")) + earlier.output,
+            "input_tokens": token_count(own, "input_tokens") + earlier.prompt,
+            "output_tokens": token_count(own, "output_tokens") + earlier.output,
         }
         return {**answer, "usage": summed}
 
@@ -186,7 +186,6 @@ class _Round:
     #: Upstream indices of the recall blocks left out of the stream.
     left_out: set[int] = field(default_factory=set)
     client_tool: bool = False
-    recalled: bool = False
 
 
 class AnthropicRecallStream(sse.RoundReader):
@@ -199,15 +198,6 @@ class AnthropicRecallStream(sse.RoundReader):
         #: Blocks the client got in earlier rounds: this round's first index.
         self._offset = 0
         self._earlier = Usage()
-        self._dropped = 0
-
-    @property
-    def recalled(self) -> bool:
-        return self._round.recalled
-
-    @property
-    def dropped(self) -> int:
-        return self._dropped
 
     def next_round(self) -> None:
         done = self.answer()
@@ -226,7 +216,7 @@ class AnthropicRecallStream(sse.RoundReader):
         now = self._round
         if self._counted(raw):
             now.events.append(raw)
-        if now.recalled:
+        if self._recalled:
             return self._hidden(raw)
         later = self._rounds > 0
         renumbering = self._offset > 0 or bool(now.left_out)
@@ -254,7 +244,7 @@ class AnthropicRecallStream(sse.RoundReader):
             return event.raw
         if _is_recall(block):
             if not now.client_tool and self._keeping:
-                now.recalled = True
+                self._recalled = True
                 return b""
             # The client has this turn's tool call already: answering the recall
             # would start a round that makes that call again, shown twice. Or
@@ -283,15 +273,15 @@ class AnthropicRecallStream(sse.RoundReader):
             return event.raw
         summed = {
             **usage,
-            "output_tokens": _count(usage.get("output_tokens")) + self._earlier.output,
+            "output_tokens": token_count(usage, "output_tokens") + self._earlier.output,
         }
         if "input_tokens" in usage:
-            summed["input_tokens"] = _count(usage.get("input_tokens")) + self._earlier.prompt
+            summed["input_tokens"] = token_count(usage, "input_tokens") + self._earlier.prompt
         return event.rewritten(usage=summed)
 
     def _stop_keeping(self) -> None:
         super()._stop_keeping()
-        if not self._round.recalled:
+        if not self._recalled:
             self._round.events.clear()  # the round cannot recall: its answer is not needed
 
     def _piece(self, event: sse.Event) -> bytes:
@@ -302,7 +292,7 @@ class AnthropicRecallStream(sse.RoundReader):
             self._stop_keeping()
             found = _INDEX_KEY.search(event.raw)
             index = int(found.group(1)) if found else None
-            now.relaying_pieces = not now.recalled and index not in now.left_out
+            now.relaying_pieces = not self._recalled and index not in now.left_out
             place = now.placed.get(index, index) if index is not None else None
             if found and now.relaying_pieces and place != index:
                 raw = event.raw
@@ -415,10 +405,6 @@ def _kept(block: dict[str, Any], answered: set[str]) -> bool:
     if _is_tool_use(block):
         return _is_recall(block) and block.get("id") in answered
     return not (block.get("type") == "text" and not str(block.get("text", "")).strip())
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 __all__ = ["ANTHROPIC_RECALL", "RECALL_TOOL", "AnthropicRecall", "AnthropicRecallStream"]

@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage
+from proxy.dialects.recall import RecallCall, RecallSurface, Usage, token_count
 
 #: The tool the proxy adds, in Chat's shape. One object, never changed, so the
 #: request's bytes are the same on every turn (the provider's prompt cache).
@@ -77,23 +77,18 @@ def _recall_entries(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in calls if isinstance(c, dict) and _function_name(c) == RECALL_TOOL_NAME]
 
 
-def _count(usage: Any, key: str) -> int:
-    value = usage.get(key) if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _usage(answer: Any) -> Usage:
     usage = answer.get("usage") if isinstance(answer, dict) else None
-    return Usage(_count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
+    return Usage(token_count(usage, "prompt_tokens"), token_count(usage, "completion_tokens"))
 
 
 def _summed(usage: dict[str, Any], earlier: Usage) -> dict[str, Any]:
     """``usage`` with the ``earlier`` rounds' counts added, its other keys as they were."""
     return {
         **usage,
-        "prompt_tokens": _count(usage, "prompt_tokens") + earlier.prompt,
-        "completion_tokens": _count(usage, "completion_tokens") + earlier.output,
-        "total_tokens": _count(usage, "total_tokens") + earlier.prompt + earlier.output,
+        "prompt_tokens": token_count(usage, "prompt_tokens") + earlier.prompt,
+        "completion_tokens": token_count(usage, "completion_tokens") + earlier.output,
+        "total_tokens": token_count(usage, "total_tokens") + earlier.prompt + earlier.output,
     }
 
 
@@ -197,23 +192,13 @@ class ChatRecallStream(sse.RoundReader):
         self._round = 0
         self._first_id: str | None = None
         self._earlier = Usage()
-        self._dropped = 0
         self._reset_round()
 
     def _reset_round(self) -> None:
         self._events: list[bytes] = []
-        self._recalled = False
         self._calls: dict[int, str] = {}
         self._client_index: dict[int, int] = {}
         self._answer: dict[str, Any] | None = None
-
-    @property
-    def recalled(self) -> bool:
-        return self._recalled
-
-    @property
-    def dropped(self) -> int:
-        return self._dropped
 
     def _piece(self, event: sse.Event) -> bytes:
         """Relay a piece of an event too long to hold (every piece goes the same

@@ -46,6 +46,13 @@ class Usage:
         return Usage(self.prompt + other.prompt, self.output + other.output)
 
 
+def token_count(usage: Any, key: str) -> int:
+    """The count an API's usage object gives under ``key``; 0 when there is no
+    such object, no such key, or no whole number there."""
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class RecallStream(Protocol):
     """Reads one client stream over the rounds of its answer."""
 
@@ -125,4 +132,4 @@ class RecallSurface(Protocol):
         ...
 
 
-__all__ = ["RecallCall", "RecallStream", "RecallSurface", "Usage"]
+__all__ = ["RecallCall", "RecallStream", "RecallSurface", "Usage", "token_count"]

@@ -56,7 +56,7 @@ from typing import Any, Final
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage
+from proxy.dialects.recall import RecallCall, RecallSurface, Usage, token_count
 
 #: The tool as the request declares it, the same object (and so the same
 #: bytes) on every request, so the provider's prompt cache keeps hitting.
@@ -107,22 +107,17 @@ def _is_client_call(item: Any) -> bool:
     return isinstance(item, dict) and item.get("type") in CLIENT_CALLS and not _is_recall(item)
 
 
-def _count(usage: Any, key: str) -> int:
-    value = usage.get(key) if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _usage(response: Any) -> Usage:
     usage = response.get("usage") if isinstance(response, dict) else None
-    return Usage(_count(usage, "input_tokens"), _count(usage, "output_tokens"))
+    return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
 
 
 def _with_usage(response: dict[str, Any], earlier: Usage) -> dict[str, Any]:
     """``response`` with ``earlier`` added to its usage (the details are its own)."""
     usage = response.get("usage")
     own = usage if isinstance(usage, dict) else {}
-    prompt, output = _count(own, "input_tokens"), _count(own, "output_tokens")
-    total = _count(own, "total_tokens") if "total_tokens" in own else prompt + output
+    prompt, output = token_count(own, "input_tokens"), token_count(own, "output_tokens")
+    total = token_count(own, "total_tokens") if "total_tokens" in own else prompt + output
     summed = {
         **own,
         "input_tokens": prompt + earlier.prompt,
@@ -221,7 +216,6 @@ class ResponsesRecallStream(sse.RoundReader):
 
     def __init__(self, **bounds: int) -> None:
         super().__init__(**bounds)  # max_event_bytes, max_kept_bytes
-        self._dropped = 0
         self._earlier: list[Any] = []  # items relayed in earlier rounds
         self._earlier_usage = Usage()
         self._renumber = False  # sequence numbers are rewritten
@@ -232,7 +226,6 @@ class ResponsesRecallStream(sse.RoundReader):
         self._new_round()
 
     def _new_round(self) -> None:
-        self._recalled = False
         self._client_call = False  # a client call was relayed in this round
         self._hidden: set[int] = set()  # output indices of recall items
         self._hidden_ids: set[str] = set()
@@ -243,14 +236,6 @@ class ResponsesRecallStream(sse.RoundReader):
         self._ended: dict[str, Any] | None = None
         self._completed = False
         self._relaying_pieces = True  # the event too long to hold now coming is relayed
-
-    @property
-    def recalled(self) -> bool:
-        return self._recalled
-
-    @property
-    def dropped(self) -> int:
-        return self._dropped
 
     def answer(self) -> dict[str, Any]:
         if self._completed and self._ended is not None:

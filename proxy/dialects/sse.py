@@ -181,6 +181,18 @@ class RoundReader:
         self._splitter = EventSplitter(max_event_bytes)
         self._kept = 0  # bytes of what the round keeps, counted while keeping
         self._keeping = True  # the round may still recall (or has), so it is kept
+        self._recalled = False  # the round called compaction_recall
+        self._dropped = 0  # recall calls left out, over all rounds
+
+    @property
+    def recalled(self) -> bool:
+        """Whether the current round called ``compaction_recall`` (to be answered)."""
+        return self._recalled
+
+    @property
+    def dropped(self) -> int:
+        """Recall calls left out: after a client call was relayed, or past the bounds."""
+        return self._dropped
 
     def feed(self, chunk: bytes) -> bytes:
         return b"".join(self._split(event) for event in self._splitter.feed(chunk))
@@ -205,6 +217,7 @@ class RoundReader:
         self._splitter = EventSplitter(self._max_event)
         self._kept = 0
         self._keeping = True
+        self._recalled = False
 
     def _counted(self, raw: bytes) -> bool:
         """Whether the round keeps ``raw``: while it keeps, within the bound;

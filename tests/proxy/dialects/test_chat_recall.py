@@ -46,20 +46,17 @@ def _chunk(
     chunk_id: str = FIRST_ID,
     end: bytes = b"\n\n",
 ) -> bytes:
-    event = {
-        "id": chunk_id,
-        "object": "chat.completion.chunk",
-        "created": 1764625310,
-        "model": "gpt-4o-2024-08-06",
-        "service_tier": "default",
-        "system_fingerprint": "fp_07871e2ad8",
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        "usage": None,
-    }
-    return b"data: " + orjson.dumps(event) + end
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _framed_chunk([choice], None, chunk_id, end)
 
 
 def _usage_chunk(usage: dict[str, Any], *, chunk_id: str = FIRST_ID) -> bytes:
+    return _framed_chunk([], usage, chunk_id, b"\n\n")
+
+
+def _framed_chunk(
+    choices: list[dict[str, Any]], usage: dict[str, Any] | None, chunk_id: str, end: bytes
+) -> bytes:
     event = {
         "id": chunk_id,
         "object": "chat.completion.chunk",
@@ -67,10 +64,10 @@ def _usage_chunk(usage: dict[str, Any], *, chunk_id: str = FIRST_ID) -> bytes:
         "model": "gpt-4o-2024-08-06",
         "service_tier": "default",
         "system_fingerprint": "fp_07871e2ad8",
-        "choices": [],
+        "choices": choices,
         "usage": usage,
     }
-    return b"data: " + orjson.dumps(event) + b"\n\n"
+    return b"data: " + orjson.dumps(event) + end
 
 
 DONE = b"data: [DONE]\n\n"
@@ -213,32 +210,36 @@ def test_the_last_round_asks_for_no_tool_call_with_the_tools_still_declared() ->
 # ---- calls, usage, final --------------------------------------------------------------------
 
 
-def _answer(
-    tool_calls: list[dict[str, Any]], usage: dict[str, Any] | None = USAGE_2
+def _completion(
+    answer_id: str, message: dict[str, Any], usage: dict[str, Any] | None, **fields: Any
 ) -> dict[str, Any]:
+    """A whole answer of one choice that ends calling tools, with ``fields`` at its top."""
     answer: dict[str, Any] = {
-        "id": "chatcmpl-whole",
+        "id": answer_id,
         "object": "chat.completion",
         "created": 1764625310,
         "model": "gpt-4o-2024-08-06",
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": tool_calls,
-                    "refusal": None,
-                    "annotations": [],
-                },
-                "logprobs": None,
-                "finish_reason": "tool_calls",
-            }
-        ],
-        "system_fingerprint": "fp_07871e2ad8",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        **fields,
     }
     if usage is not None:
         answer["usage"] = usage
+    return answer
+
+
+def _answer(
+    tool_calls: list[dict[str, Any]], usage: dict[str, Any] | None = USAGE_2
+) -> dict[str, Any]:
+    """An answer as the API gives it, null and empty fields included."""
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": tool_calls,
+        "refusal": None,
+        "annotations": [],
+    }
+    answer = _completion("chatcmpl-whole", message, usage, system_fingerprint="fp_07871e2ad8")
+    answer["choices"][0]["logprobs"] = None
     return answer
 
 
@@ -418,32 +419,13 @@ def test_a_clients_own_tool_calls_pass_untouched() -> None:
 
 
 def _round_answer(usage: dict[str, Any] | None = USAGE_1) -> dict[str, Any]:
-    answer: dict[str, Any] = {
-        "id": FIRST_ID,
-        "object": "chat.completion",
-        "created": 1764625310,
-        "model": "gpt-4o-2024-08-06",
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": "Let me read that output again.",
-                    "tool_calls": [
-                        _call(
-                            "call_R1",
-                            RECALL_TOOL_NAME,
-                            '{"ref": "r2b4c6d7e2f3g", "start_line": 120}',
-                        )
-                    ],
-                },
-                "finish_reason": "tool_calls",
-            }
-        ],
+    recall = _call("call_R1", RECALL_TOOL_NAME, '{"ref": "r2b4c6d7e2f3g", "start_line": 120}')
+    message = {
+        "role": "assistant",
+        "content": "Let me read that output again.",
+        "tool_calls": [recall],
     }
-    if usage is not None:
-        answer["usage"] = usage
-    return answer
+    return _completion(FIRST_ID, message, usage)
 
 
 def test_a_recall_call_is_not_relayed_and_its_round_is_put_together_as_a_whole_answer() -> None:
