@@ -48,10 +48,11 @@ _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 #: (a client reads it as the upstream wrote it; a recall reader can no longer
 #: put that round's answer together, so the round does not recall).
 MAX_EVENT_BYTES: Final = 8 << 20
-#: The most of one round's events a recall reader keeps to put the round's
-#: answer together (the follow-up request repeats it to the model). Past it,
-#: a recall call that starts later in the round is dropped, and a round that
-#: has already recalled keeps nothing more (its answer lacks what came after).
+#: The most a recall reader keeps of one round to put its answer together
+#: (the follow-up request repeats it to the model): Chat's and Anthropic's
+#: events, Responses' finished items and response. Past it, a recall call
+#: that starts later in the round is dropped, and a round that has already
+#: recalled keeps nothing more (its answer lacks what came after).
 MAX_KEPT_BYTES: Final = 32 << 20
 
 #: Two line ends in a row: the blank line that ends an event. A ``\r`` is a
