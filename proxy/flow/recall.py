@@ -46,6 +46,7 @@ from compaction import (
     RECALL_TOOL_NAME,
     Message,
     RecallRequest,
+    TokenCounter,
     find_original,
     message_text,
     parse_request,
@@ -53,10 +54,12 @@ from compaction import (
 )
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 from proxy.edge.errors import ProxyError
+from proxy.flow.read import Call
 from proxy.flow.send import read_whole, relay_bytes, shown_url
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, recall_salt
 from proxy.state.logs import REQUESTS
+from proxy.state.runtime import ProxyState
 from proxy.state.stores import Event
 from proxy.upstream.transport import BodyLost, UpstreamResponse
 
@@ -104,7 +107,7 @@ class Plan:
 
 
 def plan(
-    call: Any,
+    call: Call,
     resolved: Resolved,
     body: dict[str, Any],
 ) -> Plan | None:
@@ -179,7 +182,7 @@ class Rounds:
     """The recall rounds of one request: what was answered, and what is left."""
 
     plan: Plan
-    counter: Any
+    counter: TokenCounter
     #: The request sent in the current round, and the exchanges appended so far.
     body: dict[str, Any]
     exchanges: list[Any] = dataclasses.field(default_factory=list)
@@ -256,14 +259,14 @@ class Rounds:
             body = surface.no_more_calls(body)
         return orjson.dumps(body)
 
-    def remember(self, state: Any) -> None:
+    def remember(self, state: ProxyState) -> None:
         """Keep the exchanges for the conversation's next turn."""
         if not self.exchanges:
             return
         items = self.plan.body[self.plan.surface.items_key]
         state.recalls.remember(self.plan.owner, items, self.exchanges)
 
-    async def report(self, call: Any, resolved: Resolved) -> None:
+    async def report(self, call: Call, resolved: Resolved) -> None:
         """The metric and the event of what was recalled (nothing when nothing was)."""
         if not self.outcomes:
             return
@@ -283,17 +286,13 @@ class Rounds:
             owner=call.owner,
             notes=tuple(f"{outcome}: {n}" for outcome, n in sorted(self.outcomes.items())),
         )
-        fields = {"api": call.dialect.name, "model": call.config.model or "-"}
+        fields: dict[str, object] = {"api": call.dialect.name, "model": call.config.model or "-"}
         fields.update({"rounds": self.answered, **self.outcomes})
         requests_log.info("recall", extra={"fields": fields})
         await state.store.add_event(event)
 
-    @property
-    def calls(self) -> int:
-        return sum(self.outcomes.values())
 
-
-def rounds_of(call: Any, plan: Plan) -> Rounds:
+def rounds_of(call: Call, plan: Plan) -> Rounds:
     return Rounds(plan=plan, counter=call.state.counter(call.config), body=plan.body)
 
 
@@ -301,7 +300,7 @@ def rounds_of(call: Any, plan: Plan) -> Rounds:
 
 
 async def whole(
-    call: Any,
+    call: Call,
     rounds: Rounds,
     upstream: UpstreamResponse,
     send: Sender,
@@ -360,7 +359,7 @@ class RecallRelay(Response):
 
     def __init__(
         self,
-        call: Any,
+        call: Call,
         rounds: Rounds,
         upstream: UpstreamResponse,
         send: Sender,
