@@ -78,7 +78,7 @@ def _streams(rig: Rig, rounds: int, names: list[str]) -> Rounds:
             found += client.run(client.concurrent_streams(target, request, 1))
         return {"ttfb": ms(statistics.median(s.first_frame for s in found))}
 
-    return rig.interleave(rounds, measure, only=[DIRECT, *names])
+    return rig.interleave(rounds, measure, only=[DIRECT, *names, growing.FORWARDER])
 
 
 def _growing(rig: Rig, rounds: int, turns: int) -> Rounds:
@@ -149,7 +149,7 @@ def compare(base: Path, other: Path, titles: tuple[str, str], rounds: int) -> st
         + f" | {_cell(added(small, growing.FORWARDER, 'p50'))} |",
         "| time to first frame added, 1 stream | ≤ 2 ms | "
         + " | ".join(_cell(added(first, n, "ttfb")) for n in names)
-        + " | — |",
+        + f" | {_cell(added(first, growing.FORWARDER, 'ttfb'))} |",
         f"| growing session at {GROWING_TOKENS // 1000}k tokens, added | — | "
         + " | ".join(_cell(added(grown, n, "p50")) for n in names)
         + f" | {_cell(added(grown, growing.FORWARDER, 'p50'))} |",
