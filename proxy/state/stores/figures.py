@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 #: Per-request figures are kept this long unless configured otherwise.
 DEFAULT_REQUESTS_RETENTION_SECONDS: Final = 7 * 86400.0
@@ -169,46 +169,45 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
                 first_at=record.created_at,
                 last_at=record.created_at,
             )
-        summary = replace(
-            summary,
-            summarizer_calls=summary.summarizer_calls + record.summarizer_calls,
-            summarizer_tokens=summary.summarizer_tokens + record.summarizer_tokens,
-        )
-        if record.background:
-            continue
-        stages, reasons = dict(summary.stages), dict(summary.reasons)
-        if record.compacted:
-            stages[record.stage] = stages.get(record.stage, 0) + 1
-            reasons[record.reason] = reasons.get(record.reason, 0) + 1
-        # The first request of a session first seen through its preparation is its newest.
-        newest = summary.requests == 0 or record.created_at >= summary.last_at
-        summary = replace(
-            summary,
-            requests=summary.requests + 1,
-            compactions=summary.compactions + record.compacted,
-            saved=summary.saved + record.saved,
-            upstream_errors=summary.upstream_errors + record.errors,
-            overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
-            rereads=summary.rereads + record.rereads,
-            first_at=min(summary.first_at, record.created_at),
-            task=summary.task or record.task,
-            stages=stages,
-            reasons=reasons,
-        )
-        if newest:
-            summary = replace(
-                summary,
-                model=record.model,
-                api=record.api,
-                last_at=record.created_at,
-                tokens_before=record.tokens_before,
-                tokens_after=record.tokens_after,
-                input_limit=record.input_limit,
-                trigger=record.trigger,
-                context_window=record.context_window or summary.context_window,
-                window_source=record.window_source or summary.window_source,
-                user_agent=record.user_agent or summary.user_agent,
+        # One new summary per record (a batch folds hundreds on the store's
+        # thread, beside the event loop): the changes are gathered first.
+        changes: dict[str, Any] = {
+            "summarizer_calls": summary.summarizer_calls + record.summarizer_calls,
+            "summarizer_tokens": summary.summarizer_tokens + record.summarizer_tokens,
+        }
+        if not record.background:
+            stages, reasons = summary.stages, summary.reasons
+            if record.compacted:
+                stages, reasons = dict(stages), dict(reasons)
+                stages[record.stage] = stages.get(record.stage, 0) + 1
+                reasons[record.reason] = reasons.get(record.reason, 0) + 1
+            changes.update(
+                requests=summary.requests + 1,
+                compactions=summary.compactions + record.compacted,
+                saved=summary.saved + record.saved,
+                upstream_errors=summary.upstream_errors + record.errors,
+                overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
+                rereads=summary.rereads + record.rereads,
+                first_at=min(summary.first_at, record.created_at),
+                task=summary.task or record.task,
+                stages=stages,
+                reasons=reasons,
             )
+            # The first request of a session first seen through its preparation is its newest.
+            if summary.requests == 0 or record.created_at >= summary.last_at:
+                changes.update(
+                    model=record.model,
+                    api=record.api,
+                    last_at=record.created_at,
+                    tokens_before=record.tokens_before,
+                    tokens_after=record.tokens_after,
+                    input_limit=record.input_limit,
+                    trigger=record.trigger,
+                    context_window=record.context_window or summary.context_window,
+                    window_source=record.window_source or summary.window_source,
+                    user_agent=record.user_agent or summary.user_agent,
+                )
+        summary = replace(summary, **changes)
     if summary is None:
         raise ValueError("nothing to fold")
     return summary
