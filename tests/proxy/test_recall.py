@@ -155,42 +155,43 @@ class Api:
 
 
 def _ask_chat(url: str, key: str, body: dict[str, Any], stream: bool) -> str:
-    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
-    if not stream:
-        answer = client.chat.completions.create(**body)
-        choice = answer.choices[0]
-        assert not choice.message.tool_calls and choice.finish_reason == "stop"
-        return choice.message.content or ""
-    text, finishes = [], []
-    for chunk in client.chat.completions.create(**body, stream=True):
-        for choice in chunk.choices:
-            assert not choice.delta.tool_calls, "the client saw a tool call"
-            text.append(choice.delta.content or "")
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
+    with openai.OpenAI(base_url=url, api_key=key, max_retries=0) as client:
+        if not stream:
+            answer = client.chat.completions.create(**body)
+            choice = answer.choices[0]
+            assert not choice.message.tool_calls and choice.finish_reason == "stop"
+            return choice.message.content or ""
+        text, finishes = [], []
+        for chunk in client.chat.completions.create(**body, stream=True):
+            for choice in chunk.choices:
+                assert not choice.delta.tool_calls, "the client saw a tool call"
+                text.append(choice.delta.content or "")
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
     assert finishes == ["stop"]
     return "".join(text)
 
 
 def _ask_anthropic(url: str, key: str, body: dict[str, Any], stream: bool) -> str:
-    client = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key=key, max_retries=0)
-    if not stream:
-        message = client.messages.create(**body)
-    else:
-        with client.messages.stream(**body) as events:
-            message = events.get_final_message()
+    base = url.removesuffix("/v1")
+    with anthropic.Anthropic(base_url=base, api_key=key, max_retries=0) as client:
+        if not stream:
+            message = client.messages.create(**body)
+        else:
+            with client.messages.stream(**body) as events:
+                message = events.get_final_message()
     assert [b.type for b in message.content if b.type != "text"] == []
     assert message.stop_reason == "end_turn"
     return "".join(b.text for b in message.content if b.type == "text")
 
 
 def _ask_responses(url: str, key: str, body: dict[str, Any], stream: bool) -> str:
-    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
-    if not stream:
-        response = client.responses.create(**body)
-    else:
-        with client.responses.stream(**body) as events:
-            response = events.get_final_response()
+    with openai.OpenAI(base_url=url, api_key=key, max_retries=0) as client:
+        if not stream:
+            response = client.responses.create(**body)
+        else:
+            with client.responses.stream(**body) as events:
+                response = events.get_final_response()
     assert [item.type for item in response.output if item.type != "message"] == []
     return response.output_text
 
