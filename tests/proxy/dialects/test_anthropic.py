@@ -555,8 +555,10 @@ def test_summary_text_joins_text_blocks_and_refuses_the_rest() -> None:
 
 def test_the_scripted_upstream_runs_a_client_loop_and_enforces_the_api() -> None:
     upstream = AnthropicUpstream(window=3_000, tool_turns=3)
-    with serve_in_thread(upstream.app()) as url:
-        client = anthropic.Anthropic(api_key="k", base_url=url, max_retries=0)
+    with (
+        serve_in_thread(upstream.app()) as url,
+        anthropic.Anthropic(api_key="k", base_url=url, max_retries=0) as client,
+    ):
         full = claude_code_request(1)
         body = {k: full[k] for k in ("model", "system", "tools", "thinking", "metadata")}
         body["max_tokens"] = 1_000

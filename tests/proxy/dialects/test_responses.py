@@ -548,8 +548,10 @@ def test_the_pairing_rules_use_the_apis_wording() -> None:
 
 def test_the_upstream_runs_an_sdk_loop_and_refuses_an_overflow() -> None:
     upstream = ResponsesUpstream(tool_turns=2)
-    with serve_in_thread(upstream.app()) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+    with (
+        serve_in_thread(upstream.app()) as url,
+        openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0) as client,
+    ):
         items: list[Any] = [{"role": "user", "content": "read the parts"}]
         tools: Any = [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]
         for _ in range(3):
