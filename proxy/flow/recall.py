@@ -128,15 +128,16 @@ def plan(
     state = call.state
     restored = state.recalls.restore(call.owner, items)
     counter = state.counter(call.config)
+    left = resolved.result.input_limit - resolved.result.tokens_after
     extra = counter.count_text(orjson.dumps(tooled["tools"][-1]).decode())
-    extra += sum(counter.count_text(orjson.dumps(item).decode()) for item in restored.added)
-    room = resolved.result.input_limit - resolved.result.tokens_after - extra
-    if room < 0 and restored.exchanges:
+    put_back = sum(counter.count_text(orjson.dumps(item).decode()) for item in restored.added)
+    if put_back > left - extra:
         # The exchanges put back do not fit: sent without them (the model may
         # recall again), which is what the compaction counted.
         restored = dataclasses.replace(restored, items=items, exchanges=())
-        extra = counter.count_text(orjson.dumps(tooled["tools"][-1]).decode())
-        room = resolved.result.input_limit - resolved.result.tokens_after - extra
+        put_back = 0
+    extra += put_back
+    room = left - extra
     if room < 0:
         return None
     if restored.exchanges:
