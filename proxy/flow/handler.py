@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -137,11 +138,17 @@ async def _forward(call: Call, started: float) -> Response:
         if await _empty_again(call, resolved, upstream):
             return _empty_stream_error(call, resolved, upstream, started)
     try:
-        _finish(call, resolved, upstream.status, started)
         tap = _usage_tap(call, resolved, recalling)
         if recalling is not None and upstream.status == 200:
+            _finish(call, resolved, upstream.status, started)
             return await _recall(call, resolved, upstream, recalling, tap)
-        return Relay(upstream, resolved.headers(), tap, dialect=call.dialect)
+        # Its log line, metrics and figures are written once the client has
+        # the answer (see Relay): the client need not wait for them. Their
+        # time is this one, to the upstream's head, as before the relay.
+        finish = functools.partial(
+            _finish, call, resolved, upstream.status, started, ended=time.perf_counter()
+        )
+        return Relay(upstream, resolved.headers(), tap, dialect=call.dialect, after=finish)
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
@@ -444,12 +451,15 @@ def _finish(
     *,
     upstream: bool = True,
     error: str = "",
+    ended: float | None = None,
 ) -> None:
     """Metrics and the one log line of a chat request (no content, no secrets).
 
     ``status`` is the upstream's, or — with ``upstream=False`` (``/compact``,
-    answered by the proxy) — the proxy's own.
+    answered by the proxy) — the proxy's own. ``ended`` is when the answer's
+    head was in (``time.perf_counter()``; by default, now).
     """
+    ms = ((time.perf_counter() if ended is None else ended) - started) * 1000
     metrics = call.state.metrics
     metrics.record_request(call.config.model, resolved.result, resolved.tokens_before)
     metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
@@ -463,7 +473,7 @@ def _finish(
         "tokens_before": resolved.tokens_before,
         "tokens_after": resolved.result.tokens_after,
         "upstream_status" if upstream else "status": status,
-        "ms": round((time.perf_counter() - started) * 1000, 1),
+        "ms": round(ms, 1),
     }
     if error:
         fields["error"] = error
@@ -474,7 +484,6 @@ def _finish(
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
     if call.state.recorder is not None:  # queued for the dashboard; never waits
-        ms = (time.perf_counter() - started) * 1000
         record = request_record(call, resolved, status, ms, error=error, rereads=rereads)
         call.state.recorder.record(record)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from starlette.responses import Response
@@ -207,6 +207,14 @@ class Relay(Response):
     unfinished: the connection is closed without the last chunk, so no client
     takes a cut-off answer for a whole one (an SSE client gets an error event
     first).
+
+    ``after`` is the request's bookkeeping (its log line, metrics and
+    figures): called once, as soon as the client has its answer — a whole
+    body, or a stream's first chunk — or, if none went out, once the relay
+    ends. It runs in this task with no await between that send and it, so
+    it is done before the event loop serves anything else: a client that
+    reads ``/metrics`` once it has its answer finds the request counted
+    there. The client does not wait for it.
     """
 
     def __init__(
@@ -215,8 +223,10 @@ class Relay(Response):
         extra_headers: Mapping[str, str],
         tap: UsageTap | None = None,
         dialect: Dialect = CHAT,
+        after: Callable[[], None] | None = None,
     ) -> None:
         self.upstream = upstream
+        self._after = after
         #: Whose error event a broken stream ends with.
         self.dialect = dialect
         self.status_code = upstream.status
@@ -247,6 +257,13 @@ class Relay(Response):
             await self._stream(receive, send)
         finally:
             upstream.abort()  # nothing when the body was read to its end
+            self._answered()
+
+    def _answered(self) -> None:
+        """The client has its answer (or the relay ended): ``after``, once."""
+        after, self._after = self._after, None
+        if after is not None:
+            after()
 
     async def _whole(self, body: bytes, scope: Scope, send: Send) -> None:
         headers = self.raw_headers
@@ -259,6 +276,7 @@ class Relay(Response):
             headers = [*headers, (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        self._answered()
         if self.tap is not None:
             self.tap.feed(body)
             self.tap.close()
@@ -280,6 +298,7 @@ class Relay(Response):
                         self.tap.close()
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                self._answered()
                 if self.tap is not None:
                     self.tap.feed(chunk)
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,170 @@
+"""A chat request's bookkeeping — its log line, metrics and figures — is
+written once the client has its answer, and before the app serves anything
+else. The app is driven through raw ASGI here, so what the client was sent
+at each moment is seen message by message (a test client would gather the
+whole answer first)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from starlette.types import ASGIApp, Message
+
+from proxy.app import create_app
+from proxy.state.logs import REQUESTS
+from tests.proxy.inprocess import RecordingTransport, json_reply, settings_for, sse_reply
+
+HI = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
+STREAMED = b'{"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+ANSWER = {
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "gpt-4o",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+COUNTED = b'compaction_proxy_requests_total{model="gpt-4o",stage="none"} 1.0'
+
+
+@asynccontextmanager
+async def _running(app: ASGIApp) -> AsyncIterator[None]:
+    """The app's lifespan, entered and left as a server does."""
+    inbox: asyncio.Queue[Message] = asyncio.Queue()
+    outbox: asyncio.Queue[Message] = asyncio.Queue()
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+
+    async def serve() -> None:
+        await app(scope, inbox.get, outbox.put)
+
+    task = asyncio.create_task(serve())
+    await inbox.put({"type": "lifespan.startup"})
+    assert (await outbox.get())["type"] == "lifespan.startup.complete"
+    try:
+        yield
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await outbox.get()
+        await task
+
+
+async def _call(
+    app: ASGIApp,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    on_send: Callable[[Message], Awaitable[None]] | None = None,
+) -> list[Message]:
+    """One request through the app; every message it sent, in order."""
+    headers = [(b"host", b"127.0.0.1"), (b"content-length", b"%d" % len(body))]
+    if body:
+        headers.append((b"content-type", b"application/json"))
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "server": ("127.0.0.1", 8080),
+        "client": ("127.0.0.1", 40000),
+        "state": {},
+    }
+    delivered = False
+    never = asyncio.Event()
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await never.wait()  # the client stays until its answer is complete
+        return {"type": "http.disconnect"}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+        if on_send is not None:
+            await on_send(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+def _metrics_body(sent: list[Message]) -> bytes:
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def _chat_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == REQUESTS and r.getMessage() == "chat"]
+
+
+@pytest.mark.parametrize(
+    ("body", "reply"),
+    [
+        (HI, json_reply(ANSWER)),
+        (STREAMED, sse_reply({"choices": [{"index": 0, "delta": {"content": "ok"}}]})),
+    ],
+    ids=["whole", "streamed"],
+)
+def test_a_requests_log_line_and_metrics_come_after_its_answer_went_out_and_before_the_app_returns(
+    caplog: pytest.LogCaptureFixture, body: bytes, reply: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    transport = RecordingTransport()
+    transport.script(reply)
+    app = create_app(settings_for(), transport=transport)
+    logged_when_answered: list[int] = []
+
+    async def on_send(message: Message) -> None:
+        if message["type"] == "http.response.body" and not logged_when_answered:
+            # The client holds its first answer bytes now: nothing is logged yet.
+            logged_when_answered.append(len(_chat_lines(caplog)))
+
+    async def run() -> bytes:
+        async with _running(app):
+            await _call(app, "POST", "/v1/chat/completions", body, on_send)
+            # The very next request — nothing ran between the two — sees it counted.
+            return _metrics_body(await _call(app, "GET", "/metrics"))
+
+    exposition = asyncio.run(run())
+    assert logged_when_answered == [0]
+    assert len(_chat_lines(caplog)) == 1
+    assert COUNTED in exposition
+
+
+def test_the_log_lines_milliseconds_run_to_the_upstreams_head_not_to_the_end_of_the_relay(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    now = [1000.0]  # the handler's clock: it moves only when the client reads
+    monkeypatch.setattr("proxy.flow.handler.time", SimpleNamespace(perf_counter=lambda: now[0]))
+    transport = RecordingTransport()
+    transport.script(json_reply(ANSWER))
+    app = create_app(settings_for(), transport=transport)
+
+    async def slow_client(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            now[0] += 10.0  # the client takes ten seconds to read its answer
+
+    async def run() -> None:
+        async with _running(app):
+            await _call(app, "POST", "/v1/chat/completions", HI, slow_client)
+
+    asyncio.run(run())
+    (line,) = _chat_lines(caplog)
+    fields: dict[str, Any] = line.fields  # type: ignore[attr-defined]
+    assert (fields["upstream_status"], fields["ms"]) == (200, 0.0)
