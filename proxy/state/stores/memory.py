@@ -97,6 +97,10 @@ class MemoryStore:
         self._settings: OrderedDict[_Key, tuple[SessionSettings, float]] = OrderedDict()
 
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        return self.lookup_now(hashes)
+
+    def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        # In this process's memory: always known.
         found = {}
         for value in hashes:
             checkpoint = self._by_hash.get(value)

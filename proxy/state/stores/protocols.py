@@ -55,6 +55,17 @@ class CheckpointStore(Protocol):
         """The checkpoints stored under any of ``hashes``, in one round trip."""
         ...
 
+    def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint] | None:
+        """What :meth:`lookup` would answer, when the store knows it without any
+        I/O or wait; ``None`` when it must be asked.
+
+        A growing conversation asks about the same chain, one turn longer,
+        every request, and almost always hears "none": a store that can tell
+        that nothing was written since it last looked answers at once, on the
+        caller's thread. It must never answer wrong: when in doubt, ``None``.
+        """
+        ...
+
     async def put(
         self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
     ) -> None:

@@ -56,7 +56,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import (
@@ -71,6 +71,7 @@ from typing import (
     overload,
 )
 
+from compaction import Checkpoint, Message
 from proxy.state.stores.base import checked_ratio
 from proxy.state.stores.figures import SessionSettings
 from proxy.state.stores.health import Side, StoreHealth
@@ -208,14 +209,12 @@ class ResilientStore:
 
     The class body is the policy, one line per operation: :func:`_degrades` with
     the answer a request can live with, or :func:`_must_answer` for a caller
-    that must know. The few with a rule of their own (``heartbeat``,
+    that must know. The few with a rule of their own (``lookup``, ``put``, ``heartbeat``,
     ``set_calibration``, ``lock``) are written out below them.
     """
 
     # -- the request path: degrade -------------------------------------------
 
-    lookup = _degrades(CheckpointStore.lookup, to=dict, side="read")  # compacted afresh
-    put = _degrades(CheckpointStore.put, to=_nothing)
     add_event = _degrades(EventStore.add_event, to=_nothing)
     fail_interrupted = _degrades(LivenessStore.fail_interrupted, to=int, proves=False)
     set_learned_window = _degrades(WindowStore.set_learned_window, to=_nothing)
@@ -255,6 +254,8 @@ class ResilientStore:
         self._observer = observer
         self.tracks_liveness = store.tracks_liveness
         self._lock_wait = lock_wait
+        #: Puts under way (see :meth:`lookup_now`).
+        self._putting = 0
         #: Calls given up on that had not ended yet, kept until they do.
         self._abandoned: set[asyncio.Future[Any]] = set()
 
@@ -358,6 +359,36 @@ class ResilientStore:
             return fallback()
 
     # -- operations with a rule of their own -------------------------------------
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        # Answered at once when the backend knows the answer without I/O;
+        # else asked, and a store that cannot say means none (compacted afresh).
+        known = self.lookup_now(hashes)
+        if known is not None:
+            return known
+        return await self._soft("lookup", dict, partial(self._store.lookup, hashes), "read")
+
+    def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint] | None:
+        # No I/O to time out or to prove the store healthy by: a backend that
+        # fails here is asked the usual way (and its failure counted then).
+        # While a put is under way here it may not have reached the backend
+        # yet (its call is a task of its own): the backend is asked after it.
+        if self._putting:
+            return None
+        try:
+            return self._store.lookup_now(hashes)
+        except Exception:
+            return None
+
+    async def put(
+        self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
+    ) -> None:
+        call = partial(self._store.put, checkpoint, originals, owner=owner)
+        self._putting += 1
+        try:
+            await self._soft("put", _nothing, call)
+        finally:
+            self._putting -= 1
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         call = partial(self._store.heartbeat, instance, ttl)

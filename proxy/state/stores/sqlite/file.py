@@ -95,6 +95,15 @@ def _connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
+def open_watch(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the database :func:`open_database` opened, for
+    ``PRAGMA data_version`` alone: no busy timeout (a read that would wait
+    fails instead), usable from the thread that reads it, not this one."""
+    connection = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA query_only = ON")
+    return connection
+
+
 class _Damaged(Exception):
     """The file opened as a database but fails its integrity check."""
 

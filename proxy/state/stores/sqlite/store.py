@@ -8,8 +8,10 @@ damaged is :mod:`.file`; its tables and their migrations are :mod:`.schema`.
 
 Two proxies may share the file (WAL mode), so nothing here assumes this
 process is the only writer: the cache of checkpoint end hashes is re-read
-when another connection has committed, and open compactions of another
-instance are closed only at start-up (:meth:`SQLiteStore.fail_interrupted`).
+when another connection has committed (and trusted without the worker's
+thread only while none has: :meth:`SQLiteStore.lookup_now`), and open
+compactions of another instance are closed only at start-up
+(:meth:`SQLiteStore.fail_interrupted`).
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ class SQLiteStore:
         #: was read at; touched by the worker only. See :meth:`_known_ends`.
         self._ends: set[str] | None = None
         self._ends_version = -1
+        #: The watching connection's ``data_version`` read just before the
+        #: worker last re-checked :attr:`_ends`, and this process's writes
+        #: of checkpoints not yet committed; both loop-side. See :meth:`lookup_now`.
+        self._checked_at: int | None = None
+        self._putting = 0
         self._locks = LeaseLocks()
 
     async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -87,9 +94,35 @@ class SQLiteStore:
 
     # -- checkpoints -------------------------------------------------------
 
+    def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint] | None:
+        """ "None of these" without the worker's thread, when that is sure.
+
+        A growing conversation's lookup almost always finds nothing, and
+        waiting for the thread to say so was most of its cost (~0.2 ms of a
+        request at 100k tokens, the proxy on one core). The answer is sure
+        when no connection has committed since the worker last brought
+        :attr:`_ends` up to date (:meth:`Worker.version` unchanged: not
+        another process, not this one's recorder), no checkpoint of this
+        process is being written (:attr:`_putting`: a lookup made after a put
+        was asked for must see it, as the thread's queue would), and no hash
+        is among the ends. A hit still needs its row: the thread reads it.
+        """
+        ends, checked_at = self._ends, self._checked_at
+        if not hashes:
+            return {}
+        if ends is None or checked_at is None or self._putting:
+            return None
+        if self._worker.version() != checked_at:
+            return None
+        # The worker replaces the set rather than changing it, but while a put
+        # runs (``_putting``, refused above): this set is not being changed.
+        return {} if ends.isdisjoint(hashes) else None
+
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         if not hashes:
             return {}
+        # Read before the worker looks: a commit after this shows as a change.
+        seen = self._worker.version()
 
         def work(connection: sqlite3.Connection) -> dict[str, Checkpoint]:
             found: dict[str, Checkpoint] = {}
@@ -108,7 +141,9 @@ class SQLiteStore:
                     found[end_hash] = codec.load_checkpoint(raw)
             return found
 
-        return await self._run(work)
+        found = await self._run(work)
+        self._checked_at = seen
+        return found
 
     def _known_ends(self, connection: sqlite3.Connection) -> set[str]:
         """The end hashes in the file, re-read only when another connection wrote.
@@ -162,7 +197,11 @@ class SQLiteStore:
             if self._ends is not None:
                 self._ends.add(checkpoint.end_hash)
 
-        await self._run(work)
+        self._putting += 1
+        try:
+            await self._run(work)
+        finally:
+            self._putting -= 1
 
     async def get(self, checkpoint_id: str, *, owner: str | None = None) -> Checkpoint | None:
         def work(connection: sqlite3.Connection) -> Checkpoint | None:

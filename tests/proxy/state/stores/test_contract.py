@@ -610,3 +610,37 @@ async def test_data_survives_reopening(backend: Backend) -> None:
     assert await second.events(owner="bob") == []
     assert await second.learned_windows() == {"m": 1000}
     assert await second.calibrations() == {UPSTREAM_KEY: 1.17}
+
+
+async def test_an_answer_given_at_once_is_always_the_lookups_answer(backend: Backend) -> None:
+    """``lookup_now`` may always say "ask me" (None); whatever else it says is
+    what ``lookup`` says, also right after another store on the same place (another
+    process) or this one wrote, and while this one's write is still under way."""
+    first = backend.open()
+    other = backend.open() if backend.shared else first
+    chain = ["a", "b", "c"]
+
+    async def agreed() -> dict[str, Checkpoint] | None:
+        now = first.lookup_now(chain)
+        asked = await first.lookup(chain)
+        assert now is None or now == asked
+        return now
+
+    await agreed()
+    await agreed()  # the steady state of a conversation nothing was stored for
+    made = checkpoint("b")
+    await other.put(made, ORIGINALS)
+    await agreed()
+    assert await first.lookup(chain) == {"b": made}
+
+    fresh = ["x", "y"]
+    await first.lookup(fresh)
+    await first.lookup(fresh)
+    mine = checkpoint("y", id="cp-y")
+    writing = asyncio.create_task(first.put(mine))
+    await asyncio.sleep(0)  # the write has begun, not ended
+    assert first.lookup_now(fresh) in (None, {"y": mine})
+    await writing
+    assert first.lookup_now(fresh) in (None, {"y": mine})
+    assert await first.lookup(fresh) == {"y": mine}
+    assert first.lookup_now([]) == {}

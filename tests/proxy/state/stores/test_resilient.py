@@ -47,6 +47,15 @@ class FaultyStore:
                 self.cancelled.append(name)
                 raise
 
+    #: What ``lookup_now`` does: "ask" (answer None, as a remote store does),
+    #: "know" (the memory store's answer) or "raise".
+    now = "ask"
+
+    def lookup_now(self, hashes: list[str]) -> Any:
+        if self.now == "raise":
+            raise OSError(5, "Input/output error")
+        return self.inner.lookup_now(hashes) if self.now == "know" else None
+
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)
         if name == "lock":
@@ -363,3 +372,27 @@ async def test_a_lock_taken_after_its_caller_gave_up_is_released() -> None:
     release_taking.set()  # the abandoned taking now gets the lock …
     async with asyncio.timeout(10), inner.lock("span", ttl=60):
         pass  # … and lets it go at once, so another may take it
+
+
+async def test_a_lookup_the_backend_knows_at_once_is_no_store_call() -> None:
+    faulty = FaultyStore()
+    store, recorder = guarded(faulty)
+    made = checkpoint()
+    await faulty.inner.put(made, ORIGINALS)
+    faulty.now = "know"
+    faulty.fault = "error"  # the call would fail: it is not made
+
+    assert await store.lookup(["h1", "other"]) == {"h1": made}
+    assert faulty.calls == [] and recorder.calls == [] and recorder.failed == []
+
+
+async def test_a_backend_that_fails_to_answer_at_once_is_asked_the_usual_way() -> None:
+    faulty = FaultyStore()
+    store, recorder = guarded(faulty)
+    made = checkpoint()
+    await faulty.inner.put(made, ORIGINALS)
+    faulty.now = "raise"
+
+    assert store.lookup_now(["h1"]) is None
+    assert await store.lookup(["h1"]) == {"h1": made}
+    assert faulty.calls == ["lookup"] and recorder.calls == ["lookup"]

@@ -28,6 +28,7 @@ from proxy.state.stores import (
 )
 from proxy.state.stores.sqlite import MIGRATIONS, SCHEMA_VERSION, migrate, schema_version
 from tests.proxy.state.stores.test_contract import ORIGINALS, checkpoint, event
+from tests.proxy.state.stores.test_figures_contract import record
 
 pytestmark = pytest.mark.anyio
 
@@ -455,3 +456,62 @@ async def test_a_directory_the_user_chose_is_left_as_it_is_with_a_warning(
     assert _mode(shared / "state.db") == 0o600
     assert any("open to other users" in record.getMessage() for record in caplog.records)
     await store.close()
+
+
+async def test_a_chain_with_no_checkpoint_is_answered_without_the_thread_until_a_commit(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(path)
+    chain = [f"h{i}" for i in range(1000)]
+    try:
+        assert store.lookup_now(chain) is None  # nothing read yet: ask
+        assert await store.lookup(chain) == {}  # opens the file
+        assert store.lookup_now(chain) is None
+        assert await store.lookup(chain) == {}
+        assert store.lookup_now(chain) == {}  # nothing committed since
+        assert store.lookup_now([*chain, "h1000"]) == {}  # the next turn's chain
+
+        await store.record_requests([record()])  # any commit, this process's own too
+        assert store.lookup_now(chain) is None
+        assert await store.lookup(chain) == {}
+        assert store.lookup_now(chain) == {}
+
+        # Another process (here: a connection of its own, as an older proxy
+        # would write it) stores a checkpoint on the chain: never answered "none".
+        made = checkpoint("h500")
+        with sqlite3.connect(path) as other:
+            _insert_checkpoint(other, made)
+        assert store.lookup_now(chain) is None
+        assert await store.lookup(chain) == {"h500": made}
+        assert store.lookup_now(chain) is None  # a hit needs its row: the thread reads it
+        assert store.lookup_now(chain[:500]) == {}
+    finally:
+        await store.close()
+    assert store.lookup_now(chain[:500]) is None  # closed: nothing is known
+
+
+async def test_a_lookup_made_while_a_checkpoint_is_being_written_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    chain = ["x", "y"]
+    gate = threading.Event()
+    try:
+        await store.lookup(chain)
+        await store.lookup(chain)
+        assert store.lookup_now(chain) == {}
+        # The worker is busy: the put waits in its queue, nothing committed yet.
+        busy = asyncio.ensure_future(store._worker.run(lambda connection: gate.wait(10)))
+        mine = checkpoint("y")
+        writing = asyncio.create_task(store.put(mine))
+        await asyncio.sleep(0)
+        assert store.lookup_now(chain) is None  # not "none": the put was asked for first
+        asking = asyncio.create_task(store.lookup(chain))
+        gate.set()
+        await busy
+        await writing
+        assert await asking == {"y": mine}  # the thread's queue keeps the order
+    finally:
+        gate.set()
+        await store.close()
