@@ -158,11 +158,12 @@ def _closings(raw: bytes, first: bytes | None) -> Iterator[int]:
     :data:`MAX_BOUNDARY_TRIES` of them; a key written otherwise (escaped) finds
     none, and the body is read in full each time."""
     if first is None:
-        stripped = raw.rstrip(_WHITESPACE)
-        if stripped.endswith(b"}"):
-            close = stripped[:-1].rstrip(_WHITESPACE)
-            if close.endswith(b"]"):
-                yield len(close) - 1
+        # By offsets: a slice of the body would copy all of it.
+        end = _before_whitespace(raw, len(raw))
+        if raw[end - 1 : end] == b"}":
+            close = _before_whitespace(raw, end - 1)
+            if raw[close - 1 : close] == b"]":
+                yield close - 1
         return
     stop = len(raw)
     tries = 0
@@ -179,6 +180,13 @@ def _closings(raw: bytes, first: bytes | None) -> Iterator[int]:
             continue
         tries += 1
         yield max(at - 64, 0) + len(before) - 1
+
+
+def _before_whitespace(raw: bytes, stop: int) -> int:
+    """The offset after the last byte before ``stop`` that is not whitespace."""
+    while stop > 0 and raw[stop - 1] in _WHITESPACE:
+        stop -= 1
+    return stop
 
 
 def continue_body(raw: bytes, reading: Reading) -> Continued | None:
