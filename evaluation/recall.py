@@ -67,10 +67,10 @@ from evaluation.facts import (
     last_errors,
 )
 from evaluation.probes import request_text
-from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL
-from proxy.dialects.chat_recall import CHAT_RECALL
+from proxy.dialects.anthropic.recall import ANTHROPIC_RECALL
+from proxy.dialects.chat.recall import CHAT_RECALL
 from proxy.dialects.recall import RecallCall, RecallSurface
-from proxy.dialects.responses_recall import RESPONSES_RECALL
+from proxy.dialects.responses.recall import RESPONSES_RECALL
 from proxy.flow.recall import Plan, Rounds
 
 #: The windows recall is measured at: the small ones, where compaction removes most.

@@ -1,13 +1,22 @@
 """The APIs the proxy compacts: each maps its requests to the engine's conversation.
 
-``base.py`` holds the contract (:class:`~proxy.dialects.base.Dialect`) and the
-mapping machinery every dialect shares; ``chat.py`` (Chat Completions, the
-engine's own format), ``anthropic.py`` (``POST /v1/messages``, with the API's
-pairing rule in ``anthropic_pairing.py``) and ``responses.py``
-(``POST /v1/responses``) implement it. Each also answers for what the proxy
-writes in its API — the ``/compact`` reply, whole and streamed, and the error
-event of a broken stream (``anthropic_replies.py``, ``responses_replies.py``;
-chat's in ``chat.py``) — every event framed by ``sse.py``, the one SSE writer.
+One folder per API, the shared contract beside them:
+
+- ``base.py``: the contract (:class:`~proxy.dialects.base.Dialect`, what a
+  request reads as, :class:`~proxy.dialects.base.Reading`) and the mapping
+  machinery every dialect shares;
+- ``recall.py``: the recall contract, what each API answers for the tool the
+  proxy adds; ``sse.py``: the one SSE splitter and writer, framing every event;
+- ``chat/`` (Chat Completions, the engine's own format), ``anthropic/``
+  (``POST /v1/messages``) and ``responses/`` (``POST /v1/responses``): each
+  holds its dialect in ``dialect.py`` and its side of recall in
+  ``recall.py``; Anthropic's pairing rule is in ``anthropic/pairing.py``.
+
+Each API also answers for what the proxy writes in it — the ``/compact``
+reply, whole and streamed, and the error event of a broken stream
+(``anthropic/replies.py``, ``responses/replies.py``; chat's in
+``chat/dialect.py``). The rest of the proxy imports a dialect from its folder
+(``from proxy.dialects.chat import CHAT``) and the contract from ``base.py``.
 Nothing outside this package asks which API a request speaks (a test reads
-the source for it): a fourth API is a new module here.
+the source for it): a fourth API is a new folder here.
 """

@@ -27,7 +27,7 @@ from evaluation.recall import (
     tool_tokens,
 )
 from proxy.cli.commands import main
-from proxy.dialects.chat_recall import RECALL_TOOL
+from proxy.dialects.chat.recall import RECALL_TOOL
 
 WINDOW = 8_192
 MODEL = "gpt-4o"

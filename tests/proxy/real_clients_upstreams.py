@@ -25,11 +25,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream, is_summary_request
-from tests.proxy.dialects.anthropic_upstream import _events as anthropic_events
-from tests.proxy.dialects.responses_upstream import Received as ResponsesReceived
-from tests.proxy.dialects.responses_upstream import ResponsesUpstream
-from tests.proxy.dialects.responses_upstream import _message as message_item
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream, is_summary_request
+from tests.proxy.dialects.anthropic.upstream import _events as anthropic_events
+from tests.proxy.dialects.responses.upstream import Received as ResponsesReceived
+from tests.proxy.dialects.responses.upstream import ResponsesUpstream
+from tests.proxy.dialects.responses.upstream import _message as message_item
 from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT
 
 _FOCUS = re.compile(r"<focus>\s*(.*?)\s*</focus>", re.S)

@@ -33,14 +33,14 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from tests.proxy.dialects.anthropic_sessions import signature
-from tests.proxy.dialects.anthropic_upstream import (
+from tests.proxy.dialects.anthropic.sessions import signature
+from tests.proxy.dialects.anthropic.upstream import (
     AnthropicUpstream,
     error_body,
     is_summary_request,
 )
-from tests.proxy.dialects.anthropic_upstream import _events as anthropic_events
-from tests.proxy.dialects.responses_upstream import (
+from tests.proxy.dialects.anthropic.upstream import _events as anthropic_events
+from tests.proxy.dialects.responses.upstream import (
     OUTPUT_TYPES,
     Received,
     ResponsesUpstream,

@@ -12,7 +12,7 @@ import httpx
 import orjson
 
 from config import load_settings
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
 from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
 
 BETA = "interleaved-thinking-2025-05-14,context-1m-2025-08-07"

@@ -21,8 +21,8 @@ import pytest
 from openai import OpenAI
 
 from config import load_settings
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
-from tests.proxy.dialects.responses_upstream import ResponsesUpstream
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
+from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
 
 COMPACTED = ("pruned", "condensed", "truncated")

@@ -20,6 +20,8 @@ PROXY = ROOT / "proxy"
 #: What the top level of proxy/ may hold besides the stage folders.
 TOP_LEVEL_MODULES = {"__init__.py", "app.py"}
 STAGES = {"edge", "flow", "session", "dialects", "upstream", "state", "api", "ui", "cli"}
+#: What proxy/dialects/ holds beside one folder per API: the contracts they share.
+DIALECT_CONTRACTS = {"__init__.py", "base.py", "recall.py", "sse.py"}
 
 
 def _module_name(path: Path) -> str:
@@ -110,6 +112,18 @@ def test_the_top_level_of_proxy_holds_only_the_app_and_the_stage_folders() -> No
     folders = {p.name for p in PROXY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert files == TOP_LEVEL_MODULES
     assert folders == STAGES
+
+
+def test_dialects_hold_the_shared_contracts_and_one_folder_per_api() -> None:
+    dialects = PROXY / "dialects"
+    files = {p.name for p in dialects.iterdir() if p.is_file() and p.suffix == ".py"}
+    apis = sorted(p for p in dialects.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert files == DIALECT_CONTRACTS
+    assert apis, "no API folder in proxy/dialects/"
+    for api in apis:
+        assert {"dialect.py", "recall.py"} <= {p.name for p in api.glob("*.py")}, api.name
+        docstring = ast.get_docstring(ast.parse((api / "__init__.py").read_text()))
+        assert docstring, f"proxy/dialects/{api.name}/__init__.py has no docstring"
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))

@@ -23,8 +23,8 @@ import pytest
 from compaction import session_key
 from config import load_settings
 from proxy.state.logs import REQUESTS
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
-from tests.proxy.dialects.responses_upstream import ResponsesUpstream
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
+from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
 from tests.proxy.servers import FakeUpstream
 

@@ -40,8 +40,8 @@ import pytest
 
 from config import load_settings
 from proxy.app import create_app
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
-from tests.proxy.dialects.responses_upstream import ResponsesUpstream
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
+from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.real_clients_sessions import ClaudeStream, CodexAppServer, gate
 from tests.proxy.real_clients_upstreams import (
     Answered,

@@ -44,7 +44,7 @@ from proxy.dialects.anthropic import ANTHROPIC, pairing_problems
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
-from tests.proxy.dialects.anthropic_sessions import (
+from tests.proxy.dialects.anthropic.sessions import (
     SEEDS,
     claude_code_request,
     from_chat,
@@ -52,8 +52,8 @@ from tests.proxy.dialects.anthropic_sessions import (
     thinking_block,
 )
 from tests.proxy.dialects.conformance import Accounting, DialectName, account, blocks
-from tests.proxy.dialects.responses_shapes import chat_to_responses, codex_request
-from tests.proxy.dialects.responses_upstream import pairing_errors
+from tests.proxy.dialects.responses.shapes import chat_to_responses, codex_request
+from tests.proxy.dialects.responses.upstream import pairing_errors
 
 COUNTER = TokenCounter("gpt-4o")
 FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
@@ -569,9 +569,10 @@ def test_a_user_message_between_parallel_outputs_never_leaves_an_output_without_
 def test_claude_code_and_codex_sessions_are_accounted_for(
     dialect: DialectName, window: int
 ) -> None:
-    """The shapes those clients send (tests.proxy.dialects.anthropic_sessions and
-    responses_shapes): Claude Code's reminders beside results, markers on the
-    system and the last block, signed thinking; Codex's reasoning and patches."""
+    """The shapes those clients send (tests.proxy.dialects.anthropic.sessions and
+    tests.proxy.dialects.responses.shapes): Claude Code's reminders beside
+    results, markers on the system and the last block, signed thinking;
+    Codex's reasoning and patches."""
     if dialect == "anthropic":
         body = claude_code_request(40, output_chars=6_000)
         body["max_tokens"] = 2_048

@@ -307,9 +307,10 @@ class Dialects:
 
 
 def _dialects() -> Dialects:
-    """Every dialect singleton in proxy/dialects/, found by its shape (a fourth API counts too)."""
+    """Every dialect singleton in proxy/dialects/ and its API folders, found by its
+    shape (a fourth API counts too, whatever its folder's ``__init__`` exports)."""
     singletons, classes, names = set(), set(), set()
-    for info in pkgutil.iter_modules(proxy.dialects.__path__, "proxy.dialects."):
+    for info in pkgutil.walk_packages(proxy.dialects.__path__, "proxy.dialects."):
         module = importlib.import_module(info.name)
         for variable, value in vars(module).items():
             if isinstance(value, type) or not all(
@@ -419,7 +420,7 @@ def test_using_a_dialect_without_asking_which_it_is_is_allowed(source: str) -> N
 
 
 def test_no_module_outside_proxy_dialects_branches_on_the_api() -> None:
-    """A fourth API is one new module in proxy/dialects/: the request path
+    """A fourth API is one new folder in proxy/dialects/: the request path
     (flow, session, upstream, edge, state, api, ui, cli) asks its dialect,
     never which dialect it has."""
     found = {

@@ -16,13 +16,13 @@ from compaction.decide import calibrated_budget, decide
 from compaction.execute import execute
 from compaction.results import new_checkpoint
 from proxy.dialects.anthropic import ANTHROPIC
-from proxy.dialects.anthropic_pairing import keep_system_placement
+from proxy.dialects.anthropic.pairing import keep_system_placement
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
-from tests.proxy.dialects.anthropic_sessions import claude_code_request
-from tests.proxy.dialects.responses_shapes import codex_request
-from tests.proxy.dialects.responses_upstream import pairing_errors
+from tests.proxy.dialects.anthropic.sessions import claude_code_request
+from tests.proxy.dialects.responses.shapes import codex_request
+from tests.proxy.dialects.responses.upstream import pairing_errors
 from tests.synthetic import agent_session
 
 COUNTER = TokenCounter("gpt-4o")

@@ -1,4 +1,4 @@
-"""proxy.dialects.chat_recall: the recall tool in Chat's shape, its calls read back, the
+"""proxy.dialects.chat.recall: the recall tool in Chat's shape, its calls read back, the
 follow-up request, and a chunk stream continued over rounds.
 
 The streams are built from chunks shaped as OpenAI writes them (every chunk with
@@ -21,7 +21,7 @@ from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
 from compaction.recall import RECALL_TOOL_NAME
-from proxy.dialects.chat_recall import CHAT_RECALL, RECALL_TOOL, ChatRecallStream
+from proxy.dialects.chat.recall import CHAT_RECALL, RECALL_TOOL, ChatRecallStream
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 
 FIRST_ID = "chatcmpl-AaFirst"

@@ -43,8 +43,8 @@ an object); new messages (the summary, a truncation note) become user
 messages of one text block. A last pass keeps the API's pairing rule — every
 ``tool_result`` answers a ``tool_use`` of the message just before, every
 ``tool_use`` is answered at the start of the next — by turning what would
-break it into text (``anthropic_pairing.keep_pairing``); the engine keeps
-tool groups whole, so this is a safety net.
+break it into text (:func:`proxy.dialects.anthropic.pairing.keep_pairing`);
+the engine keeps tool groups whole, so this is a safety net.
 
 **Cache breakpoints.** A ``cache_control`` marker on a block that is sent
 stays on it. A marker on a block the engine condensed or dropped moves to
@@ -71,15 +71,15 @@ import orjson
 
 from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
-from proxy.dialects import anthropic_replies as replies
-from proxy.dialects.anthropic_pairing import (
+from proxy.dialects.anthropic import replies
+from proxy.dialects.anthropic.pairing import (
     as_json,
     is_result,
     keep_pairing,
     pairing_problems,
     text_block,
 )
-from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL
+from proxy.dialects.anthropic.recall import ANTHROPIC_RECALL
 from proxy.dialects.base import ORIGIN, Mapped, Reading, origin_of, read_mapped, rebuild
 from proxy.edge.errors import BadRequest
 

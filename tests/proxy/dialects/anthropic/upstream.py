@@ -41,7 +41,7 @@ from starlette.types import ASGIApp
 from compaction import TokenCounter
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from proxy.dialects.anthropic import pairing_problems
-from tests.proxy.dialects.anthropic_sessions import signature
+from tests.proxy.dialects.anthropic.sessions import signature
 from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT, Received
 
 #: What the API charges per message and per image (its documented ~1,600 for a 1,092 px image).

@@ -20,7 +20,7 @@ from compaction import Message, SummarizationError
 from config import ModelConfig
 from proxy.dialects import sse
 from proxy.dialects.base import Mapped, Reading
-from proxy.dialects.chat_recall import CHAT_RECALL
+from proxy.dialects.chat.recall import CHAT_RECALL
 from proxy.edge.body import parse_chat_body
 
 

@@ -28,12 +28,12 @@ from compaction import (
 from proxy.dialects.base import ORIGIN, Dialect, clean
 from proxy.dialects.responses import CODEX_COMPACTION_PROMPT, RESPONSES
 from proxy.edge.errors import BadRequest
-from tests.proxy.dialects.responses_shapes import (
+from tests.proxy.dialects.responses.shapes import (
     chat_to_responses,
     codex_request,
     synthetic_request,
 )
-from tests.proxy.dialects.responses_upstream import (
+from tests.proxy.dialects.responses.upstream import (
     OVERFLOW_MESSAGE,
     ResponsesUpstream,
     pairing_errors,
@@ -43,7 +43,7 @@ from tests.proxy.servers import serve_in_thread
 from tests.synthetic import conversations
 
 COUNTER = TokenCounter("gpt-4o")
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[5] / "shared" / "fixtures"
 CORPUS = [
     path
     for path in (sorted(FIXTURES.glob("*/*.json")) if FIXTURES.is_dir() else [])

@@ -1,7 +1,7 @@
-"""proxy.dialects.responses_recall: the recall tool, its calls and a stream over rounds.
+"""proxy.dialects.responses.recall: the recall tool, its calls and a stream over rounds.
 
 The streams are the API's typed event sequence as the scripted upstream
-writes it (``responses_upstream._events``), framed and numbered as the API
+writes it (``responses.upstream._events``), framed and numbered as the API
 sends them, fed to the reader in chunks cut anywhere.
 """
 
@@ -20,10 +20,10 @@ from pydantic import TypeAdapter
 from compaction.recall import RECALL_TOOL_NAME
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
-from proxy.dialects.responses_recall import RECALL_TOOL, RESPONSES_RECALL, ResponsesRecallStream
-from tests.proxy.dialects.responses_shapes import codex_request
-from tests.proxy.dialects.responses_upstream import _events, _response
-from tests.proxy.dialects.responses_upstream import _message as message
+from proxy.dialects.responses.recall import RECALL_TOOL, RESPONSES_RECALL, ResponsesRecallStream
+from tests.proxy.dialects.responses.shapes import codex_request
+from tests.proxy.dialects.responses.upstream import _events, _response
+from tests.proxy.dialects.responses.upstream import _message as message
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 

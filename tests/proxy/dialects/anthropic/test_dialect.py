@@ -32,7 +32,7 @@ from compaction.summary import SUMMARY_MARKER
 from proxy.dialects.anthropic import ANTHROPIC, UNCUT, pairing_problems
 from proxy.dialects.base import Dialect, clean
 from proxy.edge.errors import BadRequest
-from tests.proxy.dialects.anthropic_sessions import (
+from tests.proxy.dialects.anthropic.sessions import (
     CACHE,
     SEEDS,
     claude_code_request,
@@ -40,10 +40,10 @@ from tests.proxy.dialects.anthropic_sessions import (
     random_request,
     thinking_block,
 )
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
 from tests.proxy.servers import serve_in_thread
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[5] / "shared" / "fixtures"
 CORPUS = [
     path
     for path in (sorted(FIXTURES.glob("*/*.json")) if FIXTURES.is_dir() else [])

@@ -15,11 +15,11 @@ import orjson
 import pytest
 
 from compaction.recall import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
-from proxy.dialects import anthropic_recall
-from proxy.dialects.anthropic_recall import ANTHROPIC_RECALL, RECALL_TOOL, AnthropicRecallStream
+from proxy.dialects.anthropic import recall as anthropic_recall
+from proxy.dialects.anthropic.recall import ANTHROPIC_RECALL, RECALL_TOOL, AnthropicRecallStream
 from proxy.dialects.recall import RecallCall, Usage
-from tests.proxy.dialects.anthropic_sessions import CACHE, claude_code_request, thinking_block
-from tests.proxy.dialects.anthropic_upstream import AnthropicUpstream
+from tests.proxy.dialects.anthropic.sessions import CACHE, claude_code_request, thinking_block
+from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
 
 RECALL_INPUT = {"ref": "rabcdefghijkl", "start_line": 3}
 

@@ -60,9 +60,9 @@ import orjson
 
 from compaction import Message, SummarizationError, message_text
 from config import ModelConfig
-from proxy.dialects import responses_replies as replies
 from proxy.dialects.base import Mapped, Reading, clean, read_mapped, rebuild
-from proxy.dialects.responses_recall import RESPONSES_RECALL
+from proxy.dialects.responses import replies
+from proxy.dialects.responses.recall import RESPONSES_RECALL
 from proxy.edge.errors import BadRequest
 
 #: First line of Codex's compaction prompt (codex-rs/core/templates/compact/prompt.md):
