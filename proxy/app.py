@@ -290,15 +290,19 @@ def create_app(
             )
             return Response(status_code=499)
         seconds = time.perf_counter() - started
-        state.metrics.record_upstream("other", seconds, upstream.status)
         fields = {
             "method": request.method,
             "path": f"/v1/{path}",
             "upstream_status": upstream.status,
             "ms": round(seconds * 1000, 1),
         }
-        requests_log.info("forward", extra={"fields": fields})
-        return Relay(upstream, {}, tap if upstream.status == 200 else None)
+
+        def forwarded() -> None:
+            # Once the client has the answer, as on the chat path (see Relay).
+            state.metrics.record_upstream("other", seconds, upstream.status)
+            requests_log.info("forward", extra={"fields": fields})
+
+        return Relay(upstream, {}, tap if upstream.status == 200 else None, after=forwarded)
 
     server = settings.server
     cors: Callable[[ASGIApp], ASGIApp] | None = None

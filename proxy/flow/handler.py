@@ -110,8 +110,9 @@ async def _forward_untouched(call: Call, started: float) -> Response:
         "upstream_status": upstream.status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
-    logger.info("chat", extra={"fields": fields})
-    return Relay(upstream, {}, dialect=call.dialect)
+    # Logged once the client has the answer, as a compacted request is (see _forward).
+    log = functools.partial(logger.info, "chat", extra={"fields": fields})
+    return Relay(upstream, {}, dialect=call.dialect, after=log)
 
 
 async def _forward(call: Call, started: float) -> Response:

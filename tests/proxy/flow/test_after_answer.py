@@ -146,6 +146,65 @@ def test_a_requests_log_line_and_metrics_come_after_its_answer_went_out_and_befo
     assert COUNTED in exposition
 
 
+UNTOUCHED = b'{"model": "gpt-4o", "previous_response_id": "resp_1", "input": "and then?"}'
+RESPONSE = {"id": "resp_2", "object": "response", "status": "completed", "output": []}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "reply", "line", "counted"),
+    [
+        (
+            "POST",
+            "/v1/responses",
+            UNTOUCHED,
+            json_reply(RESPONSE),
+            "chat",
+            b'compaction_proxy_upstream_seconds_count{route="chat"} 1.0',
+        ),
+        (
+            "GET",
+            "/v1/models",
+            b"",
+            json_reply({"object": "list", "data": []}),
+            "forward",
+            b'compaction_proxy_upstream_seconds_count{route="other"} 1.0',
+        ),
+    ],
+    ids=["responses-untouched", "pass-through"],
+)
+def test_a_forwarded_answers_log_line_comes_after_the_answer_and_before_the_app_returns(
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    path: str,
+    body: bytes,
+    reply: Any,
+    line: str,
+    counted: bytes,
+) -> None:
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    transport = RecordingTransport()
+    transport.script(reply)
+    app = create_app(settings_for(), transport=transport)
+    logged_when_answered: list[int] = []
+
+    def lines() -> int:
+        return sum(1 for r in caplog.records if r.name == REQUESTS and r.getMessage() == line)
+
+    async def on_send(message: Message) -> None:
+        if message["type"] == "http.response.body" and not logged_when_answered:
+            logged_when_answered.append(lines())
+
+    async def run() -> bytes:
+        async with _running(app):
+            await _call(app, method, path, body, on_send)
+            return _metrics_body(await _call(app, "GET", "/metrics"))
+
+    exposition = asyncio.run(run())
+    assert len(transport.requests) == 1
+    assert (logged_when_answered, lines()) == ([0], 1)
+    assert counted in exposition
+
+
 def test_the_log_lines_milliseconds_run_to_the_upstreams_head_not_to_the_end_of_the_relay(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
