@@ -18,7 +18,15 @@ from starlette.types import ASGIApp, Message
 
 from proxy.app import create_app
 from proxy.state.logs import REQUESTS
-from tests.proxy.inprocess import RecordingTransport, json_reply, settings_for, sse_reply
+from proxy.upstream.transport import BodyLost
+from tests.proxy.inprocess import (
+    RecordingTransport,
+    Reply,
+    cut_stream,
+    json_reply,
+    settings_for,
+    sse_reply,
+)
 
 HI = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}'
 STREAMED = b'{"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
@@ -203,6 +211,42 @@ def test_a_forwarded_answers_log_line_comes_after_the_answer_and_before_the_app_
     assert len(transport.requests) == 1
     assert (logged_when_answered, lines()) == ([0], 1)
     assert counted in exposition
+
+
+@pytest.mark.parametrize(
+    ("body", "reply", "status"),
+    [
+        (
+            HI,
+            Reply(
+                200,
+                (("content-type", "application/json"),),
+                (b'{"id": "c1", "choi',),
+                broken=BodyLost("cut"),
+            ),
+            502,
+        ),
+        (STREAMED, cut_stream(), 200),
+    ],
+    ids=["whole-body-broken", "stream-broken-before-its-first-event"],
+)
+def test_an_answer_that_breaks_before_the_client_had_any_of_it_is_still_logged_and_counted_once(
+    caplog: pytest.LogCaptureFixture, body: bytes, reply: Reply, status: int
+) -> None:
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    transport = RecordingTransport()
+    transport.script(reply)
+    app = create_app(settings_for(), transport=transport)
+
+    async def run() -> tuple[list[Message], bytes]:
+        async with _running(app):
+            sent = await _call(app, "POST", "/v1/chat/completions", body)
+            return sent, _metrics_body(await _call(app, "GET", "/metrics"))
+
+    sent, exposition = asyncio.run(run())
+    assert sent[0]["status"] == status
+    assert len(_chat_lines(caplog)) == 1
+    assert COUNTED in exposition
 
 
 def test_the_log_lines_milliseconds_run_to_the_upstreams_head_not_to_the_end_of_the_relay(
