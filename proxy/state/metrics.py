@@ -110,6 +110,14 @@ class Metrics:
             buckets=_STORE_BUCKETS,
             registry=r,
         )
+        self.store_at_once = Counter(
+            "compaction_proxy_store_answered_at_once",
+            "Store operations answered without a store call: checkpoint lookups the "
+            "store knew had nothing to find (nothing written since it last looked). "
+            "Not in compaction_proxy_store_seconds, which times calls.",
+            ["operation"],
+            registry=r,
+        )
         self.store_errors = Counter(
             "compaction_proxy_store_errors",
             "Store calls that failed, timed out, or were skipped after a timeout; "
@@ -227,6 +235,9 @@ class Metrics:
         if latency is None:
             latency = self._store_latency[operation] = self.store_latency.labels(operation)
         latency.observe(seconds)
+
+    def store_answered_at_once(self, operation: str) -> None:
+        self.store_at_once.labels(operation).inc()
 
     def store_failed(self, operation: str, kind: FailureKind) -> None:
         self.store_errors.labels(operation, kind).inc()

@@ -110,6 +110,10 @@ class StoreObserver(Protocol):
 
     def store_call(self, operation: str, seconds: float) -> None: ...
 
+    def store_answered_at_once(self, operation: str) -> None:
+        """An operation answered without a call (``lookup_now``): no latency to count."""
+        ...
+
     def store_failed(self, operation: str, kind: FailureKind) -> None: ...
 
 
@@ -365,6 +369,8 @@ class ResilientStore:
         # else asked, and a store that cannot say means none (compacted afresh).
         known = self.lookup_now(hashes)
         if known is not None:
+            if self._observer is not None:
+                self._observer.store_answered_at_once("lookup")
             return known
         return await self._soft("lookup", dict, partial(self._store.lookup, hashes), "read")
 

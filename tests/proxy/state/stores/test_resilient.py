@@ -81,9 +81,13 @@ class Recorder:
     def __init__(self) -> None:
         self.failed: list[tuple[str, FailureKind]] = []
         self.calls: list[str] = []
+        self.at_once: list[str] = []
 
     def store_call(self, operation: str, seconds: float) -> None:
         self.calls.append(operation)
+
+    def store_answered_at_once(self, operation: str) -> None:
+        self.at_once.append(operation)
 
     def store_failed(self, operation: str, kind: FailureKind) -> None:
         self.failed.append((operation, kind))
@@ -384,6 +388,7 @@ async def test_a_lookup_the_backend_knows_at_once_is_no_store_call() -> None:
 
     assert await store.lookup(["h1", "other"]) == {"h1": made}
     assert faulty.calls == [] and recorder.calls == [] and recorder.failed == []
+    assert recorder.at_once == ["lookup"]  # counted apart from the calls' latency
 
 
 async def test_a_backend_that_fails_to_answer_at_once_is_asked_the_usual_way() -> None:
@@ -395,4 +400,4 @@ async def test_a_backend_that_fails_to_answer_at_once_is_asked_the_usual_way() -
 
     assert store.lookup_now(["h1"]) is None
     assert await store.lookup(["h1"]) == {"h1": made}
-    assert faulty.calls == ["lookup"] and recorder.calls == ["lookup"]
+    assert faulty.calls == ["lookup"] and recorder.calls == ["lookup"] and recorder.at_once == []
