@@ -95,7 +95,7 @@ class SQLiteStore:
     # -- checkpoints -------------------------------------------------------
 
     def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint] | None:
-        """ "None of these" without the worker's thread, when that is sure.
+        """Answers "none of these" without the worker's thread, when that is sure.
 
         A growing conversation's lookup almost always finds nothing, and
         waiting for the thread to say so was most of its cost (~0.2 ms of a
