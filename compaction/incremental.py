@@ -140,9 +140,7 @@ def reading_of(
             or any(parsed[key] != body[key] for key in trailing)
         ):
             continue
-        end = close
-        while end > 0 and raw[end - 1] in _WHITESPACE:
-            end -= 1
+        end = _before_whitespace(raw, close)
         if raw[end - 1 : end] != b"}":
             return None
         leading = tuple((key, body[key]) for key in keys[:at])
