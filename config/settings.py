@@ -72,6 +72,7 @@ DEFAULT_KEEPALIVE_EXPIRY: Final = 4.0
 DEFAULT_RETENTION_DAYS: Final = 30.0
 DEFAULT_PROGRESS_MIN_RATIO: Final = 0.10
 DEFAULT_LOCK_TTL_SECONDS: Final = 120.0
+DEFAULT_HEARTBEAT_SECONDS: Final = 30.0
 #: A summary of a long span from a slow model takes tens of seconds; two
 #: minutes allows for that and still frees a request held by an upstream that
 #: trickles its answer a byte at a time (each within the read timeout).
@@ -367,6 +368,12 @@ class StoreSettings(BaseModel):
         default=DEFAULT_LOCK_WAIT_SECONDS,
         description="Seconds a request waits for another's compaction of the same "
         "conversation (the single-flight lock); past it, it compacts on its own.",
+    )
+    heartbeat_seconds: Annotated[float, Field(ge=0.1)] = Field(
+        default=DEFAULT_HEARTBEAT_SECONDS,
+        description="How long a replica's heartbeat lives in a shared store; it is renewed "
+        "every third of this, when a failing store is also asked again. A replica that "
+        "stopped is seen dead this long after, and the compactions it left are closed.",
     )
     timeout_seconds: _PositiveFloat = Field(
         default=DEFAULT_STORE_TIMEOUT_SECONDS,

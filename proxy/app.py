@@ -55,9 +55,6 @@ requests_log = logging.getLogger(REQUESTS)
 #: Seconds the compactions still being prepared in the background get to
 #: finish at shutdown (after the requests drained), before they are cancelled.
 BACKGROUND_GRACE_SECONDS = 5.0
-#: Seconds a replica's heartbeat lives in a shared store; it is renewed at a
-#: third of that, so a live replica's compactions are never closed as interrupted.
-HEARTBEAT_TTL = 30.0
 #: Seconds between purges of originals past their retention.
 PURGE_INTERVAL = 3600.0
 MIB = 1024 * 1024
@@ -68,21 +65,24 @@ async def _keep_alive(state: ProxyState, store: ResilientStore, restored: bool) 
     asked again, so /healthz recovers without waiting for a request, and what
     start-up could not load is loaded once it answers. (The store's calls
     never raise: they degrade.)"""
+    # The heartbeat is renewed at a third of its life, so a live replica's
+    # compactions are never closed as interrupted.
+    ttl = state.settings.store.heartbeat_seconds
     since_purge = 0.0
     while True:
-        await asyncio.sleep(HEARTBEAT_TTL / 3)
+        await asyncio.sleep(ttl / 3)
         if not restored:
             restored = await _restore(state)
         elif store.health.failing:
             await store.probe()
-        await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
+        await state.store.heartbeat(state.instance, ttl)
         # A replica that died just before this one started still looked
         # alive then; its compactions are closed once its heartbeat lapses.
         # Without heartbeats (SQLite) every other instance would look dead:
         # a second proxy on the same file would fail this one's work.
         if state.store.tracks_liveness:
             await state.store.fail_interrupted(state.instance)
-        since_purge += HEARTBEAT_TTL / 3
+        since_purge += ttl / 3
         if since_purge >= PURGE_INTERVAL:
             since_purge = 0.0
             await state.store.purge()
@@ -169,7 +169,7 @@ def create_app(
             discoveries=Discoveries(max_keys=settings.store.max_model_rows),
         )
         metrics.background_running.set_function(lambda: len(state.background))
-        await state.store.heartbeat(state.instance, HEARTBEAT_TTL)
+        await state.store.heartbeat(state.instance, settings.store.heartbeat_seconds)
         closed = await state.store.fail_interrupted(state.instance)
         if closed:
             logger.warning("closed %d compaction(s) interrupted by a restart", closed)

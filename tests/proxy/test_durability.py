@@ -110,22 +110,19 @@ def _swallow(action: Any) -> None:
         action()
 
 
-def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
+def test_a_second_proxy_on_the_same_file_leaves_the_firsts_work_alone(tmp_path: Path) -> None:
     """SQLite keeps no heartbeats, so a running proxy must not
     take another one's open compaction for a dead instance's and fail it."""
     import asyncio
 
-    import proxy.app
     from config import load_settings
     from proxy.app import create_app
     from proxy.state.stores import Event, SQLiteStore
     from tests.proxy.servers import serve_in_thread
 
-    monkeypatch.setattr(proxy.app, "HEARTBEAT_TTL", 0.15)  # upkeep every 0.05 s
     db = tmp_path / "shared.db"
-    settings = load_settings(None, store={"url": f"sqlite:///{db}"})
+    # Upkeep every 0.05 s.
+    settings = load_settings(None, store={"url": f"sqlite:///{db}", "heartbeat_seconds": 0.15})
     with serve_in_thread(create_app(settings)):  # the second proxy, running
         other = SQLiteStore(db)  # the first proxy starts a compaction meanwhile
         started = Event(

@@ -18,15 +18,18 @@ from pathlib import Path
 import pytest
 
 from config import load_settings
-from proxy.app import HEARTBEAT_TTL, shutdown_seconds
+from proxy.app import shutdown_seconds
 from tests.proxy.servers import FakeUpstream, ProxyProcess
 from tests.proxy.state.stores.fake_redis import NIL, NUMBER, FakeRedis
 from tests.proxy.state.stores.outage import LONG, SHORT, answered, chat, healthz, process_env
 
+#: The proxy's keep-alive round comes every third of this (seconds): short,
+#: so the test waits one out in about a second.
+HEARTBEAT_SECONDS = 3.0
 #: Commands the idle proxy may send over one keep-alive round and a little
-#: more: a probe, a heartbeat and a look for interrupted compactions, each a
-#: command or two, and a reconnection's handshake. A loop spinning on the
-#: answers sent tens of thousands a second.
+#: more (two rounds at most): a probe, a heartbeat and a look for interrupted
+#: compactions, each a command or two, and a reconnection's handshake. A loop
+#: spinning on the answers sent tens of thousands a second.
 IDLE_COMMANDS = 20
 
 
@@ -48,7 +51,11 @@ def test_a_redis_answering_garbage_is_treated_as_down(
 ) -> None:
     _, upstream_url = fake
     with FakeRedis.in_thread(reply=reply) as redis:
-        proxy = ProxyProcess(upstream_url, process_env(redis.url), str(tmp_path))
+        env = {
+            **process_env(redis.url),
+            "COMPACTION_PROXY_STORE__HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+        }
+        proxy = ProxyProcess(upstream_url, env, str(tmp_path))
         try:
             answered(chat(proxy.url, SHORT), "none")
             answered(chat(proxy.url, LONG), "condensed")  # compacted, nothing stored
@@ -61,7 +68,7 @@ def test_a_redis_answering_garbage_is_treated_as_down(
             if reply == NIL:  # the answers that made a transaction spin
                 time.sleep(2)  # the figures of those requests written, or given up on
                 before = redis.commands
-                time.sleep(HEARTBEAT_TTL / 3 + 1)  # one keep-alive round, and more
+                time.sleep(HEARTBEAT_SECONDS / 3 + 0.5)  # one keep-alive round, and more
                 assert redis.commands - before <= IDLE_COMMANDS, redis.names
         except BaseException:
             proxy.stop(kill=True)
