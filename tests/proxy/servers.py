@@ -738,6 +738,14 @@ def serve_raw(handle: Callable[[socket.socket], object]) -> Iterator[str]:
         listener.close()
 
 
+def poller(timeout: float = 1.0) -> httpx.Client:
+    """The client of a loop that asks a server again and again (up yet? still
+    accepting?): one for the whole loop, for each new client reads the CA
+    bundle again (~40 ms of CPU, taken from the process being waited for), and
+    a new connection for each request, for whether one is accepted is the question."""
+    return httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 class ProxyProcess:
     """``compaction-proxy serve`` as its own process, as a user runs it."""
 
@@ -768,19 +776,20 @@ class ProxyProcess:
         )
         self.url = f"http://127.0.0.1:{self.port}/v1"
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
-                return
-            except httpx.TransportError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    # One still starting is ended, and its pipe closed with it: a
-                    # failed start leaves no process behind, nor a file for the
-                    # collector to warn about in whichever test runs next.
-                    self.process.kill()
-                    _, err = self.process.communicate(timeout=30)
-                    raise RuntimeError(f"proxy did not start: {err.decode()[-2000:]}") from None
-                time.sleep(0.05)
+        with poller() as poll:
+            while True:
+                try:
+                    poll.get(f"http://127.0.0.1:{self.port}/healthz")
+                    return
+                except httpx.TransportError:
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        # One still starting is ended, and its pipe closed with it: a
+                        # failed start leaves no process behind, nor a file for the
+                        # collector to warn about in whichever test runs next.
+                        self.process.kill()
+                        _, err = self.process.communicate(timeout=30)
+                        raise RuntimeError(f"proxy did not start: {err.decode()[-2000:]}") from None
+                    time.sleep(0.05)
 
     def stop(self, kill: bool = False) -> None:
         if self.process.poll() is None:

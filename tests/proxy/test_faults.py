@@ -33,7 +33,7 @@ from proxy.app import create_app
 from proxy.cli.server import GRACEFUL_SHUTDOWN_SECONDS
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import RecordingTransport, Reply, json_reply, running, settings_for
-from tests.proxy.servers import FakeUpstream, ProxyProcess, serve_hangup, serve_in_thread
+from tests.proxy.servers import FakeUpstream, ProxyProcess, poller, serve_hangup, serve_in_thread
 from tests.synthetic import agent_session, conversations
 
 HI = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -91,12 +91,13 @@ def test_sigterm_lets_open_streams_finish_then_the_process_exits_by_itself(
 
         # While the open streams drain, no new connection is accepted.
         refused = False
-        while not refused and time.monotonic() - signalled < 1.5:
-            try:
-                httpx.get(proxy.url.removesuffix("/v1") + "/healthz", timeout=0.5)
-                time.sleep(0.05)
-            except httpx.TransportError:
-                refused = True
+        with poller(timeout=0.5) as poll:
+            while not refused and time.monotonic() - signalled < 1.5:
+                try:
+                    poll.get(proxy.url.removesuffix("/v1") + "/healthz")
+                    time.sleep(0.05)
+                except httpx.TransportError:
+                    refused = True
 
         for thread in threads:
             thread.join(GRACEFUL_SHUTDOWN_SECONDS + 10)

@@ -30,6 +30,7 @@ configuration and one guard:
 
 from __future__ import annotations
 
+import functools
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -103,8 +104,15 @@ class _EnvProxies:
         return self._chosen[key]
 
 
+@functools.lru_cache(maxsize=8)
 def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
-    """Verification against ``ca_bundle``, or the system's trust store."""
+    """Verification against ``ca_bundle``, or the system's trust store.
+
+    Made once per bundle and shared by every transport of the process (the
+    upstream's and the background summaries' pools): reading a trust store
+    costs tens of milliseconds of CPU, and a context serves any number of
+    connections. A bundle changed on disk is read at the next start.
+    """
     if ca_bundle:
         return ssl.create_default_context(cafile=ca_bundle)
     return ssl.create_default_context()

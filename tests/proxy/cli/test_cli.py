@@ -17,6 +17,7 @@ import pytest
 
 from compaction import SUMMARY_MARKER, validate_tool_pairing
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT
+from tests.proxy.servers import poller
 from tests.synthetic import agent_session
 
 SCRIPT = Path(sys.executable).with_name("compaction-proxy")
@@ -313,14 +314,15 @@ def test_serve_runs_the_proxy_until_sigterm(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz")
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, process.stderr.read() if process.stderr else ""
-                assert time.monotonic() < deadline, "serve did not come up"
-                time.sleep(0.1)
+        with poller() as poll:
+            while True:
+                try:
+                    health = poll.get(f"http://127.0.0.1:{port}/healthz")
+                    break
+                except httpx.TransportError:
+                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                    assert time.monotonic() < deadline, "serve did not come up"
+                    time.sleep(0.1)
         assert health.json() == {"status": "ok"}
         down = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -391,14 +393,15 @@ def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz")
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, process.stderr.read() if process.stderr else ""
-                assert time.monotonic() < deadline, "serve did not come up"
-                time.sleep(0.1)
+        with poller() as poll:
+            while True:
+                try:
+                    poll.get(f"http://127.0.0.1:{port}/healthz")
+                    break
+                except httpx.TransportError:
+                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                    assert time.monotonic() < deadline, "serve did not come up"
+                    time.sleep(0.1)
         yield f"http://127.0.0.1:{port}/v1", lines
     finally:
         process.send_signal(signal.SIGTERM)
