@@ -746,6 +746,26 @@ def poller(timeout: float = 1.0) -> httpx.Client:
     return httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
 
 
+def first_health(
+    port: int, process: subprocess.Popen[bytes], seconds: float = 30
+) -> httpx.Response:
+    """The ``/healthz`` answer of the server ``process`` starts on ``port``, once
+    there is one: :class:`ChildProcessError` if the process ends first (its
+    stderr, when piped, in the message), :class:`TimeoutError` past ``seconds``."""
+    deadline = time.monotonic() + seconds
+    with poller() as poll:
+        while True:
+            try:
+                return poll.get(f"http://127.0.0.1:{port}/healthz")
+            except httpx.TransportError:
+                if process.poll() is not None:
+                    said = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                    raise ChildProcessError(f"the server ended: {said[-2000:]}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the server did not come up") from None
+                time.sleep(0.05)
+
+
 class ProxyProcess:
     """``compaction-proxy serve`` as its own process, as a user runs it."""
 
@@ -775,21 +795,18 @@ class ProxyProcess:
             stderr=subprocess.PIPE,
         )
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        deadline = time.monotonic() + 30
-        with poller() as poll:
-            while True:
-                try:
-                    poll.get(f"http://127.0.0.1:{self.port}/healthz")
-                    return
-                except httpx.TransportError:
-                    if self.process.poll() is not None or time.monotonic() > deadline:
-                        # One still starting is ended, and its pipe closed with it: a
-                        # failed start leaves no process behind, nor a file for the
-                        # collector to warn about in whichever test runs next.
-                        self.process.kill()
-                        _, err = self.process.communicate(timeout=30)
-                        raise RuntimeError(f"proxy did not start: {err.decode()[-2000:]}") from None
-                    time.sleep(0.05)
+        try:
+            first_health(self.port, self.process)
+        except TimeoutError:
+            # One still starting is ended, and its pipe closed with it: a
+            # failed start leaves no process behind, nor a file for the
+            # collector to warn about in whichever test runs next.
+            self.process.kill()
+            _, err = self.process.communicate(timeout=30)
+            raise RuntimeError(f"proxy did not start: {err.decode()[-2000:]}") from None
+        except ChildProcessError as exc:
+            self.process.communicate(timeout=30)
+            raise RuntimeError(f"proxy did not start: {exc}") from None
 
     def stop(self, kill: bool = False) -> None:
         if self.process.poll() is None:

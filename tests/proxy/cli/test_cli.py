@@ -17,7 +17,7 @@ import pytest
 
 from compaction import SUMMARY_MARKER, validate_tool_pairing
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT
-from tests.proxy.servers import poller
+from tests.proxy.servers import first_health
 from tests.synthetic import agent_session
 
 SCRIPT = Path(sys.executable).with_name("compaction-proxy")
@@ -297,7 +297,6 @@ def test_llm_failure_falls_back_to_extractive(
 def test_serve_runs_the_proxy_until_sigterm(tmp_path: Path) -> None:
     import signal
     import socket
-    import time
 
     import httpx
 
@@ -313,16 +312,7 @@ def test_serve_runs_the_proxy_until_sigterm(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 30
-        with poller() as poll:
-            while True:
-                try:
-                    health = poll.get(f"http://127.0.0.1:{port}/healthz")
-                    break
-                except httpx.TransportError:
-                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
-                    assert time.monotonic() < deadline, "serve did not come up"
-                    time.sleep(0.1)
+        health = first_health(port, process)
         assert health.json() == {"status": "ok"}
         down = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -374,9 +364,6 @@ def _free_port() -> int:
 def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
     """``compaction-proxy serve`` with ``flags``; its /v1 URL, then its stderr lines."""
     import signal
-    import time
-
-    import httpx
 
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
@@ -392,16 +379,7 @@ def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
     )
     lines: list[str] = []
     try:
-        deadline = time.monotonic() + 30
-        with poller() as poll:
-            while True:
-                try:
-                    poll.get(f"http://127.0.0.1:{port}/healthz")
-                    break
-                except httpx.TransportError:
-                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
-                    assert time.monotonic() < deadline, "serve did not come up"
-                    time.sleep(0.1)
+        first_health(port, process)
         yield f"http://127.0.0.1:{port}/v1", lines
     finally:
         process.send_signal(signal.SIGTERM)
