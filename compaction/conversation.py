@@ -10,18 +10,10 @@ the first of these, the same objects: see :mod:`compaction.incremental`),
 only what is new is keyed, counted and chained, and only the groups from the
 last one that could still grow are found again; the result is the one a full
 reading gives.
-
-With ``bound``, what is new is not tokenized yet: each new message gets an
-upper bound of its count (a token is at least a byte), and the reading says
-how many of its last counts are such bounds (:attr:`Conversation.bounded`).
-That is enough to prove the request far under every threshold
-(:func:`compaction.decide.steering_can_matter`), and the exact counts
-(:attr:`Conversation.exact`) can then wait until the request is on its way.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import operator
 from collections.abc import Mapping
@@ -47,10 +39,7 @@ class Conversation:
 
     ``counts`` are the estimate of each message; ``overhead`` is what the rest
     of the request costs (tool schemas, ``response_format``, reply priming),
-    so ``tokens`` is the estimate of the whole request. When ``bounded`` is
-    not 0, the last ``bounded`` counts are only upper bounds of it: nothing but
-    the proof that the request is forwarded as it stands may read them, and
-    everything else reads :attr:`exact`.
+    so ``tokens`` is the estimate of the whole request.
     """
 
     messages: list[Message]
@@ -70,54 +59,10 @@ class Conversation:
     #: entries of shortened content carry when ``Profile.recall`` is on
     #: (:mod:`compaction.recall`); empty: no refs.
     recall_salt: str = field(default="", repr=False)
-    #: How many of the last ``counts`` are upper bounds, their text not yet tokenized.
-    bounded: int = 0
 
     @property
     def tokens(self) -> int:
         return sum(self.counts) + self.overhead
-
-    @functools.cached_property
-    def exact(self) -> Conversation:
-        """This reading with no count a bound: itself when none is, else its
-        bounded messages tokenized (once: the answer is kept). :meth:`exactly`
-        does it off the event loop when there is much text."""
-        if not self.bounded:
-            return self
-        start = len(self.messages) - self.bounded
-        return self._counted(self.counter.count_messages(self.messages[start:], self.keys[start:]))
-
-    async def exactly(self) -> Conversation:
-        """:attr:`exact`, tokenizing much new text in a worker thread."""
-        if not self.bounded or "exact" in self.__dict__:
-            return self.exact
-        start = len(self.messages) - self.bounded
-        counts = await count_messages_off_loop(
-            self.counter, self.messages[start:], self.keys[start:]
-        )
-        # Whichever finished first is kept; both hold the same counts.
-        exact: Conversation = self.__dict__.setdefault("exact", self._counted(counts))
-        return exact
-
-    def _counted(self, tail: list[int]) -> Conversation:
-        """This reading with its bounded counts replaced by ``tail``, theirs exactly.
-
-        Their messages were chained before they were counted, when the counter
-        kept no chain link for them (it keeps links of the messages it holds):
-        the links are given to it now, as a reading in full would have left them.
-        """
-        start = len(self.messages) - self.bounded
-        exact = dataclasses.replace(self, counts=[*self.counts[:start], *tail], bounded=0)
-        if "session" in self.__dict__:
-            exact.__dict__["session"] = self.session
-        first = max(start, self.head + 1)  # the head's first message follows the seed
-        self.counter.remember_links(
-            (self.keys[i], bytes.fromhex(self.chain[i - self.head - 1]), bytes.fromhex(link))
-            for i, link in zip(
-                range(first, len(self.messages)), self.chain[first - self.head :], strict=True
-            )
-        )
-        return exact
 
     @functools.cached_property
     def session(self) -> str:
@@ -136,7 +81,6 @@ def read_conversation(
     scope: bytes = b"",
     previous: Conversation | None = None,
     recall_salt: str = "",
-    bounded: int = 0,
 ) -> Conversation:
     """Key, count, group and chain ``messages`` of ``request``.
 
@@ -155,12 +99,7 @@ def read_conversation(
     the same objects, and so the same seed. ``recall_salt`` is kept as
     :attr:`Conversation.recall_salt`: the key of the refs its compaction
     writes (it changes no reading, so ``previous`` may have another).
-    ``bounded`` goes with ``counts``: how many of its last are upper bounds.
     """
-    if counts is None:
-        bounded = 0  # counted here: exactly
-    if previous is not None and previous.bounded:
-        previous = previous.exact
     known = continues(previous, messages, counter, head_count, scope)
     if previous is not None and known:
         if keys is None:
@@ -190,7 +129,6 @@ def read_conversation(
         scope=scope,
         counter=counter,
         recall_salt=recall_salt,
-        bounded=bounded,
     )
 
 
@@ -203,29 +141,14 @@ async def read_conversation_async(
     scope: bytes = b"",
     previous: Conversation | None = None,
     recall_salt: str = "",
-    bound: bool = False,
 ) -> Conversation:
-    """:func:`read_conversation`, tokenizing much new text in a worker thread.
-
-    With ``bound``, the messages that continue ``previous`` are not tokenized
-    yet: they get upper bounds (:meth:`~compaction.tokens.TokenCounter.bound_messages`),
-    and the reading is :attr:`~Conversation.bounded` by them (see the module doc).
-    A reading in full is always counted.
-    """
-    if previous is not None and previous.bounded:
-        previous = await previous.exactly()
+    """:func:`read_conversation`, tokenizing much new text in a worker thread."""
     known = continues(previous, messages, counter, head_count, scope)
-    bounded = 0
     if previous is not None and known:
         new = messages[known:]
         new_keys = message_keys(new)
         keys = [*previous.keys, *new_keys]
-        if bound:
-            fresh = counter.bound_messages(new, new_keys)
-            bounded = len(new)
-        else:
-            fresh = await count_messages_off_loop(counter, new, new_keys)
-        counts = [*previous.counts, *fresh]
+        counts = [*previous.counts, *await count_messages_off_loop(counter, new, new_keys)]
     else:
         previous = None
         keys = message_keys(messages)
@@ -240,7 +163,6 @@ async def read_conversation_async(
         scope=scope,
         previous=previous,
         recall_salt=recall_salt,
-        bounded=bounded,
     )
 
 

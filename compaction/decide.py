@@ -93,10 +93,6 @@ def steering_can_matter(
     too small for anything to be prepared ahead — switching compaction off
     forwards it all the same, and instructions are only a summary's. A
     pending "compact now" is the caller's to know; it always matters.
-
-    More tokens never make the answer no, so upper bounds of the counts
-    (:attr:`~compaction.conversation.Conversation.bounded`) that say no
-    say it for the exact counts too.
     """
     if reason != "threshold" or conversation.problems or stored:
         return True
@@ -223,19 +219,7 @@ def decide(
     compaction prepared in the background for this conversation (newer than
     the checkpoint in use) is applied instead, and what arrived since it was
     prepared is compacted behind it without waiting for a model.
-
-    A conversation whose newest counts are only bounds
-    (:attr:`~compaction.conversation.Conversation.bounded`) may be decided on
-    only when they prove it forwarded as it stands (:func:`steering_can_matter`
-    says the settings cannot matter, and no "compact now" is pending): the
-    decision is then the exact counts' one, its figures the bounds. Otherwise
-    it raises :class:`ValueError`: decide on ``conversation.exact``.
     """
-    if conversation.bounded and (
-        (steering is not None and steering.compact_now)
-        or steering_can_matter(conversation, profile, budget, reason=reason, stored=stored)
-    ):
-        raise ValueError("the conversation's counts are bounds: decide on its exact reading")
     notes: list[str] = []
     stored = stored or {}
     steering = steering or Steering()

@@ -33,7 +33,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -229,7 +229,7 @@ class TokenCounter:
         return count + digit_surplus(text) if self.digits_apart else count
 
     def _count_json(self, value: Any) -> int:
-        return self.count_text(_json_text(value))
+        return self.count_text(orjson.dumps(value, default=repr).decode())
 
     # --- messages --------------------------------------------------------
 
@@ -247,12 +247,9 @@ class TokenCounter:
             counts[i] = self._count_missing(messages[i], keys[i])
         return counts
 
-    def cached_counts(
-        self, keys: Sequence[bytes], *, tally: bool = True
-    ) -> tuple[list[int], list[int]]:
+    def cached_counts(self, keys: Sequence[bytes]) -> tuple[list[int], list[int]]:
         """The cached count of each key (0 where there is none) and the positions
-        of the keys the cache does not hold, in one pass under the lock; with
-        ``tally``, the hits are counted in :attr:`hits`."""
+        of the keys the cache does not hold, in one pass under the lock."""
         counts: list[int] = []
         missing: list[int] = []
         with self._lock:
@@ -265,8 +262,7 @@ class TokenCounter:
                 else:
                     cache.move_to_end(key)
                     counts.append(entry.count)
-            if tally:
-                self.hits += len(keys) - len(missing)
+            self.hits += len(keys) - len(missing)
         return counts, missing
 
     def _count_missing(self, message: Message, key: bytes) -> int:
@@ -335,81 +331,58 @@ class TokenCounter:
                 entry.links[previous] = link
 
     def _count_message_uncached(self, message: Message) -> int:
-        return self._measure(message, self.count_text)
-
-    def _measure(self, message: Message, text: Callable[[str], int]) -> int:
-        """What ``message`` costs, each piece of text costing ``text`` of it."""
         total = TOKENS_PER_MESSAGE
-        total += self._measure_content(message.get("content"), text)
+        total += self._count_content(message.get("content"))
         name = message.get("name")
         if isinstance(name, str):
-            total += TOKENS_PER_NAME + text(name)
+            total += TOKENS_PER_NAME + self.count_text(name)
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
-                total += TOKENS_PER_TOOL_CALL + self._measure_call(call, text)
+                total += TOKENS_PER_TOOL_CALL + self._count_call(call)
         function_call = message.get("function_call")
         if isinstance(function_call, dict):
-            total += TOKENS_PER_TOOL_CALL + self._measure_call(function_call, text)
+            total += TOKENS_PER_TOOL_CALL + self._count_call(function_call)
         for key, value in message.items():
             if key not in _COUNTED_ELSEWHERE and isinstance(value, str):
-                total += text(value)
+                total += self.count_text(value)
         return total
 
-    def _measure_call(self, call: Any, text: Callable[[str], int]) -> int:
+    def _count_call(self, call: Any) -> int:
         if not isinstance(call, dict):
-            return text(_json_text(call))
+            return self._count_json(call)
         function = call.get("function", call)
         if not isinstance(function, dict):
-            return text(_json_text(function))
+            return self._count_json(function)
         total = 0
         for key in ("name", "arguments"):
             value = function.get(key)
             if isinstance(value, str):
-                total += text(value)
+                total += self.count_text(value)
             elif value is not None:
-                total += text(_json_text(value))
+                total += self._count_json(value)
         return total
 
-    def _measure_content(self, content: Any, text: Callable[[str], int]) -> int:
+    def _count_content(self, content: Any) -> int:
         if content is None:
             return 0
         if isinstance(content, str):
-            return text(content)
+            return self.count_text(content)
         if not isinstance(content, list):
-            return text(_json_text(content))
+            return self._count_json(content)
         total = 0
         for part in content:
             if not isinstance(part, dict):
-                total += text(_json_text(part))
+                total += self._count_json(part)
                 continue
             kind = part.get("type")
             if kind in ("image_url", "image", "input_image"):
                 total += self.image_tokens
             elif isinstance(part.get("text"), str):
-                total += text(part["text"])
+                total += self.count_text(part["text"])
             else:
-                total += text(_json_text(part))
+                total += self._count_json(part)
         return total
-
-    # --- bounds ----------------------------------------------------------
-
-    def bound_text(self, text: str) -> int:
-        """At least :meth:`count_text` of ``text``, with no tokenizing: a token
-        is at least one byte of UTF-8 (and characters ÷ 4 is at most that)."""
-        if not text:
-            return 0
-        size = len(text.encode("utf-8", "surrogatepass"))
-        return size + digit_surplus(text) if self.digits_apart else size
-
-    def bound_messages(self, messages: Sequence[Message], keys: Sequence[bytes]) -> list[int]:
-        """Each message's count where the cache holds it, else an upper bound
-        of it (:meth:`bound_text` for each piece of text): what proves a request
-        small without the tokenizer. Nothing is remembered, nor tallied."""
-        counts, missing = self.cached_counts(keys, tally=False)
-        for i in missing:
-            counts[i] = self._measure(messages[i], self.bound_text)
-        return counts
 
     # --- requests --------------------------------------------------------
 
@@ -441,11 +414,6 @@ class TokenCounter:
         messages = request.get("messages")
         body = sum(self.count_messages(messages)) if isinstance(messages, list) else 0
         return body + self.request_overhead(request)
-
-
-def _json_text(value: Any) -> str:
-    """A value that is not text, as the text it is counted as."""
-    return orjson.dumps(value, default=repr).decode()
 
 
 def text_size(messages: Sequence[Message]) -> int:

@@ -100,12 +100,7 @@ async def remembered(
     """The conversation of a body that is its own engine view (``messages``
     of ``body``, ``/compact`` exchanges removed), read against ``previous`` when
     it continues it, and kept for the next request if the body is large enough
-    to be worth it (else ``identified``, as it was).
-
-    What continues ``previous`` is read with bounds, not tokenized
-    (:attr:`compaction.Conversation.bounded`): most turns of a growing
-    conversation are far under every threshold, and their count can wait
-    until the request is on its way (:func:`proxy.session.conversation.resolve`)."""
+    to be worth it (else ``identified``, as it was)."""
     if not state.readings.wants(raw):
         return identified
     if identified is None:
@@ -119,7 +114,6 @@ async def remembered(
                 scope=scope,
                 previous=previous,
                 recall_salt=recall_salt(scope),
-                bound=True,
             )
     conversation = f"{scope.hex()}\x1f{identified.session}"
     state.readings.remember(_owner_key(dialect, owner), conversation, raw, body, identified)

@@ -18,7 +18,6 @@ checkpoints, the retry rule, calibration, events, metrics — is shared.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -66,7 +65,7 @@ from proxy.flow.send import (
 )
 from proxy.flow.usage import UsageTap
 from proxy.session.ahead import counted, sending
-from proxy.session.conversation import Resolved, resolve, settled
+from proxy.session.conversation import Resolved, resolve
 from proxy.state.logs import REQUESTS
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import EMPTY_STREAM_STATUS
@@ -118,12 +117,9 @@ async def _forward_untouched(call: Call, started: float) -> Response:
 
 async def _forward(call: Call, started: float) -> Response:
     """Forward, and retry once, smaller, after an upstream overflow."""
-    resolved = await _compact_for(call, reason="threshold", settle=False)
+    resolved = await _compact_for(call, reason="threshold")
     sent, recalling = _outgoing(call, resolved)
-    if resolved.bounded is None:
-        upstream = await _send(call, sent)
-    else:
-        upstream, resolved = await _send_settling(call, sent, resolved)
+    upstream = await _send(call, sent)
     report = await _overflow(call, resolved, upstream, started, sent)
     if isinstance(report, Response):
         return report
@@ -157,26 +153,6 @@ async def _forward(call: Call, started: float) -> Response:
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
-
-
-async def _send_settling(
-    call: Call, body: bytes, resolved: Resolved
-) -> tuple[UpstreamResponse, Resolved]:
-    """:func:`_send` of a request whose new turn is not tokenized yet: its
-    upper bounds proved it forwarded as it stands (a token is at least a
-    byte), so it goes out first and is counted while the upstream reads it —
-    its figures exact before anything reads them (the answer's headers, the
-    calibration, the log line)."""
-    sending = asyncio.ensure_future(_send(call, body))
-    try:
-        await asyncio.sleep(0)  # the request is written before the counting starts
-        resolved = await settled(resolved)
-    except BaseException:
-        sending.cancel()
-        if sending.done() and not sending.cancelled() and sending.exception() is None:
-            sending.result().abort()  # an answer nobody will read frees its connection
-        raise
-    return await sending, resolved
 
 
 def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None]:
@@ -354,11 +330,10 @@ async def _compact_for(
     budget: Budget | None = None,
     instructions: str | None = None,
     store: bool = True,
-    settle: bool = True,
 ) -> Resolved:
     """The request's conversation as it is to be sent: decided once, compacted
-    if needed (:func:`proxy.session.conversation.resolve`, whose ``settle``
-    this is), the engine's refusals turned into the client's errors."""
+    if needed (:func:`proxy.session.conversation.resolve`), the engine's
+    refusals turned into the client's errors."""
     summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
     try:
         with deep_nesting_refused():  # messages nested deeper than orjson writes
@@ -370,7 +345,6 @@ async def _compact_for(
                 instructions=instructions,
                 budget=budget,
                 store=store,
-                settle=settle,
             )
     except CannotFitError as exc:
         advice = (

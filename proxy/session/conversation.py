@@ -33,7 +33,6 @@ the model twice. :mod:`proxy.session.compacting` runs a compaction for both.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 from collections.abc import Coroutine, Mapping
@@ -88,9 +87,6 @@ class Resolved:
     made: Checkpoint | None = None
     #: The stored checkpoint the compaction started from (its summary folded in).
     base: Checkpoint | None = None
-    #: The reading whose upper bounds the token figures are, when they were
-    #: enough to forward the request as it stands; :func:`settled` makes them exact.
-    bounded: Conversation | None = None
 
     @property
     def stage(self) -> str:
@@ -203,7 +199,6 @@ async def resolve(
     instructions: str | None = None,
     budget: Budget | None = None,
     store: bool = True,
-    settle: bool = True,
 ) -> Resolved:
     """Decide, once, and compact if needed, remembering the result.
 
@@ -211,12 +206,6 @@ async def resolve(
     replaces the calibrated one (the overflow retry's). ``store=False`` (the
     preview) changes nothing: no lock, no events, no checkpoint. Raises what
     :func:`compaction.execute` raises.
-
-    A conversation read with bounds (:attr:`Conversation.bounded`: its new
-    turn not tokenized yet) is counted exactly first unless the bounds prove
-    it forwarded as it stands; then, with ``settle=False``, the figures are
-    left bounds (:attr:`Resolved.bounded`) for the caller to settle while the
-    request is on its way.
     """
     config = asked.config
     conversation = await _conversation(state, asked)
@@ -227,12 +216,6 @@ async def resolve(
     stored, steering_of = await _stored_and_steering(
         state, asked, conversation, budget, reason, preview=not store
     )
-    if conversation.bounded and (
-        not store
-        or steering_of.compact_now
-        or steering_can_matter(conversation, config.profile, budget, reason=reason, stored=stored)
-    ):
-        conversation = await conversation.exactly()
     job = Job(
         state=state,
         conversation=conversation,
@@ -257,8 +240,7 @@ async def resolve(
             span = span_key(conversation, decision.checkpoint)
             if span is not None:
                 state.background.start(span, prepare_ahead(job, span, basis), owner=job.owner)
-        resolved = _forward(conversation, decision)
-        return await settled(resolved) if settle else resolved
+        return _forward(conversation, decision)
     ttl = state.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed
@@ -337,26 +319,8 @@ def _forward(conversation: Conversation, decision: Decision) -> Resolved:
     """A request forwarded as it is, or over its stored compaction: no lock, no write."""
     result = forwarded(conversation, decision)
     return Resolved(
-        result.messages,
-        decision.untouched,
-        result,
-        decision.checkpoint,
-        conversation.session,
-        bounded=conversation if conversation.bounded else None,
+        result.messages, decision.untouched, result, decision.checkpoint, conversation.session
     )
-
-
-async def settled(resolved: Resolved) -> Resolved:
-    """``resolved`` with exact token figures: its bounded reading counted.
-
-    Bounds are only ever enough for a request forwarded as it stands, whose
-    figures before and after are both the whole request's count.
-    """
-    if resolved.bounded is None:
-        return resolved
-    tokens = (await resolved.bounded.exactly()).tokens
-    result = dataclasses.replace(resolved.result, tokens_before=tokens, tokens_after=tokens)
-    return dataclasses.replace(resolved, result=result, bounded=None)
 
 
 def _untouched(conversation: Conversation, result: CompactionResult) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,67 +88,6 @@ def test_under_the_trigger_the_request_is_forwarded_as_it_is() -> None:
     decision = decide(_conversation(messages), profile, calibrated_budget(profile))
     assert decision.action == "forward" and decision.untouched
     assert decision.messages is messages
-
-
-def _bounded(messages: list[dict], new: list[dict]) -> object:
-    """``messages`` then ``new``, read against ``messages`` with bounds for ``new``."""
-    import asyncio
-
-    from compaction.conversation import read_conversation_async
-
-    counter = TokenCounter("gpt-4o")
-    body = {"model": "gpt-4o"}
-    previous = read_conversation(body, messages, counter, 2)
-    grown = [*messages, *new]
-    return asyncio.run(
-        read_conversation_async(body, grown, counter, 2, previous=previous, bound=True)
-    )
-
-
-def test_bounds_that_prove_a_forward_decide_as_the_exact_counts_do() -> None:
-    # Text of many bytes a token: its bound is several times its count.
-    new = [assistant("漢字" * 300), user("go on")]
-    conversation = _bounded(_session(2), new)
-    assert conversation.bounded == 2 and conversation.tokens > conversation.exact.tokens + 1_000
-    profile = Profile(context_window=32_000, precompute_share=0.0)
-    budget = calibrated_budget(profile)
-    decision = decide(conversation, profile, budget)
-    exact = decide(conversation.exact, profile, budget)
-    assert decision.action == exact.action == "forward"
-    assert decision.untouched and exact.untouched and not decision.prepare
-    assert decision.tokens_before == conversation.tokens  # the bounds, for the caller to settle
-
-
-@pytest.mark.parametrize("why", ["over the trigger", "prepared ahead", "compact now", "stored"])
-def test_bounds_that_prove_nothing_are_refused(why: str) -> None:
-    new = [assistant("漢字" * 300), user("go on")]
-    conversation = _bounded(_session(2), new)
-    exact_tokens = conversation.exact.tokens
-    steering, stored = None, None
-    profile = Profile(context_window=32_000, precompute_share=0.0)
-    if why == "over the trigger":  # the exact count is under it, the bounds over it
-        profile = Profile(
-            context_window=10_000,
-            threshold=exact_tokens + 10,
-            safety_margin=0.0,
-            precompute_share=0.0,
-        )
-    elif why == "prepared ahead":  # the share's tokens between the exact count and the bounds
-        trigger = calibrated_budget(profile).trigger
-        share = (exact_tokens + conversation.tokens) / 2 / trigger
-        profile = Profile(context_window=32_000, summarizer="llm", precompute_share=share)
-    elif why == "compact now":
-        steering = Steering(compact_now=True)
-    else:
-        stored = {"x": None}
-    budget = calibrated_budget(profile, 0, 1.0)
-    with pytest.raises(ValueError, match="bounds"):
-        decide(conversation, profile, budget, steering=steering, stored=stored)
-    exact = decide(conversation.exact, profile, budget)
-    if why == "over the trigger":
-        assert exact.action == "forward"
-    elif why == "prepared ahead":
-        assert exact.action == "forward" and not exact.prepare
 
 
 def test_a_stored_checkpoint_is_applied_and_reused_without_compacting() -> None:

@@ -31,9 +31,7 @@ def message(draw: st.DrawFn) -> dict[str, Any]:
     """Any message, pairing fields included, so calls and results pair up, lag
     behind, repeat or go missing across the point where a request ends."""
     kind = draw(st.sampled_from(["user", "assistant", "call", "tool", "system", "legacy", "fn"]))
-    text = draw(
-        st.sampled_from(["ok", "go on", "the test ] failed", "x" * 300, "", "漢字 ✓ 1234567"])
-    )
+    text = draw(st.sampled_from(["ok", "go on", "the test ] failed", "x" * 300, ""]))
     if kind == "call":
         ids = draw(st.lists(st.sampled_from(IDS), min_size=0, max_size=3))
         function = {"name": "f", "arguments": "{}"}
@@ -78,43 +76,6 @@ def _step(draw: st.DrawFn, messages: list[dict[str, Any]]) -> tuple[str, list[di
     at = draw(st.integers(0, len(messages) - 1))
     edited = [*messages[:at], draw(message()), *messages[at + 1 :]]
     return action, edited
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), head_count=st.integers(0, 3), digits_apart=st.booleans())
-def test_a_reading_with_bounds_is_above_the_counts_and_its_exact_one_a_reading_in_full(
-    data: st.DataObject, head_count: int, digits_apart: bool
-) -> None:
-    """What continues the previous reading is bounded, never under its count;
-    the rest is the count; ``exact`` (or ``exactly()``) is the full reading,
-    and leaves the counter the chain links a full reading would have."""
-    counter = TokenCounter("gpt-4o", digits_apart=digits_apart)  # nothing cached yet
-    request = {"model": "gpt-4o"}
-    messages = data.draw(messages_)
-    previous = read_conversation(request, messages, counter, head_count)
-    for _ in range(data.draw(st.integers(1, 5))):
-        action, messages = _step(data.draw, messages)
-        read = asyncio.run(read_async(request, messages, counter, head_count, previous=previous))
-        bounded = asyncio.run(
-            read_async(request, messages, counter, head_count, previous=previous, bound=True)
-        )
-        full = read_conversation(
-            request, messages, TokenCounter("gpt-4o", digits_apart=digits_apart), head_count
-        )
-        if action in ("grow", "same") and previous.messages:
-            assert bounded.bounded == len(messages) - len(previous.messages)
-        else:
-            assert bounded.bounded == 0  # read in full: counted
-        exact_part = len(messages) - bounded.bounded
-        assert bounded.counts[:exact_part] == full.counts[:exact_part]
-        assert all(b >= c for b, c in zip(bounded.counts, full.counts, strict=True))
-        exact = asyncio.run(bounded.exactly()) if data.draw(st.booleans()) else bounded.exact
-        assert exact.bounded == 0 and exact.exact is exact and bounded.exact is exact
-        _same(exact, full)
-        again = read_conversation(request, messages, counter, head_count)  # through the links
-        assert again.chain == full.chain
-        # The next request reads against either; a bounded one is made exact first.
-        previous = data.draw(st.sampled_from([read, bounded]))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,12 +8,9 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 
-from compaction import TokenCounter
 from compaction.incremental import CacheFigures
 from tests.proxy.conftest import AppFactory
-from tests.proxy.inprocess import InProcessProxy, RecordingTransport
-from tests.proxy.servers import FakeUpstream
-from tests.proxy.session.conftest import proxy_state
+from tests.proxy.inprocess import InProcessProxy
 from tests.synthetic import agent_session
 
 MODELS = {"small": {"context_window": 16_000}, "huge": {"context_window": 1_000_000}}
@@ -145,67 +142,3 @@ def test_a_compact_exchange_new_or_in_the_history_is_removed_as_in_a_full_read(
         sent.append([a.json()["messages"] for a in proxy.transport.asked()])
     assert sent[0] == sent[1]
     assert all(m["content"] != "/compact" for messages in sent[0] for m in messages)
-
-
-class _Watching(RecordingTransport):
-    """Notes, for each chat request it is asked, whether the proxy had counted
-    that request's last message by then."""
-
-    def __init__(self, upstream: FakeUpstream) -> None:
-        super().__init__(app=upstream.app())
-        self.proxy: InProcessProxy | None = None
-        self.counted_when_asked: list[bool] = []
-
-    async def request(self, method: str, url: str, headers: Any, body: Any) -> Any:
-        if url.endswith("/chat/completions") and self.proxy is not None:
-            state = proxy_state(self.proxy)
-            counter = state.counter(state.resolve("huge"))
-            last = orjson.loads(body)["messages"][-1]
-            self.counted_when_asked.append(counter.is_cached(last))
-        return await super().request(method, url, headers, body)
-
-
-def test_a_growing_sessions_new_turn_is_counted_once_its_request_is_on_its_way(
-    start_app: AppFactory, fake_upstream: FakeUpstream
-) -> None:
-    transport = _Watching(fake_upstream)
-    proxy = start_app(transport=transport, models=MODELS)
-    transport.proxy = proxy
-    bodies = _bodies("huge", 4)
-    seen = _session(proxy, bodies)
-    # The first request is read in full, counted before it is sent; the next
-    # ones' new turns are only bounded then, far under the 1M window.
-    assert transport.counted_when_asked == [True, False, False, False]
-    # Counted by the answer all the same: each figure is a full count's.
-    counter = TokenCounter("huge")
-    for raw, (status, headers) in zip(bodies, seen, strict=True):
-        assert status == 200
-        assert headers["x-compaction-stage"] == "none"
-        assert int(headers["x-compaction-tokens-before"]) == counter.count_request(
-            orjson.loads(raw)
-        )
-
-
-def test_a_new_turn_whose_bounds_reach_the_trigger_is_counted_first_and_forwarded(
-    start_app: AppFactory,
-) -> None:
-    """Text of many bytes a token is bounded far above its count: the bounds
-    say "maybe over", so the proxy counts before it decides, and the request
-    is forwarded as a full read forwards it."""
-    first = {**orjson.loads(_bodies("huge", 1)[0]), "model": "near"}
-    counter = TokenCounter("near")
-    before = counter.count_request(first)
-    wide = {"role": "user", "content": " ".join(["configuration"] * 1_000)}  # 14 bytes a token
-    grown = {**first, "messages": [*first["messages"], wide]}
-    after = counter.count_request(grown)
-    assert after - before < len(wide["content"]) // 4  # its bound is the bytes
-    window = {"near": {"context_window": 1_000_000, "threshold": after + 1_000}}
-    settings = {"models": window, "compaction": {"summarizer": "extractive", "safety_margin": 0}}
-    bodies = [orjson.dumps(body) for body in (first, grown)]
-    incremental = start_app(**settings)
-    full = start_app(server={"incremental_cache_mb": 0}, **settings)
-    seen = _session(incremental, bodies)
-    assert seen == _session(full, bodies)
-    assert [h["x-compaction-stage"] for _, h in seen] == ["none", "none"]
-    assert int(seen[1][1]["x-compaction-tokens-before"]) == after
-    assert _figures(incremental).hits == 1  # it was read as a continuation
