@@ -149,6 +149,7 @@ class Metrics:
         self._per_request: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._latency: dict[str, Any] = {}
         self._store_latency: dict[str, Any] = {}
+        self._store_at_once: dict[str, Any] = {}
 
     def model(self, name: str) -> str:
         if name in self._models:
@@ -237,7 +238,10 @@ class Metrics:
         latency.observe(seconds)
 
     def store_answered_at_once(self, operation: str) -> None:
-        self.store_at_once.labels(operation).inc()
+        counter = self._store_at_once.get(operation)
+        if counter is None:
+            counter = self._store_at_once[operation] = self.store_at_once.labels(operation)
+        counter.inc()
 
     def store_failed(self, operation: str, kind: FailureKind) -> None:
         self.store_errors.labels(operation, kind).inc()

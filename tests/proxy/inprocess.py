@@ -231,6 +231,35 @@ def _scripted(url: str, reply: Reply) -> _Response:
 _END = object()
 
 
+def http_scope(
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    query: bytes = b"",
+    scheme: str = "http",
+    server: tuple[str, int] = ("127.0.0.1", 80),
+    client: tuple[str, int] = ("127.0.0.1", 40000),
+) -> dict[str, Any]:
+    """The ASGI scope a server gives an app for one HTTP/1.1 request to ``path``
+    (its raw form: it is decoded here)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": scheme,
+        "path": unquote(path),
+        "raw_path": path.encode("latin-1"),
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "server": server,
+        "client": client,
+        "state": {},
+    }
+
+
 async def _asgi_call(
     app: ASGIApp, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
 ) -> _Response:
@@ -240,21 +269,14 @@ async def _asgi_call(
     head answers 500 (as uvicorn does); one that fails after it breaks the
     body (:class:`BodyLost`), as a connection closed mid-body does."""
     parts = urlsplit(url)
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": parts.scheme,
-        "path": unquote(parts.path),
-        "raw_path": parts.path.encode("latin-1"),
-        "query_string": parts.query.encode("latin-1"),
-        "root_path": "",
-        "headers": headers,
-        "server": (parts.hostname or "upstream.test", parts.port or 80),
-        "client": ("127.0.0.1", 40000),
-        "state": {},
-    }
+    scope = http_scope(
+        method,
+        parts.path,
+        headers,
+        query=parts.query.encode("latin-1"),
+        scheme=parts.scheme,
+        server=(parts.hostname or "upstream.test", parts.port or 80),
+    )
     queue: asyncio.Queue[Any] = asyncio.Queue()
     gone = asyncio.Event()
     delivered = False

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from proxy.state.logs import _ESCAPES, JsonFormatter, TextFormatter, escaped
 from proxy.state.metrics import MAX_LABEL_CHARS
 from tests.proxy.conftest import AppFactory, ProxyFactory
-from tests.proxy.inprocess import InProcessProxy
+from tests.proxy.inprocess import InProcessProxy, http_scope
 from tests.proxy.servers import FakeUpstream
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-9876543210"
@@ -90,20 +90,8 @@ def _send_body(
             sent["content-length"] = str(declared)
         else:
             sent["transfer-encoding"] = "chunked"
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "root_path": "",
-            "query_string": b"",
-            "headers": [(k.encode(), v.encode()) for k, v in sent.items()],
-            "client": ("127.0.0.1", 50000),
-            "server": ("127.0.0.1", 80),
-        }
+        raw = [(k.encode(), v.encode()) for k, v in sent.items()]
+        scope = http_scope(method, path, raw, client=("127.0.0.1", 50000))
         await proxy.app(scope, receive, send)
 
     proxy.http.portal.call(call)

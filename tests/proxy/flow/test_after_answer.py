@@ -23,6 +23,7 @@ from tests.proxy.inprocess import (
     RecordingTransport,
     Reply,
     cut_stream,
+    http_scope,
     json_reply,
     settings_for,
     sse_reply,
@@ -75,21 +76,7 @@ async def _call(
     headers = [(b"host", b"127.0.0.1"), (b"content-length", b"%d" % len(body))]
     if body:
         headers.append((b"content-type", b"application/json"))
-    scope: dict[str, Any] = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "server": ("127.0.0.1", 8080),
-        "client": ("127.0.0.1", 40000),
-        "state": {},
-    }
+    scope = http_scope(method, path, headers, server=("127.0.0.1", 8080))
     delivered = False
     never = asyncio.Event()
 
@@ -120,6 +107,26 @@ def _chat_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == REQUESTS and r.getMessage() == "chat"]
 
 
+def _logged_at_answer_then_metrics(
+    app: ASGIApp, method: str, path: str, body: bytes, lines: Callable[[], int]
+) -> tuple[list[int], bytes]:
+    """One request through ``app``: how many log lines (``lines()``) there were
+    when its first answer bytes went out, and ``/metrics`` asked right after it
+    — the very next request, nothing run between the two."""
+    logged_when_answered: list[int] = []
+
+    async def on_send(message: Message) -> None:
+        if message["type"] == "http.response.body" and not logged_when_answered:
+            logged_when_answered.append(lines())
+
+    async def run() -> bytes:
+        async with _running(app):
+            await _call(app, method, path, body, on_send)
+            return _metrics_body(await _call(app, "GET", "/metrics"))
+
+    return logged_when_answered, asyncio.run(run())
+
+
 @pytest.mark.parametrize(
     ("body", "reply"),
     [
@@ -135,20 +142,11 @@ def test_a_requests_log_line_and_metrics_come_after_its_answer_went_out_and_befo
     transport = RecordingTransport()
     transport.script(reply)
     app = create_app(settings_for(), transport=transport)
-    logged_when_answered: list[int] = []
-
-    async def on_send(message: Message) -> None:
-        if message["type"] == "http.response.body" and not logged_when_answered:
-            # The client holds its first answer bytes now: nothing is logged yet.
-            logged_when_answered.append(len(_chat_lines(caplog)))
-
-    async def run() -> bytes:
-        async with _running(app):
-            await _call(app, "POST", "/v1/chat/completions", body, on_send)
-            # The very next request — nothing ran between the two — sees it counted.
-            return _metrics_body(await _call(app, "GET", "/metrics"))
-
-    exposition = asyncio.run(run())
+    logged_when_answered, exposition = _logged_at_answer_then_metrics(
+        app, "POST", "/v1/chat/completions", body, lambda: len(_chat_lines(caplog))
+    )
+    # The client held its first answer bytes with nothing logged yet; the
+    # very next request sees it counted.
     assert logged_when_answered == [0]
     assert len(_chat_lines(caplog)) == 1
     assert COUNTED in exposition
@@ -193,21 +191,13 @@ def test_a_forwarded_answers_log_line_comes_after_the_answer_and_before_the_app_
     transport = RecordingTransport()
     transport.script(reply)
     app = create_app(settings_for(), transport=transport)
-    logged_when_answered: list[int] = []
 
     def lines() -> int:
         return sum(1 for r in caplog.records if r.name == REQUESTS and r.getMessage() == line)
 
-    async def on_send(message: Message) -> None:
-        if message["type"] == "http.response.body" and not logged_when_answered:
-            logged_when_answered.append(lines())
-
-    async def run() -> bytes:
-        async with _running(app):
-            await _call(app, method, path, body, on_send)
-            return _metrics_body(await _call(app, "GET", "/metrics"))
-
-    exposition = asyncio.run(run())
+    logged_when_answered, exposition = _logged_at_answer_then_metrics(
+        app, method, path, body, lines
+    )
     assert len(transport.requests) == 1
     assert (logged_when_answered, lines()) == ([0], 1)
     assert counted in exposition
