@@ -14,6 +14,13 @@ machine a difference between two runs is mostly the machine, a difference
 within one run is mostly the code. Each figure is the median of the rounds,
 with their range. A revision against itself shows how far apart two equal
 trees land in one run: read a difference smaller than that as none.
+
+    .venv/bin/python -m tests.bench.ab --history REV [REV ...] [--rounds N]
+
+measures the pass-through alone for any number of revisions, all running at
+once beside the bare forwarder, each started with only the settings every
+revision since the first bench reads: where along the history a small
+request's cost moved, read in one run.
 """
 
 from __future__ import annotations
@@ -160,17 +167,77 @@ def compare(base: Path, other: Path, titles: tuple[str, str], rounds: int) -> st
     return "\n".join(rows)
 
 
+def history(trees: list[Path], titles: list[str], rounds: int) -> str:
+    """The pass-through of every tree, measured together; a markdown table."""
+    pin_self(CLIENT_CORE)
+    with (
+        tempfile.TemporaryDirectory(prefix="compaction-ab-run-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        logs = Path(tmp)
+        upstream = start_upstream(logs, streaming.CHUNKS, streaming.INTERVAL)
+        stack.callback(upstream.stop)
+        proxies: dict[str, Server] = {}
+        for index, (tree, title) in enumerate(zip(trees, titles, strict=True)):
+            store = logs / f"{index}.db"
+            server = start_proxy(upstream, logs, store, name=str(index), tree=tree, minimal=True)
+            stack.callback(server.stop)
+            proxies[title] = server
+        forwarder = start_forwarder(upstream, logs)
+        stack.callback(forwarder.stop)
+        rig = Rig(upstream, {**proxies, growing.FORWARDER: forwarder})
+        small = passthrough.latency(rig, passthrough.Settings(rounds=rounds))
+    rows = [
+        "| revision | pass-through added p50, c=1 | server CPU per request |",
+        "|---|---|---|",
+    ]
+    for title in [*titles, growing.FORWARDER]:
+        cpu = spread(small[title]["cpu_ms"])
+        rows.append(f"| {title} | {_cell(added(small, title, 'p50'))} | {_cell(cpu)} |")
+    return "\n".join(rows)
+
+
+def _title(revision: str) -> str:
+    """A revision with its commit's date and subject (cut short), for a table's row."""
+    if revision == ".":
+        return ". (the working tree)"
+    shown = subprocess.run(
+        ["git", "log", "-1", "--format=%h %cs %s", revision],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return shown if len(shown) <= 72 else shown[:71] + "…"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.ab", description=__doc__)
-    parser.add_argument("base", help="a git revision")
     parser.add_argument(
-        "other", nargs="?", default=".", help="a git revision; . (default): the working tree"
+        "revisions",
+        nargs="+",
+        metavar="REV",
+        help="BASE [OTHER]: git revisions, . for the working tree (OTHER's default); "
+        "with --history, any number of them",
+    )
+    parser.add_argument(
+        "--history",
+        action="store_true",
+        help="the pass-through alone, for every revision given",
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every figure (default 5)")
     args = parser.parse_args(argv)
-    titles = (f"A: {args.base}", f"B: {args.other}")
-    with exported(args.base) as base, exported(args.other) as other:
-        print(compare(base, other, titles, args.rounds))
+    if args.history:
+        with contextlib.ExitStack() as stack:
+            trees = [stack.enter_context(exported(revision)) for revision in args.revisions]
+            print(history(trees, [_title(r) for r in args.revisions], args.rounds))
+        return 0
+    if len(args.revisions) > 2:
+        parser.error("two revisions at most, unless --history")
+    base, other = (*args.revisions, ".")[:2]
+    titles = (f"A: {base}", f"B: {other}")
+    with exported(base) as base_tree, exported(other) as other_tree:
+        print(compare(base_tree, other_tree, titles, args.rounds))
     return 0
 
 

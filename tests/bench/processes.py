@@ -193,19 +193,31 @@ def proxy_command() -> list[str]:
 
 
 def start_proxy(
-    upstream: Server, logs: Path, store: Path, name: str = "proxy", tree: Path | None = None
+    upstream: Server,
+    logs: Path,
+    store: Path,
+    name: str = "proxy",
+    tree: Path | None = None,
+    *,
+    minimal: bool = False,
 ) -> Server:
     """``compaction-proxy serve`` with default logging, a SQLite store and extractive summaries;
-    the code of ``tree`` (an exported revision) instead of this one's, if given."""
+    the code of ``tree`` (an exported revision) instead of this one's, if given.
+
+    ``minimal``: only the store and the chat upstream are set, the two settings
+    every revision since the first bench reads (a later one, unknown to an
+    older revision, would stop it starting): enough for a small chat request.
+    """
     port = free_port()
     env = {
         **_base_env(),
         **({"PYTHONPATH": str(tree)} if tree is not None else {}),
         "COMPACTION_PROXY_STORE__URL": f"sqlite:///{store}",
-        "COMPACTION_PROXY_UPSTREAM__ANTHROPIC_BASE_URL": upstream.base_url,
-        "COMPACTION_PROXY_COMPACTION__SUMMARIZER": "extractive",
-        "COMPACTION_PROXY_MODELS": BENCH_MODELS,
     }
+    if not minimal:
+        env["COMPACTION_PROXY_UPSTREAM__ANTHROPIC_BASE_URL"] = upstream.base_url
+        env["COMPACTION_PROXY_COMPACTION__SUMMARIZER"] = "extractive"
+        env["COMPACTION_PROXY_MODELS"] = BENCH_MODELS
     argv = [*proxy_command(), "--port", str(port), "--upstream", upstream.base_url]
     return start(
         name, argv, port=port, core=PROXY_CORE, env=env, logs=logs, health="/healthz", timeout=60
