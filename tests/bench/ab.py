@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from compaction import TokenCounter
@@ -126,9 +126,11 @@ def _cell(value: Spread, unit: str = " ms") -> str:
 NAMES = ("A", "B")
 
 
-def compare(base: Path, other: Path, titles: tuple[str, str], rounds: int) -> str:
-    """The three figures of both trees, measured together; a markdown table."""
-    names = NAMES
+@contextlib.contextmanager
+def _rig(trees: Mapping[str, Path], *, minimal: bool = False) -> Iterator[Rig]:
+    """One upstream, a proxy of each tree (by target name) and the bare
+    forwarder, pinned as in the full bench; stopped on the way out.
+    ``minimal``: see :func:`~tests.bench.processes.start_proxy`."""
     pin_self(CLIENT_CORE)
     with (
         tempfile.TemporaryDirectory(prefix="compaction-ab-run-") as tmp,
@@ -138,13 +140,20 @@ def compare(base: Path, other: Path, titles: tuple[str, str], rounds: int) -> st
         upstream = start_upstream(logs, streaming.CHUNKS, streaming.INTERVAL)
         stack.callback(upstream.stop)
         servers: dict[str, Server] = {}
-        for name, tree in zip(names, (base, other), strict=True):
-            store = logs / f"{name}.db"
-            servers[name] = start_proxy(upstream, logs, store, name=name, tree=tree)
-            stack.callback(servers[name].stop)
+        for index, (name, tree) in enumerate(trees.items()):
+            store = logs / f"{index}.db"
+            server = start_proxy(upstream, logs, store, str(index), tree, minimal=minimal)
+            stack.callback(server.stop)
+            servers[name] = server
         forwarder = start_forwarder(upstream, logs)
         stack.callback(forwarder.stop)
-        rig = Rig(upstream, {**servers, growing.FORWARDER: forwarder})
+        yield Rig(upstream, {**servers, growing.FORWARDER: forwarder})
+
+
+def compare(base: Path, other: Path, titles: tuple[str, str], rounds: int) -> str:
+    """The three figures of both trees, measured together; a markdown table."""
+    names = NAMES
+    with _rig(dict(zip(names, (base, other), strict=True))) as rig:
         small = passthrough.latency(rig, passthrough.Settings(rounds=rounds))
         first = _streams(rig, rounds, list(names))
         grown = _growing(rig, rounds, growing.Settings().turns)
@@ -169,23 +178,7 @@ def compare(base: Path, other: Path, titles: tuple[str, str], rounds: int) -> st
 
 def history(trees: list[Path], titles: list[str], rounds: int) -> str:
     """The pass-through of every tree, measured together; a markdown table."""
-    pin_self(CLIENT_CORE)
-    with (
-        tempfile.TemporaryDirectory(prefix="compaction-ab-run-") as tmp,
-        contextlib.ExitStack() as stack,
-    ):
-        logs = Path(tmp)
-        upstream = start_upstream(logs, streaming.CHUNKS, streaming.INTERVAL)
-        stack.callback(upstream.stop)
-        proxies: dict[str, Server] = {}
-        for index, (tree, title) in enumerate(zip(trees, titles, strict=True)):
-            store = logs / f"{index}.db"
-            server = start_proxy(upstream, logs, store, name=str(index), tree=tree, minimal=True)
-            stack.callback(server.stop)
-            proxies[title] = server
-        forwarder = start_forwarder(upstream, logs)
-        stack.callback(forwarder.stop)
-        rig = Rig(upstream, {**proxies, growing.FORWARDER: forwarder})
+    with _rig(dict(zip(titles, trees, strict=True)), minimal=True) as rig:
         small = passthrough.latency(rig, passthrough.Settings(rounds=rounds))
     rows = [
         "| revision | pass-through added p50, c=1 | server CPU per request |",
