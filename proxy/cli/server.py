@@ -25,9 +25,11 @@ the request is complete.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
+from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 
 import uvicorn
@@ -203,4 +205,18 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
     # an app made in a test must stay collectable.
     gc.collect()
     gc.freeze()
-    uvicorn.Server(server_config(settings, app, log_level=log_level)).run()
+    _Server(server_config(settings, app, log_level=log_level)).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, its log written out before a signal it caught is raised
+    again: that ends the process as the signal would, running no exit handler,
+    so lines still waiting for the log's writer thread would be lost."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                logs.flush()

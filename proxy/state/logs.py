@@ -9,12 +9,25 @@ escapes every control character in every part of a line — C0, DEL, C1 and
 the Unicode line separators, as ``\n``, ``\x1b``, ``\u2028`` — and indents a
 traceback's lines: one record is one line that no client can forge a
 second of. The JSON format needs none of it: a JSON string escapes them.
+
+Lines are formatted and written by a thread of their own (:class:`LogWriter`):
+a log output nobody reads — a pipe whose reader stalled, a paused terminal —
+fills up, and a write to it waits. Written from the event loop, that wait
+stopped every request (after ~380 small requests, once a 64 KiB pipe was
+full). Now the loop only hands a record over; past :data:`QUEUED_RECORDS`
+waiting, records are dropped, and a line says how many once the output moves
+again.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
+import threading
 import time
+from queue import SimpleQueue
 from typing import Any
 
 import orjson
@@ -101,9 +114,154 @@ def _indented(text: str) -> str:
     return "".join(f"\n    {escaped(part)}" for part in text.splitlines())
 
 
+#: Records waiting for the writer thread, at most (about; another thread may
+#: add one as it counts); a record past it is dropped and counted.
+QUEUED_RECORDS = 10_000
+#: Seconds the records still waiting get at exit to be written.
+DRAIN_SECONDS = 2.0
+
+
+#: What waits for the writer: a record; a count of records dropped there; an
+#: event to set once what came before it is written; ``None``, the end.
+_Item = logging.LogRecord | int | threading.Event | None
+
+
+class LogWriter:
+    """Formats records and writes them to a file descriptor, in a thread of its own.
+
+    :meth:`put` never waits, whatever the output does; :meth:`close` writes
+    what waits, for at most a bounded time. Writes go to the descriptor itself
+    (``os.write``), under no lock of Python's: a write left waiting on an
+    unread output holds nothing that the exit's flush of ``sys.stderr`` or
+    :func:`logging.shutdown` would wait for.
+    """
+
+    def __init__(
+        self, formatter: logging.Formatter, fd: int, capacity: int = QUEUED_RECORDS
+    ) -> None:
+        self._formatter = formatter
+        self._fd = fd
+        self._capacity = capacity
+        self._records: SimpleQueue[_Item] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, record: logging.LogRecord) -> None:
+        if self._records.qsize() >= self._capacity:
+            with self._lock:
+                self._dropped += 1
+            return
+        if self._dropped:  # the count goes where the records went missing
+            self._records.put(self._take_dropped())
+        self._records.put(record)
+
+    def _take_dropped(self) -> int:
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        return dropped
+
+    def drain(self, seconds: float = DRAIN_SECONDS) -> bool:
+        """Wait until the records handed over so far are written, for at most
+        ``seconds``; whether they were."""
+        written = threading.Event()
+        self._records.put(written)
+        return written.wait(seconds)
+
+    def close(self, seconds: float = DRAIN_SECONDS) -> None:
+        """Write what waits, for at most ``seconds``; then stop."""
+        self._records.put(self._take_dropped())
+        self._records.put(None)
+        self._thread.join(seconds)
+
+    def _run(self) -> None:
+        while (item := self._records.get()) is not None:
+            if isinstance(item, threading.Event):
+                item.set()
+            elif isinstance(item, int):
+                if item:
+                    self._write(_dropped_record(item))
+            else:
+                self._write(item)
+
+    def _write(self, record: logging.LogRecord) -> None:
+        try:
+            line = self._formatter.format(record) + "\n"
+        except Exception:  # a record that cannot be formatted is one lost line, not the thread
+            line = f"(a log record could not be formatted: {record.msg!r})\n"
+        data = line.encode("utf-8", "backslashreplace")
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:  # the output is gone (closed, a broken pipe): nothing to write to
+            pass
+
+
+def _dropped_record(count: int) -> logging.LogRecord:
+    return logging.makeLogRecord(
+        {
+            "name": "compaction_proxy",
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+            "msg": f"{count} log record(s) dropped: the log output was not being read",
+        }
+    )
+
+
+class _Handoff(logging.Handler):
+    """The root logger's handler: a record handed to the :class:`LogWriter`.
+
+    What may change after the call is read here, as it is now: the message
+    merged with its arguments, and a copy of the ``fields``; the rest of the
+    formatting (the time, a traceback) is the writer's.
+    """
+
+    def __init__(self, writer: LogWriter) -> None:
+        super().__init__()
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            record.msg, record.args = record.getMessage(), None
+        except Exception:  # arguments that do not fit the message: logging's own report
+            self.handleError(record)
+            return
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            record.fields = dict(fields)
+        self.writer.put(record)
+
+
+#: The writer :func:`configure` started, if it did (see :func:`flush`).
+_writer: LogWriter | None = None
+
+
+def flush(seconds: float = DRAIN_SECONDS) -> None:
+    """The lines logged so far written, waited for at most ``seconds``: before
+    the process ends in a way that runs no exit handler (a signal raised again)."""
+    if _writer is not None:
+        _writer.drain(seconds)
+
+
 def configure(level: str = "info", fmt: str = "text") -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    global _writer
+    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else TextFormatter()
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):  # no descriptor: written as it comes
+        fd = None
+    handler: logging.Handler
+    if fd is None:
+        handler = logging.StreamHandler()
+        handler.setFormatter(formatter)
+    else:
+        if _writer is not None:
+            _writer.close()
+        _writer = LogWriter(formatter, fd)
+        # Before logging's own exit handler (atexit runs the last one first).
+        atexit.register(_writer.close)
+        handler = _Handoff(_writer)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -426,6 +426,66 @@ def test_serve_sends_each_api_to_its_own_upstream(tmp_path: Path) -> None:
     assert f"anthropic {anthropic_url}/v1" in startup
 
 
+#: Chat requests sent while nobody reads the proxy's log: their lines are many
+#: times what the pipe below holds.
+_UNREAD_REQUESTS = 300
+
+
+def test_serve_answers_while_nobody_reads_its_log_and_writes_every_line_later(
+    tmp_path: Path,
+) -> None:
+    """A log output nobody reads (a stalled pipe, a paused terminal) fills up;
+    written from the event loop, the next line stopped every request."""
+    import fcntl
+    import signal
+
+    import httpx
+
+    from tests.proxy.servers import serve_in_thread
+
+    upstream = _Recorder("openai")
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # full after some twenty lines
+    port = _free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+    clean["COMPACTION_PROXY_UPSTREAM__DISCOVER_WINDOWS"] = "never"
+    with serve_in_thread(upstream.app()) as upstream_url:
+        argv = [str(SCRIPT), "serve", "--port", str(port), "--upstream", upstream_url + "/v1"]
+        process = subprocess.Popen(
+            argv, cwd=tmp_path, env=clean, stdout=write_end, stderr=write_end
+        )
+        os.close(write_end)
+        log = bytearray()
+        reader = threading.Thread(target=lambda: log.extend(_read_all(read_end)), daemon=True)
+        try:
+            first_health(port, process)
+            with httpx.Client(timeout=10) as client:
+                statuses = [
+                    client.post(
+                        f"http://127.0.0.1:{port}/v1/chat/completions", json=_CHAT
+                    ).status_code
+                    for _ in range(_UNREAD_REQUESTS)
+                ]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            reader.start()  # the log is read only now
+            returncode = process.wait(timeout=30)
+            reader.join(timeout=30)
+    assert statuses == [200] * _UNREAD_REQUESTS
+    assert returncode in (0, -signal.SIGTERM)
+    lines = log.decode().splitlines()
+    # Every line waited for the reader and none was dropped, the shutdown's last
+    # too: written before uvicorn raised the SIGTERM again, which ends the process.
+    assert sum("compaction_proxy.requests: chat " in line for line in lines) == _UNREAD_REQUESTS
+    assert not any("dropped" in line for line in lines)
+    assert "Finished server process" in lines[-1]
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.read()
+
+
 def test_a_502_log_line_names_the_upstream_that_could_not_be_reached(tmp_path: Path) -> None:
     import httpx
 

@@ -7,12 +7,15 @@ what each part escaped on its own and the standard formatter's time give.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import threading
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.state.logs import TextFormatter, escaped
+from proxy.state.logs import LogWriter, TextFormatter, _Handoff, escaped
 
 
 class _Shown:
@@ -70,3 +73,68 @@ def test_a_time_format_asked_for_is_the_standard_formatters() -> None:
     assert TextFormatter().formatTime(record, "%H:%M") == logging.Formatter().formatTime(
         record, "%H:%M"
     )
+
+
+# --- the writer thread ----------------------------------------------------------
+
+
+def _plain(message: str) -> logging.LogRecord:
+    return logging.LogRecord("t", logging.INFO, "f", 1, message, None, None)
+
+
+def test_records_past_what_can_wait_are_dropped_and_the_count_is_written() -> None:
+    """A log output nobody reads: handing a record over never waits, what the
+    queue cannot hold is dropped, and once the output is read again a line
+    says how many, in order among the lines that were kept."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # full after some forty lines
+    writer = LogWriter(logging.Formatter("%(message)s"), write_end, capacity=5)
+    sent = 2_000
+    handing = threading.Thread(
+        target=lambda: [writer.put(_plain(f"line {i:04d} " + "x" * 90)) for i in range(sent)]
+    )
+    handing.start()
+    handing.join(timeout=30)
+    assert not handing.is_alive()  # all handed over while the output was full
+    output = bytearray()
+    reading = threading.Thread(target=lambda: output.extend(_read_all(read_end)))
+    reading.start()
+    writer.close()
+    os.close(write_end)
+    reading.join(timeout=30)
+    # Each count comes where its gap is: before the next line that was kept.
+    expected, dropped = 0, 0
+    for line in output.decode().splitlines():
+        if line.startswith("line "):
+            assert int(line.split()[1]) == expected
+            expected += 1
+        else:
+            assert line.endswith("log record(s) dropped: the log output was not being read")
+            count = int(line.split()[0])
+            expected += count
+            dropped += count
+    assert expected == sent
+    assert dropped > 0
+
+
+def test_a_record_is_written_as_it_was_when_logged() -> None:
+    read_end, write_end = os.pipe()
+    writer = LogWriter(TextFormatter(), write_end)
+    logger = logging.getLogger("tests.logs.handoff")
+    logger.propagate = False
+    logger.addHandler(handler := _Handoff(writer))
+    try:
+        fields = {"stage": "none"}
+        logger.warning("seen %s", "then", extra={"fields": fields})
+        fields["stage"] = "changed later"
+        writer.close()
+    finally:
+        logger.removeHandler(handler)
+    os.close(write_end)
+    [line] = _read_all(read_end).decode().splitlines()
+    assert line.endswith("tests.logs.handoff: seen then stage=none")
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as pipe:
+        return pipe.read()
