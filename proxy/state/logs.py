@@ -265,6 +265,9 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Python's warnings too: written to sys.stderr by themselves, one could
+    # wait on an unread output as a log line did.
+    logging.captureWarnings(True)
     # Neither format prints the caller's file, thread or process: collecting
     # them costs a stack walk and three lookups per record (the logging
     # HOWTO's "Optimization" section names these switches).

@@ -8,8 +8,11 @@ what each part escaped on its own and the standard formatter's time give.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 
 from hypothesis import given
@@ -138,3 +141,22 @@ def test_a_record_is_written_as_it_was_when_logged() -> None:
 def _read_all(fd: int) -> bytes:
     with os.fdopen(fd, "rb") as pipe:
         return pipe.read()
+
+
+def test_the_configured_log_takes_pythons_warnings_too() -> None:
+    """A warning goes through the writer thread as a log line, not to stderr by
+    itself (where it could wait on an unread output)."""
+    script = (
+        "import warnings\n"
+        "from proxy.state import logs\n"
+        "logs.configure('info', 'json')\n"
+        "warnings.warn('a deprecated thing', DeprecationWarning, stacklevel=1)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", script], capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    [line] = done.stderr.decode().splitlines()
+    entry = json.loads(line)
+    assert entry["logger"] == "py.warnings"
+    assert "DeprecationWarning: a deprecated thing" in entry["message"]
