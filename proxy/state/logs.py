@@ -134,6 +134,12 @@ class LogWriter:
     (``os.write``), under no lock of Python's: a write left waiting on an
     unread output holds nothing that the exit's flush of ``sys.stderr`` or
     :func:`logging.shutdown` would wait for.
+
+    Not the standard library's ``QueueHandler`` and ``QueueListener``: the
+    listener writes through a handler, whose lock a blocked write holds (and
+    :func:`logging.shutdown` takes at exit), it stops with a join that waits
+    for ever, and a full bounded queue makes ``QueueHandler`` report each
+    record as an error, on the very stderr that is not being read.
     """
 
     def __init__(
