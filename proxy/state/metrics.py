@@ -220,10 +220,7 @@ class Metrics:
         self, route: str, seconds: float, status: int | None, kind: str = ""
     ) -> None:
         if status is not None:
-            latency = self._latency.get(route)
-            if latency is None:
-                latency = self._latency[route] = self.upstream_latency.labels(route)
-            latency.observe(seconds)
+            _child(self._latency, self.upstream_latency, route).observe(seconds)
             if status >= 400:
                 self.upstream_errors.labels(f"{status // 100}xx").inc()
         else:
@@ -232,19 +229,22 @@ class Metrics:
     def store_call(self, operation: str, seconds: float) -> None:
         """A store call took ``seconds`` (failed or not); the store's
         :class:`~proxy.state.stores.StoreObserver`."""
-        latency = self._store_latency.get(operation)
-        if latency is None:
-            latency = self._store_latency[operation] = self.store_latency.labels(operation)
-        latency.observe(seconds)
+        _child(self._store_latency, self.store_latency, operation).observe(seconds)
 
     def store_answered_at_once(self, operation: str) -> None:
-        counter = self._store_at_once.get(operation)
-        if counter is None:
-            counter = self._store_at_once[operation] = self.store_at_once.labels(operation)
-        counter.inc()
+        _child(self._store_at_once, self.store_at_once, operation).inc()
 
     def store_failed(self, operation: str, kind: FailureKind) -> None:
         self.store_errors.labels(operation, kind).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _child(cache: dict[str, Any], metric: Any, label: str) -> Any:
+    """``metric``'s child for ``label`` (one of a fixed few: routes, store
+    operations), kept in ``cache`` after its first ``labels()`` call."""
+    child = cache.get(label)
+    if child is None:
+        child = cache[label] = metric.labels(label)
+    return child

@@ -360,11 +360,11 @@ def _free_port() -> int:
         return port
 
 
-@contextlib.contextmanager
-def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
-    """``compaction-proxy serve`` with ``flags``; its /v1 URL, then its stderr lines."""
-    import signal
-
+def _started(
+    tmp_path: Path, *flags: str, output: int = subprocess.PIPE
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``compaction-proxy serve`` with ``flags``, once it answers, and its port;
+    its stdout and stderr to ``output`` (pipes of their own by default)."""
     port = _free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
     clean["ANTHROPIC_API_KEY"] = clean["OPENAI_API_KEY"] = ""
@@ -374,12 +374,26 @@ def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
         [str(SCRIPT), "serve", "--port", str(port), *flags],
         cwd=tmp_path,
         env=clean,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=output,
+        stderr=output,
     )
-    lines: list[str] = []
     try:
         first_health(port, process)
+    except BaseException:
+        process.kill()
+        process.communicate(timeout=30)
+        raise
+    return process, port
+
+
+@contextlib.contextmanager
+def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[str, list[str]]]:
+    """``compaction-proxy serve`` with ``flags``; its /v1 URL, then its stderr lines."""
+    import signal
+
+    process, port = _started(tmp_path, *flags)
+    lines: list[str] = []
+    try:
         yield f"http://127.0.0.1:{port}/v1", lines
     finally:
         process.send_signal(signal.SIGTERM)
@@ -446,19 +460,14 @@ def test_serve_answers_while_nobody_reads_its_log_and_writes_every_line_later(
     upstream = _Recorder("openai")
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # full after some twenty lines
-    port = _free_port()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
-    clean["COMPACTION_PROXY_UPSTREAM__DISCOVER_WINDOWS"] = "never"
     with serve_in_thread(upstream.app()) as upstream_url:
-        argv = [str(SCRIPT), "serve", "--port", str(port), "--upstream", upstream_url + "/v1"]
-        process = subprocess.Popen(
-            argv, cwd=tmp_path, env=clean, stdout=write_end, stderr=write_end
-        )
-        os.close(write_end)
+        try:
+            process, port = _started(tmp_path, "--upstream", upstream_url + "/v1", output=write_end)
+        finally:
+            os.close(write_end)
         log = bytearray()
         reader = threading.Thread(target=lambda: log.extend(_read_all(read_end)), daemon=True)
         try:
-            first_health(port, process)
             with httpx.Client(timeout=10) as client:
                 statuses = [
                     client.post(
