@@ -69,6 +69,7 @@ from compaction.messages import (
     validate_tool_pairing,
 )
 from compaction.pipeline import compact
+from compaction.pricing import PRICING_PRESETS, Prices
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.recall import (
     RECALL_TOOL_DESCRIPTION,
@@ -98,6 +99,7 @@ __all__ = [
     "DEFAULT_READING_CACHE_BYTES",
     "NO_REREADS",
     "ORIGIN_KEY",
+    "PRICING_PRESETS",
     "RECALL_TOOL_DESCRIPTION",
     "RECALL_TOOL_NAME",
     "RECALL_TOOL_PARAMETERS",
@@ -120,6 +122,7 @@ __all__ = [
     "Message",
     "OverflowReport",
     "PairingProblem",
+    "Prices",
     "Profile",
     "ReadingCache",
     "Reason",

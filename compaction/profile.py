@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from compaction.pricing import PRICING_PRESETS, Prices, PricingPreset, preset_for, priced
 from compaction.types import Strategy, SummarizerMode
 
 DEFAULT_CONTEXT_WINDOW = 32_000
@@ -315,6 +316,52 @@ class Profile:
         ),
     )
 
+    pricing: PricingPreset = field(
+        default="auto",
+        metadata=_about(
+            "Prompt-cache prices the compaction plan and the cost figures use: auto, "
+            "anthropic, openai, local or none (docs/compaction.md#what-a-compaction-costs)."
+        ),
+    )
+    cache_read_price: float | None = field(
+        default=None,
+        metadata=_about(
+            "A cached prompt token's price as a multiple of a plain input token's "
+            "(unset: the preset's).",
+            NON_NEGATIVE,
+        ),
+    )
+    cache_write_price: float | None = field(
+        default=None,
+        metadata=_about(
+            "A prompt token written to the cache, as a multiple of a plain input token "
+            "(unset: the preset's).",
+            NON_NEGATIVE,
+        ),
+    )
+    output_price: float | None = field(
+        default=None,
+        metadata=_about(
+            "An output token's price as a multiple of a plain input token's (unset: the preset's).",
+            NON_NEGATIVE,
+        ),
+    )
+    cache_lifetime_seconds: float | None = field(
+        default=None,
+        metadata=_about(
+            "Seconds an unused cached prompt lives upstream (unset: the preset's).",
+            NON_NEGATIVE,
+        ),
+    )
+    input_price_per_mtok: float | None = field(
+        default=None,
+        metadata=_about(
+            "US dollars per million plain input tokens, to show costs in dollars (unset: "
+            "costs are shown in input-token equivalents).",
+            NON_NEGATIVE,
+        ),
+    )
+
     read_tools: tuple[str, ...] = field(
         default=DEFAULT_READ_TOOLS,
         metadata=_about("Tool-name words that mean a file was read (for the file lists)."),
@@ -331,6 +378,18 @@ class Profile:
         summarizes (``mask`` never does) and a ``precompute_share``."""
         return self.summarizer == "llm" and self.strategy != "mask" and self.precompute_share > 0
 
+    def prices(self, *, api: str = "chat", host: str = "") -> Prices:
+        """The prices of the upstream at ``host`` for the ``api`` the request
+        speaks: the preset (``auto`` resolved), with the fields set here."""
+        return priced(
+            preset_for(self.pricing, api=api, host=host),
+            cache_read=self.cache_read_price,
+            cache_write=self.cache_write_price,
+            output=self.output_price,
+            cache_lifetime=self.cache_lifetime_seconds,
+            input_per_mtok=self.input_price_per_mtok,
+        )
+
     def __post_init__(self) -> None:
         for declared in fields(self):
             bounds: Bounds | None = declared.metadata["bounds"]
@@ -345,6 +404,10 @@ class Profile:
             )
         if self.summarizer not in ("llm", "extractive", "off"):
             raise ValueError(f"summarizer must be llm, extractive or off, got {self.summarizer!r}")
+        if self.pricing not in PRICING_PRESETS:
+            raise ValueError(
+                f"pricing must be one of {', '.join(PRICING_PRESETS)}, got {self.pricing!r}"
+            )
         if self.strategy not in ("summary", "mask", "hybrid"):
             raise ValueError(f"strategy must be summary, mask or hybrid, got {self.strategy!r}")
 
