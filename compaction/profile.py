@@ -21,6 +21,7 @@ The budget (DESIGN.md §3)::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -422,6 +423,27 @@ class Budget:
     trigger: int
     tail_budget: int
     requested_output: int = 0
+    #: Tokens held back under the window's own limit for what the proxy adds
+    #: to a compacted request (the recall tool): ``input_limit`` is already
+    #: that much lower, so the request with it still fits.
+    held_back: int = 0
+
+    def holding_back(self, tokens: int) -> Budget:
+        """This budget with ``tokens`` more held back from its limit and trigger.
+
+        The request declares tools, and once it is compacted the recall tool
+        joins them: counted in from the start, the tools block never has to
+        leave again when the conversation grows towards the trigger (which
+        would break the provider's prompt cache at every turn after)."""
+        if tokens <= 0:
+            return self
+        limit = self.input_limit - tokens
+        return dataclasses.replace(
+            self,
+            input_limit=limit,
+            trigger=min(self.trigger, limit),
+            held_back=self.held_back + tokens,
+        )
 
 
 def requested_output_tokens(request: Mapping[str, Any]) -> int:

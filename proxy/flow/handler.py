@@ -344,6 +344,7 @@ async def _compact_for(
                 reason=reason,
                 instructions=instructions,
                 budget=budget,
+                held_back=recall.tool_tokens(call),
                 store=store,
             )
     except CannotFitError as exc:

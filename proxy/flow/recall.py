@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -128,8 +129,10 @@ def plan(
     state = call.state
     restored = state.recalls.restore(call.owner, items)
     counter = state.counter(call.config)
-    left = resolved.result.input_limit - resolved.result.tokens_after
-    extra = counter.count_text(orjson.dumps(tooled["tools"][-1]).decode())
+    # The tool's tokens were held back from the budget (tool_tokens): the
+    # room under the limit is theirs, so the tool always fits.
+    extra = _counted_tool(counter, orjson.dumps(tooled["tools"][-1]))
+    left = resolved.result.input_limit - resolved.result.tokens_after + extra
     put_back = sum(counter.count_text(orjson.dumps(item).decode()) for item in restored.added)
     if put_back > left - extra:
         # The exchanges put back do not fit: sent without them (the model may
@@ -154,6 +157,28 @@ def plan(
         slice_chars=profile.recall_slice_chars,
         restored=len(restored.exchanges),
     )
+
+
+def tool_tokens(call: Call) -> int:
+    """The recall tool's tokens, where it may join this request once compacted
+    (recall on, tools declared): held back from the request's budget from the
+    start, so that the tools block never changes between two compactions.
+    Added only while it fits (:func:`plan`), the tool would leave again as the
+    conversation grew towards the trigger, and each leaving and coming back
+    would rewrite the provider's whole prompt cache."""
+    if not call.config.profile.recall:
+        return 0
+    body = call.original if call.original is not None else call.body
+    tooled = call.dialect.recall.with_tool(body)
+    if tooled is None:
+        return 0
+    return _counted_tool(call.state.counter(call.config), orjson.dumps(tooled["tools"][-1]))
+
+
+@functools.lru_cache(maxsize=16)
+def _counted_tool(counter: TokenCounter, tool: bytes) -> int:
+    """A recall tool's tokens: the same few bytes per API and counter, counted once."""
+    return counter.count_text(tool.decode())
 
 
 def _has_refs(messages: Sequence[Message]) -> bool:

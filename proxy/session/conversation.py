@@ -198,13 +198,16 @@ async def resolve(
     reason: Reason = "threshold",
     instructions: str | None = None,
     budget: Budget | None = None,
+    held_back: int = 0,
     store: bool = True,
 ) -> Resolved:
     """Decide, once, and compact if needed, remembering the result.
 
     ``instructions`` are the request's own (``/compact <focus>``); ``budget``
-    replaces the calibrated one (the overflow retry's). ``store=False`` (the
-    preview) changes nothing: no lock, no events, no checkpoint. Raises what
+    replaces the calibrated one (the overflow retry's); ``held_back`` tokens
+    of it are kept for what goes upstream beside the messages once compacted
+    (:meth:`compaction.Budget.holding_back`). ``store=False`` (the preview)
+    changes nothing: no lock, no events, no checkpoint. Raises what
     :func:`compaction.execute` raises.
     """
     config = asked.config
@@ -213,6 +216,7 @@ async def resolve(
         budget = calibrated_budget(
             config.profile, requested_output_tokens(asked.body), state.models.ratio(config)
         )
+    budget = budget.holding_back(held_back)
     stored, steering_of = await _stored_and_steering(
         state, asked, conversation, budget, reason, preview=not store
     )

@@ -94,3 +94,16 @@ def test_safety_margin_defaults_to_two_percent_and_may_be_zero() -> None:
     assert Profile().safety_margin == DEFAULT_SAFETY_MARGIN == 0.02
     assert Profile(safety_margin=0).safety_margin == 0
     assert Profile(threshold=None, summarizer_context_window=None).threshold is None
+
+
+def test_holding_back_lowers_the_limit_and_a_trigger_above_it() -> None:
+    budget = compute_budget(Profile(context_window=8192))
+    held = budget.holding_back(200)
+    assert (held.input_limit, held.trigger, held.held_back) == (
+        budget.input_limit - 200,
+        budget.input_limit - 200,
+        200,
+    )
+    assert budget.holding_back(0) is budget
+    lower = compute_budget(Profile(context_window=8192, threshold=4000)).holding_back(200)
+    assert lower.trigger == 4000
