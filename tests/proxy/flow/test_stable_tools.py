@@ -5,6 +5,7 @@ whole prompt cache)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -68,7 +69,7 @@ def test_the_tools_block_stays_the_same_between_two_compactions() -> None:
     # Every request sent over a compaction carries the recall tool ...
     assert all(sent["tools"][-1]["function"]["name"] == RECALL_TOOL_NAME for sent in compacted)
     # ... and between two compactions each request extends the one before it.
-    for (before_id, before), (after_id, after) in zip(seen, seen[1:], strict=False):
+    for (before_id, before), (after_id, after) in itertools.pairwise(seen):
         if before_id is None or before_id != after_id:
             continue
         assert after["tools"] == before["tools"]
