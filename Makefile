@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # test extras (pytest, hypothesis, ruff, mypy, the SDKs, …) on top.
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install run test lint bench eval docker-check clean
+.PHONY: install run test lint bench eval replay docker-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ bench: $(TEST_STAMP)
 EVAL_FIXTURES ?= ../shared/fixtures
 eval: $(STAMP)
 	$(BIN)/compaction-proxy eval $(EVAL_FIXTURES) --output evaluation/RESULTS.md $(EVAL_ARGS)
+
+# Replays the fixture sessions turn by turn through a real `serve` in front of a
+# loopback upstream that simulates a provider's prompt cache, and prints what
+# the proxy and the baselines cost (docs/benchmarks.md#replay). REPLAY_ARGS:
+# --limit N, --window N, --prices anthropic,openai, --synthetic N, --json, …
+replay: $(STAMP)
+	$(BIN)/compaction-proxy eval --replay --fixtures $(EVAL_FIXTURES) $(REPLAY_ARGS)
 
 # Builds the Docker image and checks it runs as docs/operations.md says (needs a
 # Docker engine; says "skipped" and succeeds without one).

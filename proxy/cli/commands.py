@@ -4,6 +4,7 @@
     compaction-proxy compact [FILE|-]   run the pipeline on a request body
     compaction-proxy inspect [FILE|-]   show why a conversation is large
     compaction-proxy eval DIR           score what compaction keeps (evaluation/)
+    compaction-proxy eval --replay      price whole sessions replayed through serve
     compaction-proxy sessions           the dashboard's overview, as a table
     compaction-proxy show SESSION       one session: timeline, summary, events
 
@@ -237,11 +238,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    if "--replay" in args.options:
+        return _replay(args)
     from evaluation.cli import EvalUsageError, run_eval
 
     try:
         print(asyncio.run(run_eval(args.options)))
     except EvalUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    return EXIT_OK
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from evaluation.replay.cli import ReplayUsageError, run_replay
+
+    try:
+        print(asyncio.run(run_replay(args.options)))
+    except ReplayUsageError as exc:
         raise UsageError(str(exc)) from exc
     return EXIT_OK
 
