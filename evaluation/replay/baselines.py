@@ -28,7 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from compaction import Message, Profile, compact, group_messages, message_text
+from compaction import (
+    CompactionError,
+    Message,
+    Profile,
+    compact,
+    group_messages,
+    message_text,
+)
 from evaluation.replay.prompts import message_segment, prompt_segments
 
 #: Newest tool outputs observation masking leaves as they are.
@@ -175,7 +182,10 @@ class ClaudeCode:
             recall=False,
         )
         request = {"messages": current, "tools": context.tools}
-        result = await compact(request, profile, reason="manual")
+        try:
+            result = await compact(request, profile, reason="manual")
+        except CompactionError:
+            return Sent(current)  # nothing the summary could replace: sent as it is
         summary = result.summary
         output = context.count(message_text(summary)) if summary is not None else 0
         prompt = [*current, {"role": "user", "content": SUMMARY_REQUEST}]

@@ -180,6 +180,11 @@ def _text(
         for r in runs
         if r.summary_fallbacks
     ]
+    skipped = {r.window: r.skipped for r in runs if r.skipped}
+    notes += [
+        f"{window:,}: {count} sessions left out (their head alone is above the input limit)"
+        for window, count in skipped.items()
+    ]
     notes += [
         f"{r.window:,} {r.strategy} {r.prices}: {r.refused} calls the upstream refused"
         for r in runs

@@ -35,7 +35,7 @@ import aiohttp
 
 from compaction import PRICING_PRESETS, Message
 from compaction.pricing import PRESETS, Prices
-from evaluation.replay.baselines import BASELINES, Context
+from evaluation.replay.baselines import BASELINES, Context, input_limit
 from evaluation.replay.cache import PromptCache, SegmentTokens
 from evaluation.replay.client import replay_session, session_key
 from evaluation.replay.facts import SessionFacts
@@ -80,6 +80,7 @@ class Run:
     failures: tuple[str, ...] = ()
     summary_fallbacks: int = 0
     refused: int = 0
+    skipped: int = 0  #: sessions left out: their head alone is above the input limit
     seconds: float = 0.0
 
 
@@ -104,34 +105,49 @@ async def replay(
     tokens: SegmentTokens,
     progress: Callable[[str], None] | None = None,
 ) -> list[Run]:
-    """Every strategy of ``options`` over ``sessions``; the runs in a stable order."""
-    facts = [SessionFacts(s.messages, s.head) for s in sessions]
+    """Every strategy of ``options`` over ``sessions``; the runs in a stable order.
+
+    At each window, a session whose head (with the tool schemas) alone is above
+    the input limit is left out of every strategy: the proxy refuses it, and a
+    refused request would cost nothing.
+    """
+    every_facts = [SessionFacts(s.messages, s.head) for s in sessions]
     runs: list[Run] = []
     say = progress or (lambda _: None)
     lifetimes = sorted({prices_of(name).cache_lifetime for name in options.prices})
     with tempfile.TemporaryDirectory(prefix="replay-", dir=options.workdir) as scratch:
         for window in options.windows:
+            fitting = [i for i, s in enumerate(sessions) if head_fits(s, window, tokens)]
+            here = [sessions[i] for i in fitting]
+            facts = [every_facts[i] for i in fitting]
+            skipped = len(sessions) - len(here)
             for lifetime in lifetimes:
                 for name in options.baselines:
                     started = time.perf_counter()
                     calls = await baseline_calls(
-                        sessions, facts, name, window, lifetime, options.gap, tokens
+                        here, facts, name, window, lifetime, options.gap, tokens
                     )
-                    run = Run(window, name, None, lifetime, calls)
-                    runs.append(dataclasses.replace(run, seconds=time.perf_counter() - started))
-                    say(f"{window:>7} {name:<22} {time.perf_counter() - started:6.1f} s")
+                    seconds = time.perf_counter() - started
+                    runs.append(
+                        Run(window, name, None, lifetime, calls, skipped=skipped, seconds=seconds)
+                    )
+                    say(f"{window:>7} {name:<22} {'':<10} {seconds:6.1f} s")
             for price in options.prices:
                 for summarizer in options.summarizers:
                     config = ProxyConfig(window, price, summarizer)
                     folder = Path(scratch) / f"{window}-{price}-{summarizer}"
                     started = time.perf_counter()
-                    run = await proxy_run(sessions, facts, config, options, tokens, folder)
-                    runs.append(dataclasses.replace(run, seconds=time.perf_counter() - started))
-                    say(
-                        f"{window:>7} {run.strategy:<22} {price:<10} "
-                        f"{time.perf_counter() - started:6.1f} s"
-                    )
+                    run = await proxy_run(here, facts, config, options, tokens, folder)
+                    seconds = time.perf_counter() - started
+                    runs.append(dataclasses.replace(run, skipped=skipped, seconds=seconds))
+                    say(f"{window:>7} {run.strategy:<22} {price:<10} {seconds:6.1f} s")
     return runs
+
+
+def head_fits(session: Session, window: int, tokens: SegmentTokens) -> bool:
+    """Whether ``session``'s head and tools fit the input limit of ``window``."""
+    context = Context(window, session.head, session.tools, tokens.count)
+    return context.tokens(session.messages[: session.head]) <= input_limit(window)
 
 
 async def baseline_calls(
