@@ -24,6 +24,7 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 
 import orjson
 from starlette.requests import Request
@@ -52,11 +53,13 @@ from proxy.edge.errors import (
     UpstreamUnreachable,
 )
 from proxy.flow import manual, recall
+from proxy.flow.bill import spent_headers, untouched_bill
 from proxy.flow.overflow import detect_overflow
 from proxy.flow.read import Call, read_call
-from proxy.flow.record import empty_stream, request_record, rereads_of
+from proxy.flow.record import account, empty_stream, request_record, rereads_of
 from proxy.flow.send import (
     Relay,
+    Then,
     read_whole,
     relay_bytes,
     relayed_headers,
@@ -102,6 +105,7 @@ async def _forward_untouched(call: Call, started: float) -> Response:
     """A request of another API that the proxy must not rewrite (it builds on
     state the proxy cannot see): forwarded byte for byte, relayed as it comes."""
     upstream = await _send(call, call.raw)
+    tap = UsageTap(cached=call.dialect.cached_usage_apart)
     fields: dict[str, object] = {
         "api": call.dialect.name,
         "model": call.config.model or "-",
@@ -110,9 +114,19 @@ async def _forward_untouched(call: Call, started: float) -> Response:
         "upstream_status": upstream.status,
         "ms": round((time.perf_counter() - started) * 1000, 1),
     }
-    # Logged once the client has the answer, as a compacted request is (see _forward).
-    log = functools.partial(logger.info, "chat", extra={"fields": fields})
-    return Relay(upstream, {}, dialect=call.dialect, after=log)
+    status = upstream.status
+
+    def log() -> None:
+        # Once the client has the answer, as a compacted request is (see _forward).
+        if status == 200:
+            bill = untouched_bill(call, tap.usage)
+            dollars = bill.dollars(bill.own)
+            money = (dollars, dollars) if dollars is not None else None
+            call.state.metrics.record_usage(call.config.model, tap.usage, bill.own, bill.own, money)
+            fields.update(bill.fields())
+        logger.info("chat", extra={"fields": fields})
+
+    return Relay(upstream, {}, tap, dialect=call.dialect, after=log)
 
 
 async def _forward(call: Call, started: float) -> Response:
@@ -140,16 +154,15 @@ async def _forward(call: Call, started: float) -> Response:
             return _empty_stream_error(call, resolved, upstream, started)
     try:
         tap = _usage_tap(call, resolved, recalling)
-        if recalling is not None and upstream.status == 200:
-            _finish(call, resolved, upstream.status, started)
-            return await _recall(call, resolved, upstream, recalling, tap)
         # Its log line, metrics and figures are written once the client has
-        # the answer (see Relay): the client need not wait for them. Their
-        # time is this one, to the upstream's head, as before the relay.
+        # the answer, with its usage (see Relay): the client need not wait for
+        # them. Their time is this one, to the upstream's head, as before the relay.
         finish = functools.partial(
-            _finish, call, resolved, upstream.status, started, ended=time.perf_counter()
+            _finish, call, resolved, upstream.status, started, ended=time.perf_counter(), tap=tap
         )
-        return Relay(upstream, resolved.headers(), tap, dialect=call.dialect, after=finish)
+        if recalling is not None and upstream.status == 200:
+            return await _recall(call, resolved, upstream, recalling, tap, finish)
+        return Relay(upstream, _headers(call, resolved), tap, dialect=call.dialect, after=finish)
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
@@ -165,23 +178,32 @@ def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None
 
 
 async def _recall(
-    call: Call, resolved: Resolved, upstream: UpstreamResponse, plan: recall.Plan, tap: UsageTap
+    call: Call,
+    resolved: Resolved,
+    upstream: UpstreamResponse,
+    plan: recall.Plan,
+    tap: UsageTap,
+    finish: Callable[[], None],
 ) -> Response:
     """The answer of a request sent with the recall tool: its calls answered by
-    the proxy, the upstream asked again, the client given the last answer."""
+    the proxy, the upstream asked again, the client given the last answer;
+    ``finish`` once it is over (the usage counted is the first round's)."""
     rounds = recall.rounds_of(call, plan)
-    headers = {**resolved.headers(), "x-compaction-recall-tokens": str(plan.extra_tokens)}
+    headers = {**_headers(call, resolved), "x-compaction-recall-tokens": str(plan.extra_tokens)}
 
     async def again(body: bytes) -> UpstreamResponse:
         return await _send(call, body)
 
     if call.streamed:
         relayed = relayed_headers(upstream, headers)
-        return recall.RecallRelay(call, rounds, upstream, again, relayed, tap, resolved)
+        return Then(
+            recall.RecallRelay(call, rounds, upstream, again, relayed, tap, resolved), finish
+        )
     try:
         return await recall.whole(call, rounds, upstream, again, headers, tap)
     finally:
         await rounds.report(call, resolved)
+        finish()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +226,7 @@ async def _overflow(
         overflow = detect_overflow(upstream.status, error, sent)
         if overflow is None:
             _finish(call, resolved, upstream.status, started)
-            return relay_bytes(upstream, error, resolved.headers())
+            return relay_bytes(upstream, error, _headers(call, resolved))
         return OverflowReport(window=overflow.limit, count=overflow.count)
     if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
         return None
@@ -264,7 +286,7 @@ def _empty_stream_error(
     return Response(
         call.dialect.error_event(message, "upstream_empty"),
         media_type="text/event-stream",
-        headers=resolved.headers(),
+        headers=_headers(call, resolved),
     )
 
 
@@ -366,6 +388,8 @@ async def _compact_for(
         if summarizer is not None:
             call.tally.summarizer_tokens += summarizer.tokens
             call.tally.summarizer_calls += summarizer.calls
+            call.tally.summarizer += summarizer.spent
+            call.tally.summarizer_cost += summarizer.cost
 
 
 async def _manual(call: Call, instructions: str, started: float) -> Response:
@@ -374,7 +398,7 @@ async def _manual(call: Call, instructions: str, started: float) -> Response:
     text = manual.reply_text(manual.outcome_of(resolved))
     _finish(call, resolved, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"
-    headers = resolved.headers()
+    headers = _headers(call, resolved)
     if call.streamed:
         events = call.dialect.manual_events(model, text, call.original or call.body)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
@@ -454,12 +478,14 @@ def _finish(
     upstream: bool = True,
     error: str = "",
     ended: float | None = None,
+    tap: UsageTap | None = None,
 ) -> None:
     """Metrics and the one log line of a chat request (no content, no secrets).
 
     ``status`` is the upstream's, or — with ``upstream=False`` (``/compact``,
     answered by the proxy) — the proxy's own. ``ended`` is when the answer's
-    head was in (``time.perf_counter()``; by default, now).
+    head was in (``time.perf_counter()``; by default, now). ``tap`` read the
+    answer's usage, which its bill prices.
     """
     ms = ((time.perf_counter() if ended is None else ended) - started) * 1000
     metrics = call.state.metrics
@@ -467,6 +493,8 @@ def _finish(
     metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
     rereads = rereads_of(call, resolved)
     metrics.record_rereads(call.config.model, rereads.by_tool())
+    usage = tap.usage if tap is not None else None
+    bill = account(call, resolved, usage, answered=upstream and status == 200)
     stage = resolved.stage
     fields: dict[str, object] = {
         "model": call.config.model or "-",
@@ -481,13 +509,19 @@ def _finish(
         fields["error"] = error
     if rereads:
         fields["rereads"] = rereads.count
-    fields = {"api": call.dialect.name, **fields}
+    fields = {"api": call.dialect.name, **fields, **bill.fields()}
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
     if call.state.recorder is not None:  # queued for the dashboard; never waits
-        record = request_record(call, resolved, status, ms, error=error, rereads=rereads)
+        record = request_record(call, resolved, status, ms, error=error, rereads=rereads, bill=bill)
         call.state.recorder.record(record)
+
+
+def _headers(call: Call, resolved: Resolved) -> dict[str, str]:
+    """The response's ``x-compaction-*`` headers: what happened, what the
+    summarizer calls cost (all that is known of the money when they are sent)."""
+    return {**resolved.headers(), **spent_headers(call)}
 
 
 def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.requests import Request
 
-from compaction import Conversation, Message
+from compaction import Conversation, Message, Prices
 from config import ModelConfig, with_client_window
 from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
@@ -28,6 +30,7 @@ from proxy.flow.send import AUTH_HEADERS, upstream_headers
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer
+from proxy.upstream.usage import NO_USAGE, Usage
 
 #: Bodies larger than this are parsed, keyed and counted in a worker thread,
 #: so one huge request never stalls the event loop (and every other request
@@ -46,6 +49,9 @@ class Tally:
     #: What the summarizer's calls made for this request cost, as the upstream
     #: reported it (those of a compaction it started in the background not included).
     summarizer_tokens: int = 0
+    #: The same calls' usage, part by part, and their price (plain input tokens).
+    summarizer: Usage = NO_USAGE
+    summarizer_cost: float = 0.0
     #: The summarizer's requests made for this request, and the upstream's error
     #: answers to it (an overflow retried, an empty stream), for its figures.
     summarizer_calls: int = 0
@@ -93,10 +99,17 @@ class Call:
     def streamed(self) -> bool:
         return (self.original or self.body).get("stream") is True
 
+    def prices(self) -> Prices:
+        """The prices of the request's upstream (the host its URL names), for its
+        model and API: those of its answer, its summaries and the estimates."""
+        host = urlsplit(self.base_url).hostname or ""
+        return self.config.profile.prices(api=self.dialect.name, host=host)
+
     def summarizer(self) -> UpstreamSummarizer:
         """The llm summarizer, asked in the request's own API with its own key."""
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
         model = self.config.model
+        prices = self.prices()
         return UpstreamSummarizer(
             self.state.transport,
             self.base_url,
@@ -107,7 +120,22 @@ class Call:
             deadline=self.state.settings.upstream.summarizer_timeout_seconds,
             # A summary by another model says nothing of how this one counts.
             on_usage=self._summary_counted if self.config.summary_model == model else None,
+            prices=prices,
+            on_spent=lambda usage, cost: self.state.metrics.record_summarizer(
+                model, usage, cost, prices.dollars(cost)
+            ),
+            estimate=self._summary_estimate,
         )
+
+    async def _summary_estimate(self, messages: list[Message], text: str) -> Usage:
+        """A summary call whose answer reported no ``usage``: its prompt and reply
+        counted here (the prompt in a worker thread), in the upstream's tokens,
+        the prompt taken as uncached."""
+        counter = self.state.counter(self.config)
+        ratio = self.state.models.ratio(self.config)
+        sent = await asyncio.to_thread(counter.count_request, {"messages": messages})
+        prompt, output = math.ceil(sent * ratio), math.ceil(counter.count_text(text) * ratio)
+        return Usage(prompt=prompt, output=output)
 
     async def _summary_counted(self, messages: list[Message], prompt_tokens: int) -> None:
         """A summary's reply counted ``prompt_tokens`` for ``messages``: a

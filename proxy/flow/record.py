@@ -12,12 +12,14 @@ owner typed the one and sent the other; the dashboard shows them to that owner
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from compaction import NO_REREADS, Message, Rereads, count_rereads, is_summary, message_text
+from proxy.flow.bill import Bill, bill_of
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
 from proxy.state.stores import RequestRecord
+from proxy.upstream.usage import Usage
 
 #: A label's task: at most this many characters of the first request, cut
 #: between words. Enough to tell sessions apart, too little to be a transcript.
@@ -34,8 +36,10 @@ def request_record(
     *,
     error: str = "",
     rereads: Rereads = NO_REREADS,
+    bill: Bill | None = None,
 ) -> RequestRecord:
-    """The figures of one answered request (``status``: the upstream's, or the proxy's)."""
+    """The figures of one answered request (``status``: the upstream's, or the
+    proxy's), with what it cost (``bill``)."""
     result = resolved.result
     return RequestRecord(
         session=resolved.session,
@@ -62,7 +66,30 @@ def request_record(
         rereads=rereads.count,
         task=task_words(call.messages),
         user_agent=call.request.headers.get("user-agent", "")[:USER_AGENT_CHARS],
+        **(money(bill) if bill is not None else {}),
     )
+
+
+def money(bill: Bill) -> dict[str, Any]:
+    """A bill's fields of :class:`RequestRecord`."""
+    usage = bill.usage
+    found: dict[str, Any] = {
+        "summarizer_prompt_tokens": bill.summarizer.prompt,
+        "summarizer_output_tokens": bill.summarizer.output,
+        "cost": bill.cost,
+        "cost_without": bill.without,
+        "cost_dollars": bill.dollars(bill.cost),
+        "cost_without_dollars": bill.dollars(bill.without),
+    }
+    if usage is not None:
+        found.update(
+            priced=True,
+            prompt_tokens=usage.prompt,
+            cache_read_tokens=usage.cache_read,
+            cache_write_tokens=usage.cache_write,
+            output_tokens=usage.output,
+        )
+    return found
 
 
 def rereads_of(call: Call, resolved: Resolved) -> Rereads:
@@ -111,3 +138,15 @@ def task_words(messages: Sequence[Message]) -> str:
         cut = words[:TASK_CHARS].rsplit(" ", 1)[0] or words[:TASK_CHARS]
         return cut + "…"
     return ""
+
+
+def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bool) -> Bill:
+    """The request's bill (:func:`proxy.flow.bill.bill_of`), counted in /metrics
+    when the upstream answered it (a 200). Its summarizer calls were counted
+    there as they came back: only the answer's own cost is added here."""
+    bill = bill_of(call, resolved, usage, answered=answered)
+    if answered:
+        own, without = bill.dollars(bill.own), bill.dollars(bill.without)
+        dollars = (own, without) if own is not None and without is not None else None
+        call.state.metrics.record_usage(call.config.model, usage, bill.own, bill.without, dollars)
+    return bill

@@ -210,11 +210,12 @@ class Relay(Response):
 
     ``after`` is the request's bookkeeping (its log line, metrics and
     figures): called once, as soon as the client has its answer — a whole
-    body, or a stream's first chunk — or, if none went out, once the relay
-    ends. It runs in this task with no await between that send and it, so
-    it is done before the event loop serves anything else: a client that
-    reads ``/metrics`` once it has its answer finds the request counted
-    there. The client does not wait for it.
+    body, or a stream's last chunk, when ``tap`` has read the answer's usage
+    — or, if the answer did not go out whole, once the relay ends. It runs in
+    this task with no await between that send and it, so it is done before
+    the event loop serves anything else: a client that reads ``/metrics``
+    once it has its answer finds the request counted there. The client does
+    not wait for it.
     """
 
     def __init__(
@@ -276,10 +277,10 @@ class Relay(Response):
             headers = [*headers, (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        self._answered()
         if self.tap is not None:
             self.tap.feed(body)
             self.tap.close()
+        self._answered()
 
     async def _stream(self, receive: Receive, send: Send) -> None:
         upstream = self.upstream
@@ -298,9 +299,10 @@ class Relay(Response):
                         self.tap.close()
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                self._answered()
                 if self.tap is not None:
                     self.tap.feed(chunk)
+            # The usage sits in the last events: the bookkeeping waits for them.
+            self._answered()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
@@ -319,6 +321,24 @@ class Relay(Response):
             message = "The upstream connection was lost mid-stream."
             event = self.dialect.error_event(message, "upstream_dropped")
             await send({"type": "http.response.body", "body": event, "more_body": True})
+
+
+class Then(Response):
+    """``response``, then ``after`` (once, however it ended): the bookkeeping of
+    an answer whose relay is another's (the recall rounds')."""
+
+    def __init__(self, response: Response, after: Callable[[], None]) -> None:
+        self.response = response
+        self._after = after
+        self.status_code = response.status_code
+        self.raw_headers = response.raw_headers
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self._after()
 
 
 async def _abort_on_disconnect(

@@ -53,7 +53,7 @@ import asyncio
 import dataclasses
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
 from config import ModelConfig
@@ -69,7 +69,7 @@ from proxy.session.compacting import (
 )
 from proxy.state.models import calibration_key
 from proxy.state.stores import RequestRecord
-from proxy.upstream.summarizer import UpstreamSummarizer
+from proxy.upstream.summarizer import Paid, UpstreamSummarizer
 from proxy.upstream.transport import UpstreamResponse
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
     emit = Emitter(state, conversation.session, job.config.model, plan.reason, job.owner)
     summarizer = _off_the_request_path(state, job.summarizer)
     announcing = _Announcing(summarizer, emit, job) if summarizer is not None else None
-    spent, asked = _tokens(summarizer), _calls(summarizer)
+    spent, asked, paid = _tokens(summarizer), _calls(summarizer), _paid(summarizer)
     try:
         result = await run_plan(dataclasses.replace(job, summarizer=announcing), plan)
     except asyncio.CancelledError:
@@ -263,6 +263,7 @@ async def _ahead(job: Job, plan: Decision) -> str:
                 summarizer_calls=_calls(summarizer) - asked,
                 summarizer_tokens=_tokens(summarizer) - spent,
                 background=True,
+                **_paid_since(summarizer, paid),
             )
         )
     # A summary the model failed to write fell back to extractive, as it would
@@ -315,6 +316,23 @@ def _tokens(summarizer: Summarizer | None) -> int:
     """What the proxy's summarizer (:class:`proxy.upstream.summarizer.UpstreamSummarizer`)
     has counted so far; the request that started this job is done with it."""
     return int(getattr(summarizer, "tokens", 0))
+
+
+def _paid(summarizer: Summarizer | None) -> Paid:
+    """What the proxy's summarizer has used and cost so far."""
+    found = getattr(summarizer, "paid", None)
+    return found if isinstance(found, Paid) else Paid()
+
+
+def _paid_since(summarizer: Summarizer | None, before: Paid) -> dict[str, Any]:
+    """The cost figures of a preparation: its calls' tokens and price."""
+    paid = _paid(summarizer) - before
+    return {
+        "summarizer_prompt_tokens": paid.prompt,
+        "summarizer_output_tokens": paid.output,
+        "cost": paid.cost,
+        "cost_dollars": paid.dollars,
+    }
 
 
 def _calls(summarizer: Summarizer | None) -> int:

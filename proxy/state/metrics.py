@@ -9,13 +9,14 @@ is so bounded whatever clients send: every other label value is the proxy's own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from compaction import CompactionResult
 from proxy.state.stores import FailureKind
+from proxy.upstream.usage import Usage
 
 MAX_MODELS = 100
 #: Longer model names are labelled "other" (real ones are far shorter).
@@ -142,6 +143,61 @@ class Metrics:
             ["api", "outcome"],
             registry=r,
         )
+        self.prompt_tokens = Counter(
+            "compaction_proxy_prompt_tokens",
+            "Prompt tokens of the answers as the upstream's usage reported them, by part: "
+            "uncached, cache_read, cache_write (an API that reports no writes: the part "
+            "not read).",
+            ["model", "part"],
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "compaction_proxy_output_tokens",
+            "Output tokens of the answers as the upstream's usage reported them.",
+            ["model"],
+            registry=r,
+        )
+        self.unpriced = Counter(
+            "compaction_proxy_unpriced_requests",
+            "Answered requests whose answer reported no usage: not in the token and "
+            "cost counters (their summarizer calls are).",
+            ["model"],
+            registry=r,
+        )
+        self.summarizer_tokens = Counter(
+            "compaction_proxy_summarizer_tokens",
+            "Tokens of the LLM summarizer's answered calls, by part (prompt, output), as "
+            "their usage reported them or, without one, estimated.",
+            ["part"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "compaction_proxy_cost",
+            "What the answers and the summarizer calls cost, in plain input tokens of the "
+            "model's price (compaction.pricing).",
+            ["model"],
+            registry=r,
+        )
+        self.cost_without = Counter(
+            "compaction_proxy_cost_without_compaction",
+            "The estimated cost of the same requests forwarded as the clients sent them, "
+            "in plain input tokens (docs/compaction.md#what-a-compaction-costs).",
+            ["model"],
+            registry=r,
+        )
+        self.cost_dollars = Counter(
+            "compaction_proxy_cost_dollars",
+            "compaction_proxy_cost in US dollars, for models with a known input price.",
+            ["model"],
+            registry=r,
+        )
+        self.cost_without_dollars = Counter(
+            "compaction_proxy_cost_without_compaction_dollars",
+            "compaction_proxy_cost_without_compaction in US dollars, for models with a "
+            "known input price.",
+            ["model"],
+            registry=r,
+        )
         self._models: set[str] = set()
         self._tools: set[str] = set()
         #: Labelled children of the per-request metrics: ``labels()`` takes a
@@ -150,6 +206,7 @@ class Metrics:
         self._latency: dict[str, Any] = {}
         self._store_latency: dict[str, Any] = {}
         self._store_at_once: dict[str, Any] = {}
+        self._usage: dict[str, _UsageChildren] = {}
 
     def model(self, name: str) -> str:
         if name in self._models:
@@ -195,6 +252,57 @@ class Metrics:
         before.inc(tokens_before)
         after.inc(result.tokens_after)
 
+    def record_usage(
+        self,
+        model: str,
+        usage: Usage | None,
+        cost: float,
+        without: float,
+        dollars: tuple[float, float] | None = None,
+    ) -> None:
+        """One answered request's usage (``None``: it reported none) and price,
+        its summarizer calls left out (:meth:`record_summarizer` counted them);
+        ``dollars``: the same two prices in US dollars, where known."""
+        children = self._usage.get(model)
+        if children is None:
+            label = self.model(model or "-")
+            children = _UsageChildren(
+                self.prompt_tokens.labels(label, "uncached"),
+                self.prompt_tokens.labels(label, "cache_read"),
+                self.prompt_tokens.labels(label, "cache_write"),
+                self.output_tokens.labels(label),
+                self.unpriced.labels(label),
+                self.cost.labels(label),
+                self.cost_without.labels(label),
+            )
+            if len(self._usage) < MAX_MODELS * 2:
+                self._usage[model] = children
+        if usage is None:
+            children.unpriced.inc()
+        else:
+            children.uncached.inc(usage.uncached)
+            children.cache_read.inc(usage.cache_read)
+            children.cache_write.inc(usage.cache_write)
+            children.output.inc(usage.output)
+        children.cost.inc(cost)
+        children.without.inc(without)
+        if dollars is not None:  # only models with a known price show dollars at all
+            label = self.model(model or "-")
+            self.cost_dollars.labels(label).inc(dollars[0])
+            self.cost_without_dollars.labels(label).inc(dollars[1])
+
+    def record_summarizer(
+        self, model: str, usage: Usage, cost: float, dollars: float | None = None
+    ) -> None:
+        """One answered summarizer call: its tokens and price, counted as it
+        comes back (a preview's and a background preparation's too)."""
+        self.summarizer_tokens.labels("prompt").inc(usage.prompt)
+        self.summarizer_tokens.labels("output").inc(usage.output)
+        label = self.model(model or "-")
+        self.cost.labels(label).inc(cost)
+        if dollars is not None:
+            self.cost_dollars.labels(label).inc(dollars)
+
     def record_compaction(self, result: CompactionResult, llm_mode: bool) -> None:
         """A compaction made for this request (not one reused from the store).
         Summarizer calls are counted as they are sent, by the summarizer."""
@@ -239,6 +347,18 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _UsageChildren(NamedTuple):
+    """One model's children of the usage and cost metrics (see ``_per_request``)."""
+
+    uncached: Any
+    cache_read: Any
+    cache_write: Any
+    output: Any
+    unpriced: Any
+    cost: Any
+    without: Any
 
 
 def _child(cache: dict[str, Any], metric: Any, label: str) -> Any:

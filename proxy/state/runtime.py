@@ -20,6 +20,7 @@ from config import ModelConfig, ModelResolver, Settings
 from proxy.session.background import Background, Traffic
 from proxy.state.metrics import Metrics
 from proxy.state.models import ModelKnowledge, calibration_key
+from proxy.state.prompts import LastPrompts
 from proxy.state.recalls import RecallMemory
 from proxy.state.recorder import Recorder
 from proxy.state.stores import Store
@@ -65,6 +66,9 @@ class ProxyState:
     readings: ReadingCache = field(default_factory=ReadingCache)
     #: Recall exchanges the clients never saw, put back on their next turns.
     recalls: RecallMemory = field(default_factory=RecallMemory)
+    #: Each conversation's previous client request: the prompt cache it would
+    #: have had without compaction (the cost figures' estimate).
+    prompts: LastPrompts = field(default_factory=LastPrompts)
     _counters: dict[tuple[str, int, bool], TokenCounter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -16,14 +16,23 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from compaction import Message, SummarizationError
+from compaction import Message, Prices, SummarizationError
 from proxy.dialects.base import Dialect, clean
 from proxy.dialects.chat import CHAT
 from proxy.upstream.transport import Transport, TransportError
+from proxy.upstream.usage import NO_USAGE, Usage, top_prompt, usage_of
+
+#: Told of each answered summary call: what it used and what that cost (in
+#: plain input tokens) — the proxy's metrics.
+Spent = Callable[[Usage, float], object]
+#: The tokens of a call whose answer reported no ``usage``: from the messages
+#: sent and the reply's text.
+Estimate = Callable[[list[Message], str], Awaitable[Usage]]
 
 #: A summary reply above this is not a summary; reading stops there.
 MAX_REPLY_BYTES = 4 << 20
@@ -32,6 +41,28 @@ SUMMARY_CUT_OFF = "summary cut off at the output limit"
 #: Seconds a whole summary call may take unless told otherwise (the server
 #: passes ``upstream.summarizer_timeout_seconds``).
 DEFAULT_DEADLINE = 120.0
+
+
+@dataclass(frozen=True)
+class Paid:
+    """What a summarizer's calls used and cost so far (:attr:`UpstreamSummarizer.paid`)."""
+
+    prompt: int = 0
+    output: int = 0
+    cost: float = 0.0  #: in plain input tokens
+    dollars: float | None = None  #: ``None``: the input price is unknown
+
+    def __sub__(self, before: Paid) -> Paid:
+        """What was paid after ``before``."""
+        dollars = self.dollars
+        if dollars is not None and before.dollars is not None:
+            dollars -= before.dollars
+        return Paid(
+            self.prompt - before.prompt,
+            self.output - before.output,
+            self.cost - before.cost,
+            dollars,
+        )
 
 
 class UpstreamSummarizer:
@@ -53,6 +84,9 @@ class UpstreamSummarizer:
         on_call: Callable[[], object] | None = None,
         deadline: float = DEFAULT_DEADLINE,
         on_usage: Callable[[list[Message], int], Awaitable[object]] | None = None,
+        prices: Prices | None = None,
+        on_spent: Spent | None = None,
+        estimate: Estimate | None = None,
     ) -> None:
         self._transport = transport
         self._url = base_url.rstrip("/") + dialect.path
@@ -67,18 +101,35 @@ class UpstreamSummarizer:
         #: counted for them: a sample of how the upstream counts (the proxy's
         #: calibration), from answers that always carry ``usage``.
         self._on_usage = on_usage
+        #: What the calls cost: the upstream's prices, told of each call, and
+        #: the count of a call whose answer says nothing (``None``: not counted).
+        self._prices = prices
+        self._on_spent = on_spent
+        self._estimate = estimate
         self.calls = 0
-        #: Tokens the upstream's ``usage`` reported for the summaries so far
-        #: (prompt and reply), for the dashboard's figures.
-        self.tokens = 0
+        #: What the summaries so far used, as the upstream's ``usage`` reported
+        #: it (or as estimated, for an answer without one), and its price in
+        #: plain input tokens: the request's figures.
+        self.spent = NO_USAGE
+        self.cost = 0.0
 
     def via(self, transport: Transport) -> UpstreamSummarizer:
         """The same summarizer sending through ``transport`` (the background's own
         pool), with counters of its own."""
         other = copy.copy(self)
         other._transport = transport
-        other.calls = other.tokens = 0
+        other.calls, other.spent, other.cost = 0, NO_USAGE, 0.0
         return other
+
+    @property
+    def tokens(self) -> int:
+        """The summaries' tokens so far, prompt and reply."""
+        return self.spent.tokens
+
+    @property
+    def paid(self) -> Paid:
+        dollars = self._prices.dollars(self.cost) if self._prices is not None else None
+        return Paid(self.spent.prompt, self.spent.output, self.cost, dollars)
 
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
         timer = asyncio.timeout(self._deadline)
@@ -106,13 +157,33 @@ class UpstreamSummarizer:
             payload = orjson.loads(reply)
         except orjson.JSONDecodeError as exc:
             raise SummarizationError("summarizer reply is not JSON") from exc
-        self.tokens += reported_tokens(payload)
-        prompt = reported_prompt_tokens(payload)
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        prompt = top_prompt(usage, cache_apart=self._dialect.cached_usage_apart)
         if self._on_usage is not None and retry is None and prompt:
             await self._on_usage(sent, prompt)
-        if self._dialect.summary_cut_off(payload):
+        cut_off = self._dialect.summary_cut_off(payload)
+        try:
+            text = "" if cut_off else self._dialect.summary_text(payload)
+        except SummarizationError:
+            await self._count(usage, sent, "")  # no summary, but paid for all the same
+            raise
+        await self._count(usage, sent, text)
+        if cut_off:
             raise SummarizationError(SUMMARY_CUT_OFF)
-        return self._dialect.summary_text(payload)
+        return text
+
+    async def _count(self, usage: Any, sent: list[Message], text: str) -> None:
+        """What one answered call used, added up and told."""
+        used = usage_of(usage, cache_apart=self._dialect.cached_usage_apart)
+        if used is None and self._estimate is not None:
+            used = await self._estimate(sent, text)
+        if used is None:
+            return
+        cost = used.cost(self._prices) if self._prices is not None else 0.0
+        self.spent += used
+        self.cost += cost
+        if self._on_spent is not None:
+            self._on_spent(used, cost)
 
     async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
         self.calls += 1
@@ -129,31 +200,3 @@ class UpstreamSummarizer:
                 raise
         except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
-
-
-#: Anthropic's prompt tokens read from or written to its cache, which its
-#: ``input_tokens`` leaves out.
-_ANTHROPIC_CACHED = ("cache_read_input_tokens", "cache_creation_input_tokens")
-
-
-def reported_prompt_tokens(payload: Any) -> int:
-    """The prompt tokens a reply's ``usage`` reports (``prompt_tokens``, or
-    ``input_tokens`` with Anthropic's cached parts); 0 when it reports none."""
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    if not isinstance(usage, dict):
-        return 0
-    names = ("prompt_tokens", "input_tokens", *_ANTHROPIC_CACHED)
-    counts = (usage.get(name) for name in names)
-    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)
-
-
-def reported_tokens(payload: Any) -> int:
-    """The tokens a reply's ``usage`` reports, prompt and reply: ``prompt_tokens`` and
-    ``completion_tokens`` (Chat Completions), ``input_tokens`` and ``output_tokens``
-    (Messages, Responses); 0 when it reports none."""
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    if not isinstance(usage, dict):
-        return 0
-    names = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
-    counts = (usage.get(name) for name in names)
-    return sum(n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0)

@@ -85,6 +85,24 @@ class RequestRecord:
     #: Its summarizer calls and tokens count; it is no request and moves no
     #: figure of the context.
     background: bool = False
+    #: Whether the answer reported its usage: the four counts below, as the
+    #: upstream reported them (``prompt_tokens`` whole, cached parts included).
+    priced: bool = False
+    prompt_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    #: The summarizer calls' tokens, part by part (``summarizer_tokens`` is their sum).
+    summarizer_prompt_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    #: In plain input tokens of the model's price: what the answer and the
+    #: summarizer calls cost, and the estimate of the client's request sent as
+    #: it came (docs/compaction.md, "What a compaction costs").
+    cost: float = 0.0
+    cost_without: float = 0.0
+    #: The same two in US dollars; ``None``: the model's input price is unknown.
+    cost_dollars: float | None = None
+    cost_without_dollars: float | None = None
     created_at: float = field(default_factory=time.time)
 
     @property
@@ -135,6 +153,22 @@ class SessionSummary:
     #: The task's first words (its first request's), the latest client's user agent.
     task: str = ""
     user_agent: str = ""
+    #: Requests whose answer reported its usage, and that usage added up.
+    priced_requests: int = 0
+    prompt_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    summarizer_prompt_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    #: In plain input tokens: the cost (summaries prepared in the background
+    #: included) and the estimate without compaction.
+    cost: float = 0.0
+    cost_without: float = 0.0
+    #: The same in US dollars, over the ``dollar_records`` figures priced in dollars.
+    cost_dollars: float = 0.0
+    cost_without_dollars: float = 0.0
+    dollar_records: int = 0
 
     @property
     def label(self) -> str:
@@ -174,7 +208,20 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
         changes: dict[str, Any] = {
             "summarizer_calls": summary.summarizer_calls + record.summarizer_calls,
             "summarizer_tokens": summary.summarizer_tokens + record.summarizer_tokens,
+            "summarizer_prompt_tokens": summary.summarizer_prompt_tokens
+            + record.summarizer_prompt_tokens,
+            "summarizer_output_tokens": summary.summarizer_output_tokens
+            + record.summarizer_output_tokens,
+            "cost": summary.cost + record.cost,
+            "cost_without": summary.cost_without + record.cost_without,
         }
+        if record.cost_dollars is not None:
+            changes.update(
+                cost_dollars=summary.cost_dollars + record.cost_dollars,
+                cost_without_dollars=summary.cost_without_dollars
+                + (record.cost_without_dollars or 0.0),
+                dollar_records=summary.dollar_records + 1,
+            )
         if not record.background:
             stages, reasons = summary.stages, summary.reasons
             if record.compacted:
@@ -188,6 +235,11 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
                 upstream_errors=summary.upstream_errors + record.errors,
                 overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
                 rereads=summary.rereads + record.rereads,
+                priced_requests=summary.priced_requests + record.priced,
+                prompt_tokens=summary.prompt_tokens + record.prompt_tokens,
+                cache_read_tokens=summary.cache_read_tokens + record.cache_read_tokens,
+                cache_write_tokens=summary.cache_write_tokens + record.cache_write_tokens,
+                output_tokens=summary.output_tokens + record.output_tokens,
                 first_at=min(summary.first_at, record.created_at),
                 task=summary.task or record.task,
                 stages=stages,

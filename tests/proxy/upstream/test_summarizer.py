@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from compaction import SummarizationError
+from compaction import Prices, SummarizationError
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.transport import Transport
+from proxy.upstream.usage import Usage
 from tests.proxy.raw_servers import read_request, serve_script
 
 #: (status, body) the scripted upstream answers.
@@ -32,8 +33,13 @@ def _reply(content: Any = "## Goal\nx", **message: Any) -> Reply:
     )
 
 
-def _summarize(handler: Any, dialect: Dialect = CHAT) -> tuple[str, list[dict[str, Any]]]:
-    """Summarize once, in ``dialect``'s API, against an upstream answering ``handler(body, n)``."""
+def _summarize(
+    handler: Any, dialect: Dialect = CHAT, **options: Any
+) -> tuple[str, list[dict[str, Any]]]:
+    """Summarize once, in ``dialect``'s API, against an upstream answering
+    ``handler(body, n)``; ``options`` go to the summarizer (``keep``, a list,
+    is given the summarizer itself)."""
+    kept: list[UpstreamSummarizer] = options.pop("keep", [])
     seen: list[dict[str, Any]] = []
 
     async def answer(request: web.Request) -> web.Response:
@@ -59,7 +65,9 @@ def _summarize(handler: Any, dialect: Dialect = CHAT) -> tuple[str, list[dict[st
                 "m",
                 {"authorization": "k"},
                 dialect=dialect,
+                **options,
             )
+            kept.append(summarizer)
             return await summarizer([{"role": "user", "content": "x"}], 600)
         finally:
             await transport.aclose()
@@ -154,20 +162,104 @@ def test_unusable_answers_are_summarization_errors(response: Reply) -> None:
 
 
 @pytest.mark.parametrize(
-    ("usage", "tokens"),
+    ("dialect", "usage", "spent"),
     [
-        ({"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500}, 1500),  # Chat
-        ({"input_tokens": 900, "output_tokens": 250}, 1150),  # Messages, Responses
-        ({"input_tokens": 900, "output_tokens": 250, "total_tokens": 1150}, 1150),
-        ({"prompt_tokens": "many", "completion_tokens": True}, 0),  # not counts
-        (None, 0),
+        pytest.param(
+            CHAT,
+            {"prompt_tokens": 1200, "completion_tokens": 300, "total_tokens": 1500},
+            Usage(prompt=1200, cache_write=1200, output=300),
+            id="chat",
+        ),
+        pytest.param(
+            CHAT,
+            {
+                "prompt_tokens": 1200,
+                "completion_tokens": 300,
+                "prompt_tokens_details": {"cached_tokens": 1000},
+            },
+            Usage(prompt=1200, cache_read=1000, cache_write=200, output=300),
+            id="chat-cached",
+        ),
+        pytest.param(
+            RESPONSES,
+            {
+                "input_tokens": 900,
+                "output_tokens": 250,
+                "input_tokens_details": {"cached_tokens": 0},
+            },
+            Usage(prompt=900, cache_write=900, output=250),
+            id="responses",
+        ),
+        pytest.param(
+            ANTHROPIC,
+            {
+                "input_tokens": 40,
+                "cache_read_input_tokens": 800,
+                "cache_creation_input_tokens": 60,
+                "output_tokens": 250,
+            },
+            Usage(prompt=900, cache_read=800, cache_write=60, output=250),
+            id="anthropic",
+        ),
     ],
 )
-def test_the_tokens_a_summary_cost_are_read_from_its_usage(usage: Any, tokens: int) -> None:
-    from proxy.upstream.summarizer import reported_tokens
+def test_what_a_summary_used_is_read_from_its_usage_and_priced(
+    dialect: Dialect, usage: dict[str, Any], spent: Usage
+) -> None:
+    kept: list[UpstreamSummarizer] = []
+    told: list[tuple[Usage, float]] = []
+    prices = Prices(cache_read=0.1, cache_write=1.25, output=5.0, input_per_mtok=2.0)
+    _summarize(
+        lambda request, n: _json(200, {**_ANSWERS[dialect.name], "usage": usage}),
+        dialect,
+        keep=kept,
+        prices=prices,
+        on_spent=lambda used, cost: told.append((used, cost)),
+    )
+    (summarizer,) = kept
+    cost = spent.uncached + 0.1 * spent.cache_read + 1.25 * spent.cache_write + 5.0 * spent.output
+    assert summarizer.spent == spent
+    assert summarizer.tokens == spent.prompt + spent.output
+    assert told == [(spent, pytest.approx(cost))]
+    assert summarizer.paid.dollars == pytest.approx(cost * 2.0 / 1_000_000)
 
-    assert reported_tokens({"usage": usage} if usage is not None else {}) == tokens
-    assert reported_tokens([]) == 0
+
+def test_a_summary_whose_answer_reports_no_usage_is_counted_by_the_estimate() -> None:
+    kept: list[UpstreamSummarizer] = []
+    asked: list[tuple[list[dict[str, Any]], str]] = []
+
+    async def estimate(messages: list[dict[str, Any]], text: str) -> Usage:
+        asked.append((messages, text))
+        return Usage(prompt=70, output=9)
+
+    _summarize(lambda request, n: _reply(), keep=kept, estimate=estimate)
+    assert asked == [([{"role": "user", "content": "x"}], "## Goal\nx")]
+    assert kept[0].spent == Usage(prompt=70, output=9)
+
+
+def test_a_reply_that_is_no_summary_was_paid_for_all_the_same() -> None:
+    kept: list[UpstreamSummarizer] = []
+    answer = {"choices": [{"message": {"role": "assistant", "content": ""}}]}
+    usage = {"prompt_tokens": 500, "completion_tokens": 1}
+    with pytest.raises(SummarizationError):
+        _summarize(lambda request, n: _json(200, {**answer, "usage": usage}), keep=kept)
+    assert kept[0].spent == Usage(prompt=500, cache_write=500, output=1)
+
+
+_ANSWERS: dict[str, dict[str, Any]] = {
+    "chat": {"choices": [{"message": {"role": "assistant", "content": "## Goal\nx"}}]},
+    "anthropic": {"type": "message", "content": [{"type": "text", "text": "## Goal\nx"}]},
+    "responses": {
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "## Goal\nx"}],
+            }
+        ],
+    },
+}
 
 
 _CHAT_CUT = {"choices": [{"message": {"role": "assistant", "content": "## Goal\nx"}}]}
