@@ -7,8 +7,9 @@
 
 Defaults: the fixtures at ``../shared/fixtures`` (mini-swe-agent, swe-agent and
 every fifth tau-bench dialogue), windows 8192, 16384 and 32768, both price
-presets, both summarizers, 30 s between turns. ``--synthetic N`` adds a 200k
-window over N long sessions of the project's own generator.
+presets, both summarizers, 30 s between turns, and a 200k window over
+``--synthetic`` (2) long sessions of the project's own generator (left out,
+with a line saying so, where the generator cannot be imported).
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ from evaluation.replay.sessions import (
     DEFAULT_SETS,
     TAU_STRIDE,
     Session,
+    SyntheticUnavailable,
     load_sessions,
     synthetic_sessions,
 )
 
 DEFAULT_FIXTURES = Path("../shared/fixtures")
 SYNTHETIC_WINDOW = 200_000
+DEFAULT_SYNTHETIC = 2
 
 
 class ReplayUsageError(Exception):
@@ -75,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tau-stride", type=int, default=TAU_STRIDE, metavar="N")
     parser.add_argument("--turn-gap", type=float, default=DEFAULT_GAP, metavar="S")
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N")
-    parser.add_argument("--synthetic", type=int, default=0, metavar="N", help="200k sessions")
+    parser.add_argument(
+        "--synthetic",
+        type=int,
+        metavar="N",
+        help=f"long generated sessions at a 200k window (default {DEFAULT_SYNTHETIC}; 0: none)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--output", metavar="PATH", help="also write the report here")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -125,8 +133,15 @@ async def run_replay(argv: Sequence[str]) -> str:
     say = None if args.quiet else _progress
     runs = await replay(sessions, options, tokens, say)
     synthetic: list[Session] = []
-    if args.synthetic > 0:
-        synthetic = synthetic_sessions(args.synthetic)
+    count = DEFAULT_SYNTHETIC if args.synthetic is None else args.synthetic
+    if count > 0:
+        try:
+            synthetic = synthetic_sessions(count)
+        except SyntheticUnavailable as exc:
+            if args.synthetic is not None:
+                raise ReplayUsageError(str(exc)) from exc
+            _progress(f"no synthetic sessions: {exc}")
+    if synthetic:
         wide = dataclasses.replace(options, windows=(SYNTHETIC_WINDOW,))
         runs += await replay(synthetic, wide, tokens, say)
     elapsed = time.perf_counter() - started

@@ -18,7 +18,8 @@ it lives with the tests), for the 200k window.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -93,10 +94,31 @@ def load_sessions(
     return sessions[:limit] if limit is not None else sessions
 
 
-def synthetic_sessions(count: int, steps: int = 200, output_chars: int = 6_000) -> list[Session]:
-    """``count`` long coding sessions of the project's generator (for the 200k window)."""
-    from tests.synthetic import agent_session  # the generator lives with the tests
+class SyntheticUnavailable(Exception):
+    """The project's session generator cannot be imported here."""
 
+
+def _generator() -> Callable[..., list[Message]]:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "tests" / "synthetic.py").is_file():
+        raise SyntheticUnavailable("synthetic sessions need the project's tests/synthetic.py")
+    if str(root) not in sys.path:
+        sys.path.append(str(root))
+    try:
+        from tests.synthetic import agent_session
+    except ImportError as exc:
+        raise SyntheticUnavailable(f"synthetic sessions need the test extras: {exc}") from exc
+    return agent_session
+
+
+def synthetic_sessions(count: int, steps: int = 300, output_chars: int = 8_000) -> list[Session]:
+    """``count`` long coding sessions of the project's generator (for the 200k window).
+
+    The generator lives with the tests (``tests/synthetic.py``, which needs the
+    test extras): it is imported from this checkout, and
+    :class:`SyntheticUnavailable` says so when it cannot be.
+    """
+    agent_session = _generator()
     sessions = []
     for seed in range(count):
         messages = agent_session(seed=seed, steps=steps, output_chars=output_chars)

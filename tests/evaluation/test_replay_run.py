@@ -105,7 +105,7 @@ def test_the_command_line_reports_the_same_table(
     output = tmp_path / "replay.md"
     argv = ["eval", "--replay", "--fixtures", str(FIXTURES), "--window", "8192"]
     argv += ["--prices", "openai", "--summarizer", "extractive", "--baseline", "truncation"]
-    argv += ["--session", SESSIONS[0], "--quiet", "--output", str(output)]
+    argv += ["--session", SESSIONS[0], "--synthetic", "0", "--quiet", "--output", str(output)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| 8,192 | openai | unlimited | 1.000 |" in printed
