@@ -151,7 +151,8 @@ class UsageTap:
                 if self._depth == 0:
                     found += data[start : at + 1]
                     self._object = None
-                    self._read(found)
+                    if len(found) <= MAX_USAGE_BYTES:
+                        self._read(found)
                     return at + 1
         found += data[start:]
         if len(found) > MAX_USAGE_BYTES:

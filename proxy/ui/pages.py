@@ -55,6 +55,8 @@ from proxy.ui.views import (
 
 #: The owners of one session id the admin is offered to pick from.
 OWNERS_LISTED: Final = 100
+#: The newest requests listed, with their cost, on a session's page.
+REQUESTS_LISTED: Final = 100
 
 
 def _environment() -> Environment:
@@ -71,7 +73,14 @@ def _environment() -> Environment:
     env.filters["short"] = tokens
     env.filters["clock"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
     env.filters["pct"] = lambda part, whole: f"{100 * part / whole:.0f}%" if whole else "–"
+    env.filters["usd"] = _dollars
+    env.filters["exact"] = lambda cost: f"{cost:,.1f}"
     return env
+
+
+def _dollars(amount: float) -> str:
+    """``$1,234.56``; a cent's fractions where that is all there is."""
+    return f"${amount:,.2f}" if abs(amount) >= 0.01 or amount == 0 else f"${amount:.4f}"
 
 
 def _overview_chart(overview: Overview) -> str:
@@ -240,6 +249,7 @@ def dashboard_routes(signer: Signer) -> APIRouter:
             # The buttons act on the owner shown, even if another starts using the id.
             owner_query=_owner_query(visitor, owner),
             others=others,
+            REQUESTS_LISTED=REQUESTS_LISTED,
         )
 
     @router.post("/sessions/{session}/settings")

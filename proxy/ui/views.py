@@ -12,7 +12,8 @@ reads one owner's session with ``read_session(store, id, None, owner)``.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Final
 
 from compaction import Checkpoint, Message
@@ -56,6 +57,41 @@ class Totals:
     overflow_retries: int
     stages: dict[str, int]
     reasons: dict[str, int]
+    #: What the answers' usage reported (over ``priced_requests`` of the
+    #: requests) and the summarizer calls used, and what it all cost
+    #: (:class:`~proxy.state.stores.SessionSummary` has each field).
+    money: Money
+
+
+@dataclass(frozen=True)
+class Money:
+    """Tokens by part and their price, added up over sessions."""
+
+    priced_requests: int = 0
+    prompt_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    summarizer_prompt_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    cost: float = 0.0
+    cost_without: float = 0.0
+    cost_dollars: float = 0.0
+    cost_without_dollars: float = 0.0
+    dollar_records: int = 0
+
+    @property
+    def saved(self) -> float:
+        """What compaction saved, in plain input tokens (negative: what it cost)."""
+        return self.cost_without - self.cost
+
+
+def money_of(sessions: Sequence[SessionSummary]) -> Money:
+    return Money(**{name: sum(getattr(s, name) for s in sessions) for name in _MONEY})
+
+
+#: The fields of :class:`Money`, all of them :class:`SessionSummary`'s too.
+_MONEY: Final = tuple(field.name for field in fields(Money))
 
 
 @dataclass(frozen=True)
@@ -103,6 +139,7 @@ def totals_of(sessions: list[SessionSummary]) -> Totals:
         overflow_retries=sum(s.overflow_retries for s in sessions),
         stages=dict(stages.most_common()),
         reasons=dict(reasons.most_common()),
+        money=money_of(sessions),
     )
 
 
