@@ -49,7 +49,10 @@ DEFAULT_WINDOWS: Final = (8_192, 16_384, 32_768)
 DEFAULT_PRICES: Final = ("anthropic", "openai")
 SUMMARIZERS: Final = ("extractive", "llm")
 DEFAULT_GAP: Final = 30.0
-DEFAULT_CONCURRENCY: Final = 4
+#: Sessions in flight at once through one proxy. One keeps a run reproducible: the
+#: proxy learns one calibration ratio per model from every session's answers, so
+#: sessions run side by side see it in an order that differs between runs.
+DEFAULT_CONCURRENCY: Final = 1
 #: Seconds the client waits, after an answer, for the proxy's background preparations.
 SETTLE_SECONDS: Final = 30.0
 _SETTLE_POLL: Final = 0.02
