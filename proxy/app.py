@@ -378,7 +378,7 @@ async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
     def observed(upstream_tokens: int) -> None:
         state.models.observe(config, tokens, upstream_tokens)
 
-    return UsageTap(observed)
+    return UsageTap(observed, bare=True)  # its answer is the count itself
 
 
 class ChatRoute:

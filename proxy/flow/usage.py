@@ -63,6 +63,7 @@ class UsageTap:
 
     __slots__ = (
         "_apart",
+        "_bare",
         "_carry",
         "_depth",
         "_escaped",
@@ -75,12 +76,18 @@ class UsageTap:
     )
 
     def __init__(
-        self, report: Callable[[int], None] | None = None, *, cached: bool = False
+        self,
+        report: Callable[[int], None] | None = None,
+        *,
+        cached: bool = False,
+        bare: bool = False,
     ) -> None:
         #: Told the prompt the answer's own step read (calibration), at :meth:`close`.
         self._report = report
         #: With ``cached`` (Anthropic), the cache counts are apart from ``input_tokens``.
         self._apart = cached
+        #: With ``bare``, the answer is itself the counts (Anthropic's ``count_tokens``).
+        self._bare = bare
         self._carry = b""
         #: The ``usage`` objects' keys so far, the later ones' over the earlier.
         self._found: dict[str, Any] = {}
@@ -94,6 +101,13 @@ class UsageTap:
         self.usage: Usage | None = None
 
     def feed(self, chunk: bytes) -> None:
+        if self._bare:
+            start = chunk.find(b"{")
+            if start < 0:
+                return
+            self._bare = False
+            self._open()
+            chunk = chunk[start + 1 :]
         if not chunk:
             return
         if self._object is not None:
@@ -113,8 +127,7 @@ class UsageTap:
             position = match.end()
             if position <= seen:
                 continue
-            self._object, self._depth = bytearray(b"{"), 1
-            self._in_string = self._escaped = False
+            self._open()
             end = self._scan(data, position)
             if end is None:
                 break
@@ -123,6 +136,11 @@ class UsageTap:
             for timing in _TIMINGS.finditer(data):
                 self._timings[timing.group(1)] = int(timing.group(2))
         self._carry = data[-_CARRY:] if self._object is None else b""
+
+    def _open(self) -> None:
+        """An object starts: its ``{`` was just read."""
+        self._object, self._depth = bytearray(b"{"), 1
+        self._in_string = self._escaped = False
 
     def _scan(self, data: bytes, start: int) -> int | None:
         """Follow the open object through ``data`` from ``start``: where it

@@ -270,3 +270,15 @@ def test_braces_and_escaped_quotes_inside_a_usage_strings_do_not_end_it() -> Non
     """Wherever the chunks are cut, even between a backslash and what it escapes."""
     usage = {"note": 'a \\" } { "usage": {', "prompt_tokens": 40, "completion_tokens": 2}
     assert _read(orjson.dumps({"usage": usage})) == Usage(prompt=40, cache_write=40, output=2)
+
+
+def test_a_bare_count_is_read_whole_when_the_answer_is_the_count() -> None:
+    """Anthropic's ``count_tokens`` answers ``{"input_tokens": N}``, no ``usage`` around it."""
+    for size in (1, 5, 64):
+        prompts: list[int] = []
+        tap = UsageTap(prompts.append, bare=True)
+        answer = b' {"input_tokens": 2048}'
+        for start in range(0, len(answer), size):
+            tap.feed(answer[start : start + size])
+        tap.close()
+        assert prompts == [2_048], size
