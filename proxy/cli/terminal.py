@@ -109,7 +109,8 @@ async def sessions_text(settings: Settings, limit: int) -> str:
         f"\n{totals.sessions:,} sessions, {totals.requests:,} requests, "
         f"{totals.compactions:,} compactions, {totals.saved:,} tokens saved, "
         f"{totals.summarizer_calls:,} summarizer calls ({totals.summarizer_tokens:,} tokens), "
-        f"{totals.upstream_errors:,} upstream errors"
+        f"{totals.upstream_errors:,} upstream errors; cost {totals.money.cost:,.0f} input "
+        f"tokens, {totals.money.cost_without:,.0f} estimated without compaction"
     )
     return render_sessions(overview.sessions) + (footer if overview.sessions else "")
 
