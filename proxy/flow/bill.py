@@ -1,7 +1,7 @@
 """What one request cost the user, and what it would have cost without compaction.
 
     bill = bill_of(call, resolved, tap.usage, answered=status == 200)
-    metrics.record_bill(model, bill); fields.update(bill.fields())
+    log_fields.update(bill.fields())        # and the request's figures, its metrics
 
 Prices are the request's model profile's, for its API and the host its
 upstream URL names (:meth:`compaction.Profile.prices`): one rule for the
