@@ -255,6 +255,21 @@ def test_the_overview_and_metrics_count_the_same_run(
     assert totals["summarizer_calls"] == len(upstream.summary_requests)
     sent = _sum(samples, "compaction_proxy_tokens_after_total")
     assert totals["saved"] == _sum(samples, "compaction_proxy_tokens_before_total") - sent > 0
+    # What it cost: the answers' usage, the summaries (those prepared in the
+    # background included) and the estimate without compaction.
+    money = totals["money"]
+    parts = _by(samples, "compaction_proxy_prompt_tokens_total", "part")
+    assert money["prompt_tokens"] == sum(parts.values()) > 0
+    assert money["cache_read_tokens"] == parts.get("cache_read", 0)
+    assert money["cache_write_tokens"] == parts.get("cache_write", 0)
+    assert money["output_tokens"] == _sum(samples, "compaction_proxy_output_tokens_total")
+    summarized = _by(samples, "compaction_proxy_summarizer_tokens_total", "part")
+    assert money["summarizer_prompt_tokens"] == summarized["prompt"] > 0
+    assert money["summarizer_output_tokens"] == summarized.get("output", 0)
+    assert money["cost"] == pytest.approx(_sum(samples, "compaction_proxy_cost_total"))
+    assert money["cost_without"] == pytest.approx(
+        _sum(samples, "compaction_proxy_cost_without_compaction_total")
+    )
 
 
 def test_an_empty_stream_is_counted_logged_and_recorded_as_an_upstream_error(
