@@ -69,6 +69,7 @@ from compaction.messages import (
     validate_tool_pairing,
 )
 from compaction.pipeline import compact
+from compaction.plan import Depth, Pace
 from compaction.pricing import PRICING_PRESETS, Prices
 from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
 from compaction.recall import (
@@ -115,12 +116,14 @@ __all__ = [
     "CompactionResult",
     "Conversation",
     "Decision",
+    "Depth",
     "EmptyStream",
     "EmptyStreamLesson",
     "InvalidMessagesError",
     "Ledger",
     "Message",
     "OverflowReport",
+    "Pace",
     "PairingProblem",
     "Prices",
     "Profile",

@@ -45,7 +45,7 @@ from compaction.contradictions import SpanFacts, contradiction_problem, task_of
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import render_file_lists
-from compaction.ledger import ledger_of, render_ledger
+from compaction.ledger import Ledger, errors_in, ledger_of, render_ledger
 from compaction.messages import group_messages, message_text, pinned_in
 from compaction.profile import Profile
 from compaction.prompts import (
@@ -75,6 +75,9 @@ DEFAULT_PROMPT_MARGIN = 256
 MIN_CHUNK_TOKENS = 256
 #: The summary's max_tokens is at most this fraction (1/n) of the summarizer's window.
 MAX_REPLY_SHARE = 4
+#: The model is not asked for a summary of fewer tokens than this: the prose
+#: left beside the ledger and the file lists would not hold the sections.
+MODEL_REPLY_FLOOR = 200
 #: Tighter and tighter cuts tried on one message group too large for a chunk.
 _HARDER_CUTS = (1_000, 500, 200)
 _NOTE_CHARS = 200
@@ -166,6 +169,7 @@ async def condense(
     keys: KeyMemo | None = None,
     cap: int | None = None,
     salt: str = "",
+    kept_after: Sequence[Message] = (),
 ) -> CondenseResult:
     """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
 
@@ -179,6 +183,9 @@ async def condense(
     that comes out larger is cut to fit, not thrown away. ``salt`` (whose
     conversation this is, with ``profile.recall``) gives the ledger's entries
     naming a tool output the ref of that output (:mod:`compaction.recall`).
+    ``kept_after`` are the originals of messages kept after the span only as
+    the pruner left them (their outputs briefed): the error lines they printed
+    join the summary's ledger, the one place that quotes them whole.
     """
     if originals is None:
         originals = messages
@@ -206,6 +213,7 @@ async def condense(
         instructions,
         list(messages[: plan.head_end]),
         salt=salt if profile.recall else "",
+        later_errors=tuple(errors_in(kept_after)),
     )
     main_cap = prefix_cap = None
     if cap is not None:
@@ -298,6 +306,8 @@ class _Run:
     instructions: str | None
     head: list[Message]
     salt: str = ""
+    #: Error lines printed after the span, by messages kept pruned (see condense).
+    later_errors: tuple[str, ...] = ()
     calls: int = 0
     fell_back: bool = False
     notes: list[str] = field(default_factory=list)
@@ -321,6 +331,8 @@ class _Run:
         # Computed once per summary, from the originals (not the pruned briefs),
         # with the ledgers of earlier summaries in the span folded in.
         ledger = ledger_of(whole.originals, self.profile, task=_task(self.head), salt=self.salt)
+        if self.later_errors and not turn_prefix:
+            ledger = ledger.merge(Ledger(errors=self.later_errors))
         files = ledger.files
         # The client's messages it stands for: an earlier summary folded in counts its own.
         condensed = stands_for(span)
@@ -346,7 +358,15 @@ class _Run:
             return wrap(fit_tokens(body, max(cap - frame, 0), self.counter), rendered)
 
         label = "turn prefix: " if turn_prefix else ""
-        if self.profile.summarizer == "llm" and self.summarizer is not None:
+        asks_model = self.profile.summarizer == "llm" and self.summarizer is not None
+        if asks_model and budget < MODEL_REPLY_FLOOR:
+            # Too little room for prose: a model asked for a few tokens is cut
+            # off and billed all the same.
+            self.notes.append(
+                f"{label}summarizer not called: {budget} tokens left for its reply; used extractive"
+            )
+            asks_model = False
+        if asks_model:
             try:
                 body = await self._llm(ordinary, previous, budget, request)
                 problem = summary_problem(body, turn_prefix=turn_prefix)
@@ -372,7 +392,7 @@ class _Run:
             except Exception as exc:  # any failure of the injected call falls back
                 detail = one_line(f"{type(exc).__name__}: {exc}", _NOTE_CHARS)
                 self.notes.append(f"{label}llm summarizer failed ({detail}); used extractive")
-        elif self.profile.summarizer == "llm" and not self.fell_back:
+        elif self.profile.summarizer == "llm" and self.summarizer is None and not self.fell_back:
             self.notes.append("no llm summarizer available; used extractive")
         self.fell_back = True
         body = extractive_summary(

@@ -49,6 +49,8 @@ from compaction.checkpoints import (
 from compaction.conversation import Conversation
 from compaction.lessons import OverflowReport, clamp_ratio
 from compaction.messages import PairingProblem, tail_start
+from compaction.plan import Depth, Pace, cold, compacts_early, depth, growth_of
+from compaction.pricing import Prices
 from compaction.profile import Budget, Profile, compute_budget
 from compaction.types import Message, Reason
 
@@ -193,6 +195,19 @@ class Decision:
     #: The progress guard's share, for the checkpoint this compaction makes
     #: (:func:`made_progress`).
     progress_min_ratio: float = DEFAULT_PROGRESS_MIN_RATIO
+    #: How deep to compact (:mod:`compaction.plan`); ``None`` for a forward
+    #: that prepares nothing.
+    depth: Depth | None = None
+    #: Compacted under its trigger: the upstream's cache of the conversation
+    #: went cold, so the rewrite costs nothing it would not have cost anyway.
+    early: bool = False
+
+    @property
+    def target(self) -> int:
+        """Tokens a threshold compaction aims to leave: the plan's fill, never
+        above ``prune_target`` × the trigger."""
+        ceiling = math.floor(self.budget.trigger * self.profile.prune_target)
+        return ceiling if self.depth is None else min(self.depth.fill, ceiling)
 
     @property
     def untouched(self) -> bool:
@@ -209,10 +224,17 @@ def decide(
     progress_min_ratio: float = DEFAULT_PROGRESS_MIN_RATIO,
     steering: Steering | None = None,
     instructions: str | None = None,
+    pace: Pace | None = None,
+    prices: Prices | None = None,
 ) -> Decision:
     """Apply the newest of ``stored`` (the store's answer for the chain) and
     choose: forward, or compact to ``budget`` — as the session's ``steering``
     has it (module doc); ``instructions`` are the request's own (``/compact``'s).
+    How deep a compaction goes is the plan's (:func:`compaction.plan.depth`),
+    from the session's ``pace`` (its growth read from the conversation when
+    not given) and the upstream's ``prices`` (the profile's preset when not
+    given); a session idle past the cache's lifetime may be compacted before
+    its trigger (:func:`compaction.plan.compacts_early`).
 
     A checkpoint that would split a tool group is not applied (a note says
     so) and the conversation is compacted afresh. Past the trigger, a
@@ -247,13 +269,31 @@ def decide(
     tokens = sum(state.counts) + conversation.overhead
     fixed, prepare = 0, False
     action: Action = "compact"
-    if reason == "threshold" and tokens <= budget.trigger and not state.problems:
+    prices = prices or profile.prices()
+    under = reason == "threshold" and tokens <= budget.trigger and not state.problems
+    near = (
+        profile.prepares_ahead
+        and tokens > profile.precompute_share * budget.trigger
+        and prepared is None
+    )
+    # Planned only where it can matter: a compaction now or prepared ahead, or
+    # a session whose cache went cold (most requests are none of these, and
+    # the plan reads every turn).
+    gone_cold = pace is not None and cold(pace, prices)
+    plan = None
+    if gone_cold or near or not under:
+        plan = _depth(conversation, state, profile, budget, pace, prices)
+    early = (
+        plan is not None
+        and under
+        and steering.enabled
+        and compacts_early(plan, tokens, budget.trigger)
+    )
+    if early:
+        notes.append("compacted early: the upstream's cache of the conversation went cold")
+    if under and not early:
         action = "forward"
-        prepare = (
-            profile.prepares_ahead
-            and tokens > profile.precompute_share * budget.trigger
-            and prepared is None
-        )
+        prepare = near
     else:
         ready = None
         if reason == "threshold" and tokens > budget.trigger:
@@ -287,6 +327,40 @@ def decide(
         fixed=fixed,
         instructions="\n".join(p for p in (steering.instructions, instructions) if p) or None,
         progress_min_ratio=progress_min_ratio,
+        depth=plan if action == "compact" or prepare else None,
+        early=early,
+    )
+
+
+def _depth(
+    conversation: Conversation,
+    state: _State,
+    profile: Profile,
+    budget: Budget,
+    pace: Pace | None,
+    prices: Prices,
+) -> Depth:
+    """The plan for this conversation (:func:`compaction.plan.depth`)."""
+    head = conversation.head
+    if pace is None or pace.growth <= 0:
+        growth = growth_of(conversation.messages, conversation.counts, head)
+        pace = Pace(growth, None if pace is None else pace.idle)
+    kept = sum(state.counts[:head]) + conversation.overhead
+    summary = 0.0
+    if profile.summarizer == "llm" and profile.strategy != "mask":
+        # A model summary is paid for: its prompt (the span, at the input
+        # price) and its answer (at the output price).
+        span = max(budget.trigger - kept, 0)
+        answer = min(profile.summary_max_tokens, span * profile.summary_ratio)
+        summary = span + answer * prices.output
+    return depth(
+        trigger=budget.trigger,
+        head=kept,
+        pace=pace,
+        prices=prices,
+        ceiling=profile.prune_target,
+        slack=profile.plan_slack,
+        summary_price=summary,
     )
 
 

@@ -33,6 +33,7 @@ input; unchanged messages come out as the caller's own objects.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,8 @@ NOTE_ROOM = 32
 NEWEST_FLOOR = 256
 #: A digest smaller than this says too little to be worth its place.
 DIGEST_FLOOR = 200
+#: Share of the plan's fill (beside the head) the verbatim tail may take.
+TAIL_SHARE_OF_FILL = 0.6
 
 
 @dataclass
@@ -83,6 +86,8 @@ class _Run:
     growth: int = 0
     #: Whose conversation, for the refs of what is shortened ("": no refs).
     salt: str = ""
+    #: Tokens a threshold compaction aims to leave (:attr:`Decision.target`).
+    target: int = 0
 
     def counts(self, messages: Sequence[Message]) -> list[int]:
         return self.counter.count_messages(messages, self.keys.keys(messages))
@@ -116,6 +121,7 @@ async def execute(
         notes=list(decision.notes),
         growth=decision.growth,
         salt=conversation.recall_salt if decision.profile.recall else "",
+        target=decision.target,
     )
     messages, counts = decision.messages, decision.counts
     # A compaction prepared ahead (``decision.checkpoint.precomputed``) is this
@@ -137,7 +143,7 @@ async def execute(
         groups = group_messages(messages)
         head = head_end(messages, groups, run.profile.head_count)
     within = sum(counts) + run.overhead <= run.budget.trigger
-    if decision.reason == "threshold" and within and not decision.growth:
+    if decision.reason == "threshold" and within and not decision.growth and not decision.early:
         # Nothing (more) to compact: here to be repaired, or to apply a
         # compaction prepared ahead.
         stage: Stage = "reused" if decision.checkpoint is not None else "none"
@@ -212,15 +218,21 @@ async def _compact(
     # requests carry the same bytes even when the tail has moved on.
     done = _Outcome(current, stage, len(messages) - tail)
     pruned_total = run.total(current) + run.growth
-    if run.reason == "threshold" and pruned_total <= budget.trigger * profile.prune_target:
+    if run.reason == "threshold" and pruned_total <= run.target:
         return done
 
-    # Stage 2: condense the middle into one summary. Manual and overflow
-    # compactions always condense: the user asked for it, or the upstream
-    # proved the estimate optimistic.
-    # Planned on the counts before pruning: the tail must not reach into the
-    # pruned middle (pruned messages are smaller, and not verbatim).
-    room = _plan_room(run, messages, counts, groups, head, head_tokens)
+    # Stage 2: condense into one summary — by the trigger, only the oldest
+    # span the plan's fill needs (what lies between it and the tail stays, as
+    # pruned); otherwise, or when that is not enough, the whole middle.
+    # Manual and overflow compactions always condense the whole middle: the
+    # user asked for it, or the upstream proved the estimate optimistic.
+    room = None
+    if run.reason == "threshold" and stage == "pruned":
+        room = _oldest_span(run, messages, current, groups, head, head_tokens, tail)
+    if room is None:
+        # Planned on the counts before pruning: the tail must not reach into
+        # the pruned middle (pruned messages are smaller, and not verbatim).
+        room = _plan_room(run, messages, counts, groups, head, head_tokens)
     if room is not None:
         if not room.llm and profile.summarizer == "llm":
             run.notes.append(
@@ -228,9 +240,15 @@ async def _compact(
                 "for the minimum summary; used extractive"
             )
         try:
+            plan = plan_condense(current, head, room.tail)
+            if room.verbatim != room.tail:
+                # The oldest span is one summary: the turn it ends inside goes
+                # on in the pruned messages kept after it, and its opening
+                # request is quoted by the summary's ledger.
+                plan = dataclasses.replace(plan, turn_start=None)
             condensed = await condense(
                 current,
-                plan_condense(current, head, room.tail),
+                plan,
                 profile=room.profile,
                 counter=run.counter,
                 summarizer=summarizer if room.llm else None,
@@ -239,6 +257,7 @@ async def _compact(
                 keys=run.keys,
                 cap=room.cap,
                 salt=run.salt,
+                kept_after=messages[room.tail : room.verbatim],
             )
         except SummarizationError as exc:
             run.notes.append(f"condense skipped: {exc}")
@@ -248,7 +267,7 @@ async def _compact(
                 done = _Outcome(
                     condensed.messages,
                     "condensed",
-                    len(messages) - room.tail,
+                    len(messages) - room.verbatim,
                     condensed.summary,
                     condensed.summarizer_used,
                     condensed.summarizer_calls,
@@ -279,10 +298,58 @@ async def _compact(
 
 @dataclass(frozen=True)
 class _Room:
-    tail: int  #: where the verbatim tail starts
+    tail: int  #: where what follows the summary starts
     cap: int  #: tokens the written messages (summaries, turn opener) may take
     profile: Profile  #: with the summary's budget as its ceiling
     llm: bool  #: whether the model may be asked
+    #: Where the verbatim tail starts: ``tail`` unless pruned messages lie
+    #: between the summary and the tail (:func:`_oldest_span`).
+    verbatim: int = -1
+
+    def __post_init__(self) -> None:
+        if self.verbatim < 0:
+            object.__setattr__(self, "verbatim", self.tail)
+
+
+def _oldest_span(
+    run: _Run,
+    messages: Sequence[Message],
+    pruned: Sequence[Message],
+    groups: Sequence[Group],
+    head: int,
+    head_tokens: int,
+    tail: int,
+) -> _Room | None:
+    """The shortest oldest span whose summary brings the pruned request to the
+    plan's fill, or ``None`` when even the whole pruned middle does not.
+
+    The messages between the span and the verbatim tail stay as the pruner
+    left them — the agent's own turns whole, old outputs as briefs with
+    their refs — so a compaction summarizes only what it must: the facts
+    the next turns use are mostly in the newer turns, and in the agent's own
+    commands."""
+    profile = run.profile
+    if not condenses(profile) or tail <= head:
+        return None
+    counts = run.counts(pruned)
+    target = run.target - run.growth - NOTE_ROOM
+    after = sum(counts[head:])
+    span = 0
+    for group in groups:
+        if group.start < head:
+            continue
+        if group.start >= tail:
+            break
+        span += sum(counts[group.start : group.end])
+        end = group.end
+        if end >= tail:
+            continue
+        pinned = sum(counts[i] for i in pinned_in(messages, head, end))
+        wanted = summary_budget(span - pinned, profile)
+        cap = target - head_tokens - (after - span) - pinned
+        if cap >= wanted:
+            return _Room(end, cap, _with_ceiling(profile, wanted), llm=True, verbatim=tail)
+    return None
 
 
 def _plan_room(
@@ -370,6 +437,12 @@ def _tail_budget(run: _Run, counts: Sequence[int], head: int) -> int:
     if run.reason == "manual":
         return min(run.budget.tail_budget, sum(counts[head:]) // 2)
     tail = run.budget.tail_budget
+    if run.reason == "threshold" and run.target and condenses(run.profile):
+        # The verbatim tail takes at most this share of what the plan's fill
+        # leaves beside the head; the rest is for the summary and the briefs.
+        # (Masking keeps nothing of what it hides: its tail stays as it was.)
+        beside = run.target - sum(counts[:head]) - run.overhead
+        tail = min(tail, max(math.floor(beside * TAIL_SHARE_OF_FILL), 0))
     return max(tail - run.growth, tail // 4)
 
 

@@ -9,9 +9,13 @@ every summary after the prose:
 * ``<errors>`` — the last distinct error lines the span's tool results printed
   (:func:`compaction.clipping.error_lines`, test-runner result lines
   included), whole up to :data:`~compaction.clipping.KEPT_LINE_CHARS`;
-* ``<commands>`` — the commands run, each with its exit status when known;
+* ``<commands>`` — the commands run, whole up to :data:`COMMAND_CHARS` (a
+  multi-line one with its line breaks shown as ``↵``: a heredoc's definitions
+  and a ``sed`` script's line numbers are what the agent wrote and will use
+  again), each with its exit status when known;
 * ``<identifiers>`` — issue and ticket ids, URLs and branch names named by the
-  task or by the user;
+  task or by the user, and the names the agent's own turns used: files (with
+  a line, ``path:123``), dotted, ``snake_case`` and ``CamelCase`` names;
 * ``<user-messages>`` — every message the user typed in the span, verbatim
   up to :data:`USER_MESSAGE_CHARS` (tool observations sent as user messages,
   earlier summaries and ``/compact`` commands are not typed words).
@@ -44,8 +48,12 @@ from compaction.types import Message
 #: A user message is kept whole up to this many characters, then cut between
 #: words with a marker: a pasted log must not take the whole ledger.
 USER_MESSAGE_CHARS = 2_000
-#: A command is quoted up to this many characters (its first line).
-COMMAND_CHARS = 200
+#: A command is quoted whole up to this many characters, then cut between words.
+COMMAND_CHARS = 1_000
+#: What stands for a line break inside a quoted command (an entry is one line).
+LINE_BREAK = " ↵ "
+#: Names read from one of the agent's turns, at most: bounded work per message.
+NAMES_PER_TURN = 40
 #: Each block keeps at most this many entries, the newest: a bound on the
 #: work of every later compaction, far above what a budget holds.
 MAX_ENTRIES = 200
@@ -172,18 +180,24 @@ def _stretch_ledger(messages: Sequence[Message], profile: Profile, salt: str = "
     """The ledger of messages holding no summary (files are computed by the caller)."""
     if not messages:
         return Ledger()
-    # Imported here: steps reads files, which the summary format imports.
-    from compaction.steps import tool_steps
-
-    errors = [error for step in tool_steps(messages) for error in step.errors]
+    errors = errors_in(messages)
     users = typed_messages(messages)
     found_ids = [i for text in users for i in identifiers_in(text)]
+    found_ids += [name for message in messages for name in _names_used(message)]
     return Ledger(
         errors=_newest(errors),
         commands=_newest(_commands(messages, salt, profile.tool_result_chars)),
         identifiers=_newest(found_ids),
         user_messages=_newest(_cap_user("\n".join(text.splitlines())) for text in users),
     )
+
+
+def errors_in(messages: Sequence[Message]) -> list[str]:
+    """The error lines the tool results among ``messages`` printed, in order."""
+    # Imported here: steps reads files, which the summary format imports.
+    from compaction.steps import tool_steps
+
+    return [error for step in tool_steps(messages) for error in step.errors]
 
 
 def typed_messages(messages: Iterable[Message]) -> list[str]:
@@ -227,11 +241,11 @@ def _commands(messages: Sequence[Message], salt: str = "", shortest: int = 0) ->
             key, value = key_argument(call)
             if key not in COMMAND_ARGUMENTS or not value or shows_files(call):
                 continue
-            lines = value.strip().splitlines()
-            if not lines:
+            lines = [" ".join(line.split()) for line in value.strip().splitlines()]
+            command = LINE_BREAK.join(line for line in lines if line)
+            if not command:
                 continue
-            command = " ".join(lines[0].split())
-            if len(command) > COMMAND_CHARS or len(lines) > 1:
+            if len(command) > COMMAND_CHARS:
                 command = word_cut(command, COMMAND_CHARS) + " …"
             result = results.get(call.get("id"))
             code = _exit_code(result) if result is not None else None
@@ -269,6 +283,34 @@ def identifiers_in(text: str) -> list[str]:
         if value.startswith("http") or not any(s < at < e for s, e in inside_urls)
     ]
     return list(dict.fromkeys(kept))
+
+
+_NAME = re.compile(
+    r"(?<![\w/.-])(?:[\w.-]*/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4}(?::\d{1,6})?(?![\w/])"  # a file
+    r"|(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+"  # a dotted name
+    r"|(?<![\w.])[A-Za-z_]\w{3,}"  # a word, kept if snake_case or CamelCase
+)
+_CAMEL = re.compile(r"[a-z][A-Z]|[A-Z][a-z]+[A-Z]")
+_NAME_CHARS = 120
+
+
+def _names_used(message: Message) -> list[str]:
+    """The names one of the agent's turns used, in order: files (with a line
+    when one is given), dotted names, ``snake_case`` and ``CamelCase`` words —
+    what it was working with, and so what its next turns are likely to use."""
+    if message.get("role") != "assistant":
+        return []
+    parts = [message_text(message)[:20_000]]
+    parts += [str(key_argument(call)[1] or "")[:20_000] for call in tool_calls(message)]
+    found: list[str] = []
+    for text in parts:
+        for match in _NAME.finditer(text):
+            name = match.group(0).strip("._-")
+            if 4 <= len(name) <= _NAME_CHARS and (
+                "_" in name or "." in name or "/" in name or _CAMEL.search(name)
+            ):
+                found.append(name)
+    return list(dict.fromkeys(found))[:NAMES_PER_TURN]
 
 
 # --- rendering and parsing -------------------------------------------------------

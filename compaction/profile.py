@@ -40,7 +40,7 @@ DEFAULT_SAFETY_MARGIN = 0.02
 
 # Pruner thresholds (characters).
 DEFAULT_TOOL_RESULT_CHARS = 500
-DEFAULT_TOOL_ARGS_CHARS = 200
+DEFAULT_TOOL_ARGS_CHARS = 2_000
 DEFAULT_ASSISTANT_TEXT_CHARS = 2_000
 DEFAULT_ASSISTANT_KEEP_START = 800
 DEFAULT_ASSISTANT_KEEP_END = 400
@@ -49,6 +49,9 @@ DEFAULT_ASSISTANT_KEEP_END = 400
 #: the request to this share of the trigger: a prune that leaves little room
 #: would be followed by another compaction a turn or two later.
 DEFAULT_PRUNE_TARGET = 0.7
+#: The compaction plan (:mod:`compaction.plan`) may pay this share more per
+#: turn than the deepest compaction would, to keep more of the conversation.
+DEFAULT_PLAN_SLACK = 0.5
 
 #: With the llm summarizer, the summary the next compaction needs is prepared
 #: in the background once a request passes this share of its trigger, so that
@@ -238,9 +241,20 @@ class Profile:
     prune_target: float = field(
         default=DEFAULT_PRUNE_TARGET,
         metadata=_about(
-            "Pruning alone ends a compaction only if it brings the request to this share of "
-            "the trigger; otherwise the middle is condensed, to leave room for later turns.",
+            "The most a compaction leaves, as a share of the trigger: pruning alone ends it "
+            "only below the plan's fill, which never exceeds this; otherwise the oldest "
+            "span is condensed, to leave room for later turns.",
             RATIO,
+        ),
+    )
+
+    plan_slack: float = field(
+        default=DEFAULT_PLAN_SLACK,
+        metadata=_about(
+            "How much more per turn (a share of the cheapest) the compaction plan may spend "
+            "to keep more of the conversation: 0 compacts as deep as is cheapest, "
+            "prune_target caps the fill (docs/compaction.md#the-plan).",
+            Bounds(ge=0, le=10),
         ),
     )
 

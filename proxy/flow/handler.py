@@ -367,6 +367,7 @@ async def _compact_for(
                 instructions=instructions,
                 budget=budget,
                 held_back=recall.tool_tokens(call),
+                prices=call.prices(),
                 store=store,
             )
     except CannotFitError as exc:

@@ -32,6 +32,8 @@ from compaction import (
     Conversation,
     Decision,
     Message,
+    Pace,
+    Prices,
     Reason,
     Steering,
     Summarizer,
@@ -70,6 +72,14 @@ class Job:
     steering: Steering
     instructions: str | None  #: the request's own (``/compact``'s)
     owner: str
+    #: The upstream's prices, for the compaction plan (the profile's preset if unset).
+    prices: Prices | None = None
+
+    @property
+    def pace(self) -> Pace:
+        """The session's pace as this process saw it: its turn size is read from
+        the conversation by the plan, its idle time from the previous request."""
+        return Pace(0, self.state.prompts.idle(self.owner, self.conversation.session))
 
     def decide(self, stored: Mapping[str, Checkpoint]) -> Decision:
         """The library's decision on ``stored``, the store's answer for the chain."""
@@ -82,6 +92,8 @@ class Job:
             progress_min_ratio=self.state.settings.store.progress_min_ratio,
             steering=self.steering,
             instructions=self.instructions,
+            pace=self.pace,
+            prices=self.prices,
         )
         for note in decision.notes:
             logger.warning("%s", note)

@@ -46,6 +46,7 @@ from compaction import (
     Conversation,
     Decision,
     Message,
+    Prices,
     Reason,
     Steering,
     Summarizer,
@@ -199,6 +200,7 @@ async def resolve(
     instructions: str | None = None,
     budget: Budget | None = None,
     held_back: int = 0,
+    prices: Prices | None = None,
     store: bool = True,
 ) -> Resolved:
     """Decide, once, and compact if needed, remembering the result.
@@ -206,7 +208,8 @@ async def resolve(
     ``instructions`` are the request's own (``/compact <focus>``); ``budget``
     replaces the calibrated one (the overflow retry's); ``held_back`` tokens
     of it are kept for what goes upstream beside the messages once compacted
-    (:meth:`compaction.Budget.holding_back`). ``store=False`` (the preview)
+    (:meth:`compaction.Budget.holding_back`); ``prices`` are the upstream's, for
+    the compaction plan. ``store=False`` (the preview)
     changes nothing: no lock, no events, no checkpoint. Raises what
     :func:`compaction.execute` raises.
     """
@@ -230,6 +233,7 @@ async def resolve(
         steering=steering_of,
         instructions=instructions,
         owner=asked.owner,
+        prices=prices,
     )
     basis = Basis(stored, job.decide(stored))
     decision = basis.decision

@@ -56,5 +56,12 @@ class LastPrompts:
             return 0
         return previous.tokens
 
+    def idle(self, owner: str, session: str) -> float | None:
+        """Seconds since the conversation's previous request; ``None`` when this
+        process has not seen one (the compaction plan then takes the cache for
+        warm)."""
+        previous = self._last.get((owner, session))
+        return None if previous is None else self._clock() - previous.at
+
     def __len__(self) -> int:
         return len(self._last)

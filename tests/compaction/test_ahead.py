@@ -154,7 +154,7 @@ def test_what_arrived_since_is_compacted_behind_the_prepared_summary_without_a_m
     messages = _grown_to(0.8)
     prepared, _ = _prepare(messages, RecordingSummarizer(SUMMARY))
     # Far more arrives than the preparation expected (huge tool outputs).
-    crossing = [*messages, *(m for i in range(30) for m in _step(2000 + i))]
+    crossing = [*messages, *(m for i in range(80) for m in _step(2000 + i))]
     conversation = _conversation(crossing)
     decision = decide(conversation, PROFILE, BUDGET, stored=_stored(prepared))
     assert decision.fixed == len(prepared.replacement)

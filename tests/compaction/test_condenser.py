@@ -194,8 +194,10 @@ def test_llm_prompt_has_no_tools_and_the_budget_as_max_tokens() -> None:
     run(messages, plan_condense(messages, 2, tail), fake=fake)
     prompt, max_tokens = fake.history[0]
     middle_tokens = sum(COUNTER.count_messages(messages[2:tail]))
-    assert max_tokens == summary_budget(middle_tokens, Profile())
-    assert max_tokens == round(middle_tokens * 0.2)
+    # The budget is a fifth of the middle; the ledger takes at most its share of it.
+    budget = summary_budget(middle_tokens, Profile())
+    assert budget == round(middle_tokens * 0.2)
+    assert budget * (1 - Profile().ledger_share) <= max_tokens <= budget
     assert [m["role"] for m in prompt] == ["system", "user"]
     assert all(set(m) == {"role", "content"} for m in prompt)
     assert prompt[0]["content"] == SUMMARY_SYSTEM_PROMPT
@@ -454,7 +456,7 @@ LONG_SED = "sed -i '" + "s/old_name/new_name/g;" * 20 + "' django/db/models/fiel
 
 
 def test_file_lists_come_from_the_originals_before_pruning() -> None:
-    profile = Profile(summarizer="extractive")
+    profile = Profile(summarizer="extractive", tool_args_chars=200)
     originals = conversation(steps=30, chars=400)  # results short enough to stay unpruned
     arguments = {"command": LONG_SED, "description": "Rename old_name to new_name. " * 9}
     originals[4:4] = tool_group("bash", arguments, "<returncode>0</returncode>")
@@ -474,7 +476,7 @@ def test_file_lists_come_from_the_originals_before_pruning() -> None:
     with_originals = summary(originals=originals)
     assert parse_file_lists(with_originals).modified == ("django/db/models/fields/__init__.py",)
     assert "chars cut]" not in with_originals
-    assert f"bash: `{LONG_SED[:60]}" in with_originals
+    assert LONG_SED[:60] in with_originals
 
 
 def test_originals_must_match_the_messages() -> None:

@@ -106,8 +106,15 @@ def test_fixture_compacts_within_limit_at_every_window(path: Path) -> None:
             text = "\n".join(message_text(m) for m in summaries)
             assert "## Goal" in text or "Goal" in text
             replaced = [m for m in messages if not any(m is o for o in out)]
+            # A file edited in what was replaced is named by the summary, or by
+            # the edit itself where the compaction kept it pruned after the summary.
+            kept = "\n".join(
+                f"{message_text(m)} {orjson.dumps(tool_calls(m)).decode()}"
+                for m in out
+                if not message_text(m).startswith(SUMMARY_MARKER)
+            )
             for edited in _edited_paths(replaced):
-                assert edited in text, f"{edited} missing from the summary at {window}"
+                assert edited in text or edited in kept, f"{edited} lost at {window}"
 
 
 @pytest.mark.corpus

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -12,11 +13,11 @@ from hypothesis import strategies as st
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
-from compaction.execute import NOTE_ROOM, execute
+from compaction.execute import NOTE_ROOM, TAIL_SHARE_OF_FILL, execute
 from compaction.messages import group_messages, head_end, tail_start
 from compaction.pruner import prune
 from compaction.results import new_checkpoint
-from compaction.strategies import PLACEHOLDER_PREFIX, mask
+from compaction.strategies import PLACEHOLDER_PREFIX, condenses, mask
 from tests.synthetic import conversations
 
 COUNTER = TokenCounter("gpt-4o")
@@ -106,6 +107,11 @@ def test_compaction_invariants(
         tail_budget = budget.tail_budget
         if reason == "manual":  # /compact condenses at least half of what follows the head
             tail_budget = min(tail_budget, sum(counts[head:]) // 2)
+        if reason == "threshold" and condenses(profile):  # its share of the plan's fill
+            conversation = read_conversation(request, messages, COUNTER, profile.head_count)
+            target = decide(conversation, profile, budget).target
+            beside = target - sum(counts[:head]) - overhead
+            tail_budget = min(tail_budget, max(math.floor(beside * TAIL_SHARE_OF_FILL), 0))
         # The verbatim tail gives way to the minimum summary only when both
         # cannot fit beside the head; the newest group is kept in any case.
         room = budget.input_limit - sum(counts[:head]) - overhead - NOTE_ROOM

@@ -13,7 +13,8 @@ from compaction.profile import Profile
 from compaction.pruner import PruneResult, prune, shrink_arguments, tool_brief
 from tests.conftest import assistant, system, tool_group, user
 
-PROFILE = Profile()
+#: Arguments cut at 200 characters, so that the tests below reach the cut.
+PROFILE = Profile(tool_args_chars=200)
 
 
 def _json_len(message: dict[str, Any]) -> int:

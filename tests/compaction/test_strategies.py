@@ -86,7 +86,8 @@ def test_mask_never_calls_the_summarizer_and_truncates_when_masking_is_not_enoug
 
 def test_hybrid_stops_after_masking_when_that_is_enough() -> None:
     messages = agent_session(seed=3, steps=60, output_chars=4_000)
-    profile = Profile(context_window=32_768, strategy="hybrid", summarizer="llm")
+    # A plan that may fill up to prune_target: the masked request is enough.
+    profile = Profile(context_window=32_768, strategy="hybrid", summarizer="llm", plan_slack=10)
     summarizer = RecordingSummarizer(SHIP_IT)
     result = _run(messages, profile, summarizer)
     assert result.stage == "masked" and summarizer.calls == 0
@@ -119,7 +120,12 @@ def test_hybrid_condenses_the_masked_middle_when_masking_is_not_enough() -> None
 @pytest.mark.parametrize("strategy", ["mask", "hybrid"])
 def test_a_masked_result_is_checkpointed_and_reused_byte_for_byte(strategy: str) -> None:
     messages = agent_session(seed=5, steps=60, output_chars=4_000)
-    profile = Profile(context_window=32_768, strategy=strategy, summarizer="extractive")  # type: ignore[arg-type]
+    profile = Profile(
+        context_window=32_768,
+        strategy=strategy,  # type: ignore[arg-type]
+        summarizer="extractive",
+        plan_slack=10,  # a fill up to prune_target: masking is enough
+    )
     request = {"model": "gpt-4o", "messages": messages}
     conversation = read_conversation(request, messages, COUNTER, profile.head_count)
     result = asyncio.run(

@@ -217,7 +217,7 @@ def upstream() -> Iterator[tuple[str, type[_Upstream]]]:
                     # Names a file or command of every span of the synthetic session:
                     # a summary naming none of its span's is not taken.
                     "content": "## Goal\nFix the test.\n## Progress\nRan pytest, git diff; "
-                    "read routes.py, test_app.py, README.md, util.js; fixed app.py.\n"
+                    "read routes.py, test_app.py, README.md, util.js, app.py.\n"
                     "## Key Decisions\nKeep the API.\n## Next Steps\nRun the suite again.",
                 },
             }

@@ -526,7 +526,13 @@ _LONG = [
 @pytest.mark.parametrize(
     ("stage", "profile"),
     [
-        ("pruned", Profile(context_window=200_000, threshold=28_000, keep_recent_tokens=1_500)),
+        # A plan free to fill up to prune_target: pruning alone is enough.
+        (
+            "pruned",
+            Profile(
+                context_window=200_000, threshold=28_000, keep_recent_tokens=1_500, plan_slack=10
+            ),
+        ),
         ("masked", Profile(context_window=200_000, threshold=18_000, strategy="mask")),
         ("condensed", Profile(context_window=16_000, summarizer="extractive")),
         ("truncated", Profile(context_window=4_096, summarizer="off")),

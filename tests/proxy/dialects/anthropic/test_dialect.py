@@ -199,7 +199,8 @@ def test_a_pruned_session_keeps_signed_blocks_markers_and_flags() -> None:
 
 def test_fields_the_proxy_does_not_own_survive_a_compaction() -> None:
     body = claude_code_request(40, output_chars=8_000)
-    result, out = _compact(body, 90_000)  # 42k tokens, 64k of output asked for
+    # 42k tokens, 64k of output asked for; compacted deep enough to condense.
+    result, out = _compact(body, 90_000, prune_target=0.3)
     assert result.stage == "condensed", result.notes
     assert out.keys() == body.keys()
     assert all(out[k] is body[k] for k in body if k != "messages")
@@ -345,7 +346,7 @@ def test_a_marker_on_a_condensed_block_moves_to_the_summary() -> None:
         for b in m["content"]
         if "cache_control" in b
     )
-    result, out = _compact(body, 90_000)
+    result, out = _compact(body, 90_000, prune_target=0.3)  # deep enough to condense
     assert result.stage == "condensed", result.notes
     assert not any(m is body["messages"][6] for m in out["messages"])
     summary = out["messages"][1]["content"][0]
@@ -643,7 +644,7 @@ def test_a_checkpoint_made_when_the_text_rode_on_the_results_applies_to_the_next
     checkpoint still applies and the message is forwarded as the client sent it."""
     body = claude_code_request(40, output_chars=8_000)
     body["messages"][-1]["content"].append({"type": "text", "text": "USER-INSTRUCTION-2"})
-    profile = Profile(context_window=90_000, summarizer="extractive")
+    profile = Profile(context_window=90_000, summarizer="extractive", prune_target=0.3)
     budget = calibrated_budget(profile, body["max_tokens"])
     mapped = ANTHROPIC.to_engine(body)
     first = read_conversation(mapped.request, mapped.messages, COUNTER, profile.head_count)

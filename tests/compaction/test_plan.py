@@ -1,0 +1,176 @@
+"""compaction.plan: how deep a compaction goes, priced in the user's money; and what
+decide and execute make of it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from compaction import (
+    SUMMARY_MARKER,
+    Profile,
+    TokenCounter,
+    calibrated_budget,
+    decide,
+    execute,
+    message_text,
+    read_conversation,
+)
+from compaction.plan import (
+    FILL_FLOOR_SHARE,
+    Pace,
+    compacts_early,
+    cost_per_turn,
+    depth,
+    growth_of,
+)
+from compaction.pricing import PRESETS
+from tests.synthetic import agent_session
+
+COUNTER = TokenCounter("gpt-4o")
+ANTHROPIC = PRESETS["anthropic"]
+
+
+def test_a_turn_is_an_assistant_message_and_what_answers_it() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "t"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "c"},
+    ]
+    counts = [5, 5, 10, 100, 20, 30, 40]
+    # Turns after the head: 10+100, 20+30, 40 → median 50.
+    assert growth_of(messages, counts, 2) == 50
+    assert growth_of(messages[:2], counts[:2], 2) == 0
+
+
+def test_the_cost_per_turn_grows_with_the_fill() -> None:
+    costs = [
+        cost_per_turn(fill, trigger=10_000, head=1_000, growth=500, prices=ANTHROPIC)
+        for fill in range(2_000, 9_000, 500)
+    ]
+    assert costs == sorted(costs) and costs[0] < costs[-1]
+
+
+def test_the_slack_buys_a_fuller_compaction_within_the_floor_and_the_ceiling() -> None:
+    def planned(slack: float) -> int:
+        pace = Pace(growth=600)
+        chosen = depth(
+            trigger=20_000, head=2_000, pace=pace, prices=ANTHROPIC, ceiling=0.7, slack=slack
+        )
+        assert chosen.cost <= chosen.cheapest * (1 + slack) + 1e-9
+        return chosen.fill
+
+    fills = [planned(slack) for slack in (0.0, 0.1, 0.5, 10.0)]
+    assert fills == sorted(fills)
+    assert fills[0] == FILL_FLOOR_SHARE * 20_000
+    assert fills[-1] == 0.7 * 20_000
+
+
+def test_the_floor_keeps_room_for_the_head_and_two_turns() -> None:
+    chosen = depth(
+        trigger=10_000, head=4_000, pace=Pace(1_000), prices=ANTHROPIC, ceiling=0.7, slack=0
+    )
+    assert chosen.fill == 6_000
+
+
+def test_a_summary_that_costs_money_makes_compactions_rarer() -> None:
+    def fill(summary_price: float) -> int:
+        return depth(
+            trigger=20_000,
+            head=2_000,
+            pace=Pace(600),
+            prices=ANTHROPIC,
+            ceiling=0.7,
+            slack=0.5,
+            summary_price=summary_price,
+        ).fill
+
+    # Dearer summaries are spread over more turns: the plan goes deeper.
+    assert fill(40_000) <= fill(0)
+
+
+def test_a_cold_cache_brings_a_compaction_due_soon_forward() -> None:
+    plan = depth(
+        trigger=10_000,
+        head=1_000,
+        pace=Pace(500, idle=ANTHROPIC.cache_lifetime + 1),
+        prices=ANTHROPIC,
+        ceiling=0.7,
+        slack=0.5,
+    )
+    assert plan.cold
+    assert compacts_early(plan, 9_200, 10_000)
+    assert not compacts_early(plan, 7_000, 10_000)  # not due within two turns
+    warm = dataclasses.replace(plan, cold=False)
+    assert not compacts_early(warm, 9_200, 10_000)
+
+
+def _session(steps: int = 40) -> tuple[dict[str, object], Profile]:
+    messages = agent_session(seed=7, steps=steps, output_chars=3_000)
+    return {"model": "gpt-4o", "messages": messages}, Profile(
+        context_window=16_384, summarizer="extractive", recall=False
+    )
+
+
+def test_decide_compacts_early_only_when_the_cache_went_cold() -> None:
+    request, profile = _session(steps=90)
+    budget = calibrated_budget(profile)
+    full = list(request["messages"])  # type: ignore[call-overload]
+    # The longest prefix (two messages a step) still under the trigger.
+    messages = full[:2]
+    for end in range(4, len(full) + 1, 2):
+        grown = read_conversation(request, full[:end], COUNTER, profile.head_count)
+        if grown.tokens > budget.trigger:
+            break
+        messages = full[:end]
+    conversation = read_conversation(request, messages, COUNTER, profile.head_count)
+    assert budget.trigger * 0.9 < conversation.tokens <= budget.trigger
+    prices = profile.prices()
+    warm = decide(conversation, profile, budget, pace=Pace(0, idle=10.0), prices=prices)
+    cold = decide(
+        conversation, profile, budget, pace=Pace(0, idle=prices.cache_lifetime + 60), prices=prices
+    )
+    assert warm.action == "forward" and not warm.early
+    assert cold.action == "compact" and cold.early
+    assert any("went cold" in note for note in cold.notes)
+    result = asyncio.run(execute(conversation, cold))
+    assert result.stage != "none" and result.tokens_after < conversation.tokens
+
+
+def test_a_compaction_summarizes_the_oldest_span_and_keeps_the_newer_turns_briefed() -> None:
+    request, profile = _session(steps=90)
+    messages = list(request["messages"])  # type: ignore[call-overload]
+    conversation = read_conversation(request, messages, COUNTER, profile.head_count)
+    decision = decide(conversation, profile, calibrated_budget(profile))
+    assert decision.action == "compact" and decision.depth is not None
+    result = asyncio.run(execute(conversation, decision))
+    assert result.stage == "condensed"
+    out = result.messages
+    summary_at = next(i for i, m in enumerate(out) if message_text(m).startswith(SUMMARY_MARKER))
+    after = out[summary_at + 1 :]
+    # Briefs of older outputs stand between the summary and the verbatim tail ...
+    briefed = [m for m in after if m.get("role") == "tool" and not any(m is o for o in messages)]
+    assert briefed and all(message_text(m).startswith("[") for m in briefed)
+    # ... and the agent's own turns there are the client's, whole.
+    kept_calls = [m for m in after if m.get("role") == "assistant"]
+    assert kept_calls and all(any(m is o for o in messages) for m in kept_calls)
+    # The plan's fill, not the old share of the trigger.
+    assert result.tokens_after <= decision.target
+    assert decision.target < decision.budget.trigger * profile.prune_target
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.5])
+def test_the_fill_follows_the_plan(slack: float) -> None:
+    request, profile = _session(steps=90)
+    profile = dataclasses.replace(profile, plan_slack=slack)
+    messages = list(request["messages"])  # type: ignore[call-overload]
+    conversation = read_conversation(request, messages, COUNTER, profile.head_count)
+    decision = decide(conversation, profile, calibrated_budget(profile))
+    result = asyncio.run(execute(conversation, decision))
+    assert result.tokens_after <= decision.target
