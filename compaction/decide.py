@@ -49,7 +49,15 @@ from compaction.checkpoints import (
 from compaction.conversation import Conversation
 from compaction.lessons import OverflowReport, clamp_ratio
 from compaction.messages import PairingProblem, tail_start
-from compaction.plan import Depth, Pace, cold, compacts_early, depth, growth_of
+from compaction.plan import (
+    Depth,
+    Pace,
+    cold,
+    compacts_early,
+    depth,
+    growth_of,
+    model_summary_pays,
+)
 from compaction.pricing import Prices
 from compaction.profile import Budget, Profile, compute_budget
 from compaction.types import Message, Reason
@@ -280,9 +288,19 @@ def decide(
     # a session whose cache went cold (most requests are none of these, and
     # the plan reads every turn).
     gone_cold = pace is not None and cold(pace, prices)
-    plan = None
+    plan, declined = None, False
     if gone_cold or near or not under:
         plan = _depth(conversation, state, profile, budget, pace, prices)
+        if (
+            reason == "threshold"
+            and profile.summarizer == "llm"
+            and profile.summary_must_pay
+            and plan.summary_price
+            and not model_summary_pays(plan, tokens, prices)
+        ):
+            profile = dataclasses.replace(profile, summarizer="extractive")
+            near = False  # nothing to prepare: the extractive summary waits for no one
+            declined = True
     early = (
         plan is not None
         and under
@@ -308,6 +326,10 @@ def decide(
         elif state.checkpoint is not None and reason != "manual":
             # The user asked for this one: the guard does not stand in the way.
             profile = _guarded(profile, budget, state.checkpoint, conversation, progress_min_ratio)
+    if declined and action == "compact":
+        notes.append(
+            "summary by extractive: a model's would cost more than the reads this compaction saves"
+        )
     if not steering.enabled and reason != "manual":
         # Switched off for this session: forwarded as it stands, and nothing
         # is prepared ahead for it either.

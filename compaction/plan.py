@@ -25,14 +25,16 @@ fill whose cost per turn is within ``slack`` (:attr:`Profile.plan_slack`) of
 the cheapest fill's, between a floor that keeps a working set (a share of
 the trigger, and room for two turns) and ``prune_target`` × the trigger.
 
-Two more things change the answer:
+Three more things change the answer:
 
 * **a cold cache** — when the session was idle longer than the cache lives,
   the next request is written whole anyway: a compaction then rewrites
   nothing that was not to be written, so one due within a few turns is done
   now (:func:`compacts_early`);
 * **the turn's size** — read from the conversation itself (:func:`growth_of`):
-  a turn is an assistant message and what answers it, as a client resends it.
+  a turn is an assistant message and what answers it, as a client resends it;
+* **the summary's price** — a model's summary is asked only where it costs
+  less than the reads the compaction saves (:func:`model_summary_pays`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class Depth:
     cheapest: float  #: the same at the floor: what the slack is measured against
     cold: bool  #: the upstream's cache of the conversation has expired
     growth: int  #: the tokens a turn adds, as planned with
+    summary_price: float = 0.0  #: what one summary was priced at (0: extractive)
 
 
 def growth_of(messages: Sequence[Message], counts: Sequence[int], head: int) -> int:
@@ -153,7 +156,19 @@ def depth(
         cheapest=cheapest,
         cold=cold(pace, prices),
         growth=g,
+        summary_price=summary_price,
     )
+
+
+def model_summary_pays(plan: Depth, tokens: int, prices: Prices) -> bool:
+    """Whether a model's summary is worth its price here: no more than the
+    reads the compaction saves until the next one — the tokens it removes,
+    read from the cache on each of the turns expected before the next
+    compaction. Where it is not, the extractive summary (free) is used: on a
+    small window compactions come every few turns and a model's summary of a
+    few thousand tokens costs more than all the reads it spares."""
+    removed = max(tokens - plan.fill, 0)
+    return plan.summary_price <= prices.cache_read * removed * plan.turns
 
 
 def compacts_early(plan: Depth, tokens: int, trigger: int) -> bool:
@@ -173,4 +188,5 @@ __all__ = [
     "cost_per_turn",
     "depth",
     "growth_of",
+    "model_summary_pays",
 ]

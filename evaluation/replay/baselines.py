@@ -10,8 +10,11 @@ cache simulator (:mod:`evaluation.replay.records`)::
     truncation   head + the newest whole groups that fit under L
     masking      tool outputs older than the newest MASK_KEEP replaced by a
                  placeholder; then truncation if still above L
-    claude-code  above CLAUDE_CODE_SHARE of the window, everything after the
-                 head becomes one summary (the engine's extractive summarizer;
+    claude-code  above CLAUDE_CODE_SHARE of the window (or L, if lower: held
+                 to the same input limit as every other strategy, since a prompt
+                 above it leaves the answer less room than the proxy reserves),
+                 everything after the head becomes one summary (the engine's
+                 extractive summarizer;
                  the newest group stays, as the engine always keeps it); new
                  turns are appended to head + summary until the next crossing
 
@@ -173,7 +176,8 @@ class ClaudeCode:
     async def send(self, history: list[Message]) -> Sent:
         context = self._context
         current = history if self._base is None else self._base + history[self._since :]
-        if context.tokens(current) <= CLAUDE_CODE_SHARE * context.window:
+        trigger = min(CLAUDE_CODE_SHARE * context.window, input_limit(context.window))
+        if context.tokens(current) <= trigger:
             return Sent(current)
         profile = Profile(
             context_window=context.window,

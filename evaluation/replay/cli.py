@@ -1,7 +1,7 @@
 """``compaction-proxy eval --replay``: the command-line side of the replay benchmark.
 
     compaction-proxy eval --replay [--fixtures DIR] [--window N …] [--prices P,P]
-                                   [--summarizer extractive|llm …] [--limit N]
+                                   [--summarizer extractive|llm|llm-always …] [--limit N]
                                    [--session GLOB …] [--turn-gap S] [--concurrency N]
                                    [--synthetic N] [--json] [--output PATH]
 

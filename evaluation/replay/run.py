@@ -47,7 +47,7 @@ from evaluation.replay.upstream import LoopbackUpstream, Script
 
 DEFAULT_WINDOWS: Final = (8_192, 16_384, 32_768)
 DEFAULT_PRICES: Final = ("anthropic", "openai")
-SUMMARIZERS: Final = ("extractive", "llm")
+SUMMARIZERS: Final = ("extractive", "llm", "llm-always")
 DEFAULT_GAP: Final = 30.0
 #: Sessions in flight at once through one proxy. One keeps a run reproducible: the
 #: proxy learns one calibration ratio per model from every session's answers, so
@@ -217,7 +217,7 @@ async def proxy_run(
     base_url = await upstream.start()
     try:
         async with serving(config, base_url, folder) as proxy, aiohttp.ClientSession() as client:
-            settle = _settler(client, proxy, upstream) if config.summarizer == "llm" else None
+            settle = _settler(client, proxy, upstream) if config.asks_a_model else None
             gate = asyncio.Semaphore(max(1, options.concurrency))
 
             async def one(session: Session, key: str) -> None:

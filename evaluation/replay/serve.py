@@ -51,7 +51,13 @@ class ProxyConfig:
 
     window: int
     prices: str  #: a compaction.pricing preset name
-    summarizer: str  #: "extractive" or "llm"
+    #: "extractive", "llm" (a model asked where its summary pays, the default
+    #: rule) or "llm-always" (a model asked for every summary)
+    summarizer: str
+
+    @property
+    def asks_a_model(self) -> bool:
+        return self.summarizer.startswith("llm")
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ def proxy_env(config: ProxyConfig, folder: Path) -> dict[str, str]:
     return {
         **base,
         "COMPACTION_PROXY_MODELS": json.dumps({REPLAY_MODEL: {"context_window": config.window}}),
-        "COMPACTION_PROXY_COMPACTION__SUMMARIZER": config.summarizer,
+        "COMPACTION_PROXY_COMPACTION__SUMMARIZER": "llm" if config.asks_a_model else "extractive",
+        "COMPACTION_PROXY_COMPACTION__SUMMARY_MUST_PAY": str(config.summarizer == "llm").lower(),
         "COMPACTION_PROXY_COMPACTION__PRICING": config.prices,
         "COMPACTION_PROXY_STORE__URL": f"sqlite:///{folder / 'state.db'}",
         "COMPACTION_PROXY_UPSTREAM__DISCOVER_WINDOWS": "never",

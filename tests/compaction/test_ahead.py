@@ -18,7 +18,8 @@ from tests.conftest import RecordingSummarizer, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")
 #: No pruning: a compaction of these sessions condenses.
-PROFILE = Profile(context_window=16_384, tool_result_chars=1_000_000)
+#: A model asked for every summary: these tests are about preparing its summary.
+PROFILE = Profile(context_window=16_384, tool_result_chars=1_000_000, summary_must_pay=False)
 BUDGET = calibrated_budget(PROFILE)
 SUMMARY = "\n".join(
     [

@@ -45,7 +45,7 @@ def _tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def test_a_newest_turn_that_fits_alone_is_not_cut_for_a_digest() -> None:
-    profile = Profile(context_window=8_192, summarizer="llm")
+    profile = Profile(context_window=8_192, summarizer="llm", summary_must_pay=False)
     head = [system(), user("task")]
     room = calibrated_budget(profile).input_limit - _tokens(head) - NOTE_ROOM
     words = room - 300  # the newest turn fits, and leaves 300: less than the 500 minimum
@@ -63,7 +63,7 @@ def test_a_newest_turn_that_fits_alone_is_not_cut_for_a_digest() -> None:
 
 
 def test_a_summary_larger_than_its_room_is_cut_to_fit_not_thrown_away() -> None:
-    profile = Profile(context_window=16_384, summarizer="llm")
+    profile = Profile(context_window=16_384, summarizer="llm", summary_must_pay=False)
     chat = [m for i in range(30) for m in (user(f"part {i}: " + "w " * 900), assistant("noted"))]
     messages = [system(), user("task"), *chat, user("go on")]
     summarizer = RecordingSummarizer(GOOD.format(filler="detail " * 6_000))  # far over its budget

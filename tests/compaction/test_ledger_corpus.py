@@ -119,7 +119,9 @@ def measure(window: int, mode: str, paths: Sequence[Path]) -> Row:
             (message_text(m) for m in body["messages"] if m.get("role") == "user"), ""
         )
         profile = Profile(
-            context_window=window, summarizer="llm" if mode == "llm" else "extractive"
+            context_window=window,
+            summarizer="llm" if mode == "llm" else "extractive",
+            summary_must_pay=False,  # the prose summary is what is measured
         )
         summarizer = prose_only(first_user) if mode == "llm" else None
         try:

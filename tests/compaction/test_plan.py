@@ -25,6 +25,7 @@ from compaction.plan import (
     cost_per_turn,
     depth,
     growth_of,
+    model_summary_pays,
 )
 from compaction.pricing import PRESETS
 from tests.synthetic import agent_session
@@ -174,3 +175,46 @@ def test_the_fill_follows_the_plan(slack: float) -> None:
     decision = decide(conversation, profile, calibrated_budget(profile))
     result = asyncio.run(execute(conversation, decision))
     assert result.tokens_after <= decision.target
+
+
+def test_a_model_summary_must_cost_less_than_the_reads_it_spares() -> None:
+    plan = depth(
+        trigger=100_000,
+        head=2_000,
+        pace=Pace(1_000),
+        prices=ANTHROPIC,
+        ceiling=0.7,
+        slack=0.5,
+        summary_price=60_000,
+    )
+    # 0.1 × (tokens − fill) × turns: a large removal read over many turns pays ...
+    assert model_summary_pays(plan, 100_000, ANTHROPIC)
+    # ... a small one does not.
+    assert not model_summary_pays(plan, plan.fill + 1_000, ANTHROPIC)
+
+
+def test_decide_asks_no_model_for_a_summary_that_does_not_pay() -> None:
+    request, profile = _session(steps=90)
+    small = dataclasses.replace(profile, summarizer="llm")
+    # Just past the trigger, as a growing session crosses it: the compaction
+    # removes a few thousand tokens, read for a few turns.
+    messages = _just_past_the_trigger(request, small)
+    conversation = read_conversation(request, messages, COUNTER, small.head_count)
+    decision = decide(conversation, small, calibrated_budget(small))
+    assert decision.action == "compact" and decision.profile.summarizer == "extractive"
+    assert any("a model's would cost more" in note for note in decision.notes)
+    # A history far past the trigger (a long session resumed): the removal is
+    # large, read on every turn until the next compaction, and the model pays.
+    whole = list(request["messages"])  # type: ignore[call-overload]
+    resumed = read_conversation(request, whole, COUNTER, small.head_count)
+    decision = decide(resumed, small, calibrated_budget(small))
+    assert decision.profile.summarizer == "llm"
+
+
+def _just_past_the_trigger(request: dict[str, object], profile: Profile) -> list[dict[str, object]]:
+    full = list(request["messages"])  # type: ignore[call-overload]
+    trigger = calibrated_budget(profile).trigger
+    for end in range(4, len(full) + 1, 2):
+        if read_conversation(request, full[:end], COUNTER, profile.head_count).tokens > trigger:
+            return full[:end]
+    raise AssertionError("the session never crosses the trigger")

@@ -115,13 +115,18 @@ def test_claude_code_summarizes_past_its_share_then_appends_to_the_summary(
         if sent.compacted:
             compactions.append(sent)
             assert sent.summary_prompt is not None
-            # The prompt it would have sent passed the share; the summary call reads it.
-            assert context.tokens(sent.summary_prompt[:-1]) > CLAUDE_CODE_SHARE * WINDOW
+            # The prompt it would have sent passed the share (or the input limit,
+            # if lower); the summary call reads it.
+            trigger = min(CLAUDE_CODE_SHARE * WINDOW, context.limit)
+            assert context.tokens(sent.summary_prompt[:-1]) > trigger
             assert sent.summary_prompt[-1]["role"] == "user"
             assert any(is_summary(m) for m in sent.messages)
             assert sent.summary_output > 0
-        elif previous is not None:
-            # Between compactions the prompt only grows: the previous one plus new turns.
-            assert sent.messages[: len(previous)] == previous
+        else:
+            # Never above the limit every strategy is held to ...
+            assert context.tokens(sent.messages) <= context.limit
+            if previous is not None:
+                # ... and between compactions the prompt only grows.
+                assert sent.messages[: len(previous)] == previous
         previous = sent.messages
     assert len(compactions) >= 2

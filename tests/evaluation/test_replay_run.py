@@ -55,6 +55,7 @@ def test_every_strategy_ran_every_turn_of_both_sessions(runs: list[Run]) -> None
         "claude-code",
         "proxy (extractive)",
         "proxy (llm)",
+        "proxy (llm-always)",
     ]
     for run in runs:
         chats = [c for c in run.calls if c.kind == "chat"]
@@ -65,7 +66,7 @@ def test_every_strategy_ran_every_turn_of_both_sessions(runs: list[Run]) -> None
 def test_the_proxy_compacts_and_forwards_every_prompt_under_the_input_limit(
     runs: list[Run],
 ) -> None:
-    for strategy in ("proxy (extractive)", "proxy (llm)"):
+    for strategy in ("proxy (extractive)", "proxy (llm)", "proxy (llm-always)"):
         chats = [c for c in by_name(runs, strategy).calls if c.kind == "chat"]
         assert any(compacted(c) for c in chats)
         assert max(c.tokens for c in chats) <= input_limit(WINDOW)
@@ -74,7 +75,7 @@ def test_the_proxy_compacts_and_forwards_every_prompt_under_the_input_limit(
 
 
 def test_the_llm_summarizer_is_asked_and_billed_to_the_session(runs: list[Run]) -> None:
-    summaries = [c for c in by_name(runs, "proxy (llm)").calls if c.kind == "summary"]
+    summaries = [c for c in by_name(runs, "proxy (llm-always)").calls if c.kind == "summary"]
     assert summaries
     assert {c.session for c in summaries} <= set(SESSIONS)
     assert all(c.output > 0 for c in summaries)

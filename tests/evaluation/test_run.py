@@ -74,7 +74,7 @@ def test_each_strategy_is_scored_and_only_summaries_cost_summarizer_tokens(folde
             read_bodies(folder),
             (8_192,),
             ("summary", "mask", "hybrid"),
-            lambda model: Profile(summarizer="llm"),
+            lambda model: Profile(summarizer="llm", summary_must_pay=False),
             summarizer,
         )
     )
@@ -100,7 +100,7 @@ def test_the_facts_are_scored_and_summaries_and_ledgers_counted(folder: Path) ->
                 read_bodies(folder),
                 (8_192,),
                 ("summary", "mask"),
-                lambda model: Profile(summarizer="llm"),
+                lambda model: Profile(summarizer="llm", summary_must_pay=False),
                 RecordingSummarizer(reply),
             )
         )

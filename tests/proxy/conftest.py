@@ -17,7 +17,13 @@ import pytest
 
 from config import Settings, load_settings
 from proxy.app import create_app
-from tests.proxy.inprocess import InProcessProxy, RecordingTransport, running, settings_for
+from tests.proxy.inprocess import (
+    InProcessProxy,
+    RecordingTransport,
+    asking_the_model,
+    running,
+    settings_for,
+)
 from tests.proxy.servers import FakeUpstream, serve_in_thread
 
 
@@ -53,6 +59,7 @@ def start_proxy(fake: tuple[FakeUpstream, str]) -> Iterator[ProxyFactory]:
     stack = ExitStack()
 
     def start(**sections: Any) -> str:
+        sections = asking_the_model(sections)
         sections.setdefault("store", {"url": "memory://"})
         sections.setdefault("upstream", {})
         sections["upstream"] = {"base_url": fake[1], **sections["upstream"]}

@@ -482,8 +482,20 @@ def running(
         yield InProcessProxy(settings, transport, client)
 
 
+def asking_the_model(sections: dict[str, Any]) -> dict[str, Any]:
+    """``sections`` with the llm summarizer asked for every summary, unless a test
+    says otherwise: the suite's scripted sessions are a few turns on small
+    windows, where a model's summary never pays for itself and the plan would
+    take the extractive one (tests/compaction/test_plan.py holds that rule);
+    they test what asking a model does."""
+    compaction = sections.get("compaction", {})
+    return {**sections, "compaction": {"summary_must_pay": False, **compaction}}
+
+
 def settings_for(**sections: Any) -> Settings:
-    """The settings ``start_proxy`` uses: a memory store, the upstream at ``UPSTREAM_URL``."""
+    """The settings ``start_proxy`` uses: a memory store, the upstream at ``UPSTREAM_URL``,
+    a model asked for every summary (:func:`asking_the_model`)."""
+    sections = asking_the_model(sections)
     sections.setdefault("store", {"url": "memory://"})
     sections["upstream"] = {"base_url": UPSTREAM_URL, **sections.get("upstream", {})}
     return load_settings(None, **sections)

@@ -778,6 +778,8 @@ class ProxyProcess:
             self.port = sock.getsockname()[1]
         script = os.path.join(os.path.dirname(sys.executable), "compaction-proxy")
         base = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTION_PROXY_")}
+        # A model asked for every summary, as in-process (tests.proxy.inprocess.asking_the_model).
+        base["COMPACTION_PROXY_COMPACTION__SUMMARY_MUST_PAY"] = "false"
         self.process = subprocess.Popen(
             [
                 script,

@@ -34,6 +34,7 @@ PROFILE = {
     "reserve_tokens": 2_048,
     "keep_recent_tokens": 3_000,
     "summarizer": "llm",
+    "summary_must_pay": False,  # a model asked for every summary
     # Tool outputs are never briefed: the middle must be condensed, by a summary.
     "tool_result_chars": 1_000_000,
 }

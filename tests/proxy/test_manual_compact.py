@@ -35,6 +35,7 @@ MODEL = "manual-model"
 PROFILE = {
     "context_window": 8_192,
     "summarizer": "llm",
+    "summary_must_pay": False,  # a model asked for every summary
     "keep_recent_tokens": 1_000,
     # Compacted by the request that crosses the trigger, not prepared ahead.
     "precompute_share": 0,

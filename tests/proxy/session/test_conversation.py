@@ -18,6 +18,7 @@ from proxy.session.conversation import Ask, identify, resolve
 from proxy.state.runtime import ProxyState
 from proxy.state.stores import MemoryStore
 from tests.conftest import RecordingSummarizer
+from tests.proxy.inprocess import asking_the_model
 from tests.synthetic import agent_session
 
 
@@ -33,7 +34,10 @@ class PilingUp(RecordingSummarizer):
 
 def _state() -> tuple[ProxyState, Any]:
     settings = load_settings(
-        None, store={"url": "memory://"}, models={"m": {"context_window": 8192}}
+        None,
+        **asking_the_model(
+            {"store": {"url": "memory://"}, "models": {"m": {"context_window": 8192}}}
+        ),
     )
     from config import ModelResolver
     from proxy.state.runtime import build_transport
