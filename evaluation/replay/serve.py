@@ -74,8 +74,14 @@ def proxy_env(config: ProxyConfig, folder: Path) -> dict[str, str]:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         base.pop(name, None)
         base.pop(name.lower(), None)
+    # The proxy measured is the one beside this package, whatever the
+    # virtualenv installed: a replay run from another checkout (an export of a
+    # commit, a worktree) measures that checkout's code.
+    checkout = str(Path(__file__).resolve().parents[2])
+    path = [checkout, *filter(None, base.get("PYTHONPATH", "").split(os.pathsep))]
     return {
         **base,
+        "PYTHONPATH": os.pathsep.join(path),
         "COMPACTION_PROXY_MODELS": json.dumps({REPLAY_MODEL: {"context_window": config.window}}),
         "COMPACTION_PROXY_COMPACTION__SUMMARIZER": "llm" if config.asks_a_model else "extractive",
         "COMPACTION_PROXY_COMPACTION__SUMMARY_MUST_PAY": str(config.summarizer == "llm").lower(),
