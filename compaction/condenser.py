@@ -345,8 +345,14 @@ class _Run:
         lists = render_file_lists(files)
         if cap is not None:
             budget = max(min(budget, cap - self.counter.count_message(wrap("", lists))), 1)
-        # The ledger takes its share of the budget; the prose the rest.
-        rendered = render_ledger(ledger, round(budget * self.profile.ledger_share), self.counter)
+        # The ledger takes its share of the budget; the prose the rest — but a
+        # model's prose is what is paid for, and the ledger leaves it room to be
+        # asked when the budget has it.
+        asks_model = self.profile.summarizer == "llm" and self.summarizer is not None
+        ledger_budget = round(budget * self.profile.ledger_share)
+        if asks_model and budget >= 2 * MODEL_REPLY_FLOOR:
+            ledger_budget = min(ledger_budget, budget - MODEL_REPLY_FLOOR)
+        rendered = render_ledger(ledger, ledger_budget, self.counter)
         taken = self.counter.count_text(rendered) - self.counter.count_text(lists)
         budget = max(budget - taken, 1)
         frame = self.counter.count_message(wrap("", rendered))
@@ -358,7 +364,6 @@ class _Run:
             return wrap(fit_tokens(body, max(cap - frame, 0), self.counter), rendered)
 
         label = "turn prefix: " if turn_prefix else ""
-        asks_model = self.profile.summarizer == "llm" and self.summarizer is not None
         if asks_model and budget < MODEL_REPLY_FLOOR:
             # Too little room for prose: a model asked for a few tokens is cut
             # off and billed all the same.

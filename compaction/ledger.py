@@ -60,9 +60,10 @@ MAX_ENTRIES = 200
 
 _BLOCKS = ("errors", "commands", "identifiers", "user-messages")
 #: The order in which blocks claim their next entry from the budget: the
-#: user's own words first (no other record of them is kept), then the errors,
-#: the commands, the identifiers (the task still names its own in the head).
-_CLAIM_ORDER = ("user-messages", "errors", "commands", "identifiers")
+#: user's own words first (no other record of them is kept), then the
+#: identifiers, the errors and the commands; the identifiers thrice a round,
+#: since a name is a few tokens and a command can be hundreds.
+_CLAIM_ORDER = ("user-messages", "identifiers", "errors", "identifiers", "commands", "identifiers")
 #: Entries claimed before any other, in this order: the user's newest message,
 #: then the last five distinct error lines (what the next turn is about).
 _FIRST_CLAIMS = (("user-messages", 1), ("errors", 5))

@@ -69,7 +69,7 @@ DEFAULT_SUMMARY_TOOL_RESULT_CHARS = 2_000
 #: The ledger's share of the summary budget (its file lists aside): the errors,
 #: commands, identifiers and user messages it quotes verbatim
 #: (:mod:`compaction.ledger`); the prose gets the rest.
-DEFAULT_LEDGER_SHARE = 0.35
+DEFAULT_LEDGER_SHARE = 0.6
 
 # Recall (compaction.recall): the model reads back what compaction shortened.
 #: Rounds of recall calls answered for one request before the answer is taken as it is.

@@ -369,7 +369,7 @@ def test_a_summarys_file_refs_survive_a_fold_into_the_next_summary() -> None:
 
 def test_a_summary_ledger_made_with_a_salt_names_outputs_the_request_still_holds() -> None:
     outputs = [
-        f"<returncode>{k % 2}</returncode>\n" + LOG.replace("item", f"i{k}") for k in range(8)
+        f"<returncode>{k % 2}</returncode>\n" + LOG.replace("item", f"i{k}") for k in range(16)
     ]
     messages = [*_session(*outputs), user("now the docs"), {"role": "assistant", "content": "ok"}]
     profile = Profile(context_window=4_096, summarizer="extractive", keep_recent_tokens=200)

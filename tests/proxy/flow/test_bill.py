@@ -40,6 +40,9 @@ SETTINGS = {
             "input_price_per_mtok": PER_MTOK,
             "precompute_share": 0,  # no summary prepared in the background
             "recall": False,
+            # Summaries by another model: their usage teaches nothing of how this
+            # one counts, so the estimates below are the requests' own.
+            "summary_model": "summary-model",
         }
     }
 }
