@@ -40,7 +40,7 @@ from compaction.calls import COMMAND_ARGUMENTS, key_argument, shows_files
 from compaction.files import FileLists, collect_files, parse_file_lists, render_file_lists
 from compaction.messages import message_text, tool_calls
 from compaction.profile import DEFAULT_LEDGER_SHARE, Profile
-from compaction.recall import mark, output_ref
+from compaction.recall import mark, original_text, output_ref, ref_of
 from compaction.text import word_cut
 from compaction.tokens import TokenCounter
 from compaction.types import Message
@@ -187,7 +187,7 @@ def _stretch_ledger(messages: Sequence[Message], profile: Profile, salt: str = "
     found_ids += [name for message in messages for name in _names_used(message)]
     return Ledger(
         errors=_newest(errors),
-        commands=_newest(_commands(messages, salt, profile.tool_result_chars)),
+        commands=_newest(_commands(messages, salt)),
         identifiers=_newest(found_ids),
         user_messages=_newest(_cap_user("\n".join(text.splitlines())) for text in users),
     )
@@ -229,9 +229,11 @@ def _cap_user(text: str) -> str:
     return kept + _CUT_MARKER.format(len(text) - len(kept))
 
 
-def _commands(messages: Sequence[Message], salt: str = "", shortest: int = 0) -> Iterator[str]:
+def _commands(messages: Sequence[Message], salt: str = "") -> Iterator[str]:
     """``command → exit N`` for each command a tool call ran, in order; with a
-    ``salt``, `` [ref: …]`` of its output after (:func:`compaction.recall.output_ref`)."""
+    ``salt``, `` [ref: …]`` of its output after (:func:`compaction.recall.output_ref`),
+    however short — the summary removed it — and a command cut short carries
+    the ref of the agent's message that wrote it, right after the cut."""
     from compaction.files import results_after
 
     for index, message in enumerate(messages):
@@ -246,12 +248,16 @@ def _commands(messages: Sequence[Message], salt: str = "", shortest: int = 0) ->
             command = LINE_BREAK.join(line for line in lines if line)
             if not command:
                 continue
+            entry = f"`{command}`"
             if len(command) > COMMAND_CHARS:
-                command = word_cut(command, COMMAND_CHARS) + " …"
+                entry = f"`{word_cut(command, COMMAND_CHARS)} …`"
+                if salt:
+                    entry = mark(entry, ref_of(salt, original_text(message)))
             result = results.get(call.get("id"))
             code = _exit_code(result) if result is not None else None
-            entry = f"`{command}` → exit {code}" if code is not None else f"`{command}`"
-            yield _with_ref(entry, result, salt, shortest)
+            if code is not None:
+                entry = f"{entry} → exit {code}"
+            yield _with_ref(entry, result, salt, 0)
 
 
 def _with_ref(entry: str, result: str | None, salt: str, shortest: int) -> str:

@@ -40,7 +40,7 @@ from compaction.calls import (
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
-from compaction.recall import ref_of, ref_suffix, trailing_ref
+from compaction.recall import mark, original_text, ref_of, ref_suffix, trailing_ref
 from compaction.text import cut_middle, one_line, output_body, shrink_arguments
 from compaction.types import Message
 
@@ -103,7 +103,7 @@ def prune(
         if role in RESULT_ROLES:
             new = _prune_result(messages, i, profile, salt)
         elif role == "assistant":
-            new = _prune_assistant(message, profile)
+            new = _prune_assistant(message, profile, salt)
         else:
             continue
         if new is not message:
@@ -286,7 +286,9 @@ def _image_count(content: Any) -> int:
 # --- assistant messages ----------------------------------------------------
 
 
-def _prune_assistant(message: Message, profile: Profile) -> Message:
+def _prune_assistant(message: Message, profile: Profile, salt: str = "") -> Message:
+    """The agent's message with its long arguments and text shortened; with a
+    ``salt``, text cut short ends with the ref of the whole message."""
     changes: dict[str, Any] = {}
 
     calls = message.get("tool_calls")
@@ -303,9 +305,24 @@ def _prune_assistant(message: Message, profile: Profile) -> Message:
     content = message.get("content")
     new_content = _cut_content(content, profile)
     if new_content is not content:
+        if salt:
+            new_content = _marked(new_content, ref_of(salt, original_text(message)))
         changes["content"] = new_content
 
     return {**message, **changes} if changes else message
+
+
+def _marked(content: Any, ref: str) -> Any:
+    """Cut ``content`` (a text, or parts) with ``ref`` after its last text."""
+    if isinstance(content, str):
+        return mark(content, ref)
+    parts = list(content)
+    for i in range(len(parts) - 1, -1, -1):
+        part = parts[i]
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts[i] = {**part, "text": mark(part["text"], ref)}
+            break
+    return parts
 
 
 def _prune_call(call: Any, limit: int) -> Any:

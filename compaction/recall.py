@@ -18,7 +18,7 @@ request, whatever checkpoint it came from) and differs between callers, so a
 ref is only ever resolved against the caller's own request: a ref of another
 caller, or of content no longer sent, is "not found", and the answer does not
 say which. Lookup (:func:`find_original`) hashes the request's tool results
-once each, on a recall only; nothing here runs on the request path otherwise.
+and assistant messages once each, on a recall only; nothing here runs on the request path otherwise.
 Pure functions.
 """
 
@@ -32,16 +32,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from compaction.messages import RESULT_ROLES, message_text
+from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text, tool_calls
 from compaction.types import Message
 
 RECALL_TOOL_NAME: Final = "compaction_recall"
 
 RECALL_TOOL_DESCRIPTION: Final = (
     "Read back the original of content shortened to fit the context window: an old tool "
-    "output replaced by a one-line brief, or a summary entry, each ending with a marker "
-    "like [ref: r2b4c6d7e2f3g]. Pass that ref, and start_line/end_line (1-based, "
-    "inclusive) for part of a long output, to get the text exactly as it was. Call it "
+    "output replaced by a one-line brief, your own long command or message cut short, or "
+    "a summary entry, each marked like [ref: r2b4c6d7e2f3g]. Pass that ref, and "
+    "start_line/end_line (1-based, inclusive) for part of a long output, to get the text "
+    "exactly as it was. Call it "
     "alone, before acting on shortened content (e.g. before editing a file whose read was "
     "shortened). A ref not found is gone: run the original tool again."
 )
@@ -81,6 +82,8 @@ _BARE_ID = re.compile(_ID)
 #: blake2b takes a key of at most this many bytes; a longer salt is hashed to one.
 _MAX_KEY_BYTES = 64
 _ACCEPTED = frozenset(RECALL_TOOL_PARAMETERS["properties"])
+#: The messages a ref may name: tool results, and the agent's own turns.
+_RECALLABLE = frozenset((*RESULT_ROLES, "assistant"))
 
 
 def ref_of(salt: str, text: str) -> str:
@@ -177,17 +180,29 @@ def _ref_given(value: Any) -> str | None:
     return value if _BARE_ID.fullmatch(value) else None
 
 
+def original_text(message: Message) -> str:
+    """What a ref of ``message`` names and a recall returns: a tool result's text;
+    an assistant message's text with its tool calls' arguments after it, one a
+    line (the agent's own long command or message, shortened or summarized)."""
+    text = message_text(message)
+    if message.get("role") != "assistant":
+        return text
+    arguments = [call_name_and_arguments(call)[1] for call in tool_calls(message)]
+    return "\n".join(part for part in (text, *arguments) if part)
+
+
 def find_original(messages: Sequence[Message], salt: str, ref: str) -> str | None:
-    """The text of the tool result among ``messages`` whose ref is ``ref``, or ``None``.
+    """The original (:func:`original_text`) of the tool result or assistant
+    message among ``messages`` whose ref is ``ref``, or ``None``.
 
     ``messages`` are the request as the client sent it (its originals); each
-    tool result is hashed once, so the work is linear in their size.
+    is hashed once, so the work is linear in their size.
     """
     if not _BARE_ID.fullmatch(ref):
         return None
     for message in messages:
-        if message.get("role") in RESULT_ROLES:
-            text = message_text(message)
+        if message.get("role") in _RECALLABLE:
+            text = original_text(message)
             if ref_of(salt, text) == ref:
                 return text
     return None
@@ -266,6 +281,7 @@ __all__ = [
     "RecallRequest",
     "find_original",
     "mark",
+    "original_text",
     "output_ref",
     "parse_request",
     "recalled_text",

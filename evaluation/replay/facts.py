@@ -18,8 +18,9 @@ to write)::
                  every method)
     kept       = facts present verbatim in what the model was sent at k
                  (every message's text and tool-call arguments)
-    reachable  = facts not kept but present in an original tool result whose
-                 ``[ref: …]`` was sent (the model could read it back)
+    reachable  = facts not kept but present in an original tool result or
+                 assistant message whose ``[ref: …]`` was sent (the model could
+                 read it back)
 
 "Appears" and "present" are the same test: a substring, except for line
 numbers, which must stand as a whole number (``123`` is not in ``1234``). The
@@ -45,6 +46,7 @@ from compaction import (
     ref_of,
     tool_calls,
 )
+from compaction.recall import original_text
 from evaluation.replay.prompts import sent_text
 from evaluation.replay.records import FactScore
 
@@ -57,7 +59,7 @@ MIN_CHARS: Final = 4
 #: Longest quoted string counted (a longer one is a script, not a fact).
 MAX_QUOTED_CHARS: Final = 200
 
-_RESULT_ROLES = ("tool", "function")
+_RECALLABLE = ("tool", "function", "assistant")
 _NAME = re.compile(r"(?<![\w./-])[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+|(?<![\w./-])[A-Za-z_]\w*")
 _PATH = re.compile(r"(?<![\w.-])(?:[\w.-]*/[\w./-]*\w|[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4})(?![\w/])")
 _SPAN = f"{{{MIN_CHARS},{MAX_QUOTED_CHARS}}}"
@@ -169,12 +171,13 @@ class SessionFacts:
         )
 
     def refs(self, salt: str) -> dict[str, int]:
-        """Each tool result's ref for the caller ``salt``, to its index (as the proxy
-        computes it: :func:`compaction.ref_of` of the result's text)."""
+        """Each tool result's and assistant message's ref for the caller ``salt``, to
+        its index (as the proxy computes it: :func:`compaction.ref_of` of its
+        :func:`compaction.recall.original_text`)."""
         return {
-            ref_of(salt, message_text(message)): i
+            ref_of(salt, original_text(message)): i
             for i, message in enumerate(self._messages)
-            if message.get("role") in _RESULT_ROLES
+            if message.get("role") in _RECALLABLE
         }
 
     def score(

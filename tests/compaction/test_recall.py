@@ -32,8 +32,8 @@ from compaction.recall import (
 from compaction.steps import tool_steps
 from compaction.strategies import mask, shrink_middle
 from compaction.summary import parse_summary, summary_message
-from tests.conftest import system, tool_group, user
-from tests.synthetic import conversations
+from tests.conftest import assistant, system, tool_group, user
+from tests.synthetic import conversations, tool_call
 
 COUNTER = TokenCounter("gpt-4o")
 PROFILE = Profile()
@@ -282,9 +282,44 @@ def test_ledger_commands_carry_refs_that_find_their_output() -> None:
     assert ref is not None
     assert find_original(messages, SALT, ref) == "<returncode>1</returncode>\n" + LOG
     assert long_output.startswith("`pytest -q -k case0` → exit 1 [ref: ")
-    # An output the pruner would not have briefed is covered by its entry: no ref to pay for.
-    assert trailing_ref(short_output) is None and "[ref:" not in short_output
+    # An output the pruner would not have briefed is gone with the summary too:
+    # it has its ref as well.
+    short_ref = trailing_ref(short_output)
+    assert short_ref is not None
+    assert find_original(messages, SALT, short_ref) == "<returncode>0</returncode>\nok"
     assert not any("[ref:" in entry for entry in ledger_of(messages, PROFILE).commands)
+
+
+def test_a_command_cut_short_in_the_ledger_names_the_agents_message_by_its_ref() -> None:
+    script = "python3 - <<'EOF'\n" + "".join(
+        f"def helper_{i}(value, *, limit={i}):\n    return value[:limit]\n" for i in range(60)
+    )
+    call = tool_call("c0", "bash", {"command": script})
+    messages = [
+        system("You are an agent."),
+        user("Fix it."),
+        {"role": "assistant", "content": "Writing the helpers.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "<returncode>0</returncode>"},
+    ]
+    (entry,) = ledger_of(messages, PROFILE, salt=SALT).commands
+    refs = REF_PATTERN.findall(entry)
+    assert len(refs) == 2  # the agent's message, then the output
+    whole = find_original(messages, SALT, refs[0])
+    assert whole is not None and "def helper_59(value, *, limit=59)" in whole
+    assert "helper_59" not in entry  # cut in the ledger, whole by its ref
+
+
+def test_the_agents_text_cut_by_the_pruner_ends_with_the_ref_of_the_whole_message() -> None:
+    long_text = "Thinking it through. " + " ".join(f"step_{i}" for i in range(800))
+    messages = [system("s"), user("task"), assistant(long_text), user("go on")]
+    once = prune(messages, 2, 3, PROFILE, salt=SALT).messages
+    cut = message_text(once[2])
+    ref = trailing_ref(cut)
+    assert ref is not None and len(cut) < len(long_text)
+    assert find_original(messages, SALT, ref) == long_text
+    # Pruning again changes nothing; with no salt there is no ref.
+    assert prune(once, 2, 3, PROFILE, salt=SALT).messages[2] is once[2]
+    assert trailing_ref(message_text(prune(messages, 2, 3, PROFILE).messages[2])) is None
 
 
 def test_ledger_refs_survive_rendering_parsing_and_a_fold() -> None:
