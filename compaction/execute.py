@@ -302,13 +302,14 @@ class _Room:
     cap: int  #: tokens the written messages (summaries, turn opener) may take
     profile: Profile  #: with the summary's budget as its ceiling
     llm: bool  #: whether the model may be asked
-    #: Where the verbatim tail starts: ``tail`` unless pruned messages lie
-    #: between the summary and the tail (:func:`_oldest_span`).
-    verbatim: int = -1
+    #: Where the verbatim tail starts when pruned messages lie between the
+    #: summary and it (:func:`_oldest_span`); ``None``: at ``tail``.
+    kept_pruned: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.verbatim < 0:
-            object.__setattr__(self, "verbatim", self.tail)
+    @property
+    def verbatim(self) -> int:
+        """Where the verbatim tail starts."""
+        return self.tail if self.kept_pruned is None else self.kept_pruned
 
 
 def _oldest_span(
@@ -334,21 +335,21 @@ def _oldest_span(
     counts = run.counts(pruned)
     target = run.target - run.growth - NOTE_ROOM
     after = sum(counts[head:])
-    span = 0
+    span = pinned = 0  # the span's tokens, and those of its pinned messages
     for group in groups:
         if group.start < head:
             continue
         if group.start >= tail:
             break
         span += sum(counts[group.start : group.end])
+        pinned += sum(counts[i] for i in pinned_in(messages, group.start, group.end))
         end = group.end
         if end >= tail:
             continue
-        pinned = sum(counts[i] for i in pinned_in(messages, head, end))
         wanted = summary_budget(span - pinned, profile)
         cap = target - head_tokens - (after - span) - pinned
         if cap >= wanted:
-            return _Room(end, cap, _with_ceiling(profile, wanted), llm=True, verbatim=tail)
+            return _Room(end, cap, _with_ceiling(profile, wanted), llm=True, kept_pruned=tail)
     return None
 
 
