@@ -160,6 +160,7 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
         "reserve_tokens": 4_096,
         "keep_recent_tokens": 6_000,
         "summarizer": "llm",
+        "summary_must_pay": False,  # a model asked for every summary
         "tool_result_chars": 1_000_000,  # outputs are condensed, not briefed
     }
     upstream = ResponsesUpstream(
@@ -216,6 +217,7 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
         "reserve_tokens": 8_192,
         "keep_recent_tokens": 12_000,
         "summarizer": "llm",
+        "summary_must_pay": False,  # a model asked for every summary
         "tool_result_chars": 1_000_000,  # results are condensed, not briefed
     }
     work = _workspace(tmp_path, 30, lines=500)  # ~8k tokens a file
@@ -501,6 +503,7 @@ _CHAT_PROFILE = {
     "reserve_tokens": 4_096,
     "keep_recent_tokens": 1_000,
     "summarizer": "llm",
+    "summary_must_pay": False,  # a model asked for every summary
     "precompute_share": 0,  # compacted by the request that crosses the trigger
     "assistant_text_chars": 1_000_000,  # long answers are condensed, not briefed
 }
