@@ -41,6 +41,7 @@ private address → ``local``; Anthropic's API or the Messages dialect →
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 from dataclasses import dataclass
 from typing import Literal
@@ -96,9 +97,13 @@ PRESETS: dict[str, Prices] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def preset_for(preset: str, *, api: str = "chat", host: str = "") -> Prices:
     """The preset ``preset`` names, ``auto`` resolved by the upstream's ``host``
-    and the request's ``api`` (``chat``, ``anthropic``, ``responses``)."""
+    and the request's ``api`` (``chat``, ``anthropic``, ``responses``).
+
+    Asked on every request, of a handful of hosts: remembered (telling an
+    address from a name costs an exception each time)."""
     if preset != "auto":
         return PRESETS[preset]
     if _is_local(host):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 from typing import Any
 from urllib.parse import urlsplit
@@ -102,8 +103,7 @@ class Call:
     def prices(self) -> Prices:
         """The prices of the request's upstream (the host its URL names), for its
         model and API: those of its answer, its summaries and the estimates."""
-        host = urlsplit(self.base_url).hostname or ""
-        return self.config.profile.prices(api=self.dialect.name, host=host)
+        return self.config.profile.prices(api=self.dialect.name, host=_host(self.base_url))
 
     def summarizer(self) -> UpstreamSummarizer:
         """The llm summarizer, asked in the request's own API with its own key."""
@@ -163,6 +163,12 @@ class Call:
         if mapped is None or self.original is None:
             return {**self.body, "messages": resolved.messages}
         return self.dialect.from_engine(self.original, mapped, resolved.messages)
+
+
+@functools.lru_cache(maxsize=64)
+def _host(url: str) -> str:
+    """The host ``url`` names: the few upstream URLs of the configuration, split once."""
+    return urlsplit(url).hostname or ""
 
 
 @dataclasses.dataclass(frozen=True)
