@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from config import settings_reference
@@ -10,6 +11,7 @@ from proxy.cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
+README = (ROOT / "README.md").read_text()
 #: The README and every page under docs/, as one text: a flag may be
 #: documented on whichever page describes its command.
 DOCUMENTATION = "\n".join(
@@ -40,3 +42,15 @@ def test_every_cli_command_and_flag_is_documented() -> None:
                 for flag in option.option_strings:
                     if flag.startswith("--") and flag != "--help":
                         assert flag in DOCUMENTATION, f"{name} {flag}"
+
+
+def test_the_readme_installs_the_agent_clis_ci_installs() -> None:
+    """The real-client tests skip without the agent CLIs: the README says how
+    to install the very versions CI runs them with."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = ci.replace("\\\n", " ")  # the install's continued lines as one
+    found = re.search(r"npm install --prefix \.ci/clients .*?((?:@[\w./-]+@[\w.]+\s+)+)", command)
+    assert found, "no agent CLI install in .ci/run"
+    packages = found.group(1).split()
+    line = "npm install --prefix .ci/clients " + " ".join(packages)
+    assert line in README

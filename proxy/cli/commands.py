@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -61,10 +62,21 @@ def _budget_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-count", type=int, metavar="N")
 
 
+def _installed_version() -> str:
+    """The installed distribution's version (what a bug report should name)."""
+    try:
+        return importlib.metadata.version("compaction-proxy")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="compaction-proxy",
         description="Keep long chat conversations inside a model's context window.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"compaction-proxy {_installed_version()}"
     )
     commands = parser.add_subparsers(dest="command", required=True)
 

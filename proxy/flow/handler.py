@@ -75,6 +75,8 @@ from proxy.state.stores import EMPTY_STREAM_STATUS
 from proxy.upstream.transport import UpstreamResponse
 
 logger = logging.getLogger(REQUESTS)
+#: Summaries asked of a model and not used: beside the request's one line.
+summaries_log = logging.getLogger("compaction_proxy.summaries")
 
 # --- the handler -----------------------------------------------------------
 
@@ -510,6 +512,18 @@ def _finish(
         fields["error"] = error
     if rereads:
         fields["rereads"] = rereads.count
+    result = resolved.result
+    if result.summarizer_calls and result.summarizer_used == "extractive":
+        # The model was asked and its summary not used (refused by the
+        # checks, or the call failed): said here, where an operator reads; the
+        # reason quotes the conversation, so only with --log-content.
+        fields["summary_refused"] = True
+        found = {"model": fields["model"], "session": resolved.session}
+        if call.state.settings.server.log_content:
+            found["why"] = "; ".join(n for n in result.notes if "llm summar" in n)[:1000]
+        summaries_log.warning(
+            "model summary not used; the extractive one was", extra={"fields": found}
+        )
     fields = {"api": call.dialect.name, **fields, **bill.fields()}
     if call.state.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -546,3 +547,9 @@ def test_inspect_shows_the_window_its_source_the_limit_and_the_trigger_apart() -
     )
     text = beta.stdout.decode()
     assert "context window   1,000,000   (asked for by the client's anthropic-beta header)" in text
+
+
+def test_version_names_the_installed_distribution() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == f"compaction-proxy {version('compaction-proxy')}"
