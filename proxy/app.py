@@ -204,7 +204,7 @@ def create_app(
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
-        return error_response(exc)
+        return error_response(exc, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_parameters(request: Request, exc: RequestValidationError) -> Response:
@@ -212,14 +212,14 @@ def create_app(
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "query")
         message = f"Invalid {where or 'request'}: {first.get('msg', 'not valid')}."
-        return error_response(BadRequest(message, param=where or None))
+        return error_response(BadRequest(message, param=where or None), path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         error = ProxyError(str(exc.detail), code="not_found" if exc.status_code == 404 else None)
         error.status = exc.status_code
         error.type = "invalid_request_error"
-        return error_response(error)
+        return error_response(error, path=request.url.path)
 
     @app.get("/metrics")
     async def metrics_endpoint(request: Request) -> Response:
@@ -423,8 +423,9 @@ class ChatRoute:
             requests_log.info("chat", extra={"fields": {"client": "gone"}})
             return
         except ProxyError as exc:
-            response = error_response(exc)
+            response = error_response(exc, path=scope["path"])
         except Exception:
             logger.exception("chat request failed")
-            response = error_response(ProxyError("The proxy failed to handle this request."))
+            failed = ProxyError("The proxy failed to handle this request.")
+            response = error_response(failed, path=scope["path"])
         await response(scope, receive, send)

@@ -124,13 +124,13 @@ class BodyLimit:
             if not replaced:
                 await send(message)
             elif message["type"] == "http.response.start" and refused is not None:
-                await _answer(refused, send)
+                await _answer(refused, send, scope.get("path", ""))
 
         await self.app(scope, bounded, answered)
 
 
-async def _answer(error: PayloadTooLarge, send: Send) -> None:
-    body = error.json_bytes()
+async def _answer(error: PayloadTooLarge, send: Send, path: str) -> None:
+    body = error.json_bytes(path)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

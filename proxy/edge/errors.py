@@ -1,4 +1,5 @@
-"""Errors the proxy answers itself, in OpenAI's error shape.
+"""Errors the proxy answers itself, in OpenAI's error shape (Anthropic's on
+its Messages routes).
 
     ProxyError                  status + OpenAI-shaped body
      ├── BadRequest      400    the body is not a chat request we can read
@@ -46,8 +47,34 @@ class ProxyError(Exception):
             }
         }
 
-    def json_bytes(self) -> bytes:
-        return orjson.dumps(self.body())
+    def anthropic_body(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape, for its Messages API."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def json_bytes(self, path: str = "") -> bytes:
+        """The body of the answer to a request for ``path``: in the shape of the
+        API the client speaks there (Anthropic's on its Messages routes, a
+        client's SDK reads nothing else), OpenAI's everywhere else."""
+        return orjson.dumps(self.anthropic_body() if anthropic_path(path) else self.body())
+
+
+#: Anthropic's error types, by the status they come with.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def anthropic_path(path: str) -> bool:
+    """Whether ``path`` is one of Anthropic's Messages routes (``/v1/messages``,
+    ``/v1/messages/count_tokens``), whose clients read Anthropic's error shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
 class BadRequest(ProxyError):

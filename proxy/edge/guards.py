@@ -69,8 +69,8 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
-async def _refuse(error: ProxyError, send: Send) -> None:
-    body = error.json_bytes()
+async def _refuse(error: ProxyError, send: Send, path: str = "") -> None:
+    body = error.json_bytes(path)
     await send(
         {
             "type": "http.response.start",
@@ -179,7 +179,7 @@ class ProxyKeyGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not _may_pass(scope):
-            await _refuse(Unauthorized("A valid proxy key is required."), send)
+            await _refuse(Unauthorized("A valid proxy key is required."), send, scope["path"])
             return
         await self.app(scope, receive, send)
 
@@ -231,7 +231,7 @@ class Edge:
         if self.hosts is not None:
             host = _host_name(presented.host.lower())
             if host not in self.hosts:
-                await _refuse(Forbidden(f"Host {host!r} is not allowed."), send)
+                await _refuse(Forbidden(f"Host {host!r} is not allowed."), send, scope["path"])
                 return
         scope = {**scope, PROXY_KEY_PRESENTED: presented.proxy_key}
         if presented.kept is not None:
@@ -246,9 +246,9 @@ class Edge:
                 "list it in server.cors_origins to allow it.",
                 code="forbidden_origin",
             )
-            await _refuse(error, send)
+            await _refuse(error, send, scope["path"])
             return
         if self.check_key and not _may_pass(scope):
-            await _refuse(Unauthorized("A valid proxy key is required."), send)
+            await _refuse(Unauthorized("A valid proxy key is required."), send, scope["path"])
             return
         await self.app(scope, receive, send)

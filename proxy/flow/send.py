@@ -246,7 +246,7 @@ class Relay(Response):
                 except BodyLost as exc:
                     error = upstream_error(exc)
                     _log_failure(error, shown_url(upstream.url), f"upstream answer broke: {exc}")
-                    await error_response(error)(scope, receive, send)
+                    await error_response(error, path=scope.get("path", ""))(scope, receive, send)
                     return
                 await self._whole(body, scope, send)
                 return
@@ -364,9 +364,12 @@ def relay_bytes(
     return response
 
 
-def error_response(error: ProxyError, extra_headers: Mapping[str, str] | None = None) -> Response:
+def error_response(
+    error: ProxyError, extra_headers: Mapping[str, str] | None = None, *, path: str = ""
+) -> Response:
+    """``error`` answered to a request for ``path``, in that API's error shape."""
     return Response(
-        error.json_bytes(),
+        error.json_bytes(path),
         status_code=error.status,
         media_type="application/json",
         headers=dict(extra_headers or {}),
