@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import socket
 from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 
@@ -194,8 +195,29 @@ def startup_line(settings: Settings) -> str:
     return line
 
 
+class CannotListen(OSError):
+    """The address to serve on cannot be bound (in use, not this machine's, …)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket ``serve`` listens on, bound before anything starts: a port in
+    use is said at once, in one line, rather than after the app started up."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        raise CannotListen(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(settings: Settings, *, log_level: str = "info") -> None:
     logs.configure(log_level, settings.server.log_format)
+    sock = listening_socket(settings.server.host, settings.server.port)
     logging.getLogger("compaction_proxy").info("%s", startup_line(settings))
     app = create_app(settings)
     # What importing left behind lives as long as the process: set apart from
@@ -205,7 +227,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
     # an app made in a test must stay collectable.
     gc.collect()
     gc.freeze()
-    _Server(server_config(settings, app, log_level=log_level)).run()
+    _Server(server_config(settings, app, log_level=log_level)).run(sockets=[sock])
 
 
 class _Server(uvicorn.Server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -553,3 +554,14 @@ def test_version_names_the_installed_distribution() -> None:
     done = run_cli("--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode().strip() == f"compaction-proxy {version('compaction-proxy')}"
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting_anything() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("serve", "--port", str(port))
+    assert done.returncode == 2
+    said = done.stderr.decode().strip().splitlines()
+    assert said == [f"compaction-proxy: cannot listen on 127.0.0.1:{port}: Address already in use"]
