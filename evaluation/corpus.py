@@ -17,10 +17,8 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.anthropic import ANTHROPIC
-from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
-from proxy.dialects.responses import RESPONSES
+from proxy.dialects.shapes import dialect_of
 
 
 @dataclass(frozen=True)
@@ -30,19 +28,6 @@ class Body:
     name: str  #: its path under the folder
     api: str  #: "chat", "anthropic" or "responses"
     request: dict[str, Any]  #: model, messages, tools, max_tokens
-
-
-def dialect_of(body: dict[str, Any]) -> Dialect:
-    if "input" in body and "messages" not in body:
-        return RESPONSES
-    if "system" in body or any(
-        isinstance(block, dict) and block.get("type") in ("tool_use", "tool_result")
-        for message in body.get("messages") or ()
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for block in message["content"]
-    ):
-        return ANTHROPIC
-    return CHAT
 
 
 def read_bodies(folder: Path, names: set[str] | None = None) -> Iterator[Body]:

@@ -294,11 +294,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _eval(args)
         if args.command in ("sessions", "show"):
             return _dashboard(args)
-        request = read_request(args.file)
+        request = read_request(args.file, any_api=args.command == "inspect")
         config = _model_config(args, request.model)
         if args.command == "inspect":
             config = with_client_window(config, args.anthropic_beta)
-            print(render_inspection(request.body, config, top=args.top))
+            print(render_inspection(request.body, config, top=args.top, api=request.api))
             return EXIT_OK
         return asyncio.run(_run_compact(args, request, config))
     except CannotFitError as exc:

@@ -32,6 +32,13 @@ WINDOW_SOURCES = {
 }
 
 
+_API_NAMES = {
+    "chat": "Chat Completions",
+    "anthropic": "Anthropic Messages (read as the proxy maps it)",
+    "responses": "OpenAI Responses (read as the proxy maps it)",
+}
+
+
 def _describe_group(messages: list[dict[str, Any]], start: int) -> str:
     opener = messages[start]
     calls = tool_calls(opener)
@@ -47,8 +54,11 @@ def _describe_group(messages: list[dict[str, Any]], start: int) -> str:
     return str(opener.get("role"))
 
 
-def render_inspection(body: dict[str, Any], config: ModelConfig, *, top: int = 10) -> str:
-    """A plain-text report: budget, tokens by role and group, head/tail, pairing."""
+def render_inspection(
+    body: dict[str, Any], config: ModelConfig, *, top: int = 10, api: str = "chat"
+) -> str:
+    """A plain-text report: budget, tokens by role and group, head/tail, pairing;
+    ``body`` in the engine's view (another ``api``'s mapped as the proxy maps it)."""
     messages: list[dict[str, Any]] = body["messages"]
     profile = config.profile
     counter = TokenCounter(config.model, image_tokens=profile.image_tokens)
@@ -67,6 +77,7 @@ def render_inspection(body: dict[str, Any], config: ModelConfig, *, top: int = 1
     )
     lines = [
         f"model            {config.model or '(none)'}  (tokenizer {counter.encoding_name})",
+        f"api              {_API_NAMES.get(api, api)}",
         f"context window   {budget.context_window:,}   ({WINDOW_SOURCES[config.window_source]})",
         f"input limit      {budget.input_limit:,}   (the window less the reserve "
         f"{budget.reserve:,} for the reply{margin})",

@@ -1,4 +1,5 @@
-"""Reading a chat-completions request body from a file or stdin, for the CLI."""
+"""Reading a request body from a file or stdin, for the CLI: a chat-completions
+body, or (for ``inspect``) one of another API, seen as the proxy maps it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import orjson
 
 from compaction import InvalidMessagesError, check_messages
+from proxy.dialects.shapes import dialect_of
+from proxy.edge.errors import ProxyError
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,8 @@ class RequestFile:
     raw: bytes
     body: dict[str, Any]
     bare_array: bool
+    #: The API the file was written for (``chat`` unless read with ``any_api``).
+    api: str = "chat"
 
     @property
     def model(self) -> str | None:
@@ -33,14 +38,26 @@ class RequestFile:
         return {**self.body, "messages": messages}
 
 
-def read_request(path: str) -> RequestFile:
-    """Read and check a request body; raise ``OSError`` or ``InvalidMessagesError``."""
+def read_request(path: str, *, any_api: bool = False) -> RequestFile:
+    """Read and check a request body; raise ``OSError`` or ``InvalidMessagesError``.
+
+    With ``any_api``, an Anthropic Messages or a Responses body is read too, as
+    the proxy maps it to the engine (tool calls and results with their names):
+    the body of the file is then that view of it, and ``api`` says which it was.
+    """
     source = "stdin" if path == "-" else path
     raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidMessagesError(source, f"not valid JSON ({exc})") from exc
+    api = "chat"
+    if any_api and isinstance(data, dict) and ("messages" in data or "input" in data):
+        dialect = dialect_of(data)
+        try:
+            data, api = dialect.to_engine(data).request, dialect.name
+        except ProxyError as exc:
+            raise InvalidMessagesError(source, exc.message) from exc
     if isinstance(data, list):
         body, bare = {"messages": data}, True
     elif isinstance(data, dict):
@@ -53,4 +70,4 @@ def read_request(path: str) -> RequestFile:
         check_messages(body["messages"])
     except InvalidMessagesError as exc:
         raise InvalidMessagesError(f"{source}: {exc.where}", exc.problem) from exc
-    return RequestFile(source, raw, body, bare)
+    return RequestFile(source, raw, body, bare, api)

@@ -7,6 +7,8 @@ One folder per API, the shared contract beside them:
   machinery every dialect shares;
 - ``recall.py``: the recall contract, what each API answers for the tool the
   proxy adds; ``sse.py``: the one SSE splitter and writer, framing every event;
+  ``shapes.py``: which API a body read from a file is written for (no route
+  says it there);
 - ``chat/`` (Chat Completions, the engine's own format), ``anthropic/``
   (``POST /v1/messages``) and ``responses/`` (``POST /v1/responses``): each
   holds its dialect in ``dialect.py`` and its side of recall in

@@ -21,7 +21,7 @@ PROXY = ROOT / "proxy"
 TOP_LEVEL_MODULES = {"__init__.py", "app.py"}
 STAGES = {"edge", "flow", "session", "dialects", "upstream", "state", "api", "ui", "cli"}
 #: What proxy/dialects/ holds beside one folder per API: the contracts they share.
-DIALECT_CONTRACTS = {"__init__.py", "base.py", "recall.py", "sse.py"}
+DIALECT_CONTRACTS = {"__init__.py", "base.py", "recall.py", "shapes.py", "sse.py"}
 
 
 def _module_name(path: Path) -> str:

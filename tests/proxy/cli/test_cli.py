@@ -565,3 +565,55 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting_anything() -
     assert done.returncode == 2
     said = done.stderr.decode().strip().splitlines()
     assert said == [f"compaction-proxy: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+ANTHROPIC_BODY = {
+    "model": "claude-sonnet-4-5",
+    "max_tokens": 1024,
+    "system": "You are Claude Code.",
+    "messages": [
+        {"role": "user", "content": "Fix app.py"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "tu1", "name": "Read", "input": {"file_path": "app.py"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "x = 1\n" * 200}],
+        },
+    ],
+}
+RESPONSES_BODY = {
+    "model": "gpt-5",
+    "input": [
+        {"role": "user", "content": "Fix app.py"},
+        {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "shell",
+            "arguments": json.dumps({"cmd": "cat app.py"}),
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": "x = 1\n" * 200},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "api", "call"),
+    [
+        (ANTHROPIC_BODY, "Anthropic Messages", "Read(app.py)"),
+        (RESPONSES_BODY, "OpenAI Responses", "shell(cat app.py)"),
+    ],
+)
+def test_inspect_reads_other_apis_as_the_proxy_maps_them(
+    tmp_path: Path, body: dict[str, Any], api: str, call: str
+) -> None:
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(body))
+    done = run_cli("inspect", str(path))
+    assert done.returncode == 0, done.stderr
+    report = done.stdout.decode()
+    assert api in report
+    assert f"assistant → {call}" in report  # the tool call, named
