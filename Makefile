@@ -42,10 +42,15 @@ bench: $(TEST_STAMP)
 	BENCH_COMMAND="make bench" $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 # Scores what compaction keeps of every fixture at 8k/16k/32k for each
-# strategy (extractive, offline); writes evaluation/RESULTS.md.
+# strategy (extractive, offline); prints the tables and writes them to
+# EVAL_OUTPUT, in build/ (ignored by git) unless told otherwise: the committed
+# evaluation/RESULTS.md is updated on purpose, with
+# make eval EVAL_OUTPUT=evaluation/RESULTS.md.
 EVAL_FIXTURES ?= ../shared/fixtures
+EVAL_OUTPUT ?= build/eval/RESULTS.md
 eval: $(STAMP)
-	$(BIN)/compaction-proxy eval $(EVAL_FIXTURES) --output evaluation/RESULTS.md $(EVAL_ARGS)
+	mkdir -p $(dir $(EVAL_OUTPUT))
+	$(BIN)/compaction-proxy eval $(EVAL_FIXTURES) --output $(EVAL_OUTPUT) $(EVAL_ARGS)
 
 # Replays the fixture sessions turn by turn through a real `serve` in front of a
 # loopback upstream that simulates a provider's prompt cache, and prints what

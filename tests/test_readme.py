@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from config import settings_reference
@@ -54,3 +55,18 @@ def test_the_readme_installs_the_agent_clis_ci_installs() -> None:
     packages = found.group(1).split()
     line = "npm install --prefix .ci/clients " + " ".join(packages)
     assert line in README
+
+
+def test_make_eval_leaves_the_committed_results_alone_by_default() -> None:
+    """A user's make eval writes where git does not look; the committed
+    evaluation/RESULTS.md changes only when asked to."""
+    makefile = (ROOT / "Makefile").read_text()
+    found = re.search(r"^EVAL_OUTPUT \?= (\S+)$", makefile, re.MULTILINE)
+    assert found, "make eval names no default output"
+    output = found.group(1)
+    assert "--output $(EVAL_OUTPUT)" in makefile
+    assert output != "evaluation/RESULTS.md"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", output], cwd=ROOT, check=False
+    ).returncode
+    assert ignored == 0, f"{output} is not ignored by git"
