@@ -450,14 +450,16 @@ class RecallRelay(Response):
             if rounds.exhausted or not calls:
                 rounds.count("limit", len(calls))
                 await self._error(
-                    send, f"The upstream went on calling {RECALL_TOOL_NAME} past the limit."
+                    send,
+                    f"The upstream went on calling {RECALL_TOOL_NAME} past the limit.",
+                    RecallLimit.code,
                 )
                 return True
             try:
                 body = rounds.follow(answer, calls)
                 self.upstream = await self._send_upstream(body)
             except ProxyError as exc:
-                await self._error(send, exc.message)
+                await self._error(send, exc.message, exc.code or "recall_failed")
                 return True
             if self.upstream.status != 200:
                 detail = (await _read_quietly(self.upstream))[:500].decode("utf-8", "replace")
@@ -495,8 +497,11 @@ class RecallRelay(Response):
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
 
-    async def _error(self, send: Send, message: str) -> None:
-        event = self.call.dialect.error_event(message, "recall_failed")
+    async def _error(self, send: Send, message: str, code: str = "recall_failed") -> None:
+        """The stream ends with the API's error event: ``recall_limit`` when the
+        model went on recalling past the last round (what a whole answer's 502
+        says too), ``recall_failed`` when a round could not be asked."""
+        event = self.call.dialect.error_event(message, code)
         await send({"type": "http.response.body", "body": event, "more_body": True})
 
 

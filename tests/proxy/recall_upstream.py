@@ -44,6 +44,8 @@ class RecallUpstream:
     ref: str | None = None
     #: Call the tool whenever the request lets the model call tools.
     always: bool = False
+    #: ... and even when it says to call none (a model that does not listen).
+    stubborn: bool = False
     #: What the model writes in the turn that calls the tool (whole answers).
     turn_text: str | None = None
     #: Every request, parsed, in order, with its API ("chat", "anthropic", "responses").
@@ -64,6 +66,7 @@ class RecallUpstream:
 
     def _decide(self, conversation: bytes, offered: bool, allowed: bool, result: str | None) -> Any:
         """``("call", ref)`` or ``("text", text)``."""
+        allowed = allowed or self.stubborn
         if result is not None and not (self.always and allowed):
             lines = result.splitlines() or [""]
             line = next((x for x in lines if "needle" in x), lines[0])

@@ -363,3 +363,28 @@ def test_a_calling_turn_too_long_for_the_recall_room_is_refused_not_sent_over_th
     assert answer.status_code == 502
     assert "recall_limit" in answer.text or "compaction_recall" in answer.text
     assert len(upstream.turns()) == 1  # nothing was sent past the room
+
+
+def test_a_responses_stream_past_the_round_limit_ends_as_a_failed_response() -> None:
+    """A model that goes on recalling when told to call no tool: the stream ends
+    with the error event, code recall_limit (what a whole answer's 502 says), and
+    response.failed — the event a client waiting for the Response's end reads
+    as a failure, not as a stream cut short to retry."""
+    api = next(api for api in APIS if api.name == "responses")
+    upstream = RecallUpstream(always=True, stubborn=True)
+    with proxy_for(upstream, recall_rounds=1) as url:
+        answer = httpx.post(
+            f"{url}/{PATHS[api.name]}",
+            json={**api.request(), "stream": True},
+            headers={"authorization": "Bearer sk-alice"},
+            timeout=30,
+        )
+    events = [
+        orjson.loads(line[len("data: ") :])
+        for line in answer.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    error, failed = events[-2], events[-1]
+    assert error["type"] == "error" and error["code"] == "recall_limit"
+    assert failed["type"] == "response.failed"
+    assert failed["response"]["error"]["code"] == "recall_limit"

@@ -51,10 +51,27 @@ def response_events(model: str, text: str) -> Iterator[bytes]:
 
 
 def error_event(message: str, code: str) -> bytes:
-    """The API's ``error`` event: the SDK raises it as an APIError with its code."""
+    """How a stream the proxy cannot finish ends: the API's ``error`` event (the
+    SDK raises it as an APIError with its code), then ``response.failed``, the
+    event that ends a Response that failed — a client that waits for
+    ``response.completed`` or ``response.failed`` (Codex) is told the answer
+    failed, rather than that the stream closed early (which it retries)."""
+    error = {"code": code, "message": message}
+    failed = {
+        "type": "response.failed",
+        "response": {
+            "id": "resp_proxy_error",
+            "object": "response",
+            "created_at": 0,
+            "status": "failed",
+            "error": error,
+            "incomplete_details": None,
+            "output": [],
+        },
+    }
     return sse.json_frame(
         {"type": "error", "code": code, "message": message, "param": None}, "error"
-    )
+    ) + sse.json_frame(failed, "response.failed")
 
 
 def _output_message(text: str) -> dict[str, Any]:

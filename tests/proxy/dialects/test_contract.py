@@ -124,7 +124,15 @@ def _responses_text(answer: Answer, stream: bool) -> str:
 def _responses_error(answer: Answer) -> tuple[str, str | None]:
     events = list(_openai(answer).responses.create(model="m", input="/compact", stream=True))
     errors = [e for e in events if e.type == "error"]
-    assert len(errors) == 1 and events[-1] is errors[0]
+    # The error, then the event that ends a failed Response, saying the same.
+    assert len(errors) == 1 and events[-2] is errors[0]
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.status == "failed"
+    assert failed.response.error is not None
+    assert (failed.response.error.message, failed.response.error.code) == (
+        errors[0].message,
+        errors[0].code,
+    )
     return errors[0].message, errors[0].code
 
 
@@ -158,7 +166,10 @@ APIS = [
         RESPONSES,
         _responses_text,
         _responses_error,
-        b'event: error\ndata: {"type":"error","code":"c","message":"m","param":null}\n\n',
+        b'event: error\ndata: {"type":"error","code":"c","message":"m","param":null}\n\n'
+        b'event: response.failed\ndata: {"type":"response.failed","response":{"id":'
+        b'"resp_proxy_error","object":"response","created_at":0,"status":"failed","error":'
+        b'{"code":"c","message":"m"},"incomplete_details":null,"output":[]}}\n\n',
     ),
 ]
 EACH_API = pytest.mark.parametrize("api", APIS, ids=[api.dialect.name for api in APIS])
