@@ -15,6 +15,10 @@ plan (:func:`compaction.execute.execute`); the policy lives here:
       trigger = min(⌊min(threshold, L) × scale⌋, limit)
 
 * **the trigger** — a request within it is forwarded (over its checkpoint);
+* **the plan** (:mod:`compaction.plan`) — how deep a compaction goes (its
+  fill, :attr:`Decision.target`), whether a model's summary pays for itself
+  (else the extractive one), and whether a session whose cache went cold is
+  compacted before its trigger;
 * **the progress guard** — a span whose last compaction barely shrank the
   request (:func:`made_progress`) is not summarized again until new messages
   outgrow the tail;
