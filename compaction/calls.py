@@ -43,10 +43,12 @@ _SHOWS_FILES = re.compile(
 
 
 def parse_arguments(arguments: str) -> Any:
-    """A tool call's ``arguments`` decoded from JSON, or ``None`` when they are not JSON."""
+    """A tool call's ``arguments`` decoded from JSON, or ``None`` when they are not
+    JSON — or nested deeper than Python's recursion allows (a client's or a
+    model's text: one made of ``[`` alone must not end the request in a 500)."""
     try:
         return json.loads(arguments) if arguments else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

@@ -145,7 +145,7 @@ def parse_request(arguments: str) -> RecallRequest | str:
         return f"The arguments are too long ({len(arguments):,} characters). {usage}"
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the recursion is no call either
         return f"The arguments are not valid JSON. {usage}"
     if not isinstance(parsed, dict):
         return f"The arguments must be a JSON object. {usage}"

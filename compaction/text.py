@@ -206,7 +206,9 @@ def shrink_arguments(arguments: str, limit: int) -> str:
     try:
         parsed = json.loads(arguments, parse_constant=_reject_constant)
         candidate = _dumps(_shrink_json(parsed, limit))
-    except ValueError:  # not JSON, or values JSON cannot write back (1e400 → inf)
+    except (ValueError, RecursionError):
+        # Not JSON, values JSON cannot write back (1e400 → inf), or nested
+        # deeper than the recursion allows: cut as plain text.
         pass
     else:
         return candidate if len(candidate) < len(arguments) else arguments

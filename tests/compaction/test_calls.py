@@ -37,3 +37,10 @@ def test_shows_files_tells_reading_from_running() -> None:
     assert not shows_files(_call("bash", command="sed -i 's/a/b/' a.py"))
     assert not shows_files(_call("search", query="flights"))
     assert not shows_files(None)
+
+
+def test_arguments_nested_past_the_recursion_are_not_json() -> None:
+    from compaction.calls import parse_arguments
+
+    assert parse_arguments("[" * 5_000) is None
+    assert parse_arguments('{"a": ' * 3_000 + "1" + "}" * 3_000) is None

@@ -464,3 +464,8 @@ def test_every_ref_in_a_compacted_request_resolves_against_the_request_sent(
     assert messages == snapshot
     for ref in _refs(result.messages):
         assert find_original(messages, salt, ref) is not None, ref
+
+
+def test_a_call_nested_past_the_recursion_is_told_it_is_not_json() -> None:
+    told = parse_request("[" * 1_500)  # under the length bound
+    assert isinstance(told, str) and "not valid JSON" in told

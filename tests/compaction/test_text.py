@@ -111,3 +111,12 @@ def test_a_clients_reminders_are_taken_out_of_a_user_message() -> None:
 @given(st.lists(st.sampled_from(["<system-reminder>", "</system-reminder>", "ask", "\n"])))
 def test_what_is_left_of_a_user_message_holds_no_reminder_opener(parts: list[str]) -> None:
     assert "<system-reminder>" not in without_reminders("".join(parts))
+
+
+def test_arguments_nested_past_the_recursion_are_cut_as_plain_text() -> None:
+    from compaction.text import shrink_arguments
+
+    deep = "[" * 5_000 + "]" * 5_000
+    cut = shrink_arguments(deep, 200)
+    assert len(cut) <= 200 and cut.startswith("[[[")
+    assert shrink_arguments(cut, 200) == cut
