@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from compaction.calls import call_for_result, key_argument, shows_files
+from compaction.calls import call_for_result, key_argument, parse_arguments, shows_files
 from tests.conftest import assistant, tool_group, user
 
 
@@ -40,7 +40,5 @@ def test_shows_files_tells_reading_from_running() -> None:
 
 
 def test_arguments_nested_past_the_recursion_are_not_json() -> None:
-    from compaction.calls import parse_arguments
-
     assert parse_arguments("[" * 5_000) is None
     assert parse_arguments('{"a": ' * 3_000 + "1" + "}" * 3_000) is None

@@ -114,8 +114,6 @@ def test_what_is_left_of_a_user_message_holds_no_reminder_opener(parts: list[str
 
 
 def test_arguments_nested_past_the_recursion_are_cut_as_plain_text() -> None:
-    from compaction.text import shrink_arguments
-
     deep = "[" * 5_000 + "]" * 5_000
     cut = shrink_arguments(deep, 200)
     assert len(cut) <= 200 and cut.startswith("[[[")
