@@ -1,6 +1,6 @@
 """Checkpoints: remembering a compaction so the next request can reuse it.
 
-Pure functions and data; the proxy's store does the I/O (DESIGN.md §7).
+Pure functions and data; the proxy's store does the I/O (docs/state.md).
 
 A client resends its whole history on every request. A checkpoint records
 that the first ``covered`` messages after the head were replaced by

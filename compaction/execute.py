@@ -1,5 +1,5 @@
 """Carry out a compaction that :func:`compaction.decide.decide` asked for:
-prune → condense → truncate, on the whole middle (DESIGN.md §5); with the
+prune → condense → truncate, on the whole middle (docs/compaction.md, "The stages"); with the
 ``mask`` and ``hybrid`` strategies, mask → (condense) → truncate
 (:mod:`compaction.strategies`).
 

@@ -3,7 +3,7 @@
 The condenser appends these lists to every summary as ``<read-files>`` and
 ``<modified-files>`` blocks, so that after a compaction the model still knows
 what it has looked at and changed. They are computed from the tool calls
-alone (DESIGN.md §5.2), deterministically, and carried over from one summary
+alone (docs/compaction.md, "The stages"), deterministically, and carried over from one summary
 to the next:
 
 * a tool whose name contains a "modify" word of the profile (``edit_file``,

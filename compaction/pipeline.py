@@ -1,4 +1,4 @@
-"""One call for one request: read → decide → execute (DESIGN.md §5).
+"""One call for one request: read → decide → execute (docs/compaction.md, "The stages").
 
 :func:`compact` is the library's simplest entry point, for a caller with no
 store: it reads the conversation once (:mod:`compaction.conversation`),

@@ -11,7 +11,7 @@ always allowed for an optional field). ``config/`` derives the [compaction]
 and [models."…"] settings and the settings table of docs/configuration.md from these
 declarations.
 
-The budget (DESIGN.md §3)::
+The budget (docs/compaction.md, "The budget")::
 
     R_eff   = max(min(R, W // 4), requested_output)
     L       = W - R_eff                       input limit: nothing leaves above it
@@ -55,7 +55,8 @@ DEFAULT_PLAN_SLACK = 0.5
 
 #: With the llm summarizer, the summary the next compaction needs is prepared
 #: in the background once a request passes this share of its trigger, so that
-#: the turn crossing the trigger does not wait for a model (DESIGN.md §10).
+#: the turn crossing the trigger does not wait for a model (docs/compaction.md,
+#: "The `llm` summarizer").
 DEFAULT_PRECOMPUTE_SHARE = 0.8
 
 #: How the middle is made smaller (see :mod:`compaction.strategies`).
@@ -478,7 +479,7 @@ def requested_output_tokens(request: Mapping[str, Any]) -> int:
 
 
 def compute_budget(profile: Profile, requested_output: int = 0) -> Budget:
-    """Apply DESIGN.md §3 to one request.
+    """Apply the budget (docs/compaction.md, "The budget") to one request.
 
     ``L`` can come out at or below zero when the client asks for more output
     than the window holds; the pipeline then reports that the head cannot fit.

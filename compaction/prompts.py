@@ -9,7 +9,7 @@ not continue it, and tool results are cut so the prompt itself stays small —
 keeping their error lines, exit status, command and file paths
 (:func:`~compaction.text.clip_keeping`), which the summary must quote.
 Earlier summaries travel as ``<previous-summary>`` blocks to be updated, never
-re-summarized as ordinary text (DESIGN.md §5.2).
+re-summarized as ordinary text (docs/compaction.md, "The stages").
 """
 
 from __future__ import annotations

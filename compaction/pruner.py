@@ -1,4 +1,4 @@
-"""Stage 1: the pruner — zero cost, deterministic, idempotent (DESIGN.md §5.1).
+"""Stage 1: the pruner — zero cost, deterministic, idempotent (docs/compaction.md, "The stages").
 
 Shrinks the bulky parts of the middle without calling a model:
 
@@ -19,7 +19,7 @@ Shrinks the bulky parts of the middle without calling a model:
 Every rewrite lands at or below the threshold that triggered it, so pruning a
 pruned message changes nothing: the same history always prunes to the same
 bytes, which keeps upstream prompt caches hitting between compactions
-(DESIGN.md §7). Pure functions; the input is never mutated.
+(docs/state.md). Pure functions; the input is never mutated.
 """
 
 from __future__ import annotations

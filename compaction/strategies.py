@@ -43,7 +43,7 @@ often the very line that mattered (``File edited.``, one error).
 
 Masking a masked conversation changes nothing (a placeholder is shorter than
 :data:`MASK_MIN_CHARS`), so the same history always masks to the same bytes,
-which keeps upstream prompt caches hitting (DESIGN.md §7). Pure functions;
+which keeps upstream prompt caches hitting (docs/state.md). Pure functions;
 the input is never mutated.
 """
 

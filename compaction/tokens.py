@@ -5,7 +5,7 @@ message, keyed by a hash of the message's canonical JSON, in a bounded LRU: a
 warm request only tokenizes what is new. Counting is thread-safe so large
 requests can be counted off the event loop.
 
-What is counted (DESIGN.md §3–4): every message with OpenAI's per-message
+What is counted (docs/compaction.md, "Token counting"): every message with OpenAI's per-message
 overhead (3 tokens, +1 for a ``name``), text parts, images at a fixed cost,
 tool calls, the ``tools`` / ``functions`` schemas, ``response_format``, and 3
 tokens priming the reply.

@@ -1,4 +1,4 @@
-"""Stage 3: hard truncation — the guarantee (DESIGN.md §5.3).
+"""Stage 3: hard truncation — the guarantee (docs/compaction.md, "The stages").
 
 Whatever comes in leaves at or below ``limit`` tokens, or
 :class:`~compaction.errors.CannotFitError` names the part that cannot::

@@ -1,6 +1,6 @@
 """Build :class:`Settings` from its sources and explain what is wrong with them.
 
-Sources, highest first (DESIGN.md §8)::
+Sources, highest first (docs/configuration.md)::
 
     overrides      load_settings(**overrides): the CLI's flags, as nested dicts
     environment    COMPACTION_PROXY_SERVER__PORT=9000, COMPACTION_PROXY_MODELS='{…}',

@@ -1,6 +1,6 @@
 """The settings models: what ``compaction-proxy.toml`` and the environment may hold.
 
-Layout (DESIGN.md §8)::
+Layout (docs/configuration.md)::
 
     [server]            ServerSettings      where the proxy listens, who may call it
     [upstream]          UpstreamSettings    where requests go
@@ -332,7 +332,7 @@ class BackgroundSettings(BaseModel):
 
 
 class StoreSettings(BaseModel):
-    """``[store]``: where checkpoints, originals and events are kept (DESIGN.md §7)."""
+    """``[store]``: where checkpoints, originals and events are kept (docs/state.md)."""
 
     model_config = _SECTION
 

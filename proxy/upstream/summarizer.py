@@ -1,14 +1,15 @@
 """The ``llm`` summarizer: asks the upstream for a summary, in the request's own API.
 
 Used by the CLI (``compact --summarizer llm``) and by the server, which hands
-it the client's own credentials. The request follows DESIGN.md §6: no tools,
-``temperature: 0``, the summary budget as ``max_tokens``, not streamed. Every
-failure becomes :class:`~compaction.errors.SummarizationError`, so the
-pipeline falls back to the extractive summary — among them a reply cut off at
-the output limit (half a summary reads as a whole one, and the span it
-replaces would be lost) and a call that outlives its ``deadline``: the
-transport's timeouts bound each wait for a byte, so an upstream trickling one
-byte a second would otherwise hold the request (and its connection) forever.
+it the client's own credentials. The request is as docs/compaction.md ("The
+``llm`` summarizer") says: no tools, ``temperature: 0``, the summary budget
+as ``max_tokens``, not streamed. Every failure becomes
+:class:`~compaction.errors.SummarizationError`, so the pipeline falls back to
+the extractive summary — among them a reply cut off at the output limit
+(half a summary reads as a whole one, and the span it replaces would be
+lost) and a call that outlives its ``deadline``: the transport's timeouts
+bound each wait for a byte, so an upstream trickling one byte a second would
+otherwise hold the request (and its connection) forever.
 """
 
 from __future__ import annotations

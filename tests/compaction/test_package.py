@@ -1,4 +1,4 @@
-"""The library's public surface and its purity (CONVENTIONS.md habits 1 and 6)."""
+"""The library's public surface and its purity (a pinned, sorted __all__; no server imports)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md §9, held by hypothesis on random conversations."""
+"""The README's invariants, held by hypothesis on random conversations."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ OVERFLOW_ERRORS: dict[str, tuple[int, dict[str, Any]]] = {
 }
 
 
-#: A realistic summary, with the six sections the proxy asks for (DESIGN.md §5.2).
+#: A realistic summary, with the six sections the proxy asks for (docs/compaction.md, "The stages").
 #: ``parse_window_header`` appears nowhere else: a test finds this text by it.
 SUMMARY_TEXT = """\
 ## Goal

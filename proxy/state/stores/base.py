@@ -1,6 +1,6 @@
 """What a store keeps, and the events it records: the terms of the store contract.
 
-A store holds five things for the proxy (DESIGN.md §7):
+A store holds five things for the proxy (docs/state.md):
 
 * **checkpoints**, found by the chain hash at the end of the span they cover;
 * the **originals** a checkpoint replaced, for its retention;

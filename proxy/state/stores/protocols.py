@@ -256,6 +256,6 @@ class Store(
     UpkeepStore,
     Protocol,
 ):
-    """Everything a store keeps (DESIGN.md §7): what the app opens and hands to
+    """Everything a store keeps (docs/state.md): what the app opens and hands to
     :class:`~proxy.state.runtime.ProxyState`. Type against one concern where that is
     all that is used."""

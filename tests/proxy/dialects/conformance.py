@@ -1,4 +1,4 @@
-"""Lossless accounting of a compacted request, for any dialect (DESIGN.md §11).
+"""Lossless accounting of a compacted request, for any dialect (docs/clients.md).
 
 Every content block of the request the client sent must be, in the request
 the proxy sends:
