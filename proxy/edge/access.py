@@ -39,7 +39,7 @@ from fastapi import Request
 from pydantic import SecretStr
 
 from proxy.edge.errors import Unauthorized
-from proxy.flow.send import ADMIN_KEY_HEADER, AUTH_HEADERS
+from proxy.edge.headers import ADMIN_KEY_HEADER, AUTH_HEADERS
 
 #: Keys the owner digest: an owner read from the store or a response cannot be
 #: checked against a guessed key with a plain hash, nor matched with the

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.edge.errors import Forbidden, ProxyError, Unauthorized
-from proxy.flow.send import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
+from proxy.edge.headers import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 OPEN_PATHS = frozenset({"/healthz"})

@@ -26,8 +26,9 @@ from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
 from proxy.edge.body import check_model, deep_nesting_refused, read_body
 from proxy.edge.disconnect import ClientWatch
+from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow.continued import continued, remembered, without_commands
-from proxy.flow.send import AUTH_HEADERS, upstream_headers
+from proxy.flow.send import upstream_headers
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer

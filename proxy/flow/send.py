@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.edge.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from proxy.edge.headers import AUTH_HEADERS, PROXY_HEADERS
 from proxy.flow.usage import UsageTap
 from proxy.upstream.transport import (
     BodyLost,
@@ -75,14 +76,6 @@ HOP_BY_HOP = frozenset(
         "expect",
     }
 )
-AUTH_HEADERS = ("authorization", "api-key", "x-api-key")
-#: Header a client may use to present the proxy key while keeping its own
-#: ``Authorization`` for the upstream.
-PROXY_KEY_HEADER = "x-compaction-proxy-key"
-#: Header a client presents ``server.admin_key`` in (see proxy.edge.access).
-ADMIN_KEY_HEADER = "x-compaction-proxy-admin-key"
-#: The proxy's own headers: never sent upstream.
-_PROXY_HEADERS = frozenset({PROXY_KEY_HEADER, ADMIN_KEY_HEADER})
 
 
 def upstream_headers(
@@ -103,7 +96,7 @@ def upstream_headers(
     headers: dict[str, str] = {}
     for name, value in client_headers:
         lower = name.lower()
-        if lower in HOP_BY_HOP or lower in _PROXY_HEADERS:
+        if lower in HOP_BY_HOP or lower in PROXY_HEADERS:
             continue
         headers[lower] = value
     if fallback_key and not any(h in headers for h in AUTH_HEADERS):

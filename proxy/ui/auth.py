@@ -49,7 +49,7 @@ from pydantic import SecretStr
 from proxy.edge.access import owner_digest, viewer
 from proxy.edge.errors import Forbidden, ProxyError
 from proxy.edge.guards import PROXY_KEY_PRESENTED
-from proxy.flow.send import ADMIN_KEY_HEADER
+from proxy.edge.headers import ADMIN_KEY_HEADER
 
 COOKIE: Final = "compaction_proxy_ui"
 ANONYMOUS: Final = "anon"
