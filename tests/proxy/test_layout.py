@@ -5,6 +5,11 @@ The folder listing is meant to read as the request path (``edge`` → ``flow`` �
 one that imports it back — even only for a type annotation — would hide which
 of the two comes first. The graph is read from the source with :mod:`ast`, so
 imports under ``TYPE_CHECKING`` and inside functions count too.
+
+Beyond no cycles, the folders have one order (:data:`IMPORT_ORDER`, drawn in
+docs/architecture.md): a module imports from its own folder and from folders
+after its own, never before — ``edge`` (the errors, limits and header names
+every layer raises or reads) last.
 """
 
 from __future__ import annotations
@@ -20,6 +25,26 @@ PROXY = ROOT / "proxy"
 #: What the top level of proxy/ may hold besides the stage folders.
 TOP_LEVEL_MODULES = {"__init__.py", "app.py"}
 STAGES = {"edge", "flow", "session", "dialects", "upstream", "state", "api", "ui", "cli"}
+#: The folders of proxy/ from the top (what starts the process) to the bottom
+#: (what every layer builds on); folders in one tier never import each other.
+IMPORT_ORDER: tuple[frozenset[str], ...] = (
+    frozenset({"cli"}),
+    frozenset({"app"}),
+    # The JSON routes show what the dashboard's views read.
+    frozenset({"api"}),
+    frozenset({"ui"}),
+    frozenset({"flow"}),
+    frozenset({"session"}),
+    frozenset({"state"}),
+    frozenset({"upstream"}),
+    frozenset({"dialects"}),
+    frozenset({"edge"}),
+)
+#: Imports that still point up, each to be removed, never added to: the
+#: running state builds the background's bookkeeping.
+KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset(
+    {("proxy.state.runtime", "proxy.session.background")}
+)
 #: What proxy/dialects/ holds beside one folder per API: the contracts they share.
 DIALECT_CONTRACTS = {"__init__.py", "base.py", "recall.py", "shapes.py", "sse.py"}
 
@@ -105,6 +130,49 @@ def test_no_import_cycle_exists_among_proxy_modules_type_only_imports_included()
     known = set(modules)
     graph = {name: _imports(name, path, known) for name, path in modules.items()}
     assert _cycles(graph) == []
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "app"
+
+
+def _tier(folder: str) -> int:
+    return next(i for i, tier in enumerate(IMPORT_ORDER) if folder in tier)
+
+
+def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The imports from a folder to one before it in :data:`IMPORT_ORDER` (or
+    beside it, in its tier)."""
+    found = set()
+    for module, targets in graph.items():
+        here = _folder(module)
+        for target in targets:
+            there = _folder(target)
+            if there != here and _tier(there) <= _tier(here):
+                found.add((module, target))
+    return found
+
+
+def test_the_direction_check_finds_an_import_that_points_up() -> None:
+    graph = {"proxy.edge.access": {"proxy.flow.send"}, "proxy.flow.send": {"proxy.edge.errors"}}
+    assert _upward(graph) == {("proxy.edge.access", "proxy.flow.send")}
+    upward = {("proxy.ui.pages", "proxy.api.state")}
+    assert _upward({"proxy.ui.pages": {"proxy.api.state"}}) == upward
+    assert _upward({"proxy.flow.send": {"proxy.edge.errors"}}) == set()
+
+
+def test_every_folder_of_proxy_has_a_place_in_the_import_order() -> None:
+    placed = set().union(*IMPORT_ORDER)
+    assert placed == STAGES | {"app"}
+
+
+def test_imports_point_down_the_folder_order() -> None:
+    modules = _modules()
+    known = set(modules)
+    graph = {name: _imports(name, path, known) for name, path in modules.items()}
+    assert _upward(graph) <= KNOWN_UPWARD
+    assert _upward(graph) >= KNOWN_UPWARD, "an import listed as pointing up is gone: drop it"
 
 
 def test_the_top_level_of_proxy_holds_only_the_app_and_the_stage_folders() -> None:
