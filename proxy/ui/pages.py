@@ -126,49 +126,75 @@ def _session_chart(view: SessionView) -> str:
     )
 
 
-def dashboard_routes(signer: Signer) -> APIRouter:
-    env = _environment()
+class _PageRoute(APIRoute):
+    """A dashboard route whose refusals of what was sent — a form over its
+    size limit, a field or a path over its length limit — are pages too.
 
-    class PageRoute(APIRoute):
-        """A dashboard route whose refusals of what was sent — a form over its
-        size limit, a field or a path over its length limit — are pages too."""
+    Its endpoint is a method of :class:`Pages`, whose page it renders them with."""
 
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        pages: Pages = self.endpoint.__self__  # type: ignore[attr-defined]
 
-            async def answered(request: Request) -> Response:
-                try:
-                    return await handler(request)
-                except (BadRequest, PayloadTooLarge) as exc:
-                    return refused(request, exc)
+        async def answered(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (BadRequest, PayloadTooLarge) as exc:
+                return pages.refused(request, exc)
 
-            return answered
+        return answered
 
-    router = APIRouter(prefix="/ui", route_class=PageRoute)
 
-    def refused(request: Request, exc: BadRequest | PayloadTooLarge) -> Response:
+class Pages:
+    """The dashboard's endpoints, over one template environment and the
+    :class:`~proxy.ui.auth.Signer` that knows who is visiting."""
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+        self.env = _environment()
+
+    def router(self) -> APIRouter:
+        """The routes, as a table: method, path, endpoint."""
+        router = APIRouter(prefix="/ui", route_class=_PageRoute)
+        table: list[tuple[str, str, Callable[..., Coroutine[Any, Any, Response]]]] = [
+            ("GET", "", self.overview),
+            ("GET", "/sessions/{session}", self.session),
+            ("POST", "/sessions/{session}/settings", self.settings),
+            ("POST", "/sessions/{session}/compact", self.compact),
+            ("POST", "/checkpoints/{checkpoint_id}", self.edit),
+            ("GET", "/checkpoints/{checkpoint_id}", self.checkpoint),
+            ("GET", "/login", self.login_page),
+            ("POST", "/login", self.login),
+            ("POST", "/logout", self.logout),
+            ("GET", "/{anything:path}", self.elsewhere),
+        ]
+        for method, path, endpoint in table:
+            kind = HTMLResponse if method == "GET" else None
+            router.add_api_route(path, endpoint, methods=[method], response_class=kind or Response)
+        return router
+
+    # The parts every page uses.
+
+    def refused(self, request: Request, exc: BadRequest | PayloadTooLarge) -> Response:
         cookie = request.cookies.get(COOKIE)
-        role = signer.role_of(cookie) or ANONYMOUS
+        role = self.signer.role_of(cookie) or ANONYMOUS
         shown = ANONYMOUS if role.startswith(ANONYMOUS) else role
         visitor = Visitor(None, shown, cookie or "", fresh=False)
-        return page("refused.html", visitor, status=exc.status, message=exc.message)
+        return self.page("refused.html", visitor, status=exc.status, message=exc.message)
 
-    def page(name: str, visitor: Visitor, status: int = 200, **values: Any) -> Response:
-        body = env.get_template(name).render(
-            csrf=signer.csrf(visitor.cookie), role=visitor.role, **values
+    def page(self, name: str, visitor: Visitor, status: int = 200, **values: Any) -> Response:
+        body = self.env.get_template(name).render(
+            csrf=self.signer.csrf(visitor.cookie), role=visitor.role, **values
         )
         response = HTMLResponse(body, status_code=status, headers=_SECURITY_HEADERS)
         if visitor.fresh:
-            _set_cookie(response, visitor.cookie, signer.max_age)
+            _set_cookie(response, visitor.cookie, self.signer.max_age)
         return response
 
-    def signed_in(request: Request) -> Visitor:
-        return signer.visitor(request)
+    def missing(self, visitor: Visitor, what: str) -> Response:
+        return self.page("missing.html", visitor, status=404, what=what)
 
-    def missing(visitor: Visitor, what: str) -> Response:
-        return page("missing.html", visitor, status=404, what=what)
-
-    async def steered(request: Request, visitor: Visitor, session: str) -> str | Response:
+    async def steered(self, request: Request, visitor: Visitor, session: str) -> str | Response:
         """The owner whose ``session`` the page shows or its buttons steer —
         the one the address names (``?owner=``), else the visitor's own, else
         (the admin) the one owner of that id — or the page to answer instead:
@@ -182,11 +208,11 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         try:
             return await steering.steered_session(state, session, visitor.viewer, owner)
         except NotFound:
-            return missing(visitor, "session")
+            return self.missing(visitor, "session")
         except steering.AmbiguousSession:
-            return await choose_owner(request, visitor, session)
+            return await self.choose_owner(request, visitor, session)
 
-    async def choose_owner(request: Request, visitor: Visitor, session: str) -> Response:
+    async def choose_owner(self, request: Request, visitor: Visitor, session: str) -> Response:
         """The admin's page for a session id several owners use: each owner,
         with what of theirs is recorded, as a link to their session (nothing
         done, for a button)."""
@@ -194,7 +220,7 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         owners = await store.owners_of_session(session)
         recorded = {s.owner: s for s in await store.sessions() if s.session == session}
         rows = [(owner, recorded.get(owner)) for owner in owners[:OWNERS_LISTED]]
-        return page(
+        return self.page(
             "owners.html",
             visitor,
             status=409,
@@ -204,19 +230,29 @@ def dashboard_routes(signer: Signer) -> APIRouter:
             posted=request.method == "POST",
         )
 
-    async def form(request: Request, visitor: Visitor) -> dict[str, str]:
+    async def form(self, request: Request, visitor: Visitor) -> dict[str, str]:
         raw = await request.body()  # bounded as it streams in (BodyLimit)
         fields = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
         # parse_qs drops blank values: a cleared field must still arrive.
         for name in ("instructions", "summary", "key", "proxy_key"):
             if f"{name}=".encode() in raw and name not in fields:
                 fields[name] = ""
-        signer.check_post(request, visitor.cookie, fields.get("csrf"))
+        self.signer.check_post(request, visitor.cookie, fields.get("csrf"))
         return fields
 
-    @router.get("", response_class=HTMLResponse)
-    async def overview(request: Request) -> Response:
-        visitor = signed_in(request)
+    async def checkpoint_owner_query(
+        self, request: Request, visitor: Visitor, checkpoint_id: str
+    ) -> str:
+        """For the admin, the checkpoint's session page is its owner's."""
+        if not _is_admin(visitor):
+            return ""
+        owner = await state_of(request).store.owner_of(checkpoint_id)
+        return _owner_query(visitor, owner) if owner is not None else ""
+
+    # The endpoints.
+
+    async def overview(self, request: Request) -> Response:
+        visitor = self.signer.visitor(request)
         # Who is not signed in sees the keyless callers' sessions, and how many
         # of those that send a key there are (their number, nothing of theirs).
         data = await read_overview(
@@ -224,13 +260,14 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         )
         chart = Markup(_overview_chart(data))
         # Only the admin's rows are of several owners, so only theirs name one.
-        return page("overview.html", visitor, overview=data, chart=chart, owned=_is_admin(visitor))
+        return self.page(
+            "overview.html", visitor, overview=data, chart=chart, owned=_is_admin(visitor)
+        )
 
-    @router.get("/sessions/{session}", response_class=HTMLResponse)
-    async def session(session: str, request: Request) -> Response:
-        visitor = signed_in(request)
+    async def session(self, session: str, request: Request) -> Response:
+        visitor = self.signer.visitor(request)
         state = state_of(request)
-        owner = await steered(request, visitor, session)
+        owner = await self.steered(request, visitor, session)
         if isinstance(owner, Response):
             return owner
         view = await read_session(state.store, session, visitor.viewer, owner)
@@ -240,7 +277,7 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         if _is_admin(visitor):
             owners = await state.store.owners_of_session(session)
             others = [other for other in owners if other != owner][:OWNERS_LISTED]
-        return page(
+        return self.page(
             "session.html",
             visitor,
             view=view,
@@ -252,12 +289,11 @@ def dashboard_routes(signer: Signer) -> APIRouter:
             REQUESTS_LISTED=REQUESTS_LISTED,
         )
 
-    @router.post("/sessions/{session}/settings")
-    async def settings(session: str, request: Request) -> Response:
-        visitor = signed_in(request)
-        fields = await form(request, visitor)
+    async def settings(self, session: str, request: Request) -> Response:
+        visitor = self.signer.visitor(request)
+        fields = await self.form(request, visitor)
         state = state_of(request)
-        owner = await steered(request, visitor, session)
+        owner = await self.steered(request, visitor, session)
         if isinstance(owner, Response):
             return owner
         await steering.update_settings(
@@ -269,79 +305,67 @@ def dashboard_routes(signer: Signer) -> APIRouter:
         )
         return _back(session, _owner_query(visitor, owner))
 
-    @router.post("/sessions/{session}/compact")
-    async def compact(session: str, request: Request) -> Response:
-        visitor = signed_in(request)
-        await form(request, visitor)
+    async def compact(self, session: str, request: Request) -> Response:
+        visitor = self.signer.visitor(request)
+        await self.form(request, visitor)
         state = state_of(request)
-        owner = await steered(request, visitor, session)
+        owner = await self.steered(request, visitor, session)
         if isinstance(owner, Response):
             return owner
         steering.compact_now(state, session, owner)
         return _back(session, _owner_query(visitor, owner))
 
-    @router.post("/checkpoints/{checkpoint_id}")
-    async def edit(checkpoint_id: str, request: Request) -> Response:
-        visitor = signed_in(request)
-        fields = await form(request, visitor)
+    async def edit(self, checkpoint_id: str, request: Request) -> Response:
+        visitor = self.signer.visitor(request)
+        fields = await self.form(request, visitor)
         state = state_of(request)
         try:
             edited = await steering.edit_summary(
                 state, checkpoint_id, fields.get("summary", ""), visitor.viewer
             )
         except NotFound:
-            return missing(visitor, "checkpoint")
-        query = await checkpoint_owner_query(request, visitor, edited.id)
+            return self.missing(visitor, "checkpoint")
+        query = await self.checkpoint_owner_query(request, visitor, edited.id)
         return _back(edited.session, query, f"checkpoint-{edited.id}")
 
-    @router.get("/checkpoints/{checkpoint_id}", response_class=HTMLResponse)
-    async def checkpoint(checkpoint_id: str, request: Request) -> Response:
-        visitor = signed_in(request)
+    async def checkpoint(self, checkpoint_id: str, request: Request) -> Response:
+        visitor = self.signer.visitor(request)
         found = await state_of(request).store.get(checkpoint_id, owner=visitor.viewer)
         if found is None:
-            return missing(visitor, "checkpoint")
-        query = await checkpoint_owner_query(request, visitor, found.id)
+            return self.missing(visitor, "checkpoint")
+        query = await self.checkpoint_owner_query(request, visitor, found.id)
         return _back(found.session, query, f"checkpoint-{found.id}")
 
-    async def checkpoint_owner_query(request: Request, visitor: Visitor, checkpoint_id: str) -> str:
-        """For the admin, the checkpoint's session page is its owner's."""
-        if not _is_admin(visitor):
-            return ""
-        owner = await state_of(request).store.owner_of(checkpoint_id)
-        return _owner_query(visitor, owner) if owner is not None else ""
-
-    @router.get("/login", response_class=HTMLResponse)
-    async def login_page(request: Request) -> Response:
+    async def login_page(self, request: Request) -> Response:
         cookie = request.cookies.get(COOKIE)
-        fresh = signer.role_of(cookie) is None or cookie is None
-        cookie = signer.anonymous_cookie() if fresh or cookie is None else cookie
+        fresh = self.signer.role_of(cookie) is None or cookie is None
+        cookie = self.signer.anonymous_cookie() if fresh or cookie is None else cookie
         visitor = Visitor(None, "anon", cookie, fresh)
-        return page("login.html", visitor, needs_proxy_key=signer.needs_proxy_key)
+        return self.page("login.html", visitor, needs_proxy_key=self.signer.needs_proxy_key)
 
-    @router.post("/login")
-    async def login(request: Request) -> Response:
+    async def login(self, request: Request) -> Response:
         cookie = request.cookies.get(COOKIE) or ""
         visitor = Visitor(None, "anon", cookie, fresh=False)
-        fields = await form(request, visitor)
-        role = signer.sign_in(fields.get("key", ""), fields.get("proxy_key", ""))
+        fields = await self.form(request, visitor)
+        role = self.signer.sign_in(fields.get("key", ""), fields.get("proxy_key", ""))
         response = RedirectResponse("/ui", status_code=303)
-        _set_cookie(response, signer.cookie(role), signer.max_age)
+        _set_cookie(response, self.signer.cookie(role), self.signer.max_age)
         return response
 
-    @router.post("/logout")
-    async def logout(request: Request) -> Response:
+    async def logout(self, request: Request) -> Response:
         cookie = request.cookies.get(COOKIE) or ""
-        await form(request, Visitor(None, "anon", cookie, fresh=False))
-        signer.sign_out(cookie)  # here, not only in this browser: a copy is refused too
+        await self.form(request, Visitor(None, "anon", cookie, fresh=False))
+        self.signer.sign_out(cookie)  # here, not only in this browser: a copy is refused too
         response = RedirectResponse("/ui/login", status_code=303)
         response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
         return response
 
-    @router.get("/{anything:path}", response_class=HTMLResponse)
-    async def elsewhere(anything: str, request: Request) -> Response:
-        return missing(signed_in(request), "page")
+    async def elsewhere(self, anything: str, request: Request) -> Response:
+        return self.missing(self.signer.visitor(request), "page")
 
-    return router
+
+def dashboard_routes(signer: Signer) -> APIRouter:
+    return Pages(signer).router()
 
 
 _SECURITY_HEADERS = {
