@@ -62,82 +62,87 @@ def _field(body: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
+async def edit_checkpoint(checkpoint_id: str, request: Request) -> Response:
+    state = state_of(request)
+    seen = viewer(request, state.settings.server.admin_key)
+    summary = _field(await _json_object(request), "summary", str)
+    if summary is None:
+        raise BadRequest("'summary' is required.", param="summary")
+    edited = await steering.edit_summary(state, checkpoint_id, summary, seen)
+    return _json(to_dict(edited))
+
+
+async def list_sessions(
+    request: Request, limit: int = Query(MAX_SESSIONS, ge=1, le=MAX_SESSIONS)
+) -> Response:
+    state = state_of(request)
+    seen = viewer(request, state.settings.server.admin_key)
+    overview = await read_overview(state.store, seen, limit=limit)
+    return _json(
+        {
+            "object": "list",
+            "data": [to_dict(summary) for summary in overview.sessions],
+            "totals": overview.totals,
+        }
+    )
+
+
+async def one_session(
+    session: str,
+    request: Request,
+    owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
+) -> Response:
+    state = state_of(request)
+    seen = viewer(request, state.settings.server.admin_key)
+    whose = await steering.steered_session(state, session, seen, owner)
+    # One owner's session, even for the admin: another's of the same id is another.
+    view = await read_session(state.store, session, whose, whose)
+    return _json(
+        {
+            "session": session,
+            "summary": to_dict(view.summary) if view.summary else None,
+            "requests": [to_dict(record) for record in view.requests],
+            "settings": to_dict(view.settings),
+            "checkpoints": [shown.checkpoint.id for shown in view.checkpoints],
+        }
+    )
+
+
+async def change_settings(
+    session: str,
+    request: Request,
+    owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
+) -> Response:
+    state = state_of(request)
+    seen = viewer(request, state.settings.server.admin_key)
+    body = await _json_object(request)
+    enabled = _field(body, "enabled", bool)
+    instructions = _field(body, "instructions", str)
+    whose = await steering.steered_session(state, session, seen, owner)
+    changed = await steering.update_settings(
+        state, session, whose, enabled=enabled, instructions=instructions
+    )
+    return _json(to_dict(changed))
+
+
+async def compact_next(
+    session: str,
+    request: Request,
+    owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
+) -> Response:
+    state = state_of(request)
+    seen = viewer(request, state.settings.server.admin_key)
+    whose = await steering.steered_session(state, session, seen, owner)
+    steering.compact_now(state, session, whose)
+    return _json({"session": session, "status": "pending"}, status=202)
+
+
 def steering_routes() -> APIRouter:
+    """The routes, as a table: method, path, endpoint."""
     router = APIRouter(prefix="/v1/compaction")
-
-    @router.put("/checkpoints/{checkpoint_id}")
-    async def edit_checkpoint(checkpoint_id: str, request: Request) -> Response:
-        state = state_of(request)
-        seen = viewer(request, state.settings.server.admin_key)
-        summary = _field(await _json_object(request), "summary", str)
-        if summary is None:
-            raise BadRequest("'summary' is required.", param="summary")
-        edited = await steering.edit_summary(state, checkpoint_id, summary, seen)
-        return _json(to_dict(edited))
-
-    @router.get("/sessions")
-    async def sessions(
-        request: Request, limit: int = Query(MAX_SESSIONS, ge=1, le=MAX_SESSIONS)
-    ) -> Response:
-        state = state_of(request)
-        seen = viewer(request, state.settings.server.admin_key)
-        overview = await read_overview(state.store, seen, limit=limit)
-        return _json(
-            {
-                "object": "list",
-                "data": [to_dict(summary) for summary in overview.sessions],
-                "totals": overview.totals,
-            }
-        )
-
-    @router.get("/sessions/{session}")
-    async def session(
-        session: str,
-        request: Request,
-        owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
-    ) -> Response:
-        state = state_of(request)
-        seen = viewer(request, state.settings.server.admin_key)
-        whose = await steering.steered_session(state, session, seen, owner)
-        # One owner's session, even for the admin: another's of the same id is another.
-        view = await read_session(state.store, session, whose, whose)
-        return _json(
-            {
-                "session": session,
-                "summary": to_dict(view.summary) if view.summary else None,
-                "requests": [to_dict(record) for record in view.requests],
-                "settings": to_dict(view.settings),
-                "checkpoints": [shown.checkpoint.id for shown in view.checkpoints],
-            }
-        )
-
-    @router.put("/sessions/{session}/settings")
-    async def settings(
-        session: str,
-        request: Request,
-        owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
-    ) -> Response:
-        state = state_of(request)
-        seen = viewer(request, state.settings.server.admin_key)
-        body = await _json_object(request)
-        enabled = _field(body, "enabled", bool)
-        instructions = _field(body, "instructions", str)
-        whose = await steering.steered_session(state, session, seen, owner)
-        changed = await steering.update_settings(
-            state, session, whose, enabled=enabled, instructions=instructions
-        )
-        return _json(to_dict(changed))
-
-    @router.post("/sessions/{session}/compact")
-    async def compact(
-        session: str,
-        request: Request,
-        owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
-    ) -> Response:
-        state = state_of(request)
-        seen = viewer(request, state.settings.server.admin_key)
-        whose = await steering.steered_session(state, session, seen, owner)
-        steering.compact_now(state, session, whose)
-        return _json({"session": session, "status": "pending"}, status=202)
-
+    router.add_api_route("/checkpoints/{checkpoint_id}", edit_checkpoint, methods=["PUT"])
+    router.add_api_route("/sessions", list_sessions, methods=["GET"])
+    router.add_api_route("/sessions/{session}", one_session, methods=["GET"])
+    router.add_api_route("/sessions/{session}/settings", change_settings, methods=["PUT"])
+    router.add_api_route("/sessions/{session}/compact", compact_next, methods=["POST"])
     return router
