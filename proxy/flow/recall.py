@@ -44,7 +44,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from compaction import (
-    RECALL_TOOL_NAME,
     Message,
     RecallRequest,
     TokenCounter,
@@ -80,11 +79,26 @@ Sender = Callable[[bytes], Awaitable[UpstreamResponse]]
 
 class RecallLimit(ProxyError):
     """The upstream went on calling ``compaction_recall`` after the proxy's
-    last follow-up told it to call no tool: there is no answer to give."""
+    last follow-up told it to call no tool: there is no answer to give.
+
+    Its message, like :class:`RecallFailed`'s, never names the tool or a ref:
+    the client never declared either."""
 
     status = 502
     type = "upstream_error"
     code = "recall_limit"
+
+
+class RecallFailed(ProxyError):
+    """The upstream refused a follow-up round (its body, which may quote the
+    hidden tool's exchange, is logged by status only and never relayed)."""
+
+    status = 502
+    type = "upstream_error"
+    code = "recall_failed"
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"The upstream refused a follow-up request ({status}).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,8 +286,7 @@ class Rounds:
         self.used += sum(self.counter.count_text(orjson.dumps(item).decode()) for item in bare)
         if self.used > self.plan.room:
             raise RecallLimit(
-                f"The model's turn calling {RECALL_TOOL_NAME} leaves no room under the "
-                "request's limits for another round."
+                "The model's turn leaves no room under the request's limits for another round."
             )
         results = self.answer(calls)
         self.answered += 1
@@ -341,9 +354,10 @@ async def whole(
         if first:
             tap.feed(raw)
             tap.close()
-            first = False
         if upstream.status != 200:
-            return relay_bytes(upstream, raw, headers)
+            if first:
+                return relay_bytes(upstream, raw, headers)
+            raise _refused(upstream)
         answer = _json(raw)
         calls = surface.calls(answer) if answer is not None else []
         if answer is None or not calls:
@@ -355,11 +369,20 @@ async def whole(
             return response
         if rounds.exhausted:
             rounds.count("limit", len(calls))
-            raise RecallLimit(
-                f"The upstream went on calling {RECALL_TOOL_NAME} after {rounds.answered} "
-                "answered rounds and a last request that allowed no tool call."
-            )
+            raise RecallLimit(_PAST_LIMIT)
         upstream = await send(rounds.follow(answer, calls))
+        first = False
+
+
+#: What the client is told when the model recalled past the last round.
+_PAST_LIMIT = "The upstream went on calling a tool after a last request that allowed none."
+
+
+def _refused(upstream: UpstreamResponse) -> RecallFailed:
+    """The error for a follow-up round the upstream refused, logged by status."""
+    fields = {"status": upstream.status, "upstream": shown_url(upstream.url)}
+    logger.warning("upstream refused a recall round", extra={"fields": fields})
+    return RecallFailed(upstream.status)
 
 
 def _json(raw: bytes) -> dict[str, Any] | None:
@@ -449,11 +472,7 @@ class RecallRelay(Response):
             calls = surface.calls(answer)
             if rounds.exhausted or not calls:
                 rounds.count("limit", len(calls))
-                await self._error(
-                    send,
-                    f"The upstream went on calling {RECALL_TOOL_NAME} past the limit.",
-                    RecallLimit.code,
-                )
+                await self._error(send, _PAST_LIMIT, RecallLimit.code)
                 return True
             try:
                 body = rounds.follow(answer, calls)
@@ -462,10 +481,8 @@ class RecallRelay(Response):
                 await self._error(send, exc.message, exc.code or "recall_failed")
                 return True
             if self.upstream.status != 200:
-                detail = (await _read_quietly(self.upstream))[:500].decode("utf-8", "replace")
-                await self._error(
-                    send, f"The upstream refused a recall round ({self.upstream.status}): {detail}"
-                )
+                refused = _refused(self.upstream)
+                await self._error(send, refused.message, refused.code or "recall_failed")
                 return True
             stream.next_round()
 
@@ -505,11 +522,13 @@ class RecallRelay(Response):
         await send({"type": "http.response.body", "body": event, "more_body": True})
 
 
-async def _read_quietly(upstream: UpstreamResponse) -> bytes:
-    try:
-        return await upstream.read(1 << 16)
-    except BodyLost:
-        return b""
-
-
-__all__ = ["Plan", "RecallLimit", "RecallRelay", "Rounds", "plan", "rounds_of", "whole"]
+__all__ = [
+    "Plan",
+    "RecallFailed",
+    "RecallLimit",
+    "RecallRelay",
+    "Rounds",
+    "plan",
+    "rounds_of",
+    "whole",
+]

@@ -16,6 +16,12 @@ that needs a line it can no longer see:
   ``tool_choice`` allows tools, to test the proxy's round limit;
 * anything else gets ``NO RECALL``.
 
+It can also be a server with a stricter request schema: ``refuses_null``
+answers a request whose conversation holds a ``"content": null`` with a 500,
+as llama-cpp-python does (its schema takes a string or no key); and
+``refuses_followups`` answers every request that holds a call to the tool
+with a 500. Either 500 quotes what it refused, as a validation error does.
+
 Answers are the APIs' real shapes, JSON or the real event sequence, with
 ``usage``. Every request is recorded (:attr:`received`, parsed).
 """
@@ -48,6 +54,13 @@ class RecallUpstream:
     stubborn: bool = False
     #: What the model writes in the turn that calls the tool (whole answers).
     turn_text: str | None = None
+    #: Stream a little text before the call; without it, the calling turn
+    #: streams its content as ``""`` alone (Chat Completions).
+    preamble: bool = True
+    #: Refuse a conversation that holds ``"content": null`` (a 500, quoting it).
+    refuses_null: bool = False
+    #: Refuse a conversation that holds a call to the tool (a 500, quoting it).
+    refuses_followups: bool = False
     #: Every request, parsed, in order, with its API ("chat", "anthropic", "responses").
     received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: The raw bytes of each request, in the same order.
@@ -87,10 +100,28 @@ class RecallUpstream:
         self.raw.append(raw)
         return body
 
+    def _refusal(self, body: dict[str, Any]) -> Response | None:
+        """A 500 quoting what a stricter schema refuses, or ``None``."""
+        conversation = body.get("messages", body.get("input"))
+        items = conversation if isinstance(conversation, list) else []
+        nulls = [
+            item for item in items if isinstance(item, dict) and item.get("content", "") is None
+        ]
+        refused = nulls if self.refuses_null else []
+        if self.refuses_followups and TOOL.encode() in orjson.dumps(items):
+            refused = items
+        if not refused:
+            return None
+        message = f"1 validation error: input_value={orjson.dumps(refused).decode()}"
+        return JSONResponse({"error": {"message": message, "type": "internal_server_error"}}, 500)
+
     # --- Chat Completions ---------------------------------------------------------
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read(request, "chat")
+        refusal = self._refusal(body)
+        if refusal is not None:
+            return refusal
         tools = body.get("tools") or []
         offered = any((t.get("function") or {}).get("name") == TOOL for t in tools)
         allowed = body.get("tool_choice") != "none"
@@ -127,7 +158,17 @@ class RecallUpstream:
             return JSONResponse(answer)
         include_usage = (body.get("stream_options") or {}).get("include_usage") is True
         return StreamingResponse(
-            _chat_events(n, body.get("model"), kind, value, message, finish, usage, include_usage),
+            _chat_events(
+                n,
+                body.get("model"),
+                kind,
+                value,
+                message,
+                finish,
+                usage,
+                include_usage,
+                self.preamble,
+            ),
             media_type="text/event-stream",
         )
 
@@ -135,6 +176,9 @@ class RecallUpstream:
 
     async def _anthropic(self, request: Request) -> Response:
         body = await self._read(request, "anthropic")
+        refusal = self._refusal(body)
+        if refusal is not None:
+            return refusal
         offered = any(t.get("name") == TOOL for t in body.get("tools") or [])
         allowed = (body.get("tool_choice") or {}).get("type") != "none"
         messages = body.get("messages") or []
@@ -176,6 +220,9 @@ class RecallUpstream:
 
     async def _responses(self, request: Request) -> Response:
         body = await self._read(request, "responses")
+        refusal = self._refusal(body)
+        if refusal is not None:
+            return refusal
         tools = body.get("tools") or []
         offered = any(t.get("name") == TOOL for t in tools)
         allowed = body.get("tool_choice") != "none"
@@ -244,6 +291,7 @@ def _chat_events(
     finish: str,
     usage: dict[str, Any],
     include_usage: bool,
+    preamble: bool = True,
 ) -> Iterator[bytes]:
     def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": reason}
@@ -259,7 +307,8 @@ def _chat_events(
 
     yield chunk({"role": "assistant", "content": ""})
     if kind == "call":
-        yield chunk({"content": PREAMBLE})
+        if preamble:
+            yield chunk({"content": PREAMBLE})
         call = message["tool_calls"][0]
         yield chunk(
             {

@@ -361,7 +361,7 @@ def test_a_calling_turn_too_long_for_the_recall_room_is_refused_not_sent_over_th
             timeout=30,
         )
     assert answer.status_code == 502
-    assert "recall_limit" in answer.text or "compaction_recall" in answer.text
+    assert "no room" in answer.text and TOOL not in answer.text
     assert len(upstream.turns()) == 1  # nothing was sent past the room
 
 
@@ -388,3 +388,46 @@ def test_a_responses_stream_past_the_round_limit_ends_as_a_failed_response() -> 
     assert error["type"] == "error" and error["code"] == "recall_limit"
     assert failed["type"] == "response.failed"
     assert failed["response"]["error"]["code"] == "recall_limit"
+
+
+def _no_null_content(body: dict[str, Any], items: str) -> dict[str, Any]:
+    """``body`` as a client of a server that refuses ``"content": null`` writes
+    it: ``""`` beside tool calls."""
+    turns = [
+        {**item, "content": ""} if item.get("content", "") is None else item for item in body[items]
+    ]
+    return {**body, items: turns}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_recall_passes_a_server_that_refuses_null_content_whole_and_streamed(
+    api: Api, stream: bool
+) -> None:
+    # llama-cpp-python's schema refuses "content": null beside tool calls; a
+    # streamed calling turn that wrote "" alone must go back as "", too.
+    upstream = RecallUpstream(refuses_null=True, preamble=False)
+    with proxy_for(upstream) as url:
+        text = api.ask(url, "sk-alice", _no_null_content(api.request(), api.items), stream)
+    assert text.endswith(f"RECALLED: {NEEDLE}")
+    assert len(upstream.turns()) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_a_refused_follow_up_reaches_the_client_as_an_error_that_names_no_hidden_tool_or_ref(
+    api: Api, stream: bool
+) -> None:
+    upstream = RecallUpstream(refuses_followups=True)
+    with proxy_for(upstream) as url:
+        answer = httpx.post(
+            f"{url}/{PATHS[api.name]}",
+            json={**api.request(), "stream": stream},
+            headers={"authorization": "Bearer sk-alice", "x-api-key": "sk-alice"},
+            timeout=30,
+        )
+    ref = _ref_in(upstream.turns()[0][1], api.items)
+    assert len(upstream.turns()) == 2  # the follow-up was asked, and refused
+    assert answer.status_code == (200 if stream else 502)
+    assert "refused a follow-up request (500)" in answer.text
+    assert TOOL not in answer.text and ref not in answer.text

@@ -92,6 +92,26 @@ def _summed(usage: dict[str, Any], earlier: Usage) -> dict[str, Any]:
     }
 
 
+def _no_content(messages: Any) -> dict[str, Any]:
+    """The ``content`` of a turn of tool calls that wrote no text, as this
+    request's own turns of calls write it — the upstream has just accepted
+    that shape: ``null``, ``""`` or no key at all. Servers differ: the API
+    writes ``null``, and llama-cpp-python's request schema refuses it (a 500)
+    while taking ``""``. A request with no such turn gets ``""``, the string
+    every server's schema takes for ``content``."""
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if (
+                isinstance(message, dict)
+                and message.get("role") == "assistant"
+                and message.get("tool_calls")
+            ):
+                if "content" not in message:
+                    return {}
+                return {"content": None if message["content"] is None else ""}
+    return {"content": ""}
+
+
 class ChatRecall:
     """Recall for ``POST /v1/chat/completions`` (see the module doc)."""
 
@@ -126,12 +146,13 @@ class ChatRecall:
         answer: dict[str, Any],
         results: Sequence[tuple[RecallCall, str]],
     ) -> tuple[dict[str, Any], list[Any]]:
-        message = _message(answer) or {"role": "assistant", "content": None}
+        message = _message(answer) or {"role": "assistant"}
         # A null field says nothing, and some servers' request schemas refuse
-        # the fields they only write (refusal, audio, function_call); content
-        # stays, null beside tool calls being how the API writes it.
-        turn = {k: v for k, v in message.items() if v is not None or k == "content"}
+        # the fields they only write (refusal, audio, function_call).
+        turn = {k: v for k, v in message.items() if v is not None}
         turn["role"] = "assistant"
+        if "content" not in turn:
+            turn.update(_no_content(sent.get("messages")))
         turn["tool_calls"] = _recall_entries(message)
         items: list[Any] = [turn]
         items.extend(
@@ -330,8 +351,12 @@ def _assembled(events: Sequence[bytes]) -> dict[str, Any]:
                     _add_calls(calls, value)
                 elif key != "role" and isinstance(value, str):
                     texts.setdefault(key, []).append(value)
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts["content"]) or None}
-    message.update({k: "".join(v) for k, v in texts.items() if k != "content" and "".join(v)})
+    # Content as the upstream streamed it: "" when it streamed "", null when
+    # it streamed none.
+    streamed = texts.pop("content")
+    content = "".join(streamed) if streamed else None
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    message.update({k: "".join(v) for k, v in texts.items() if "".join(v)})
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     answer: dict[str, Any] = {

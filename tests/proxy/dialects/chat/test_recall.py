@@ -346,11 +346,33 @@ def test_the_followup_repeats_the_models_turn_with_only_its_recall_calls_then_on
     assert sent == sent_before and answer == answer_before
 
 
-def test_a_followup_keeps_a_null_content_beside_the_calls() -> None:
+def _turn_of_calls(**content: Any) -> dict[str, Any]:
+    return {"role": "assistant", **content, "tool_calls": [_call("c0", "read_file", "{}")]}
+
+
+@pytest.mark.parametrize(
+    ("earlier", "written"),
+    [
+        ([], {"content": ""}),  # no turn of calls to copy: the string every server takes
+        ([_turn_of_calls(content=None)], {"content": None}),
+        ([_turn_of_calls(content="")], {"content": ""}),
+        ([_turn_of_calls(content="Reading.")], {"content": ""}),
+        ([_turn_of_calls()], {}),
+        ([_turn_of_calls(content=None), _turn_of_calls()], {}),  # the latest one
+    ],
+    ids=["none", "null", "empty", "text", "absent", "latest"],
+)
+def test_a_followup_writes_a_turn_without_text_as_the_requests_own_turns_of_calls_do(
+    earlier: list[dict[str, Any]], written: dict[str, Any]
+) -> None:
+    # The API writes null, which llama-cpp-python's schema refuses; the
+    # upstream just took the request's own shape, so the follow-up copies it.
     answer = _answer([_call("call_A", RECALL_TOOL_NAME, "{}")])
     call = RecallCall("call_A", "{}")
-    _, items = CHAT_RECALL.followup({"messages": []}, answer, [(call, "No content found.")])
-    assert items[0]["content"] is None and "refusal" not in items[0]
+    sent = {"messages": [{"role": "user", "content": "go"}, *earlier]}
+    _, items = CHAT_RECALL.followup(sent, answer, [(call, "No content found.")])
+    assert {k: v for k, v in items[0].items() if k == "content"} == written
+    assert "refusal" not in items[0]
 
 
 # ---- the stream: text only ------------------------------------------------------------------
