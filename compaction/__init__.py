@@ -53,6 +53,7 @@ from compaction.lessons import (
     empty_stream_lesson,
     proven_floor,
     ratio_sample,
+    stream_answered,
     window_to_learn,
     working_limit_after_answer,
 )
@@ -94,6 +95,7 @@ from compaction.tokens import (
     splits_digits,
     text_size,
 )
+from compaction.typed import first_typed, typed_text
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [

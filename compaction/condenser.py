@@ -20,6 +20,11 @@ the part it sat in, in its original order::
 
     before  [ head ][ a b P c ][ tail ]      after  [ head ][ summary ][ P ][ tail ]
 
+So does every group holding an opaque message (content no summary can stand
+for: a block of a type the engine does not know, a tool reference that loads
+a tool; :func:`compaction.messages.is_opaque`), whole, so that its results
+stay with its call. A span that holds nothing else is not condensed.
+
 There, and not in front of the summary, it always follows a user message
 (Anthropic accepts a mid-conversation system message only there), and a
 later compaction, which summarizes the summary again, finds it in the same
@@ -46,7 +51,7 @@ from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import render_file_lists
 from compaction.ledger import Ledger, errors_in, ledger_of, render_ledger
-from compaction.messages import group_messages, message_text, pinned_in
+from compaction.messages import group_messages, message_text, riding_in
 from compaction.profile import Profile
 from compaction.prompts import (
     serialize_messages,
@@ -97,7 +102,8 @@ class CondensePlan:
     tail_start: int
     turn_start: int | None
     previous_summaries: tuple[int, ...]
-    #: The pinned messages in the span, kept verbatim (see the module doc).
+    #: The pinned messages in the span and the groups holding opaque ones, kept
+    #: verbatim (see the module doc).
     pinned: tuple[int, ...] = ()
 
     @property
@@ -141,8 +147,23 @@ def plan_condense(messages: Sequence[Message], head_end: int, tail_start: int) -
                 opener = i
                 break
     previous = tuple(i for i in range(head_end, tail_start) if is_summary(messages[i]))
-    pinned = tuple(pinned_in(messages, head_end, tail_start))
+    pinned = tuple(riding_in(messages, group_messages(messages), head_end, tail_start))
+    if opener is not None and any(i < opener < j for i, j in _runs(pinned)):
+        # The opener sits inside a group that rides along: kept apart from it, the
+        # group's results would leave their call. The tail goes on without it.
+        opener = None
     return CondensePlan(head_end, tail_start, opener, previous, pinned)
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive ``indices`` as ``(first, last)`` pairs."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def summary_budget(tokens: int, profile: Profile, *, turn_prefix: bool = False) -> int:

@@ -46,7 +46,7 @@ from compaction.messages import (
     Group,
     group_messages,
     head_end,
-    pinned_in,
+    riding_in,
     repair_tool_pairing,
     tail_start,
     validate_tool_pairing,
@@ -342,7 +342,7 @@ def _oldest_span(
         if group.start >= tail:
             break
         span += sum(counts[group.start : group.end])
-        pinned += sum(counts[i] for i in pinned_in(messages, group.start, group.end))
+        pinned += sum(counts[i] for i in riding_in(messages, (group,), group.start, group.end))
         end = group.end
         if end >= tail:
             continue
@@ -364,8 +364,9 @@ def _plan_room(
     """Where the tail starts and how large the summary may be, or ``None``
     when there is nothing to condense (see the module docstring).
 
-    The pinned messages of the condensed span are kept beside the summary
-    (:mod:`compaction.condenser`): they take their room before it does."""
+    The pinned messages of the condensed span, and its groups holding opaque
+    ones, are kept beside the summary (:mod:`compaction.condenser`): they take
+    their room before it does."""
     profile = run.profile
     if not condenses(profile):
         return None
@@ -382,7 +383,7 @@ def _plan_room(
 
     def kept(tail: int) -> int:
         """The tokens that stay: the tail, and the pinned messages before it."""
-        return sum(counts[tail:]) + sum(counts[i] for i in pinned_in(messages, head, tail))
+        return sum(counts[tail:]) + sum(counts[i] for i in riding_in(messages, groups, head, tail))
 
     tail = tail_start(groups, counts, tail_budget, head)
     leftover = room - kept(tail)

@@ -20,6 +20,13 @@ A **pinned** message is a system or developer message after the head (an
 instruction the client inserted mid-conversation: Claude Code's
 ``{"role": "system"}`` messages, a Responses ``developer`` item). It is an
 instruction, not history: no stage prunes, summarizes, cuts or drops it.
+
+An **opaque** message holds content the engine cannot read and no summary can
+stand for: a content part of a type it does not know (a client's newer block,
+an Anthropic ``tool_reference`` that loads a tool), or one a caller mapping
+another API marked with :data:`OPAQUE_KEY`. A condensed span does not lose
+it: the whole group holding it rides along after the summary, as a pinned
+message does (:func:`riding_in`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,28 @@ HEAD_ROLES = frozenset({"system", "developer"})
 RESULT_ROLES = frozenset({"tool", "function"})
 #: Roles of the messages kept verbatim wherever they sit (see the module doc).
 PINNED_ROLES = HEAD_ROLES
+#: Key a caller mapping another API puts on a message: ``True`` when it holds
+#: content no summary can stand for, ``False`` when its parts are the caller's
+#: own and hold none. Without it, the content parts decide (:func:`is_opaque`).
+#: Never sent upstream, and not counted.
+OPAQUE_KEY = "_compaction_opaque"
+#: Content part types the engine reads or counts as what they are (the chat and
+#: Responses APIs' text, images, audio, files and refusals; ``image`` is an
+#: image a caller mapped for counting). Any other part is opaque.
+KNOWN_PARTS = frozenset(
+    {
+        "text",
+        "image_url",
+        "input_audio",
+        "file",
+        "refusal",
+        "image",
+        "input_text",
+        "output_text",
+        "input_image",
+        "input_file",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)  # slots: made for every message of every request
@@ -205,6 +234,39 @@ def is_pinned(message: Message) -> bool:
 def pinned_in(messages: Sequence[Message], start: int, end: int) -> list[int]:
     """The indices of the pinned messages among ``messages[start:end]``."""
     return [i for i in range(max(start, 0), min(end, len(messages))) if is_pinned(messages[i])]
+
+
+def is_opaque(message: Message) -> bool:
+    """Whether the message holds content no summary can stand for (see the module doc)."""
+    marked = message.get(OPAQUE_KEY)
+    if isinstance(marked, bool):
+        return marked
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") not in KNOWN_PARTS for part in content
+    )
+
+
+def riding_in(
+    messages: Sequence[Message], groups: Sequence[Group], start: int, end: int
+) -> list[int]:
+    """The indices among ``messages[start:end]`` that a condensed span keeps verbatim
+    after its summary: the pinned messages, and every message of a group that
+    holds an opaque one (a group goes whole, so no result leaves its call)."""
+    start, end = max(start, 0), min(end, len(messages))
+    out: list[int] = []
+    first = max(bisect.bisect_right([g.start for g in groups], start) - 1, 0)
+    for group in groups[first:]:
+        if group.start >= end:
+            break
+        if group.end <= start:
+            continue
+        span = range(max(group.start, start), min(group.end, end))
+        if any(is_opaque(messages[i]) for i in range(group.start, group.end)):
+            out.extend(span)
+        else:
+            out.extend(i for i in span if is_pinned(messages[i]))
+    return out
 
 
 # --- groups ----------------------------------------------------------------

@@ -10,6 +10,7 @@ Shrinks the bulky parts of the middle without calling a model:
   FAILED (failures=1))``; the brief never exceeds ``tool_result_chars``; with
   ``Profile.recall`` and a caller's salt it ends with `` [ref: r…]``, the ref
   of the text it replaces (:mod:`compaction.recall`), inside that limit;
+  parts of a type the engine does not know ride along after the brief;
 * tool-call arguments longer than ``tool_args_chars`` are cut inside their JSON
   (long string values lose their ends), so valid JSON stays valid;
 * assistant text longer than ``assistant_text_chars`` keeps its start and end
@@ -38,7 +39,7 @@ from compaction.calls import (
     shows_files,
 )
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
-from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
+from compaction.messages import KNOWN_PARTS, RESULT_ROLES, call_name_and_arguments, message_text
 from compaction.profile import Profile
 from compaction.recall import mark, original_text, ref_of, ref_suffix, trailing_ref
 from compaction.text import cut_middle, one_line, output_body, shrink_arguments
@@ -132,7 +133,23 @@ def _prune_result(messages: Sequence[Message], index: int, profile: Profile, sal
     brief = tool_brief(call_for_result(messages, index), message, limit=body_limit)
     if len(brief) > body_limit:  # only with a tiny configured limit
         brief = one_line(brief, max(body_limit, 1))
-    return {**message, "content": brief + suffix}
+    return {**message, "content": _briefed(message.get("content"), brief + suffix)}
+
+
+def _briefed(content: Any, brief: str) -> Any:
+    """The content of a result briefed as ``brief``: its text and images give way
+    to the brief (which counts the images); parts of types the engine does not
+    know ride along after it, as they were, for no brief can stand for them (a
+    tool reference that loads a tool)."""
+    if not isinstance(content, list):
+        return brief
+    opaque = [p for p in content if isinstance(p, dict) and p.get("type") not in KNOWN_PARTS]
+    if not opaque:
+        return brief
+    # The brief takes the shape of the first text part (its type differs per API).
+    texts = (p for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    first = next(texts, {"type": "text"})
+    return [{**first, "text": brief}, *opaque]
 
 
 def tool_brief(call: dict[str, Any] | None, result: Message, *, limit: int | None = None) -> str:

@@ -4,8 +4,8 @@ No model runs offline, so the loopback upstream answers the proxy's
 ``--summarizer llm`` calls with a summary built from the prompt itself, the
 way a careful model would fill the requested headings from the transcript::
 
-    Goal              the previous summary's goal, else the first user line,
-                      else the first assistant line of the transcript
+    Goal              the previous summary's goal, else the first user message's
+                      first line, else the first assistant message's
     Progress / Done   the previous summary's Done items, then each tool call
                       of the transcript (its command or arguments)
     In Progress       the newest assistant line
@@ -42,7 +42,6 @@ _ERROR = re.compile(
     r"(\w+(Error|Exception)\b|Traceback|\bFAILED\b|\bFAIL:|\bexit (code|status) [1-9]|"
     r"\b[1-9]\d* failed\b|^E\s{2,})"
 )
-_TAG = re.compile(r"</?[a-z][a-z-]*>")
 _SECTION = re.compile(r"^## (.+)$", re.MULTILINE)
 
 
@@ -70,22 +69,29 @@ def stand_in_reply(
 
 
 def _read(text: str) -> _Transcript:
+    """The transcript as the prompt quotes it: a label line (``[User]:``), then
+    the message's lines, each started by ``> `` (:func:`compaction.prompts.quoted`)."""
     read = _Transcript()
+    label, first = "", False
     for raw in text.splitlines():
-        line = _TAG.sub("", raw).strip()
+        if not raw.startswith(">"):
+            label, first = raw.strip().rstrip(":"), True
+            continue
+        line = raw[1:].strip()
         if not line:
             continue
-        if line.startswith("[User]:"):
-            read.users.append(_quote(line.removeprefix("[User]:")))
-        elif line.startswith("[Assistant]:"):
-            read.thoughts.append(_quote(line.removeprefix("[Assistant]:")))
-        elif line.startswith("[Assistant tool calls]:"):
-            read.calls.append(_quote(line.removeprefix("[Assistant tool calls]:")))
+        if label == "[User]" and first:
+            read.users.append(_quote(line))
+        elif label == "[Assistant]" and first:
+            read.thoughts.append(_quote(line))
+        elif label == "[Assistant tool calls]":
+            read.calls.append(_quote(line))
         elif _ERROR.search(line):
-            error = _quote(line.removeprefix("[Tool result]:"))
+            error = _quote(line)
             if error in read.errors:
                 read.errors.remove(error)
             read.errors.append(error)
+        first = False
     return read
 
 

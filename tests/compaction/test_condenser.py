@@ -16,7 +16,7 @@ from compaction.condenser import (
 )
 from compaction.errors import SummarizationError
 from compaction.files import FileLists, parse_file_lists
-from compaction.messages import message_text, validate_tool_pairing
+from compaction.messages import OPAQUE_KEY, message_text, validate_tool_pairing
 from compaction.profile import Profile
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from compaction.pruner import prune
@@ -202,9 +202,9 @@ def test_llm_prompt_has_no_tools_and_the_budget_as_max_tokens() -> None:
     assert all(set(m) == {"role", "content"} for m in prompt)
     assert prompt[0]["content"] == SUMMARY_SYSTEM_PROMPT
     text = prompt[1]["content"]
-    assert "[Assistant]: Step 0: looking further." in text
-    assert '[Assistant tool calls]: bash({"command": "cat src/mod0.py"})' in text
-    assert "[Tool result]: <returncode>0</returncode>" in text
+    assert "[Assistant]:\n> Step 0: looking further." in text
+    assert '[Assistant tool calls]:\n> bash({"command": "cat src/mod0.py"})' in text
+    assert "[Tool result]:\n> <returncode>0</returncode>" in text
     assert "characters cut" in text  # 3,000-char outputs cut to 2,000
     assert "<previous-summary>" not in text
 
@@ -243,7 +243,7 @@ def test_instructions_reach_the_prompt() -> None:
         fake=fake,
         instructions="keep the parser errors",
     )
-    assert "<focus>\nkeep the parser errors\n</focus>" in fake.prompt_text()
+    assert "<focus>\n> keep the parser errors\n</focus>" in fake.prompt_text()
 
 
 # --- fallbacks -------------------------------------------------------------------
@@ -420,7 +420,7 @@ def test_split_turn_output_shape() -> None:
     ]
     assert result.summarizer_calls == 2
     prefix_prompt = fake.prompt_text(1)
-    assert "<current-request>\nNow add tests for it.\n</current-request>" in prefix_prompt
+    assert "<current-request>\n> Now add tests for it.\n</current-request>" in prefix_prompt
     assert "cat tests/test_parser.py" in prefix_prompt and "src/parser.py" not in prefix_prompt
     assert "Now add tests" not in fake.prompt_text(0)
     replaced = sum(COUNTER.count_messages(messages[2:5] + messages[6:10]))
@@ -548,3 +548,39 @@ def test_a_middle_of_pinned_messages_only_has_nothing_to_condense() -> None:
     messages = [system(), user("go"), {"role": "system", "content": "x"}, user("now")]
     with pytest.raises(SummarizationError, match="nothing to condense"):
         run(messages, plan_condense(messages, 2, 3), mode="extractive")
+
+
+# --- opaque content -------------------------------------------------------------
+
+
+def test_a_group_holding_a_part_no_summary_can_stand_for_rides_along_whole() -> None:
+    messages = conversation()
+    call, result = tool_group("tool_search", {"query": "select:fetch"}, "")
+    reference = {"type": "tool_reference", "tool_name": "fetch"}
+    result = {**result, "content": [{"type": "text", "text": "loaded"}, reference]}
+    messages[5:5] = [call, result]  # between two groups
+    tail = last_user(messages)
+    plan = plan_condense(messages, 2, tail)
+    assert plan.pinned == (5, 6)
+    fake = RecordingSummarizer()
+    out = run(messages, plan, fake=fake).messages
+    assert is_summary(out[2]) and out[3] is call and out[4] is result
+    assert all(a is b for a, b in zip(out[5:], messages[tail:], strict=True))
+    assert "select:fetch" not in fake.prompt_text()
+    assert validate_tool_pairing(out) == []
+
+
+def test_a_caller_marks_what_no_summary_can_stand_for() -> None:
+    messages = conversation()
+    marked = {"role": "user", "content": "counted", OPAQUE_KEY: True}
+    unmarked = {"role": "user", "content": [{"type": "item", "item": {}}], OPAQUE_KEY: False}
+    messages[5:5] = [marked, unmarked]
+    assert plan_condense(messages, 2, last_user(messages)).pinned == (5,)
+
+
+def test_a_middle_of_opaque_groups_only_is_not_condensed() -> None:
+    call, result = tool_group("tool_search", {"query": "q"}, "")
+    result = {**result, "content": [{"type": "tool_reference", "tool_name": "fetch"}]}
+    messages = [system(), user("go"), call, result, user("now")]
+    with pytest.raises(SummarizationError, match="nothing to condense"):
+        run(messages, plan_condense(messages, 2, 4), mode="extractive")

@@ -36,7 +36,7 @@ ERROR_SHARE = 0.95
 USER_PREFIX_CHARS = 1_500
 
 _TALLY = re.compile(r"^=*\s*(?:\d+ \w+, )*\d+ (?:failed|errors?)\b.*$")
-_TOOL_CALL = re.compile(r"^\[Assistant tool calls\]: \w+\((\{.*\})\)$", re.MULTILINE)
+_TOOL_CALL = re.compile(r"^> \w+\((\{.*\})\)$", re.MULTILINE)
 
 
 def _errors_with_tallies(text: str) -> Iterator[str]:
@@ -61,6 +61,9 @@ def typed(middle: Sequence[dict[str, Any]]) -> list[str]:
         if not text or text.startswith(SUMMARY_MARKER) or text.startswith("/compact"):
             continue
         if "<returncode>" in text or "<output>" in text:
+            continue
+        # mini-swe-agent's complaint about a reply's format: the harness wrote it.
+        if text.startswith("Please always provide EXACTLY ONE action"):
             continue
         found.append(text)
     return found

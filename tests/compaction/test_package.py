@@ -16,6 +16,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
     assert set(compaction.__all__) == {
         "DEFAULT_READING_CACHE_BYTES",
         "NO_REREADS",
+        "OPAQUE_KEY",
         "ORIGIN_KEY",
         "PRICING_PRESETS",
         "REF_PATTERN",

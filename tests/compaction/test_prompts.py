@@ -36,31 +36,37 @@ def test_serialization_labels_every_kind_of_message() -> None:
         2_000,
     )
     assert text.splitlines() == [
-        "[System]: be brief",
+        "[System]:",
+        "> be brief",
         "",
-        "[User]: Fix the bug",
+        "[User]:",
+        "> Fix the bug",
         "",
-        "[Assistant]: Looking at it.",
+        "[Assistant]:",
+        "> Looking at it.",
         "",
-        '[Assistant tool calls]: bash({"command": "ls -la"})',
+        "[Assistant tool calls]:",
+        '> bash({"command": "ls -la"})',
         "",
-        "[Tool result]: total 0",
+        "[Tool result]:",
+        "> total 0",
         "",
-        "[Tool result]: legacy result",
+        "[Tool result]:",
+        "> legacy result",
     ]
 
 
 def test_assistant_text_and_calls_share_one_block() -> None:
     message = {**tool_group("read_file", {"path": "a.py"})[0], "content": "Reading."}
     assert serialize_message(message, 2_000) == (
-        '[Assistant]: Reading.\n[Assistant tool calls]: read_file({"path": "a.py"})'
+        '[Assistant]:\n> Reading.\n[Assistant tool calls]:\n> read_file({"path": "a.py"})'
     )
 
 
 def test_tool_results_are_cut_keeping_start_and_end() -> None:
     output = "START" + "x" * 10_000 + "Traceback: ValueError: boom END"
     text = serialize_message({"role": "tool", "tool_call_id": "c", "content": output}, 2_000)
-    body = text.removeprefix("[Tool result]: ")
+    body = text.removeprefix("[Tool result]:\n> ")
     assert body.startswith("START")
     assert body.endswith("ValueError: boom END")
     assert "characters cut" in body
@@ -80,15 +86,15 @@ def test_images_are_mentioned_not_inlined() -> None:
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
         ],
     }
-    assert serialize_message(message, 2_000) == "[User]: what is this\n[image]"
+    assert serialize_message(message, 2_000) == "[User]:\n> what is this\n> [image]"
 
 
 def test_summary_prompt_shape() -> None:
-    prompt = summary_prompt("[User]: hi", budget=700)
+    prompt = summary_prompt("[User]:\n> hi", budget=700)
     assert [m["role"] for m in prompt] == ["system", "user"]
     assert all(set(m) == {"role", "content"} for m in prompt)
     assert prompt[0]["content"] == SUMMARY_SYSTEM_PROMPT
-    assert "<conversation>\n[User]: hi\n</conversation>" in prompt[1]["content"]
+    assert "<conversation>\n[User]:\n> hi\n</conversation>" in prompt[1]["content"]
     assert "700" in prompt[1]["content"]
     assert "<previous-summary>" not in prompt[1]["content"]
     assert "<focus>" not in prompt[1]["content"]
@@ -138,7 +144,7 @@ def test_every_tag_and_label_the_prompt_uses_is_one_the_checks_know() -> None:
     ]
     tags = {t for text in texts for t in re.findall(r"</?([a-z-]+)>", text)}
     assert tags == set(PROMPT_TAGS)
-    labels = {ln.split(":")[0] for ln in transcript.splitlines() if ln}
+    labels = {ln.split(":")[0] for ln in transcript.splitlines() if ln and ln[0] != ">"}
     assert labels <= set(ROLE_LABELS)
 
 
@@ -149,7 +155,7 @@ def test_summary_prompt_rolls_previous_summaries_and_focus() -> None:
     content = prompt[1]["content"]
     assert "<previous-summary>\n## Goal\n- old goal\n</previous-summary>" in content
     assert "Update the previous summary" in content
-    assert "<focus>\nthe auth bug\n</focus>" in content
+    assert "<focus>\n> the auth bug\n</focus>" in content
     assert content.index("<previous-summary>") < content.index("<conversation>")
 
 
@@ -157,7 +163,7 @@ def test_turn_prefix_prompt() -> None:
     prompt = turn_prefix_prompt("[Assistant]: step", request="Add a flag", budget=500)
     assert prompt[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT
     content = prompt[1]["content"]
-    assert "<current-request>\nAdd a flag\n</current-request>" in content
+    assert "<current-request>\n> Add a flag\n</current-request>" in content
     assert "<turn-steps>\n[Assistant]: step\n</turn-steps>" in content
 
 
@@ -207,13 +213,14 @@ def test_a_clipped_tool_result_keeps_its_error_lines_exit_code_and_paths() -> No
     )
     group = tool_group("bash", {"command": "python -m pytest tests/"}, output)
     text = serialize_messages(group, 2_000)
-    result = text.split("[Tool result]: ")[1]
+    quoted_result = text.split("[Tool result]:\n")[1]
+    result = "\n".join(line.removeprefix("> ") for line in quoted_result.splitlines())
     assert len(result) <= 2_000
     assert "<returncode>1</returncode>" in result
     assert "KeyError: 'migrations'" in result and "FAILED (failures=1)" in result
     assert '/repo/src/loader.py", line 88' in result
     assert "characters cut …]" in result
-    assert '[Assistant tool calls]: bash({"command": "python -m pytest tests/"})' in text
+    assert '[Assistant tool calls]:\n> bash({"command": "python -m pytest tests/"})' in text
 
 
 # --- checking a reply -----------------------------------------------------------

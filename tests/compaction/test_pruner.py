@@ -411,3 +411,19 @@ def test_shrunk_arguments_stay_valid_json_and_are_stable(value: Any, limit: int)
     json.loads(shrunk)
     assert len(shrunk) <= len(arguments)
     assert shrink_arguments(shrunk, limit) == shrunk
+
+
+def test_a_brief_keeps_the_parts_it_cannot_stand_for_after_it() -> None:
+    reference = {"type": "tool_reference", "tool_name": "fetch"}
+    call, result = tool_group("tool_search", {"query": "fetch"}, "")
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "schema line\n" * 2_000}
+    result = {**result, "content": [text, image, reference]}
+    messages = [system(), user("task"), call, result]
+    pruned = prune(messages, 2, 4, PROFILE).messages[-1]
+    brief, *rest = pruned["content"]
+    assert brief["type"] == "text" and brief["text"].startswith("[tool_search]")
+    assert "1 image" in brief["text"]
+    assert rest == [reference] and rest[0] is reference
+    again = prune([*messages[:3], pruned], 2, 4, PROFILE).messages[-1]
+    assert again is pruned

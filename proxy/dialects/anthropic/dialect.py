@@ -20,6 +20,16 @@ document, whatever its length). What the engine must neither cut nor drop —
 the string field :data:`UNCUT`: thinking by its text, the rest by its JSON.
 The engine counts strings it does not know and never edits them.
 
+**What no summary can stand for rides along.** Blocks the proxy drops with
+a condensed span are the ones whose loss the summary makes good: text,
+images and documents, thinking (the API keeps no earlier turn's), tool calls
+and results, and the server tools' calls and results that only report what
+the model looked up. Any other block — a ``tool_reference`` inside a
+``tool_result`` (it loads a tool the model goes on to call), a server tool
+search's result, a type that does not exist yet — marks its engine message
+opaque (:data:`compaction.OPAQUE_KEY`): a condensed span keeps its group
+verbatim after the summary, and a pruned result keeps it beside the brief.
+
 **Blocks beside tool results are the user's.** Claude Code adds text to the
 message answering tool calls when the user types while a tool runs or a hook
 adds a reminder, and a client may add images or documents. The engine sees
@@ -69,7 +79,7 @@ from typing import Any
 
 import orjson
 
-from compaction import Message, SummarizationError, message_text
+from compaction import OPAQUE_KEY, Message, SummarizationError, message_text
 from config import ModelConfig
 from proxy.dialects.anthropic import replies
 from proxy.dialects.anthropic.pairing import (
@@ -92,6 +102,29 @@ _BINARY_SOURCES = frozenset({"base64", "url", "file"})
 _ROLES = frozenset({"user", "assistant", "system"})
 #: Engine roles of the instructions kept in place after the head.
 _PINNED = frozenset({"system", "developer"})
+#: Block types a condensed span may drop: what a summary stands for (see the
+#: module doc). Every other block makes its message opaque.
+_SUMMARIZED = frozenset(
+    {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "container_upload",
+    }
+)
 
 
 class AnthropicDialect:
@@ -253,6 +286,8 @@ def _to_engine(item: dict[str, Any], *, newest: bool) -> list[Message]:
             uncut = "\n".join(t for t in (last.get(UNCUT, ""), _uncut(rest)) if t)
             if uncut:
                 last[UNCUT] = uncut
+            if _opaque(rest):
+                last[OPAQUE_KEY] = True
         return out
     return [_engine_message(role if role in _ROLES else "user", content)]
 
@@ -262,7 +297,22 @@ def _engine_message(role: Any, content: Any) -> Message:
     uncut = _uncut(content)
     if uncut:
         message[UNCUT] = uncut
+    if _opaque(content):
+        message[OPAQUE_KEY] = True
     return message
+
+
+def _opaque(content: Any) -> bool:
+    """Whether ``content`` holds a block no summary can stand for (see the module
+    doc), at its top level or inside a ``tool_result``."""
+    if not isinstance(content, list):
+        return False
+    for block in content:
+        if not isinstance(block, dict) or block.get("type") not in _SUMMARIZED:
+            return True
+        if is_result(block) and _opaque(block.get("content")):
+            return True
+    return False
 
 
 def _assistant(content: Any) -> Message:

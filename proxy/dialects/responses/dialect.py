@@ -47,6 +47,14 @@ cut, not shown to the summarizer): an encrypted reasoning item is only ever
 forwarded as the client sent it. ``encrypted_content`` is not counted: the API
 does not keep an earlier turn's reasoning in the model's context.
 
+**What no summary can stand for rides along.** A condensed span drops what
+its summary stands for: the model's turns (reasoning, messages, every
+``*_call``) and the outputs of known calls. An item of a type the proxy does
+not know (an ``item_reference``, a newer item), an unknown output, and a
+content part of an unknown type mark their engine message opaque
+(:data:`compaction.OPAQUE_KEY`): a condensed span keeps their group verbatim
+after the summary, and a pruned output keeps such parts beside its brief.
+
 Pure: no I/O; :data:`RESPONSES` is a stateless singleton.
 """
 
@@ -58,7 +66,7 @@ from typing import Any
 
 import orjson
 
-from compaction import Message, SummarizationError, message_text
+from compaction import OPAQUE_KEY, Message, SummarizationError, message_text
 from config import ModelConfig
 from proxy.dialects.base import Mapped, Reading, clean, read_mapped, rebuild
 from proxy.dialects.responses import replies
@@ -80,6 +88,11 @@ _TEXT_OUTPUTS = frozenset(
         "apply_patch_call_output",
     }
 )
+#: Outputs of other known calls, forwarded whole where kept: what a summary
+#: stands for when their span is condensed (screenshots, shell runs).
+_SUMMARIZED_OUTPUTS = _TEXT_OUTPUTS | {"computer_call_output", "shell_call_output"}
+#: Content part types of message items (as the engine reads them: text, images, files).
+_PARTS = frozenset({"input_text", "output_text", "refusal", "input_image", "input_file"})
 #: The output item made for a call the engine gave a placeholder result.
 _OUTPUT_FOR = {"custom_tool_call": "custom_tool_call_output"}
 
@@ -198,6 +211,14 @@ def _run_message(run: list[dict[str, Any]], answered: set[str]) -> Message:
     message: Message = {"role": "assistant", "content": parts}
     if calls:
         message["tool_calls"] = calls
+    # Its reasoning and call parts are the dialect's own: only a message part of
+    # an unknown type is what no summary can stand for.
+    message[OPAQUE_KEY] = any(
+        not isinstance(part, dict) or part.get("type") not in _PARTS
+        for item in run
+        if item.get("role") == "assistant"
+        for part in _message_parts(item)
+    )
     return message
 
 
@@ -378,12 +399,14 @@ def _map_items(mapped: Mapped, items: list[Any]) -> None:
         if i in outputs:
             message: Message = {"role": "tool", "tool_call_id": _call_id(item)}
             message["content"] = _output_content(item)
+            if message["content"] != item.get("output"):  # the item as one part of its own
+                message[OPAQUE_KEY] = item.get("type") not in _SUMMARIZED_OUTPUTS
         elif kind in ("user", "system"):
             message = {"role": kind, "content": item.get("content")}
         elif kind == "compaction":
-            message = {"role": "system", "content": [_opaque(item)]}
+            message = {"role": "system", "content": [_opaque(item)], OPAQUE_KEY: False}
         else:  # an output answering no call before it, or an item the engine cannot read
-            message = {"role": "user", "content": [_opaque(item)]}
+            message = {"role": "user", "content": [_opaque(item)], OPAQUE_KEY: True}
         mapped.add(item, [message])
         i += 1
 
