@@ -46,8 +46,8 @@ from compaction.messages import (
     Group,
     group_messages,
     head_end,
-    riding_in,
     repair_tool_pairing,
+    riding_in,
     tail_start,
     validate_tool_pairing,
 )
