@@ -96,6 +96,7 @@ from compaction.tokens import (
     text_size,
 )
 from compaction.typed import first_typed, typed_text
+from compaction.typed import first_typed, typed_text
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [
@@ -158,6 +159,7 @@ __all__ = [
     "encoding_for_model",
     "execute",
     "find_original",
+    "first_typed",
     "forwarded",
     "group_messages",
     "head_end",
@@ -189,6 +191,7 @@ __all__ = [
     "tail_start",
     "text_size",
     "tool_calls",
+    "typed_text",
     "validate_tool_pairing",
     "window_to_learn",
     "with_body",

@@ -70,6 +70,7 @@ from compaction.summary_checks import (
 )
 from compaction.text import fit_tokens, one_line
 from compaction.tokens import KeyMemo, TokenCounter
+from compaction.typed import first_typed
 from compaction.types import Message, Summarizer
 
 #: Room left in the summarizer's window besides the prompt and the reply: the
@@ -288,11 +289,8 @@ async def condense(
 
 
 def _task(head: Sequence[Message]) -> str:
-    """The head's first user message: the task, read for the identifiers it names."""
-    for message in head:
-        if message.get("role") == "user" and not is_summary(message):
-            return message_text(message)
-    return ""
+    """The head's first typed words: the task, read for the identifiers it names."""
+    return first_typed(head)
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from compaction.files import FileLists
-from compaction.messages import message_text
 from compaction.shell import looks_like_path
-from compaction.summary import is_summary
 from compaction.summary_checks import BULLET, STOPWORDS, WORD, file_name
-from compaction.text import without_reminders
+from compaction.typed import first_typed
 from compaction.types import Message
 
 #: A task with fewer content words than this says too little to check a Goal against.
@@ -106,14 +104,13 @@ class SpanFacts:
 
 
 def task_of(head: Sequence[Message], previous: Sequence[str]) -> str:
-    """The task a summary's Goal restates: the head's first user message (less
-    the client's ``<system-reminder>`` context), or, when the head has none, the
-    Goal sections of the summaries being folded in."""
-    for message in head:
-        if message.get("role") == "user" and not is_summary(message):
-            text = without_reminders(message_text(message)).strip()
-            if text:
-                return text
+    """The task a summary's Goal restates: the first words typed in the head
+    (:func:`compaction.typed.first_typed`: not the client's context or canned
+    examples), or, when the head has none, the Goal sections of the summaries
+    being folded in."""
+    task = first_typed(head)
+    if task:
+        return task
     return "\n".join(line for text in previous for line in summary_section(text, "goal"))
 
 

@@ -37,8 +37,9 @@ from compaction.messages import message_text
 from compaction.ranked import RankedLines
 from compaction.steps import Step, tool_steps
 from compaction.summary import is_summary
-from compaction.text import one_line, without_reminders
+from compaction.text import one_line
 from compaction.tokens import TokenCounter
+from compaction.typed import first_typed, typed_messages
 from compaction.types import Message
 
 _TASK_CHARS = 240
@@ -132,7 +133,7 @@ def extractive_summary(
     old = [_parse_previous(text) for text in previous]
 
     if not turn_prefix:
-        requests = _user_texts(ordinary)
+        requests = typed_messages(ordinary)
         _goal(lines, head, requests, old)
         _constraints(lines, requests, old, instructions)
     steps = tool_steps(ordinary)
@@ -162,7 +163,7 @@ def _goal(
     for sections in old:
         for line in sections.get("Goal", []):
             lines.add("Goal", line, 95)
-    task = _first_user_text(head)
+    task = first_typed(head)
     requests = list(requests)
     if task:
         lines.add("Goal", f"Task: {_task_quote(task)}", 100)
@@ -313,22 +314,6 @@ def _tally(texts: Iterable[str]) -> list[tuple[str, int]]:
 
 def _times(count: int) -> str:
     return f" ({count} times)" if count > 1 else ""
-
-
-def _user_texts(messages: Iterable[Message]) -> list[str]:
-    texts = (message_text(m) for m in messages if m.get("role") == "user")
-    return [text for text in texts if text.strip()]
-
-
-def _first_user_text(messages: Iterable[Message]) -> str:
-    """The task: the first user message's own words (a client's
-    ``<system-reminder>`` context is not what the user asked)."""
-    for message in messages:
-        if message.get("role") == "user" and not is_summary(message):
-            text = without_reminders(message_text(message)).strip()
-            if text:
-                return text
-    return ""
 
 
 def _assistant_texts(messages: Sequence[Message]) -> list[str]:

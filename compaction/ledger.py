@@ -17,8 +17,10 @@ every summary after the prose:
   task or by the user, and the names the agent's own turns used: files (with
   a line, ``path:123``), dotted, ``snake_case`` and ``CamelCase`` names;
 * ``<user-messages>`` — every message the user typed in the span, verbatim
-  up to :data:`USER_MESSAGE_CHARS` (tool observations sent as user messages,
-  earlier summaries and ``/compact`` commands are not typed words).
+  up to :data:`USER_MESSAGE_CHARS`, less what its client added
+  (:func:`compaction.typed.typed_messages`: tool observations sent as user
+  messages, earlier summaries, ``/compact`` commands and client boilerplate
+  are not typed words).
 
 Every block keeps its entries oldest first; the position of an entry is its
 recency. An earlier summary's ledger is parsed back and merged in, its
@@ -43,6 +45,7 @@ from compaction.profile import DEFAULT_LEDGER_SHARE, Profile
 from compaction.recall import mark, original_text, output_ref, ref_of
 from compaction.text import word_cut
 from compaction.tokens import TokenCounter
+from compaction.typed import typed_messages
 from compaction.types import Message
 
 #: A user message is kept whole up to this many characters, then cut between
@@ -73,9 +76,6 @@ _CUT_MARKER = " […{:,} characters cut]"
 
 _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
 _EXIT_CODE = re.compile(r"(?i)\bexit(?:\s+code|\s+status)?\s*[:=]?\s*(-?\d+)\b")
-#: Observation blocks some harnesses send as user messages (mini-swe-agent).
-_OBSERVATION = re.compile(r"<returncode>|<output>|^OBSERVATION:|^Observation:", re.MULTILINE)
-_COMPACT_COMMAND = re.compile(r"^\s*/compact\b")
 _ISSUE = re.compile(r"(?<![\w#/&])#\d{1,7}\b")
 _TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d{1,7}\b")
 _URL = re.compile(r"\bhttps?://[^\s<>()\"'`]{1,300}")
@@ -199,27 +199,6 @@ def errors_in(messages: Sequence[Message]) -> list[str]:
     from compaction.steps import tool_steps
 
     return [error for step in tool_steps(messages) for error in step.errors]
-
-
-def typed_messages(messages: Iterable[Message]) -> list[str]:
-    """The texts of the user messages a person typed: no tool observation, earlier
-    summary or ``/compact`` command."""
-    from compaction.summary import is_summary
-
-    found = []
-    for message in messages:
-        if message.get("role") != "user" or is_summary(message):
-            continue
-        content = message.get("content")
-        if isinstance(content, list) and any(
-            isinstance(part, dict) and part.get("type") == "tool_result" for part in content
-        ):
-            continue
-        text = message_text(message).strip()
-        if not text or _COMPACT_COMMAND.match(text) or _OBSERVATION.search(text[:2_000]):
-            continue
-        found.append(text)
-    return found
 
 
 def _cap_user(text: str) -> str:
@@ -478,5 +457,4 @@ __all__ = [
     "parse_ledger",
     "render_ledger",
     "strip_ledger",
-    "typed_messages",
 ]

@@ -557,11 +557,25 @@ def repair_tool_pairing(messages: Sequence[Message]) -> Repair:
 
 def head_end(messages: Sequence[Message], groups: Sequence[Group], head_count: int) -> int:
     """Index one past the head: leading system/developer messages and at least
-    ``head_count`` messages, extended so that no group is cut."""
+    ``head_count`` messages, extended so that no group is cut.
+
+    When the client sent context of its own before the first message a person
+    typed (Codex's environment and AGENTS.md, aider's example exchange and
+    repository map: :func:`compaction.typed.context_end`), the head runs
+    through that context and the message after it, so the task is kept
+    verbatim and the client's boilerplate is never what a summary stands for.
+    """
+    # Imported here: reading what was typed needs this module's readers.
+    from compaction.typed import context_end
+
     leading = 0
     while leading < len(messages) and messages[leading].get("role") in HEAD_ROLES:
         leading += 1
-    wanted = min(max(head_count, leading), len(messages))
+    wanted = max(head_count, leading)
+    context = context_end(messages)
+    if context > leading:
+        wanted = max(wanted, context + 1)
+    wanted = min(wanted, len(messages))
     if wanted == 0:
         return 0
     for group in groups:

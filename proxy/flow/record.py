@@ -3,8 +3,8 @@
 Apart from the recorder, which the app's state holds: this reads the
 handler's types, which the state must not import.
 
-Besides sizes, a figure carries the session's label: the first words of the
-task (the conversation's first request) and the client's ``User-Agent``. Its
+Besides sizes, a figure carries the session's label: the first words the user
+typed (the task, without its client's boilerplate) and the client's ``User-Agent``. Its
 owner typed the one and sent the other; the dashboard shows them to that owner
 (and the admin) only, never to another caller.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from compaction import NO_REREADS, Message, Rereads, count_rereads, is_summary, message_text
+from compaction import NO_REREADS, Message, Rereads, count_rereads, first_typed
 from proxy.flow.bill import Bill, bill_of
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
@@ -123,21 +123,14 @@ def empty_stream(call: Call) -> None:
 
 
 def task_words(messages: Sequence[Message]) -> str:
-    """The first words of the conversation's first request (its first user
-    message that is not a summary the proxy wrote), on one line."""
-    for message in messages:
-        if message.get("role") != "user" or is_summary(message):
-            continue
-        text = message_text(message)
-        # Only the start is read: a first message of megabytes costs nothing more.
-        words = " ".join(text[: TASK_CHARS * 4].split())
-        if not words:
-            continue
-        if len(words) <= TASK_CHARS:
-            return words
-        cut = words[:TASK_CHARS].rsplit(" ", 1)[0] or words[:TASK_CHARS]
-        return cut + "…"
-    return ""
+    """The first words the user typed in the conversation (:func:`compaction.first_typed`:
+    not its client's reminders, context or canned examples), on one line."""
+    # Only the start is kept: a first message of megabytes is read once, then dropped.
+    words = " ".join(first_typed(messages)[: TASK_CHARS * 4].split())
+    if len(words) <= TASK_CHARS:
+        return words
+    cut = words[:TASK_CHARS].rsplit(" ", 1)[0] or words[:TASK_CHARS]
+    return cut + "…"
 
 
 def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bool) -> Bill:

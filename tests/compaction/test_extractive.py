@@ -236,6 +236,23 @@ COMPLAINT = (
 
 def test_repeated_user_messages_appear_once_with_a_count() -> None:
     middle = [
+        user("Run the tests before every commit, found 3 failures."),
+        assistant("Sorry, running them now."),
+        user("Run the tests before every commit, found 2 failures."),
+        user("Also add a changelog entry."),
+        user("Run the tests before every commit, found 2 failures."),
+    ]
+    text = summarize(middle, head=[system(), user("Fix the bug.")])
+    goal = text.split("## Goal")[1].split("## Constraints")[0]
+    constraints = text.split("## Constraints & Preferences")[1].split("## Progress")[0]
+    assert "Run the tests" not in goal  # a reminder, not a request
+    assert "User: Also add a changelog entry." in goal
+    assert constraints.count("Run the tests") == 1
+    assert "- User, 3 times: Run the tests before every commit, found 2 failures." in constraints
+
+
+def test_a_harness_format_complaint_is_not_the_users_words() -> None:
+    middle = [
         user(COMPLAINT.format(n=3)),
         assistant("Sorry, one action this time."),
         user(COMPLAINT.format(n=2)),
@@ -243,15 +260,8 @@ def test_repeated_user_messages_appear_once_with_a_count() -> None:
         user(COMPLAINT.format(n=2)),
     ]
     text = summarize(middle, head=[system(), user("Fix the bug.")])
-    goal = text.split("## Goal")[1].split("## Constraints")[0]
-    constraints = text.split("## Constraints & Preferences")[1].split("## Progress")[0]
-    assert "EXACTLY ONE" not in goal  # a reminder, not a request
-    assert "User: Also add a changelog entry." in goal
-    assert constraints.count("EXACTLY ONE") == 1
-    assert "- User, 3 times: Please always provide EXACTLY ONE action in triple backticks, " in (
-        constraints
-    )
-    assert "found 2 actions." in constraints  # the newest wording
+    assert "EXACTLY ONE" not in text
+    assert "User: Also add a changelog entry." in text
 
 
 def test_a_rule_repeated_in_different_messages_is_counted() -> None:

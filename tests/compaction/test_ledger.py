@@ -19,9 +19,9 @@ from compaction.ledger import (
     parse_ledger,
     render_ledger,
     strip_ledger,
-    typed_messages,
 )
 from compaction.summary import parse_summary, summary_message, with_body
+from compaction.typed import typed_messages
 
 COUNTER = TokenCounter("gpt-4o")
 PROFILE = Profile()

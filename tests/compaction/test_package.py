@@ -105,6 +105,8 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "tail_start",
         "text_size",
         "tool_calls",
+        "typed_text",
+        "first_typed",
         "validate_tool_pairing",
         "window_to_learn",
         "with_body",
