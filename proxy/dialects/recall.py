@@ -19,9 +19,11 @@ relayed is dropped: answering it would mean showing the client that call twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from compaction import RECALL_TOOL_NAME
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,29 @@ def token_count(usage: Any, key: str) -> int:
     such object, no such key, or no whole number there."""
     value = usage.get(key) if isinstance(usage, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _name(tool: Any) -> Any:
+    return tool.get("name") if isinstance(tool, dict) else None
+
+
+def without_recall_tool(body: dict[str, Any], name: Callable[[Any], Any] = _name) -> dict[str, Any]:
+    """``body`` with every tool ``name`` calls ``compaction_recall`` left out of
+    ``tools`` (by default its ``name``: Anthropic's and Responses' shape).
+
+    The history keeps the model's calls to it: none of the three APIs checks
+    a call in the history against the tools declared (Anthropic asks only
+    that ``tools`` be there at all when the history holds ``tool_use``
+    blocks, and the client's own are). A ``tool_choice`` of none would have
+    forbidden the client's tools too, and the model would have ended the
+    client's turn with text where it meant to go on working. The tools block
+    differs from the earlier rounds', so this round is not served from their
+    prompt cache: the price of a rare round, the one after ``recall_rounds``.
+    """
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return dict(body)
+    return {**body, "tools": [tool for tool in tools if name(tool) != RECALL_TOOL_NAME]}
 
 
 class RecallStream(Protocol):
@@ -113,9 +138,11 @@ class RecallSurface(Protocol):
         appended (the exchange, put back on the conversation's next turn)."""
         ...
 
-    def no_more_calls(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``body`` asking for an answer that calls no tool (the last recall round):
-        the API's ``tool_choice`` of none."""
+    def without_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` for the last recall round: the recall tool taken out of
+        ``tools``, everything else — the client's tools, its ``tool_choice`` —
+        as it was, so the model may still call the client's tools but can
+        recall no more (see :func:`without_recall_tool`)."""
         ...
 
     def usage(self, answer: dict[str, Any]) -> Usage:
@@ -132,4 +159,11 @@ class RecallSurface(Protocol):
         ...
 
 
-__all__ = ["RecallCall", "RecallStream", "RecallSurface", "Usage", "token_count"]
+__all__ = [
+    "RecallCall",
+    "RecallStream",
+    "RecallSurface",
+    "Usage",
+    "token_count",
+    "without_recall_tool",
+]

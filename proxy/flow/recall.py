@@ -16,8 +16,9 @@ sent, and asks again; the client gets the last answer only:
   client stream.
 
 Bounds, per model (:class:`compaction.Profile`): ``recall_rounds`` answered
-rounds (the last follow-up forbids further tool calls, so the client gets an
-answer rather than a call to a tool it never declared), ``recall_slice_chars``
+rounds (the last follow-up no longer offers the recall tool, so the client
+gets an answer or a call to one of its own tools, never one to a tool it
+never declared), ``recall_slice_chars``
 per answer, ``recall_max_tokens`` added to a request over all its rounds (the
 model's turns and the tool's answers) — and never more than the room the
 request has left under its input limit. An unknown
@@ -78,8 +79,9 @@ Sender = Callable[[bytes], Awaitable[UpstreamResponse]]
 
 
 class RecallLimit(ProxyError):
-    """The upstream went on calling ``compaction_recall`` after the proxy's
-    last follow-up told it to call no tool: there is no answer to give.
+    """The upstream went on calling ``compaction_recall`` in the last round,
+    which no longer offered it, or its calling turn left no room for another
+    round: there is no answer to give.
 
     Its message, like :class:`RecallFailed`'s, never names the tool or a ref:
     the client never declared either."""
@@ -295,7 +297,7 @@ class Rounds:
         self.exchanges.extend(added)
         self.body = body
         if self.exhausted:
-            body = surface.no_more_calls(body)
+            body = surface.without_tool(body)
         return orjson.dumps(body)
 
     def remember(self, state: ProxyState) -> None:
@@ -375,7 +377,7 @@ async def whole(
 
 
 #: What the client is told when the model recalled past the last round.
-_PAST_LIMIT = "The upstream went on calling a tool after a last request that allowed none."
+_PAST_LIMIT = "The upstream called a tool the last request no longer offered."
 
 
 def _refused(upstream: UpstreamResponse) -> RecallFailed:

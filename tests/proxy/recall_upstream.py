@@ -12,8 +12,10 @@ that needs a line it can no longer see:
 * a request whose last turn is that tool's result gets a text answer,
   ``RECALLED: <the first line of the result holding "needle">`` (or
   ``RECALLED: <its first line>``);
-* with ``always`` set it calls the tool on every request whose
-  ``tool_choice`` allows tools, to test the proxy's round limit;
+* with ``always`` set it calls the tool on every request that offers it and
+  whose ``tool_choice`` allows tools, to test the proxy's round limit
+  (``stubborn``: even when neither is so); with ``client_tool`` set, a
+  request that no longer offers it gets a call to that client tool;
 * anything else gets ``NO RECALL``.
 
 It can also be a server with a stricter request schema: ``refuses_null``
@@ -54,6 +56,9 @@ class RecallUpstream:
     stubborn: bool = False
     #: What the model writes in the turn that calls the tool (whole answers).
     turn_text: str | None = None
+    #: Once the tool is no longer offered, go on working with this client tool
+    #: (a call with ``{"path": "app.py"}``) instead of answering in text.
+    client_tool: str | None = None
     #: Stream a little text before the call; without it, the calling turn
     #: streams its content as ``""`` alone (Chat Completions).
     preamble: bool = True
@@ -78,9 +83,12 @@ class RecallUpstream:
     # --- what the model decides -------------------------------------------------
 
     def _decide(self, conversation: bytes, offered: bool, allowed: bool, result: str | None) -> Any:
-        """``("call", ref)`` or ``("text", text)``."""
+        """``("call", ref)``, ``("client", tool)`` or ``("text", text)``."""
         allowed = allowed or self.stubborn
-        if result is not None and not (self.always and allowed):
+        offered = offered or self.stubborn
+        if result is not None and self.client_tool and allowed and not offered:
+            return "client", self.client_tool
+        if result is not None and not (self.always and allowed and offered):
             lines = result.splitlines() or [""]
             line = next((x for x in lines if "needle" in x), lines[0])
             return "text", f"RECALLED: {line}"
@@ -132,11 +140,12 @@ class RecallUpstream:
         kind, value = self._decide(orjson.dumps(messages), offered, allowed, result)
         n = len(self.received)
         usage = {"prompt_tokens": 100 * n, "completion_tokens": 10, "total_tokens": 100 * n + 10}
-        if kind == "call":
+        if kind != "text":
+            name, arguments = _called(kind, value)
             call = {
                 "id": f"call_{n}",
                 "type": "function",
-                "function": {"name": TOOL, "arguments": orjson.dumps({"ref": value}).decode()},
+                "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
             }
             message: dict[str, Any] = {
                 "role": "assistant",
@@ -194,10 +203,11 @@ class RecallUpstream:
         kind, value = self._decide(orjson.dumps(messages), offered, allowed, result)
         n = len(self.received)
         usage = {"input_tokens": 100 * n, "output_tokens": 10}
-        if kind == "call":
+        if kind != "text":
+            name, arguments = _called(kind, value)
             blocks: list[dict[str, Any]] = [
                 {"type": "text", "text": self.turn_text or PREAMBLE},
-                {"type": "tool_use", "id": f"toolu_{n}", "name": TOOL, "input": {"ref": value}},
+                {"type": "tool_use", "id": f"toolu_{n}", "name": name, "input": arguments},
             ]
             stop = "tool_use"
         else:
@@ -233,15 +243,16 @@ class RecallUpstream:
         kind, value = self._decide(orjson.dumps(items), offered, allowed, result)
         n = len(self.received)
         usage = {"input_tokens": 100 * n, "output_tokens": 10, "total_tokens": 100 * n + 10}
-        if kind == "call":
+        if kind != "text":
+            name, arguments = _called(kind, value)
             output: list[dict[str, Any]] = [
                 *([_message_item(f"msg_{n}_0", self.turn_text)] if self.turn_text else []),
                 {
                     "type": "function_call",
                     "id": f"fc_{n}",
                     "call_id": f"call_{n}",
-                    "name": TOOL,
-                    "arguments": orjson.dumps({"ref": value}).decode(),
+                    "name": name,
+                    "arguments": orjson.dumps(arguments).decode(),
                     "status": "completed",
                 },
             ]
@@ -265,6 +276,11 @@ class RecallUpstream:
     def turns(self) -> list[tuple[str, dict[str, Any]]]:
         """The requests of the conversation (not the summarizer's: they offer no tools)."""
         return [(api, body) for api, body in self.received if body.get("tools")]
+
+
+def _called(kind: str, value: str) -> tuple[str, dict[str, Any]]:
+    """The tool a ``"call"`` or ``"client"`` decision calls, and its arguments."""
+    return (TOOL, {"ref": value}) if kind == "call" else (value, {"path": "app.py"})
 
 
 def _message_item(item_id: str, text: str) -> dict[str, Any]:
@@ -306,7 +322,7 @@ def _chat_events(
         )
 
     yield chunk({"role": "assistant", "content": ""})
-    if kind == "call":
+    if kind != "text":
         if preamble:
             yield chunk({"content": PREAMBLE})
         call = message["tool_calls"][0]
@@ -317,7 +333,7 @@ def _chat_events(
                         "index": 0,
                         "id": call["id"],
                         "type": "function",
-                        "function": {"name": TOOL, "arguments": ""},
+                        "function": {"name": call["function"]["name"], "arguments": ""},
                     }
                 ]
             }

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -25,6 +26,8 @@ import pytest
 
 from config import load_settings
 from proxy.app import create_app
+from proxy.edge.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.flow.recall import RecallFailed, RecallLimit
 from tests.proxy.recall_upstream import PREAMBLE, TOOL, RecallUpstream
 from tests.proxy.servers import serve_in_thread
 
@@ -319,7 +322,7 @@ def test_a_ref_of_another_caller_is_not_found_like_a_ref_that_never_existed(api:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
-def test_the_round_limit_holds_and_the_last_round_lets_the_model_call_no_tool(
+def test_the_round_limit_holds_and_the_last_round_offers_the_clients_tools_alone(
     api: Api, stream: bool
 ) -> None:
     upstream = RecallUpstream(always=True)
@@ -327,9 +330,36 @@ def test_the_round_limit_holds_and_the_last_round_lets_the_model_call_no_tool(
         text = api.ask(url, "sk-alice", api.request(), stream)
     turns = [body for _, body in upstream.turns()]
     assert len(turns) == 3  # the first round, then two answered
-    assert [body.get("tool_choice") for body in turns[:2]] == [None, None]
-    assert turns[2].get("tool_choice") in ("none", {"type": "none"})
+    assert [api.tools(body) for body in turns] == [["read_file", TOOL]] * 2 + [["read_file"]]
+    assert [body.get("tool_choice") for body in turns] == [None, None, None]
     assert text.endswith(f"RECALLED: {NEEDLE}")
+
+
+def _client_calls(text: str) -> list[str]:
+    """The names of the tools an answer (JSON, or a stream's events) calls."""
+    names = re.findall(r'"name":"([a-z_]+)"', text)
+    return [name for name in names if name != "scripted-model"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_after_the_last_recall_round_the_model_may_still_call_the_clients_own_tools(
+    api: Api, stream: bool
+) -> None:
+    # A tool_choice of none on the last round forbade the client's tools too:
+    # an agent that recalled to the limit ended its work with a text answer.
+    upstream = RecallUpstream(always=True, client_tool="read_file")
+    with proxy_for(upstream, recall_rounds=2) as url:
+        answer = httpx.post(
+            f"{url}/{PATHS[api.name]}",
+            json={**api.request(), "stream": stream},
+            headers={"authorization": "Bearer sk-alice", "x-api-key": "sk-alice"},
+            timeout=30,
+        )
+    assert answer.status_code == 200
+    assert len(upstream.turns()) == 3
+    assert "read_file" in _client_calls(answer.text)
+    assert TOOL not in answer.text and "recall_limit" not in answer.text
 
 
 @pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
@@ -431,3 +461,11 @@ def test_a_refused_follow_up_reaches_the_client_as_an_error_that_names_no_hidden
     assert answer.status_code == (200 if stream else 502)
     assert "refused a follow-up request (500)" in answer.text
     assert TOOL not in answer.text and ref not in answer.text
+
+
+def test_the_docs_name_the_error_codes_recall_really_sends() -> None:
+    text = Path(__file__).parents[2].joinpath("docs", "recall.md").read_text()
+    section = text.split("## When recall cannot finish", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
+    sent = {RecallLimit.code, RecallFailed.code, UpstreamUnreachable.code, UpstreamTimeout.code}
+    assert named == {*sent, "upstream_dropped"}

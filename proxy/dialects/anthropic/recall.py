@@ -45,7 +45,13 @@ import orjson
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage, token_count
+from proxy.dialects.recall import (
+    RecallCall,
+    RecallSurface,
+    Usage,
+    token_count,
+    without_recall_tool,
+)
 
 #: The recall tool as the API declares a client tool; the same object, and so
 #: the same bytes, in every request it is added to.
@@ -124,11 +130,8 @@ class AnthropicRecall:
         before = messages if isinstance(messages, list) else []
         return {**sent, self.items_key: [*before, *exchange]}, exchange
 
-    def no_more_calls(self, body: dict[str, Any]) -> dict[str, Any]:
-        # "none" takes no other field (``disable_parallel_tool_use`` is for the
-        # choices that let the model call tools); the tools stay declared, so
-        # the request's first bytes are the ones the earlier rounds sent.
-        return {**body, "tool_choice": {"type": "none"}}
+    def without_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        return without_recall_tool(body)
 
     def usage(self, answer: dict[str, Any]) -> Usage:
         usage = answer.get("usage")

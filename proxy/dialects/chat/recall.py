@@ -36,7 +36,13 @@ from typing import Any, Final
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage, token_count
+from proxy.dialects.recall import (
+    RecallCall,
+    RecallSurface,
+    Usage,
+    token_count,
+    without_recall_tool,
+)
 
 #: The tool the proxy adds, in Chat's shape. One object, never changed, so the
 #: request's bytes are the same on every turn (the provider's prompt cache).
@@ -160,10 +166,8 @@ class ChatRecall:
         )
         return {**sent, "messages": [*sent.get("messages", []), *items]}, items
 
-    def no_more_calls(self, body: dict[str, Any]) -> dict[str, Any]:
-        # The tools stay declared, so the request starts with the bytes the
-        # earlier rounds sent; "none" has the model answer in text.
-        return {**body, "tool_choice": "none"}
+    def without_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        return without_recall_tool(body, _function_name)
 
     def usage(self, answer: dict[str, Any]) -> Usage:
         return _usage(answer)

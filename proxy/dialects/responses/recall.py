@@ -56,7 +56,13 @@ from typing import Any, Final
 
 from compaction import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects import sse
-from proxy.dialects.recall import RecallCall, RecallSurface, Usage, token_count
+from proxy.dialects.recall import (
+    RecallCall,
+    RecallSurface,
+    Usage,
+    token_count,
+    without_recall_tool,
+)
 
 #: The tool as the request declares it, the same object (and so the same
 #: bytes) on every request, so the provider's prompt cache keeps hitting.
@@ -192,10 +198,8 @@ class ResponsesRecall:
         exchange = [*_turn(sent, answer), *outputs]
         return {**sent, "input": [*_conversation(sent), *exchange]}, exchange
 
-    def no_more_calls(self, body: dict[str, Any]) -> dict[str, Any]:
-        # The tools stay declared, so the request starts with the bytes the
-        # earlier rounds sent; "none" lets the model call none of them.
-        return {**body, "tool_choice": "none"}
+    def without_tool(self, body: dict[str, Any]) -> dict[str, Any]:
+        return without_recall_tool(body)
 
     def usage(self, answer: dict[str, Any]) -> Usage:
         return _usage(answer)

@@ -213,15 +213,14 @@ def test_with_tool_adds_nothing_where_the_model_could_not_or_need_not_be_offered
     assert ANTHROPIC_RECALL.with_tool({"model": "m", "messages": [], **extra}) is None
 
 
-def test_no_more_calls_asks_for_an_answer_without_tools_and_keeps_them_declared() -> None:
+def test_the_last_round_drops_the_recall_tool_and_keeps_the_clients_tools_and_choice() -> None:
     body = ANTHROPIC_RECALL.with_tool(
         {"model": "m", "tools": [_tool("Read")], "tool_choice": {"type": "auto"}}
     )
     assert body is not None
-    last = ANTHROPIC_RECALL.no_more_calls(body)
-    assert last["tool_choice"] == {"type": "none"}
-    assert last["tools"] == body["tools"]
-    assert body["tool_choice"] == {"type": "auto"}
+    last = ANTHROPIC_RECALL.without_tool(body)
+    assert last == {**body, "tools": [_tool("Read")]}
+    assert body["tools"][-1]["name"] == RECALL_TOOL_NAME
 
 
 def _tool(name: str) -> dict[str, Any]:

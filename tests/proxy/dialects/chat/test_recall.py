@@ -192,7 +192,7 @@ def test_no_tool_is_added_to_a_request_without_tools_or_one_that_already_declare
     assert CHAT_RECALL.with_tool(body) is None
 
 
-def test_the_last_round_asks_for_no_tool_call_with_the_tools_still_declared() -> None:
+def test_the_last_round_drops_the_recall_tool_and_keeps_the_clients_tools_and_choice() -> None:
     body = {
         "model": "gpt-4o",
         "messages": [],
@@ -201,9 +201,9 @@ def test_the_last_round_asks_for_no_tool_call_with_the_tools_still_declared() ->
     }
     before = copy.deepcopy(body)
 
-    last = CHAT_RECALL.no_more_calls(body)
+    last = CHAT_RECALL.without_tool(body)
 
-    assert last == {**before, "tool_choice": "none"}
+    assert last == {**before, "tools": TOOLS}
     assert body == before
 
 

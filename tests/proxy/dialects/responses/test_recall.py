@@ -141,12 +141,13 @@ def test_the_recall_calls_of_an_answer_are_read_in_order_and_no_other_call() -> 
     assert RESPONSES_RECALL.calls(answer_of([message(1, "Done.")])) == []
 
 
-def test_the_last_round_asks_for_no_call_and_keeps_the_tools_declared() -> None:
-    body = RESPONSES_RECALL.with_tool(codex_request(turns=1))
+def test_the_last_round_drops_the_recall_tool_and_keeps_the_clients_tools_and_choice() -> None:
+    request = codex_request(turns=1)
+    body = RESPONSES_RECALL.with_tool(request)
     assert body is not None
-    last = RESPONSES_RECALL.no_more_calls(body)
-    assert last == {**body, "tool_choice": "none"}
-    assert body["tool_choice"] == "auto" and last["tools"] is body["tools"]
+    last = RESPONSES_RECALL.without_tool(body)
+    assert last == {**body, "tools": request["tools"]}
+    assert last["tool_choice"] == "auto" and body["tools"][-1] == RECALL_TOOL
 
 
 # --- the follow-up ---------------------------------------------------------------
