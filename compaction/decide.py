@@ -255,88 +255,38 @@ def decide(
     prepared is compacted behind it without waiting for a model.
     """
     notes: list[str] = []
-    stored = stored or {}
     steering = steering or Steering()
     if steering.compact_now:
         reason = "manual"
-    state = _State(conversation.messages, conversation.counts, conversation.problems, None)
-    found = _usable(find_checkpoint(conversation.chain, stored), budget, notes)
-    if found is not None and reason == "manual" and _nothing_after(conversation, found, budget):
-        notes.append(
-            f"manual compaction: only the newest messages follow checkpoint {found.id}; "
-            "summarizing the messages it covered again"
-        )
-        found = None
-    if found is not None:
-        state = _applied(conversation, found, notes) or state
-    covered = state.checkpoint.covered if state.checkpoint is not None else 0
-    prepared = _usable(
-        find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered),
-        budget,
-        notes,
-    )
-    if prepared is not None and prepared.prepared_over != replacement_digest(state.checkpoint):
-        notes.append(f"checkpoint {prepared.id} was prepared over an earlier version")
-        prepared = None
+    state, prepared = _starting_point(conversation, stored or {}, budget, reason, notes)
     tokens = sum(state.counts) + conversation.overhead
     fixed, prepare = 0, False
-    action: Action = "compact"
     prices = prices or profile.prices()
     under = reason == "threshold" and tokens <= budget.trigger and not state.problems
-    near = (
-        profile.prepares_ahead
-        and tokens > profile.precompute_share * budget.trigger
-        and prepared is None
-    )
+    may_prepare = profile.prepares_ahead and prepared is None
+    near = may_prepare and tokens > profile.precompute_share * budget.trigger
     # Planned only where it can matter: a compaction now or prepared ahead, or
     # a session whose cache went cold (most requests are none of these, and
     # the plan reads every turn).
-    gone_cold = pace is not None and cold(pace, prices)
     plan, declined = None, False
-    if gone_cold or near or not under:
+    if (pace is not None and cold(pace, prices)) or near or not under:
         plan = _depth(conversation, state, profile, budget, pace, prices)
-        if (
-            reason == "threshold"
-            and profile.summarizer == "llm"
-            and profile.summary_must_pay
-            and plan.summary_price
-            and not model_summary_pays(plan, tokens, prices)
-        ):
+        if reason == "threshold" and _summary_declined(plan, profile, tokens, prices):
             profile = dataclasses.replace(profile, summarizer="extractive")
             near = False  # nothing to prepare: the extractive summary waits for no one
             declined = True
-    early = (
-        plan is not None
-        and under
-        and steering.enabled
-        and compacts_early(plan, tokens, budget.trigger)
-    )
-    if early:
-        notes.append("compacted early: the upstream's cache of the conversation went cold")
-    if under and not early:
-        action = "forward"
+    early = under and steering.enabled and _early(plan, tokens, budget, notes)
+    action: Action = "forward" if under and not early else "compact"
+    if action == "forward":
         prepare = near
     else:
-        ready = None
-        if reason == "threshold" and tokens > budget.trigger:
-            ready = _applied(conversation, prepared, notes)
-        if ready is not None and ready.fits_under(conversation, budget):
-            state, tokens = ready, sum(ready.counts) + conversation.overhead
-            fixed = len(ready.replacement) if tokens > budget.trigger else 0
-            if profile.summarizer == "llm":
-                # The model's summary is ready; what arrived since it was
-                # prepared is compacted without waiting for another one.
-                profile = dataclasses.replace(profile, summarizer="extractive")
-        elif state.checkpoint is not None and reason != "manual":
-            # The user asked for this one: the guard does not stand in the way.
-            profile = _guarded(profile, budget, state.checkpoint, conversation, progress_min_ratio)
-    if declined and action == "compact":
-        notes.append(
-            "summary by extractive: a model's would cost more than the reads this compaction saves"
+        state, tokens, fixed, profile = _compacting(
+            conversation, state, prepared, profile, budget, reason, notes, progress_min_ratio
         )
+    if declined and action == "compact":
+        notes.append(DECLINED_NOTE)
     if not steering.enabled and reason != "manual":
-        # Switched off for this session: forwarded as it stands, and nothing
-        # is prepared ahead for it either.
+        # Switched off: forwarded as it stands, and nothing prepared ahead either.
         action, prepare = "forward", False
     return Decision(
         action=action,
@@ -356,6 +306,95 @@ def decide(
         depth=plan if action == "compact" or prepare else None,
         early=early,
     )
+
+
+def _starting_point(
+    conversation: Conversation,
+    stored: Mapping[str, Checkpoint],
+    budget: Budget,
+    reason: Reason,
+    notes: list[str],
+) -> tuple[_State, Checkpoint | None]:
+    """The conversation with its newest usable checkpoint applied, and the
+    compaction prepared ahead beyond it, if one was and it still fits."""
+    state = _State(conversation.messages, conversation.counts, conversation.problems, None)
+    found = _usable(find_checkpoint(conversation.chain, stored), budget, notes)
+    if found is not None and reason == "manual" and _nothing_after(conversation, found, budget):
+        notes.append(
+            f"manual compaction: only the newest messages follow checkpoint {found.id}; "
+            "summarizing the messages it covered again"
+        )
+        found = None
+    if found is not None:
+        state = _applied(conversation, found, notes) or state
+    covered = state.checkpoint.covered if state.checkpoint is not None else 0
+    prepared = _usable(
+        find_checkpoint(conversation.chain, stored, precomputed=True, beyond=covered),
+        budget,
+        notes,
+    )
+    if prepared is not None and prepared.prepared_over != replacement_digest(state.checkpoint):
+        notes.append(f"checkpoint {prepared.id} was prepared over an earlier version")
+        prepared = None
+    return state, prepared
+
+
+def _summary_declined(plan: Depth, profile: Profile, tokens: int, prices: Prices) -> bool:
+    """Whether a model's summary is declined for the extractive one: it would
+    cost more than the cache reads the compaction saves (``summary_must_pay``)."""
+    return bool(
+        profile.summarizer == "llm"
+        and profile.summary_must_pay
+        and plan.summary_price
+        and not model_summary_pays(plan, tokens, prices)
+    )
+
+
+#: The note of a compaction whose model summary the plan declined.
+DECLINED_NOTE = (
+    "summary by extractive: a model's would cost more than the reads this compaction saves"
+)
+
+
+def _early(plan: Depth | None, tokens: int, budget: Budget, notes: list[str]) -> bool:
+    """Whether a session under its trigger is compacted now, its cache gone
+    cold (:func:`compaction.plan.compacts_early`); the note says so."""
+    if plan is None or not compacts_early(plan, tokens, budget.trigger):
+        return False
+    notes.append("compacted early: the upstream's cache of the conversation went cold")
+    return True
+
+
+def _compacting(
+    conversation: Conversation,
+    state: _State,
+    prepared: Checkpoint | None,
+    profile: Profile,
+    budget: Budget,
+    reason: Reason,
+    notes: list[str],
+    progress_min_ratio: float,
+) -> tuple[_State, int, int, Profile]:
+    """What a compaction starts from — the compaction prepared ahead, applied
+    past the trigger where it fits, else the checkpoint in use with the
+    progress guard — as the state, its tokens, the messages fixed in front and
+    the profile to compact with."""
+    tokens = sum(state.counts) + conversation.overhead
+    ready = None
+    if reason == "threshold" and tokens > budget.trigger:
+        ready = _applied(conversation, prepared, notes)
+    if ready is not None and ready.fits_under(conversation, budget):
+        tokens = sum(ready.counts) + conversation.overhead
+        fixed = len(ready.replacement) if tokens > budget.trigger else 0
+        if profile.summarizer == "llm":
+            # The model's summary is ready; what arrived since it was
+            # prepared is compacted without waiting for another one.
+            profile = dataclasses.replace(profile, summarizer="extractive")
+        return ready, tokens, fixed, profile
+    if state.checkpoint is not None and reason != "manual":
+        # The user asked for this one: the guard does not stand in the way.
+        profile = _guarded(profile, budget, state.checkpoint, conversation, progress_min_ratio)
+    return state, tokens, 0, profile
 
 
 def _depth(
