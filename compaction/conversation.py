@@ -59,6 +59,9 @@ class Conversation:
     #: entries of shortened content carry when ``Profile.recall`` is on
     #: (:mod:`compaction.recall`); empty: no refs.
     recall_salt: str = field(default="", repr=False)
+    #: The session the caller names this conversation's events by (its
+    #: client's own session id, say); empty: the hash of its first request.
+    named: str = ""
 
     @property
     def tokens(self) -> int:
@@ -66,8 +69,9 @@ class Conversation:
 
     @functools.cached_property
     def session(self) -> str:
-        """What groups this conversation's events (the hash of its first request)."""
-        return session_key(self.messages)
+        """What groups this conversation's events: :attr:`named`, else the hash
+        of its first request."""
+        return self.named or session_key(self.messages)
 
 
 def read_conversation(

@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="one session: timeline, summary and events")
     show.add_argument("session", help="the session id, or a unique start of it")
     show.add_argument("--config", help="TOML configuration file (for store.url)")
+    show.add_argument(
+        "--owner", help="whose session, where two owners' share the id (a unique start)"
+    )
     return parser
 
 
@@ -279,7 +282,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         if args.command == "sessions":
             print(asyncio.run(sessions_text(settings, args.limit)))
         else:
-            print(asyncio.run(show_text(settings, args.session)))
+            print(asyncio.run(show_text(settings, args.session, args.owner)))
     except UnknownSession as exc:
         raise UsageError(str(exc)) from exc
     return EXIT_OK

@@ -3,6 +3,12 @@
 They read the store the proxy writes (the configured ``store.url``), every
 owner's: whoever can read the store's file or Redis can read it all anyway.
 Plain text, no colours; the figures are the pages' (:mod:`proxy.ui.views`).
+
+A session is one owner's: two callers whose conversations got one id (they
+started the same way) have a session each, as on the dashboard. ``sessions``
+names each row's owner (the start of its digest) and ``show`` shows one
+owner's session — the only one under the id, or the one ``--owner`` names —
+never two callers' requests on one page.
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+#: An owner's digest is shown cut to this many characters (``--owner`` takes any unique start).
+OWNER_CHARS = 8
+
+
+def _owner(owner: str) -> str:
+    return owner[:OWNER_CHARS] or "-"
+
+
 def render_sessions(sessions: Sequence[SessionSummary]) -> str:
     if not sessions:
         return "No sessions recorded yet."
@@ -67,6 +81,7 @@ def render_sessions(sessions: Sequence[SessionSummary]) -> str:
             f"{s.input_limit:,} / {s.trigger:,}",
             f"{s.saved:,}",
             _clock(s.last_at),
+            _owner(s.owner),
         )
         for s in sessions
     ]
@@ -80,6 +95,7 @@ def render_sessions(sessions: Sequence[SessionSummary]) -> str:
         "LIMIT / TRIGGER",
         "SAVED",
         "LAST",
+        "OWNER",
     )
     return table(header, rows, right=(3, 4, 5, 6, 7))
 
@@ -115,20 +131,39 @@ async def sessions_text(settings: Settings, limit: int) -> str:
     return render_sessions(overview.sessions) + (footer if overview.sessions else "")
 
 
-async def show_text(settings: Settings, wanted: str) -> str:
+def _one_session(known: Sequence[SessionSummary], wanted: str, owner: str | None) -> SessionSummary:
+    """The one session of ``known`` that ``wanted`` (an id or its start) and
+    ``owner`` (a digest or its start; ``None``: any) name."""
+    exact = [s for s in known if s.session == wanted]
+    matches = exact or [s for s in known if s.session.startswith(wanted)]
+    if owner is not None:
+        matches = [s for s in matches if s.owner.startswith(owner)]
+    if len({s.session for s in matches}) > 1:
+        raise UnknownSession(
+            f"{len({s.session for s in matches})} sessions starting with {wanted!r}"
+        )
+    if not matches:
+        whose = f" of an owner starting with {owner!r}" if owner is not None else ""
+        raise UnknownSession(f"no session starting with {wanted!r}{whose}")
+    if len(matches) > 1:
+        owners = ", ".join(
+            f"{_owner(s.owner)} ({s.requests:,} requests, {_clock(s.last_at)})" for s in matches
+        )
+        raise UnknownSession(
+            f"session {matches[0].session} is {len(matches)} owners' (their conversations "
+            f"started the same way): {owners}; name one with --owner"
+        )
+    return matches[0]
+
+
+async def show_text(settings: Settings, wanted: str, owner: str | None = None) -> str:
     store = _open(settings)
     try:
-        known = [s.session for s in await store.sessions()]
-        matches = sorted({name for name in known if name.startswith(wanted)})
-        if wanted in known:
-            matches = [wanted]
-        if len(matches) != 1:
-            what = "no session" if not matches else f"{len(matches)} sessions"
-            raise UnknownSession(f"{what} starting with {wanted!r}")
-        view = await read_session(store, matches[0], None)
+        found = _one_session(await store.sessions(), wanted, owner)
+        view = await read_session(store, found.session, None, found.owner)
     finally:
         await store.close()
-    out = [f"session {view.session}"]
+    out = [f"session {view.session} · owner {_owner(view.owner)}"]
     s = view.summary
     if s is not None:
         out.append(
@@ -157,7 +192,10 @@ async def show_text(settings: Settings, wanted: str) -> str:
         )
         for r in view.requests[-TIMELINE_ROWS:]
     ]
-    out += ["", f"Timeline (the last {len(rows)} of {len(view.requests)} requests)"]
+    # Of the session's own count, as its header says (the chart reads at most
+    # CHART_REQUESTS of them).
+    total = s.requests if s is not None else len(view.requests)
+    out += ["", f"Timeline (the last {len(rows)} of {total:,} requests)"]
     header = ("TIME", "STAGE", "REASON", "BEFORE", "AFTER", "STATUS", "MS")
     out.append(table(header, rows, right=(3, 4, 5, 6)) if rows else "No requests recorded.")
     newest = next((shown for shown in view.checkpoints if shown.summary), None)

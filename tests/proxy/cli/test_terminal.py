@@ -122,7 +122,8 @@ def test_show_prints_the_timeline_summary_settings_and_events(
     assert main(["show", "aaa", "--config", str(config)]) == EXIT_OK  # a unique prefix
     out = capsys.readouterr().out
     assert out.startswith(
-        "session aaa111\nShip the parser\nmodel gpt-4o (chat) · 2 requests · 1 compactions"
+        "session aaa111 · owner ann\nShip the parser\n"
+        "model gpt-4o (chat) · 2 requests · 1 compactions"
     )
     assert "context 9,000 / 128,000 window (limit 100,000, trigger 80,000)" in out
     assert "compaction: on · instructions: Keep paths." in out
@@ -144,3 +145,45 @@ def test_sessions_on_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixtur
     path.write_text(f'[store]\nurl = "sqlite://{tmp_path / "empty.db"}"\n')
     assert main(["sessions", "--config", str(path)]) == EXIT_OK
     assert capsys.readouterr().out == "No sessions recorded yet.\n"
+
+
+async def _two_owners(url: str) -> None:
+    """One session id, two owners' sessions under it (their conversations
+    started the same way): Ann asked twice, Bob three times."""
+    store = open_store(url)
+    now = time.time()
+    records = [_record("ccc333", now - 30 + i, owner="ann", task="Ann's task") for i in range(2)]
+    records += [_record("ccc333", now - 20 + i, owner="bob", task="Bob's task") for i in range(3)]
+    await store.record_requests(records)
+    await store.close()
+
+
+def test_show_never_puts_two_owners_sessions_on_one_page(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = config.read_text().split('"')[1]
+    asyncio.run(_two_owners(url))
+    assert main(["sessions", "--config", str(config)]) == EXIT_OK
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ccc333")]
+    assert sorted(row.split()[-1] for row in rows) == ["ann", "bob"]  # each row names its owner
+
+    assert main(["show", "ccc", "--config", str(config)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "2 owners'" in err and "ann (2 requests" in err and "bob (3 requests" in err
+    assert "--owner" in err
+
+    assert main(["show", "ccc", "--owner", "bo", "--config", str(config)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.startswith("session ccc333 · owner bob\nBob's task\n")
+    assert "· 3 requests ·" in out
+    assert "Timeline (the last 3 of 3 requests)" in out  # the header's count, Bob's alone
+    assert "Ann's task" not in out
+
+
+def test_show_names_an_owner_that_has_no_session_under_the_id(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["show", "aaa", "--owner", "bob", "--config", str(config)]) == EXIT_INVALID
+    assert (
+        "no session starting with 'aaa' of an owner starting with 'bob'" in capsys.readouterr().err
+    )
