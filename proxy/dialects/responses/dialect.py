@@ -36,8 +36,14 @@ error about it is kept.
 ``system`` / ``developer`` message items after the head are instructions the
 engine keeps verbatim wherever they sit (``compaction.messages``: pinned): a
 condensed span around one comes back as the summary with the item right
-after it, the client's own object. So does a ``compaction`` item: its
-encrypted summary cannot be read, so condensing it would lose what it holds.
+after it, the client's own object.
+
+**The provider's own compaction.** A ``compaction`` item (what ``/responses/compact``
+or server-side compaction returned: an opaque ``encrypted_content``) stands for
+every item before it, which the API ignores. The proxy does as the API does:
+it reads the input from the latest ``compaction`` item on — the items before it
+are forwarded as they are, neither counted nor compacted — and that item opens
+the engine's head (a system message, kept verbatim, counted as its JSON).
 
 Parts the engine may cut carry ``text``: ``input_text`` / ``output_text``
 parts go in as they are (the same objects), so a rebuilt message is the item
@@ -285,7 +291,7 @@ class ResponsesDialect:
         if isinstance(items, str):
             mapped.add(_Text(items), [{"role": "user", "content": items}])
         elif isinstance(items, list):
-            _map_items(mapped, items)
+            _map_items(mapped, items[_compaction_start(items) :])
         request = mapped.request
         request["messages"] = mapped.messages
         if body.get("tools"):
@@ -310,7 +316,7 @@ class ResponsesDialect:
             created=lambda group: _create_items(mapped, group),
             skip=lambda origin: isinstance(mapped.items.get(origin), (_Instructions, _Text)),
         )
-        out: list[Any] = []
+        out: list[Any] = list(items[: _compaction_start(items)])
         for entry in built:
             if isinstance(entry, list):  # a model turn: its items
                 out.extend(entry)
@@ -378,6 +384,15 @@ class ResponsesDialect:
 
     def error_event(self, message: str, code: str) -> bytes:
         return replies.error_event(message, code)
+
+
+def _compaction_start(items: list[Any]) -> int:
+    """Index of the latest ``compaction`` item (0 if none): the API ignores every
+    item before it (see the module doc)."""
+    for i in range(len(items) - 1, -1, -1):
+        if _kind(items[i]) == "compaction":
+            return i
+    return 0
 
 
 def _map_items(mapped: Mapped, items: list[Any]) -> None:
