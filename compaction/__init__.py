@@ -18,7 +18,7 @@ in between::
 Everything a caller may use is named in ``__all__``.
 """
 
-from compaction.calibration import Calibration, calibrate, restored_calibration
+from compaction.calibration import Calibration, agreed_ratio, calibrate, restored_calibration
 from compaction.calls import key_argument
 from compaction.checkpoints import Checkpoint, session_key
 from compaction.conversation import Conversation, read_conversation, read_conversation_async
@@ -49,6 +49,7 @@ from compaction.lessons import (
     EmptyStreamLesson,
     OverflowReport,
     WindowLesson,
+    agreed_window,
     credible_report,
     empty_stream_lesson,
     proven_floor,
@@ -58,6 +59,7 @@ from compaction.lessons import (
     working_limit_after_answer,
 )
 from compaction.messages import (
+    OPAQUE_KEY,
     PairingProblem,
     call_name_and_arguments,
     check_messages,
@@ -96,12 +98,12 @@ from compaction.tokens import (
     text_size,
 )
 from compaction.typed import first_typed, typed_text
-from compaction.typed import first_typed, typed_text
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [
     "DEFAULT_READING_CACHE_BYTES",
     "NO_REREADS",
+    "OPAQUE_KEY",
     "ORIGIN_KEY",
     "PRICING_PRESETS",
     "RECALL_TOOL_DESCRIPTION",
@@ -145,6 +147,8 @@ __all__ = [
     "SummaryParts",
     "TokenCounter",
     "WindowLesson",
+    "agreed_ratio",
+    "agreed_window",
     "ahead",
     "calibrate",
     "calibrated_budget",
@@ -188,6 +192,7 @@ __all__ = [
     "session_key",
     "splits_digits",
     "steering_can_matter",
+    "stream_answered",
     "tail_start",
     "text_size",
     "tool_calls",

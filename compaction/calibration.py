@@ -26,6 +26,10 @@ does, not the last request:
   :data:`WINDOW` answers, a larger one within :func:`answers_to_follow`
   (at most 28 answers from one bound to the other).
 
+The ratio is kept per caller (:mod:`compaction.lessons`): a caller whose content
+the upstream counts at twice our estimate moves its own ratio, not the others'.
+A caller with no sample of its own starts from :func:`agreed_ratio`.
+
 Content our estimate systematically undercounts (long digit runs) is counted
 up front instead (:mod:`compaction.tokens`), so the samples of a model stay
 close together and the median is its usual ratio.
@@ -35,9 +39,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from compaction.lessons import clamp_ratio
+from compaction.lessons import AGREEING_CALLERS, clamp_ratio
 
 #: Answers whose samples the ratio is the median of.
 WINDOW = 16
@@ -69,6 +74,16 @@ def calibrate(previous: Calibration | None, sample: float) -> Calibration:
     target = statistics.median(samples)
     low, high = previous.ratio * (1 - MAX_STEP), previous.ratio * (1 + MAX_STEP)
     return Calibration(clamp_ratio(min(max(target, low), high)), samples)
+
+
+def agreed_ratio(ratios: Collection[float]) -> float | None:
+    """The ratio for a caller that has none of its own, from the other callers'
+    ratios: their median once :data:`~compaction.lessons.AGREEING_CALLERS` have
+    one (``None`` before: the caller starts from no ratio). A median moves no
+    further than the next caller's ratio, whatever one caller's counts."""
+    if len(ratios) < AGREEING_CALLERS:
+        return None
+    return clamp_ratio(statistics.median(ratios))
 
 
 def answers_to_follow(old: float, new: float) -> int:

@@ -18,14 +18,21 @@ Pure rules; the proxy keeps what they return (in memory and in its store):
   server fails for other reasons; it is taken for an overflow only above the
   largest prompt already answered, and then narrows a *working limit*
   (:func:`empty_stream_lesson`), which answers of larger prompts raise again
-  (:func:`working_limit_after_answer`). The working limit is a guess, not a
-  statement: nothing states it, so it is kept in memory only.
+  (:func:`working_limit_after_answer`) — but not an estimate of a stream above
+  the window the server states or a size it refused (:func:`stream_answered`).
+  The working limit is a guess, not a statement: nothing states it, so it is
+  kept in memory only;
+* **whose lesson** — the proxy keeps what overflow errors taught, and the
+  ratio, per caller: one caller's errors and counts are that caller's (their
+  content, their key's tier), and reach another caller only when
+  :data:`AGREEING_CALLERS` callers agree (:func:`agreed_window`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 #: Bounds of a learned ratio: beyond them a sample is a misreading (a
@@ -37,9 +44,11 @@ MAX_RATIO = 2.0
 MIN_CALIBRATION_TOKENS = 1_000
 #: Samples beyond these are misreadings, not tokenizers, and teach nothing: a
 #: server that counts only the part of a prompt it did not have cached (some
-#: Ollama versions) shows a tenth of the prompt; clamped to the bounds, such
-#: samples would still pull the ratio down to its floor, answer after answer.
-PLAUSIBLE_SAMPLES = (MIN_RATIO / 2, MAX_RATIO * 2)
+#: Ollama versions) shows a tenth of the prompt, one whose chat format drops
+#: the tool messages two thirds of it; clamped to the bounds, such samples
+#: would still pull the ratio down to its floor, answer after answer. No
+#: tokenizer in use counts a fifth less than ours.
+PLAUSIBLE_SAMPLES = (MIN_RATIO, MAX_RATIO * 2)
 #: Windows an overflow error may teach: below the smallest models in use,
 #: above any model's window, a stated figure is a misreading or a lie.
 WINDOW_BOUNDS = (512, 10_000_000)
@@ -52,6 +61,10 @@ EMPTY_STREAM_SHRINK = 0.75
 #: small: the smallest window local servers start with (llama-cpp-python's
 #: default ``n_ctx``) — an empty answer to less is the server's own failure.
 EMPTY_STREAM_MIN_LIMIT = 2_048
+#: Callers whose own lessons must agree before they apply to a caller that
+#: learned nothing itself: one caller (or two, the same person with a second
+#: key) cannot move another's window or ratio.
+AGREEING_CALLERS = 3
 
 
 def clamp_ratio(ratio: float) -> float:
@@ -60,7 +73,10 @@ def clamp_ratio(ratio: float) -> float:
 
 def ratio_sample(upstream_tokens: int, estimate: int) -> float | None:
     """The ratio one answer shows, or ``None`` when it is too small to tell or
-    beyond :data:`PLAUSIBLE_SAMPLES`."""
+    inconsistent with what was sent (beyond :data:`PLAUSIBLE_SAMPLES`): below
+    it the upstream counted less than the text it was sent holds, and taking
+    that would pull the ratio down to its floor and send the next requests
+    uncompacted."""
     if estimate < MIN_CALIBRATION_TOKENS or upstream_tokens <= 0:
         return None
     sample = upstream_tokens / estimate
@@ -95,6 +111,16 @@ def window_to_learn(current: int | None, stated: int, proven: int) -> WindowLess
     if not low <= stated <= high or stated <= proven:
         return WindowLesson(taken=False, remember=None)
     return WindowLesson(taken=True, remember=None if current == stated else stated)
+
+
+def agreed_window(windows: Collection[int]) -> int | None:
+    """The window :data:`AGREEING_CALLERS` callers' overflow errors agree on, given
+    the window each caller learned: the largest that at least that many found
+    the window at or below (``None`` while fewer learned one). One caller's
+    window, however small, moves it no further than the next caller's."""
+    if len(windows) < AGREEING_CALLERS:
+        return None
+    return sorted(windows)[AGREEING_CALLERS - 1]
 
 
 def proven_floor(proven: int, answered: int) -> int:
@@ -166,3 +192,15 @@ def working_limit_after_answer(limit: int | None, answered: int) -> int | None:
     """The working limit once a prompt of ``answered`` tokens was answered: an
     answer above it proves the guess wrong there, so it never sits below one."""
     return None if limit is None else max(limit, answered)
+
+
+def stream_answered(streamed: int, tokens: int, ceiling: int | None) -> int:
+    """The largest streamed prompt answered, once one of ``tokens`` (our
+    estimate) began to be answered, when the server states a window of
+    ``ceiling`` or refused a prompt that large (``None``: neither). An estimate
+    above it is inconsistent with what the server said — it answered less than
+    was sent (a chat format that drops tool messages) — and proves nothing: it
+    must not raise the working limit past the window."""
+    if ceiling is not None and tokens > ceiling:
+        return streamed
+    return max(streamed, tokens)

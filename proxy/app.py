@@ -29,6 +29,7 @@ from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
+from proxy.edge.access import owner_of
 from proxy.edge.body import BodyLimit
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import BadRequest, ProxyError, ServiceUnavailable
@@ -270,7 +271,7 @@ def create_app(
         body = await _body(request)
         tap = None
         if anthropic and path == "messages/count_tokens" and isinstance(body, bytes):
-            tap = await _count_tokens_tap(state, body)
+            tap = await _count_tokens_tap(state, body, owner_of(request.headers.items()))
         started = time.perf_counter()
         # A client that leaves before the upstream answers cancels the request,
         # as on the chat path, so that it does not hold a pooled connection.
@@ -355,7 +356,7 @@ async def _body(request: Request) -> bytes | AsyncIterator[bytes] | None:
     return request.stream()
 
 
-async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
+async def _count_tokens_tap(state: ProxyState, raw: bytes, owner: str) -> UsageTap | None:
     """Anthropic's ``count_tokens`` states the upstream's own count of a request:
     with the proxy's estimate of the same request it makes a calibration sample.
     The estimate is made in a worker thread (up to 1 MiB of text to count)."""
@@ -364,7 +365,7 @@ async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
         model = request.get("model")
     except (orjson.JSONDecodeError, AttributeError):  # forwarded all the same
         return None
-    config = state.resolve(model if isinstance(model, str) else None)
+    config = state.resolve(model if isinstance(model, str) else None, owner)
 
     def estimate() -> int:  # the same reading as a compacted request's
         mapped = ANTHROPIC.to_engine(request)
@@ -376,7 +377,7 @@ async def _count_tokens_tap(state: ProxyState, raw: bytes) -> UsageTap | None:
         return None
 
     def observed(upstream_tokens: int) -> None:
-        state.models.observe(config, tokens, upstream_tokens)
+        state.models.observe(config, tokens, upstream_tokens, owner)
 
     return UsageTap(observed, bare=True)  # its answer is the count itself
 

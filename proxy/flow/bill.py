@@ -98,7 +98,7 @@ def bill_of(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bo
     prices = call.prices()
     if not answered:
         return Bill(prices, usage, tally.summarizer, tally.summarizer_cost)
-    client = math.ceil(resolved.tokens_before * call.state.models.ratio(call.config))
+    client = math.ceil(resolved.tokens_before * call.state.models.ratio(call.config, call.owner))
     cached = call.state.prompts.swap(
         call.owner, resolved.session, client, within=prices.cache_lifetime
     )

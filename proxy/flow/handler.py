@@ -241,7 +241,9 @@ async def _overflow(
 
 def _upstream_size(call: Call, resolved: Resolved) -> int:
     """What was sent, as the upstream counts it (our estimate × the ratio)."""
-    return math.ceil(resolved.result.tokens_after * call.state.models.ratio(call.config))
+    return math.ceil(
+        resolved.result.tokens_after * call.state.models.ratio(call.config, call.owner)
+    )
 
 
 async def _stream_began(call: Call, resolved: Resolved, upstream: UpstreamResponse) -> bool:
@@ -312,25 +314,27 @@ async def _retry_budget(
         blind = retry_budget(
             config.profile,
             requested_output(call.body),
-            state.models.ratio(config),
+            state.models.ratio(config, call.owner),
             resolved.result.tokens_after,
             window,
         )
         return _Retry(call, blind.budget)
-    taken = bool(report.window) and await state.models.learn_window(call.config, report.window or 0)
+    taken = bool(report.window) and await state.models.learn_window(
+        call.config, report.window or 0, call.owner
+    )
     if taken:
-        call = dataclasses.replace(call, config=state.resolve(model))
+        call = dataclasses.replace(call, config=state.resolve(model, call.owner))
     report = credible_report(report, window_taken=taken)
     config = call.config
     retry = retry_budget(
         config.profile,
         requested_output(call.body),
-        state.models.ratio(config),
+        state.models.ratio(config, call.owner),
         resolved.result.tokens_after,
         report,
     )
     if report.count:
-        state.models.learn_ratio(config, retry.ratio)
+        state.models.learn_ratio(config, retry.ratio, call.owner)
     return _Retry(call, retry.budget)
 
 
@@ -342,7 +346,7 @@ def _usage_tap(call: Call, resolved: Resolved, recalling: recall.Plan | None = N
         estimate += recalling.extra_tokens
 
     def observed(upstream_tokens: int) -> None:
-        state.models.observe(config, estimate, upstream_tokens)
+        state.models.observe(config, estimate, upstream_tokens, call.owner)
 
     return UsageTap(observed, cached=call.dialect.cached_usage_apart)
 

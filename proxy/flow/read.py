@@ -30,7 +30,6 @@ from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import upstream_headers
 from proxy.session.conversation import Resolved, identify, scope_of
-from proxy.session.naming import client_session
 from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.usage import NO_USAGE, Usage
@@ -89,8 +88,6 @@ class Call:
     mapped: Mapped | None = None
     untouchable: str | None = None
     tally: Tally = dataclasses.field(default_factory=Tally)
-    #: The session id its client sent, if any (see proxy.session.naming).
-    client_session: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -136,7 +133,7 @@ class Call:
         counted here (the prompt in a worker thread), in the upstream's tokens,
         the prompt taken as uncached."""
         counter = self.state.counter(self.config)
-        ratio = self.state.models.ratio(self.config)
+        ratio = self.state.models.ratio(self.config, self.owner)
         sent = await asyncio.to_thread(counter.count_request, {"messages": messages})
         prompt, output = math.ceil(sent * ratio), math.ceil(counter.count_text(text) * ratio)
         return Usage(prompt=prompt, output=output)
@@ -149,7 +146,7 @@ class Call:
         (once a summary, against the seconds the summary took)."""
         counter = self.state.counter(self.config)
         estimate = await asyncio.to_thread(counter.count_request, {"messages": messages})
-        self.state.models.observe(self.config, estimate, prompt_tokens)
+        self.state.models.observe(self.config, estimate, prompt_tokens, self.owner)
 
     def encode(self, resolved: Resolved) -> bytes:
         if self.unchanged(resolved):
@@ -196,6 +193,7 @@ def _read_conversation(
     raw: bytes,
     client_headers: list[tuple[str, str]],
     dialect: Dialect,
+    owner: str,
     *,
     ahead: bool,
     reading: Reading | None = None,
@@ -210,7 +208,7 @@ def _read_conversation(
     untouchable, engine_messages = reading.untouchable, reading.messages
     check_model(body.get("model"), state.settings.server.max_model_chars)
     beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
-    config = with_client_window(state.resolve(body.get("model")), ",".join(beta) or None)
+    config = with_client_window(state.resolve(body.get("model"), owner), ",".join(beta) or None)
     messages = without_commands(engine_messages, settled)
     headers = upstream_headers(
         client_headers,
@@ -235,7 +233,6 @@ async def read_call(
     raw = await read_body(request, state.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     owner = owner_of(client_headers)
-    client = client_session(client_headers)
     # A growing conversation's next request: only what it adds is read.
     continuation = continued(state, dialect, owner, raw)
     if continuation is not None:
@@ -244,6 +241,7 @@ async def read_call(
             raw,
             client_headers,
             dialect,
+            owner,
             ahead=False,
             reading=continuation.reading,
             settled=continuation.settled,
@@ -252,10 +250,10 @@ async def read_call(
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _read_conversation, state, raw, client_headers, dialect, ahead=True
+            _read_conversation, state, raw, client_headers, dialect, owner, ahead=True
         )
     else:
-        read = _read_conversation(state, raw, client_headers, dialect, ahead=False)
+        read = _read_conversation(state, raw, client_headers, dialect, owner, ahead=False)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
@@ -290,5 +288,4 @@ async def read_call(
         original=read.original,
         mapped=read.mapped,
         untouchable=read.untouchable,
-        client_session=client,
     )

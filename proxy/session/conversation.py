@@ -33,7 +33,6 @@ the model twice. :mod:`proxy.session.compacting` runs a compaction for both.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 from collections.abc import Coroutine, Mapping
@@ -70,7 +69,6 @@ from proxy.session.compacting import (
     look_up,
     run_plan,
 )
-from proxy.session.naming import session_name
 from proxy.state.runtime import ProxyState
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
@@ -179,8 +177,6 @@ class Asked(Protocol):
     def owner(self) -> str: ...  # whose events and checkpoint (proxy.edge.access.owner_of)
     @property
     def identified(self) -> Conversation | None: ...  # :func:`identify` of the messages
-    @property
-    def client_session(self) -> str | None: ...  # proxy.session.naming.client_session
 
 
 @dataclass(frozen=True)
@@ -193,7 +189,6 @@ class Ask:
     scope: bytes = b""
     owner: str = ""
     identified: Conversation | None = None
-    client_session: str | None = None
 
 
 async def resolve(
@@ -222,7 +217,9 @@ async def resolve(
     conversation = await _conversation(state, asked)
     if budget is None:
         budget = calibrated_budget(
-            config.profile, requested_output_tokens(asked.body), state.models.ratio(config)
+            config.profile,
+            requested_output_tokens(asked.body),
+            state.models.ratio(config, asked.owner),
         )
     budget = budget.holding_back(held_back)
     stored, steering_of = await _stored_and_steering(
@@ -307,8 +304,7 @@ async def _stored_and_steering(
 
 
 async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
-    """``asked.identified`` when it was read for this model and scope, else read
-    now; named for its session (:func:`proxy.session.naming.session_name`)."""
+    """``asked.identified`` when it was read for this model and scope, else read now."""
     profile, counter = asked.config.profile, state.counter(asked.config)
     conversation = asked.identified
     if (
@@ -326,10 +322,7 @@ async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
             scope=asked.scope,
             recall_salt=recall_salt(asked.scope),
         )
-    if conversation.named:
-        return conversation
-    named = session_name(asked.client_session, conversation.session)
-    return dataclasses.replace(conversation, named=named)
+    return conversation
 
 
 def _forward(conversation: Conversation, decision: Decision) -> Resolved:

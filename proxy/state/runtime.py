@@ -19,7 +19,7 @@ from compaction import ReadingCache, TokenCounter, encoding_for_model, load_enco
 from config import ModelConfig, ModelResolver, Settings
 from proxy.session.background import Background, Traffic
 from proxy.state.metrics import Metrics
-from proxy.state.models import ModelKnowledge, calibration_key
+from proxy.state.models import ANONYMOUS, ModelKnowledge, calibration_key
 from proxy.state.prompts import LastPrompts
 from proxy.state.recalls import RecallMemory
 from proxy.state.recorder import Recorder
@@ -74,11 +74,11 @@ class ProxyState:
     def __post_init__(self) -> None:
         self.models = ModelKnowledge(self.store, max_rows=self.settings.store.max_model_rows)
 
-    def resolve(self, model: str | None) -> ModelConfig:
-        """The model's configuration with the windows learned and stated for it,
-        held to the working limit empty streams taught."""
+    def resolve(self, model: str | None, owner: str = ANONYMOUS) -> ModelConfig:
+        """The model's configuration with the windows stated for it and learned
+        by (or agreed for) ``owner``, held to the working limit empty streams taught."""
         config = self.resolver.resolve(model)
-        known = self.models.of(config)
+        known = self.models.of(config, owner)
         window, server = known.window_learned, known.window_stated
         if window is None and server is None:
             return self.models.within_working_limit(config)

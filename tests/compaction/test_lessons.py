@@ -18,6 +18,7 @@ from compaction.lessons import (
     empty_stream_lesson,
     proven_floor,
     ratio_sample,
+    stream_answered,
     window_to_learn,
     working_limit_after_answer,
 )
@@ -128,4 +129,22 @@ def test_a_count_far_from_any_tokenizers_is_a_misreading_and_teaches_nothing() -
     tenth of it: not a tokenizer that counts a tenth."""
     assert ratio_sample(1_000, 10_000) is None
     assert ratio_sample(50_000, 10_000) is None
-    assert ratio_sample(7_000, 10_000) == pytest.approx(0.7)  # clamped later, not ignored
+    assert ratio_sample(8_000, 10_000) == pytest.approx(0.8)
+
+
+def test_a_count_below_the_text_sent_is_inconsistent_and_teaches_nothing() -> None:
+    """A chat format that drops tool messages counts 2,469 of an estimated
+    3,732: taken, it would pull the ratio to its floor and the next request
+    would go uncompacted."""
+    assert ratio_sample(2_469, 3_732) is None
+    assert ratio_sample(7_000, 10_000) is None
+
+
+def test_a_streamed_estimate_above_what_the_server_said_proves_nothing() -> None:
+    """An answer to a prompt we estimated above the window the server states
+    (or a size it refused) shows the server dropped part of it, not a larger
+    window: the largest streamed prompt answered stays as it was."""
+    assert stream_answered(5_000, 10_979, 8_192) == 5_000
+    assert stream_answered(5_000, 7_000, 8_192) == 7_000
+    assert stream_answered(5_000, 10_979, None) == 10_979
+    assert stream_answered(9_000, 7_000, 8_192) == 9_000

@@ -1,5 +1,6 @@
 """Answers calibrate the proxy whatever shape their count comes in: a streamed
-llama.cpp answer states its prompt only in its ``timings``."""
+llama.cpp answer states its prompt only in its ``timings``; and a count below
+the text that was sent (a chat format that drops tool messages) teaches nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from typing import Any
 import pytest
 
 from proxy.state.runtime import ProxyState
-from tests.proxy.inprocess import RecordingTransport, running, settings_for, sse_reply
+from tests.proxy.inprocess import (
+    RecordingTransport,
+    json_reply,
+    running,
+    settings_for,
+    sse_reply,
+)
 
 MODEL = "qwen2.5-coder-1.5b-instruct"
 #: A prompt well above what calibrates (a chat template's tokens do not dominate it).
@@ -57,3 +64,37 @@ def test_a_streamed_llama_cpp_answer_calibrates_from_its_timings(cached: int) ->
             reply.read()
         learned = state.models.of(config).ratio
     assert learned == pytest.approx(1.15, abs=0.01)
+
+
+def test_a_count_well_below_what_was_sent_leaves_the_ratio_alone() -> None:
+    """The server counted 2,469 of what we estimated at 3,732 (its chat format
+    dropped the tool messages): the ratio does not fall to its floor, which
+    would send the next request uncompacted."""
+    transport = RecordingTransport()
+    with running(settings_for(), transport) as proxy:
+        state = _state_of(proxy.app)
+        config = state.resolve(MODEL)
+        messages = [{"role": "user", "content": PROMPT}]
+        estimate = state.counter(config).count_request({"messages": messages})
+        counted = round(estimate * 2_469 / 3_732)
+        transport.script(
+            json_reply(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "model": MODEL,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "It"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": counted, "completion_tokens": 1},
+                }
+            )
+        )
+        body = {"model": MODEL, "messages": messages}
+        assert proxy.http.post(f"{proxy.url}/chat/completions", json=body).status_code == 200
+        assert state.models.ratio(config) == 1.0
+        assert state.models.answered(config) == counted  # what it answered, as it counted

@@ -1,17 +1,22 @@
 """What the proxy learned about each upstream's model (:class:`ModelKnowledge`):
 bounded as the store's rows are, since a client may send any number of invented
 model names; a ratio one odd answer moves by a step at most, before or after a
-restart; and the store's rows restored under what was learned meanwhile."""
+restart; and the store's rows restored under what was learned meanwhile. What
+one caller's requests teach is that caller's: another caller's limit moves by
+a few percent at most, before and after a restart."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from compaction import calibrated_budget
 from compaction.calibration import MAX_STEP, WINDOW
+from compaction.lessons import AGREEING_CALLERS
 from config import ModelConfig, ModelResolver, load_settings
 from proxy.state.models import ModelKnowledge, calibration_key, server_key, slots_key
-from proxy.state.stores import MemoryStore
+from proxy.state.stores import MemoryStore, Store, open_store
 from proxy.upstream.discovery import ServerFacts
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +35,7 @@ def _configs(names: list[str]) -> list[ModelConfig]:
     return [resolver.resolve(name) for name in names]
 
 
-def _models(store: MemoryStore | None = None, cap: int = CAP) -> ModelKnowledge:
+def _models(store: Store | None = None, cap: int = CAP) -> ModelKnowledge:
     return ModelKnowledge(store or MemoryStore(max_model_rows=cap), max_rows=cap)
 
 
@@ -158,6 +163,115 @@ async def test_a_restore_keeps_what_was_learned_meanwhile_and_the_cap() -> None:
     models.restore(windows, {calibration_key(meanwhile): 1.2})
     assert models.of(meanwhile).window_learned == 6_000  # not the store's 9,000
     assert models.ratio(meanwhile) == pytest.approx(1.2)  # it had learned none
-    assert list(models) == [calibration_key(config) for config in stored[1:]] + [
-        calibration_key(meanwhile)
-    ]
+    assert models.of(stored[0]).window_learned is None  # the oldest went past the cap
+    assert [models.of(config).window_learned for config in stored[1:]] == [5_000, 5_000]
+
+
+HONEST, LIAR = "a" * 32, "b" * 32  # two callers (owner digests)
+
+
+def _on_sqlite(tmp_path: Path) -> tuple[Store, ModelKnowledge, ModelConfig]:
+    """A real SQLite store, what a process learns on it, and the model it learns of."""
+    store = open_store(f"sqlite://{tmp_path / 'state.db'}")
+    (config,) = _configs([MODEL])
+    return store, _models(store, cap=1_000), config
+
+
+async def _restarted(store: Store) -> ModelKnowledge:
+    """A new process on ``store``: what it reads back at start-up."""
+    models = ModelKnowledge(store, max_rows=1_000)
+    models.restore(await store.learned_windows(), await store.calibrations())
+    return models
+
+
+def _limit(models: ModelKnowledge, config: ModelConfig, owner: str) -> int:
+    """The input limit of ``owner``'s conversations on ``config`` as the proxy
+    would budget them: the window learned or agreed, scaled by the ratio."""
+    window = models.of(config, owner).window_learned
+    profile = config.profile
+    if window is not None:
+        profile = (
+            ModelResolver(load_settings(None, store={"url": "memory://"}))
+            .resolve(config.model, {config.model: window})
+            .profile
+        )
+    return calibrated_budget(profile, ratio=models.ratio(config, owner)).input_limit
+
+
+async def test_one_callers_lying_counts_and_overflow_move_anothers_limit_by_five_percent_at_most(
+    tmp_path: Path,
+) -> None:
+    store, models, config = _on_sqlite(tmp_path)
+    for _ in range(3):
+        models.observe(config, ESTIMATE, 5_100, HONEST)  # the honest caller settles first
+    before = _limit(models, config, HONEST)
+    assert await models.learn_window(config, 6_000, LIAR)  # the other caller's overflow
+    for _ in range(32):  # and its content the upstream counts at twice our estimate
+        models.observe(config, ESTIMATE, 2 * ESTIMATE, LIAR)
+    assert models.of(config, LIAR).window_learned == 6_000  # its own lessons are kept
+    assert _limit(models, config, HONEST) >= before * 0.95
+    await models.written()
+
+    restarted = await _restarted(store)
+    assert _limit(restarted, config, HONEST) >= before * 0.95
+    assert restarted.of(config, LIAR).window_learned == 6_000
+    assert restarted.ratio(config, LIAR) == pytest.approx(2.0)
+    await store.close()
+
+
+async def test_a_newcomer_gets_what_enough_callers_agree_on_and_no_single_callers_lesson(
+    tmp_path: Path,
+) -> None:
+    store, models, config = _on_sqlite(tmp_path)
+    newcomer = "c" * 32
+    assert await models.learn_window(config, 3_000, LIAR)
+    models.observe(config, ESTIMATE, 2 * ESTIMATE, LIAR)
+    assert models.of(config, newcomer).window_learned is None
+    assert models.ratio(config, newcomer) == 1.0
+    callers = [f"{number:032x}" for number in range(AGREEING_CALLERS)]
+    for caller in callers:  # as many callers as agreement takes, besides the liar
+        models.observe(config, ESTIMATE, 5_500, caller)
+        assert await models.learn_window(config, 16_000, caller)
+    assert models.of(config, newcomer).window_learned == 16_000  # not the liar's 3,000
+    assert models.ratio(config, newcomer) == pytest.approx(1.1)
+    await models.written()
+    restarted = await _restarted(store)
+    assert restarted.of(config, newcomer).window_learned == 16_000
+    assert restarted.ratio(config, newcomer) == pytest.approx(1.1)
+    await store.close()
+
+
+async def test_the_largest_prompt_answered_outlives_a_restart_and_refuses_a_smaller_window(
+    tmp_path: Path,
+) -> None:
+    store, models, config = _on_sqlite(tmp_path)
+    models.prove(config, 4_457)  # a caller's request answered
+    await models.written()
+
+    restarted = await _restarted(store)
+    assert restarted.answered(config) >= 4_457 / (1 + 0.02)
+    assert not await restarted.learn_window(config, 3_000, LIAR)  # below what was answered
+    assert restarted.of(config, LIAR).window_learned is None
+    await store.close()
+
+
+@pytest.mark.parametrize("stated", [8_192, None])
+async def test_a_stream_estimated_above_what_the_server_said_does_not_raise_the_working_limit(
+    stated: int | None,
+) -> None:
+    """The server states 8,192 (or refused 9,000 with an empty stream), then
+    begins to answer what we estimated at 10,979 — it dropped the tool text:
+    the working limit stays below what the server said."""
+    models = _models(cap=1_000)
+    (config,) = _configs([MODEL])
+    if stated is not None:
+        assert await models.server_stated(config, ServerFacts(stated, slots=1, source="test"))
+    models.stream_answered(config, 5_000)
+    assert models.empty_stream(config, 9_000).overflow
+    narrowed = models.working_limit(config)
+    assert narrowed is not None and narrowed < 8_192
+    models.stream_answered(config, 10_979)
+    assert models.working_limit(config) == narrowed
+    assert models.answered(config) == 5_000
+    models.stream_answered(config, 7_000)  # below both: an answer that does prove more
+    assert models.working_limit(config) == 7_000
