@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects.anthropic.replies import message_reply
 from tests.proxy.dialects.anthropic.sessions import claude_code_request
 from tests.proxy.inprocess import RecordingTransport, json_reply, running, settings_for
 
@@ -19,16 +20,7 @@ EDITS = {
 }
 #: The message holding the compaction block.
 AT = 11
-ANSWER = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-4-6",
-    "content": [{"type": "text", "text": "ok"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 10, "output_tokens": 1},
-}
+ANSWER = message_reply("claude-sonnet-4-6", "ok")
 
 
 def _session(turns: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from compaction import Profile, TokenCounter, compact
 from proxy.dialects.anthropic import ANTHROPIC, pairing_problems
+from proxy.dialects.anthropic.replies import message_reply
 from tests.proxy.dialects.anthropic.sessions import claude_code_request
 from tests.proxy.inprocess import RecordingTransport, json_reply, running, settings_for
 
@@ -18,16 +19,7 @@ REFERENCES = [
     {"type": "tool_reference", "tool_name": "WebFetch"},
     {"type": "tool_reference", "tool_name": "NotebookEdit"},
 ]
-ANSWER = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-sonnet-4-6",
-    "content": [{"type": "text", "text": "ok"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 10, "output_tokens": 1},
-}
+ANSWER = message_reply("claude-sonnet-4-6", "ok")
 
 
 def _tool_search(result: list[dict[str, Any]], turns: int = 30) -> dict[str, Any]:

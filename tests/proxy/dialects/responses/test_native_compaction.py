@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.responses import RESPONSES
+from proxy.dialects.responses.replies import response_object
 from tests.proxy.dialects.responses.shapes import codex_request
 from tests.proxy.inprocess import RecordingTransport, json_reply, running, settings_for
 
@@ -20,23 +21,7 @@ COMPACTION = {
     "id": "cmp_0123",
     "encrypted_content": base64.b64encode(bytes(range(256)) * 8).decode(),
 }
-ANSWER = {
-    "id": "resp_1",
-    "object": "response",
-    "created_at": 1,
-    "status": "completed",
-    "model": MODEL,
-    "output": [
-        {
-            "type": "message",
-            "id": "msg_1",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": "ok", "annotations": []}],
-        }
-    ],
-    "usage": {"input_tokens": 10, "output_tokens": 1, "total_tokens": 11},
-}
+ANSWER = response_object(MODEL, "ok")
 
 
 def _compacted_session() -> dict[str, Any]:
