@@ -30,6 +30,7 @@ from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import upstream_headers
 from proxy.session.conversation import Resolved, identify, scope_of
+from proxy.session.naming import client_session
 from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.usage import NO_USAGE, Usage
@@ -88,6 +89,8 @@ class Call:
     mapped: Mapped | None = None
     untouchable: str | None = None
     tally: Tally = dataclasses.field(default_factory=Tally)
+    #: The session id its client sent, if any (see proxy.session.naming).
+    client_session: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -233,6 +236,7 @@ async def read_call(
     raw = await read_body(request, state.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     owner = owner_of(client_headers)
+    client = client_session(client_headers)
     # A growing conversation's next request: only what it adds is read.
     continuation = continued(state, dialect, owner, raw)
     if continuation is not None:
@@ -288,4 +292,5 @@ async def read_call(
         original=read.original,
         mapped=read.mapped,
         untouchable=read.untouchable,
+        client_session=client,
     )

@@ -33,6 +33,7 @@ the model twice. :mod:`proxy.session.compacting` runs a compaction for both.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Coroutine, Mapping
@@ -69,6 +70,7 @@ from proxy.session.compacting import (
     look_up,
     run_plan,
 )
+from proxy.session.naming import session_name
 from proxy.state.runtime import ProxyState
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
@@ -177,6 +179,8 @@ class Asked(Protocol):
     def owner(self) -> str: ...  # whose events and checkpoint (proxy.edge.access.owner_of)
     @property
     def identified(self) -> Conversation | None: ...  # :func:`identify` of the messages
+    @property
+    def client_session(self) -> str | None: ...  # proxy.session.naming.client_session
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,7 @@ class Ask:
     scope: bytes = b""
     owner: str = ""
     identified: Conversation | None = None
+    client_session: str | None = None
 
 
 async def resolve(
@@ -304,7 +309,8 @@ async def _stored_and_steering(
 
 
 async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
-    """``asked.identified`` when it was read for this model and scope, else read now."""
+    """``asked.identified`` when it was read for this model and scope, else read
+    now; named for its session (:func:`proxy.session.naming.session_name`)."""
     profile, counter = asked.config.profile, state.counter(asked.config)
     conversation = asked.identified
     if (
@@ -322,7 +328,10 @@ async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
             scope=asked.scope,
             recall_salt=recall_salt(asked.scope),
         )
-    return conversation
+    if conversation.named:
+        return conversation
+    named = session_name(asked.client_session, conversation.session)
+    return dataclasses.replace(conversation, named=named)
 
 
 def _forward(conversation: Conversation, decision: Decision) -> Resolved:
