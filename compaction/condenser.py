@@ -257,11 +257,21 @@ async def condense(
     answers = list(await asyncio.gather(*asked))
     main_summary = answers.pop(0) if main.messages else None
     prefix_summary = answers.pop(0) if answers else None
-
-    replaced = run.tokens(main.messages) + run.tokens(prefix.messages)
+    # Each summary must be smaller than the span it stands for; one that is
+    # not (a short message, such as a client's environment note, under a
+    # summary's fixed header and ledger) leaves its span as it was.
+    main_kept = main_summary is not None and _not_smaller(run, main_summary, main)
+    prefix_kept = prefix_summary is not None and _not_smaller(run, prefix_summary, prefix)
+    if main_kept:
+        main_summary = None
+    if prefix_kept:
+        prefix_summary = None
     written = [m for m in (main_summary, prefix_summary) if m is not None]
+    replaced = (0 if main_kept else run.tokens(main.messages)) + (
+        0 if prefix_kept else run.tokens(prefix.messages)
+    )
     summary_tokens = run.tokens(written)
-    if summary_tokens >= replaced:
+    if not written or summary_tokens >= replaced:
         raise SummarizationError(
             f"the summary ({summary_tokens:,} tokens) is not shorter than "
             f"the {replaced:,} tokens it would replace"
@@ -270,12 +280,16 @@ async def condense(
     out = list(messages[: plan.head_end])
     if main_summary is not None:
         out.append(main_summary)
-    out.extend(messages[i] for i in plan.pinned if i < plan.main_end)
+        out.extend(messages[i] for i in plan.pinned if i < plan.main_end)
+    else:
+        out.extend(messages[plan.head_end : plan.main_end])
     if plan.turn_start is not None:
         out.append(messages[plan.turn_start])
         if prefix_summary is not None:
             out.append(prefix_summary)
-        out.extend(messages[i] for i in plan.pinned if i > plan.turn_start)
+            out.extend(messages[i] for i in plan.pinned if i > plan.turn_start)
+        else:
+            out.extend(messages[plan.turn_start + 1 : plan.tail_start])
     out.extend(messages[plan.tail_start :])
     return CondenseResult(
         messages=out,
@@ -286,6 +300,11 @@ async def condense(
         replaced_tokens=replaced,
         notes=tuple(run.notes),
     )
+
+
+def _not_smaller(run: _Run, summary: Message, span: _Span) -> bool:
+    """Whether ``summary`` holds as many tokens as ``span`` (as sent) or more."""
+    return run.tokens([summary]) >= run.tokens(span.messages)
 
 
 def _task(head: Sequence[Message]) -> str:
@@ -378,9 +397,14 @@ class _Run:
 
         def fitted(body: str) -> Message:
             message = wrap(body, rendered)
-            if cap is None or self.counter.count_message(message) <= cap:
-                return message
-            return wrap(fit_tokens(body, max(cap - frame, 0), self.counter), rendered)
+            if cap is not None and self.counter.count_message(message) > cap:
+                body = fit_tokens(body, max(cap - frame, 0), self.counter)
+                message = wrap(body, rendered)
+            if not body.strip() and not rendered.strip():
+                # A header over nothing would claim the span was summarized
+                # when it was dropped; truncation says so instead.
+                raise SummarizationError(f"no room for a summary of {condensed} messages")
+            return message
 
         label = "turn prefix: " if turn_prefix else ""
         if asks_model and budget < MODEL_REPLY_FLOOR:

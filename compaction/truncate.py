@@ -132,7 +132,9 @@ def truncate(
         out, dropped, removed = _assemble(messages, head_end, plan, pinned)
         total = sum(counter.count_messages(out)) + overhead
         if total <= limit:
-            notes = [f"removed {removed} earlier messages to fit {limit:,} tokens"]
+            notes = []
+            if removed:  # an excerpt alone removed nothing: no "removed 0" note
+                notes.append(f"removed {removed} earlier messages to fit {limit:,} tokens")
             if plan.excerpt is not None:
                 notes.append(f"excerpted {len(plan.excerpt[1])} older messages to fit")
             suffix = len(messages) - plan.suffix_start

@@ -584,3 +584,42 @@ def test_a_middle_of_opaque_groups_only_is_not_condensed() -> None:
     messages = [system(), user("go"), call, result, user("now")]
     with pytest.raises(SummarizationError, match="nothing to condense"):
         run(messages, plan_condense(messages, 2, 4), mode="extractive")
+
+
+# --- a summary is never larger than what it stands for ----------------------------
+
+
+def test_a_span_smaller_than_its_summary_is_kept_as_it_was() -> None:
+    # Codex's environment message alone before the turn the tail starts in: a
+    # summary of it (its header, its sections) would be several times its size.
+    messages = split_conversation()
+    messages[2:5] = [user("<environment_context>\n  <cwd>/work/app</cwd>\n</environment_context>")]
+    plan = plan_condense(messages, 2, 8)
+    assert plan.turn_start == 3
+    result = run(messages, plan, mode="extractive")
+    out = result.messages
+    assert out[2] is messages[2]  # kept, not "Summary of 1 earlier message"
+    assert out[3] is messages[3]
+    assert is_summary(out[4]) and out[4] is result.summary
+    assert "current turn" in message_text(out[4])
+    assert sum(1 for m in out if is_summary(m)) == 1
+    assert COUNTER.count_message(result.summary) < sum(COUNTER.count_messages(messages[4:8]))
+    assert result.replaced_tokens == sum(COUNTER.count_messages(messages[4:8]))
+
+
+def test_a_summary_with_room_for_nothing_is_not_written() -> None:
+    # Room for the header alone: a "Summary of N earlier messages" over nothing
+    # would say the span was summarized when it was dropped.
+    messages = [
+        system(),
+        user("Fix the parser."),
+        *[assistant(f"Thought {i}. " * 40) for i in range(6)],
+    ]
+    messages.append(user("Next."))
+    plan = plan_condense(messages, 2, 8)
+    profile = Profile(summarizer="extractive")
+    header = COUNTER.count_message(summary_message("", condensed=6, turn_prefix=False))
+    with pytest.raises(SummarizationError, match="no room for a summary of 6 messages"):
+        asyncio.run(
+            condense(messages, plan, profile=profile, counter=COUNTER, summarizer=None, cap=header)
+        )

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from compaction import Profile, TokenCounter
+from compaction import Profile, TokenCounter, compact
 from compaction.conversation import read_conversation
 from compaction.decide import calibrated_budget, decide
 from compaction.execute import NOTE_ROOM, execute
 from compaction.messages import message_text, validate_tool_pairing
 from compaction.results import new_checkpoint
 from compaction.summary import SUMMARY_MARKER, is_summary
+from tests.client_bodies import aider_body
 from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")
@@ -84,3 +85,48 @@ def test_a_result_whose_newest_group_was_cut_still_yields_a_checkpoint() -> None
     assert any(is_summary(m) for m in result.messages)  # the digest was kept beside it
     made = new_checkpoint(conversation, result, id="c", created_at=0.0, progress_ok=True)
     assert made is not None and made.covered == len(messages) - 1 - conversation.head
+
+
+# --- aider: no tools, a large message of files right before the request ----------
+
+
+def _aider_body() -> dict[str, Any]:
+    words = "the parser reads each header and returns a window value callers compare".split()
+
+    def prose(count: int, seed: int) -> str:
+        return " ".join(words[(i * 7 + seed) % len(words)] for i in range(count))
+
+    history: list[dict[str, Any]] = []
+    for turn in range(5):
+        history.append({"role": "user", "content": f"Please change step {turn}: {prose(60, turn)}"})
+        history.append(
+            {"role": "assistant", "content": f"src/app.py\n```\n{prose(300, turn)}\n```"}
+        )
+    body = aider_body("Now add a changelog entry.", history)
+    body["messages"][-4]["content"] += "\n" + prose(1_500, 1)  # the files in the chat
+    return body
+
+
+def test_an_aider_conversation_cut_to_fit_says_what_it_removed() -> None:
+    # The newest turns leave no room for a summary's text: the span is removed
+    # with a note saying so, not replaced by an empty "Summary of N earlier
+    # messages" whose note says "removed 0 earlier messages".
+    body = _aider_body()
+    result = asyncio.run(
+        compact(body, Profile(context_window=2_400, summarizer="extractive"), counter=COUNTER)
+    )
+    assert result.stage == "truncated"
+    assert not any(is_summary(m) for m in result.messages)
+    removed = len(body["messages"]) - len(result.messages) + 1  # the note stands for them
+    notes = [
+        m
+        for m in result.messages
+        if message_text(m).endswith("removed to fit the context window.]")
+    ]
+    assert [message_text(m) for m in notes] == [
+        f"[{removed} earlier messages were removed to fit the context window.]"
+    ]
+    assert f"removed {removed} earlier messages to fit" in " ".join(result.notes)
+    assert not any("removed 0 " in note for note in result.notes)
+    # The head holds aider's canned messages and the first request typed.
+    assert message_text(result.messages[7]).startswith("Please change step 0")

@@ -353,3 +353,12 @@ def test_system_messages_too_large_to_keep_are_the_heads_error() -> None:
     with pytest.raises(CannotFitError) as caught:
         _truncate(messages, _tokens(messages[:2]) + 100)
     assert caught.value.part == "head" and "system messages after it" in str(caught.value)
+
+
+def test_an_excerpt_alone_is_not_reported_as_removing_nothing() -> None:
+    big = user("\n".join(f"line {i} of the files in the chat" for i in range(600)))
+    messages = [system(), user("Fix the parser."), big, assistant("Ok."), user("Next.")]
+    limit = sum(COUNTER.count_messages(messages)) // 2
+    result = truncate(messages, head_end=2, limit=limit, counter=COUNTER, overhead=0)
+    assert result.dropped == 0
+    assert result.notes == ("excerpted 1 older messages to fit",)
