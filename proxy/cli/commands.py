@@ -27,7 +27,14 @@ from typing import Any
 import orjson
 
 from compaction import CannotFitError, CompactionError, Profile, Summarizer, compact
-from config import ConfigError, ModelConfig, load_settings, resolve_model, with_client_window
+from config import (
+    ConfigError,
+    ModelConfig,
+    find_config_file,
+    load_settings,
+    resolve_model,
+    with_client_window,
+)
 from proxy.cli.inspect import render_inspection
 from proxy.cli.request_file import RequestFile, read_request
 
@@ -132,11 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("options", nargs="*", help="see compaction-proxy eval --help")
 
     listing = commands.add_parser("sessions", help="the dashboard's overview, as a table")
-    listing.add_argument("--config", help="TOML configuration file (for store.url)")
+    listing.add_argument(
+        "--config", help="TOML configuration file (for store.url; default: the last serve's)"
+    )
     listing.add_argument("--limit", type=int, default=50, metavar="N", help="newest sessions")
     show = commands.add_parser("show", help="one session: timeline, summary and events")
     show.add_argument("session", help="the session id, or a unique start of it")
-    show.add_argument("--config", help="TOML configuration file (for store.url)")
+    show.add_argument(
+        "--config", help="TOML configuration file (for store.url; default: the last serve's)"
+    )
     show.add_argument(
         "--owner", help="whose session, where two owners' share the id (a unique start)"
     )
@@ -236,6 +247,7 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from proxy.cli.served import remember
     from proxy.cli.server import serve
 
     settings = load_settings(
@@ -248,6 +260,7 @@ def _serve(args: argparse.Namespace) -> int:
         },
         upstream={"base_url": args.upstream, "anthropic_base_url": args.anthropic_upstream},
     )
+    remember(find_config_file(args.config), settings)  # for sessions and show
     serve(settings, log_level=args.log_level)
     return EXIT_OK
 
@@ -275,9 +288,13 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
+    from proxy.cli.served import dashboard_settings
     from proxy.cli.terminal import UnknownSession, sessions_text, show_text
 
-    settings = load_settings(args.config)
+    served = dashboard_settings(args.config)
+    settings = served.settings
+    if served.note is not None:
+        print(f"compaction-proxy: {served.note}", file=sys.stderr)
     try:
         if args.command == "sessions":
             print(asyncio.run(sessions_text(settings, args.limit)))
