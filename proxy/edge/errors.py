@@ -9,6 +9,7 @@ its Messages routes).
      ├── NotFound        404    no such checkpoint (or not the caller's)
      ├── PayloadTooLarge 413    the body is above the size limit
      ├── UnsupportedMediaType 415  a chat body that is not JSON, or compressed
+     ├── UpgradeRequired 426    a WebSocket upgrade: the proxy speaks HTTP only
      ├── UpstreamUnreachable 502  no connection to the upstream
      ├── ServiceUnavailable  503  the store behind the state endpoints is down
      └── UpstreamTimeout     504  the upstream said nothing in time
@@ -116,6 +117,12 @@ class UnsupportedMediaType(ProxyError):
     status = 415
     type = "invalid_request_error"
     code = "unsupported_content_encoding"
+
+
+class UpgradeRequired(ProxyError):
+    status = 426
+    type = "invalid_request_error"
+    code = "websocket_unsupported"
 
 
 class UpstreamUnreachable(ProxyError):

@@ -26,6 +26,9 @@
   :func:`proxy.edge.access.viewer` to check (it is never sent upstream:
   :func:`proxy.flow.send.upstream_headers` drops it by name).
 
+* A WebSocket upgrade — no route of the proxy takes one — is answered
+  ``426 Upgrade Required``, which sends Codex on over HTTP at once.
+
 Written directly against ASGI (no ``BaseHTTPMiddleware``, which hides client
 disconnects from streaming responses).
 """
@@ -39,7 +42,7 @@ from collections.abc import Callable, Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.edge.errors import Forbidden, ProxyError, Unauthorized
+from proxy.edge.errors import Forbidden, ProxyError, Unauthorized, UpgradeRequired
 from proxy.edge.headers import ADMIN_KEY_HEADER, PROXY_KEY_HEADER
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -69,11 +72,15 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
-async def _refuse(error: ProxyError, send: Send, path: str = "") -> None:
+async def _refuse(
+    error: ProxyError, send: Send, path: str = "", response: str = "http.response"
+) -> None:
+    """Answer ``error``; ``response`` is the ASGI message kind (a WebSocket
+    handshake's answer is ``websocket.http.response``)."""
     body = error.json_bytes(path)
     await send(
         {
-            "type": "http.response.start",
+            "type": f"{response}.start",
             "status": error.status,
             "headers": [
                 (b"content-type", b"application/json"),
@@ -81,7 +88,23 @@ async def _refuse(error: ProxyError, send: Send, path: str = "") -> None:
             ],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": f"{response}.body", "body": body})
+
+
+async def _refuse_upgrade(scope: Scope, receive: Receive, send: Send) -> None:
+    """A WebSocket upgrade answered ``426 Upgrade Required``.
+
+    Codex's built-in provider tries the Responses API over a WebSocket first:
+    a 426 sends it on over HTTP at once, where any other refusal (the 403 a
+    server gives a WebSocket no route takes) makes it retry the upgrade,
+    reporting an error each time, before it does (docs/clients.md, "Codex").
+    """
+    await receive()  # the client's websocket.connect
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        refusal = UpgradeRequired("This server speaks HTTP only: POST the request instead.")
+        await _refuse(refusal, send, scope["path"], "websocket.http.response")
+    else:  # a server without the extension can only say 403
+        await send({"type": "websocket.close", "code": 1000})
 
 
 def _bearer(value: bytes) -> bytes | None:
@@ -224,6 +247,9 @@ class Edge:
             self.check_key = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no route of the proxy takes one
+            await _refuse_upgrade(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
