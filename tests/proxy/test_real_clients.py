@@ -264,11 +264,15 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
 # --- what the user adds while a tool runs ----------------------------------------
 #
 # Claude Code (stream-json input): a message typed while a tool runs is queued and
-# sent after that tool's result as a ``system``-role message ("The user sent a new
-# message while you were working: …"); a PostToolUse hook's ``additionalContext``
-# is sent as a ``<system-reminder>`` text block beside the ``tool_result`` it
-# follows. Codex (app-server ``turn/steer``, what its TUI sends when the user types
-# during a turn): a user message item right after the running call's
+# sent after that tool's result ("The user sent a new message while you were
+# working: …") — by 2.1.197 as a ``system``-role message, by 2.1.332 as a text
+# block beside the ``tool_result``; a PostToolUse hook's ``additionalContext``
+# came as a ``<system-reminder>`` text block beside the result it follows
+# (2.1.197) and comes as a ``system``-role message right after it (2.1.332).
+# The tests hold the behaviour, whichever the layout: the typed text and each
+# note reach every later request, the note still with its result. Codex
+# (app-server ``turn/steer``, what its TUI sends when the user types during a
+# turn): a user message item right after the running call's
 # ``function_call_output``, before the turn's next calls.
 
 TYPED = "While you read: the values of part3 matter most, quote them exactly."
@@ -303,16 +307,26 @@ def _texts(content: Any) -> list[str]:
 
 
 def _results(body: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
-    """tool_use_id → (the result's content as JSON, the texts beside it in its message)."""
+    """tool_use_id → (the result's content as JSON, the texts that come with it:
+    beside it in its message and in the messages after it up to the model's
+    next turn)."""
     found: dict[str, tuple[str, list[str]]] = {}
+    following: list[str] = []  # the results the texts met now come with
     for message in body["messages"]:
         content = message.get("content")
-        if message.get("role") != "user" or not isinstance(content, list):
+        if message.get("role") == "assistant":
+            following = []
             continue
-        beside = [b["text"] for b in content if b.get("type") == "text"]
-        for block in content:
-            if block.get("type") == "tool_result":
-                found[block["tool_use_id"]] = (json.dumps(block.get("content")), beside)
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        for block in results:
+            found[block["tool_use_id"]] = (json.dumps(block.get("content")), [])
+        if results:
+            following = [block["tool_use_id"] for block in results]
+        texts = [content] if isinstance(content, str) else []
+        texts += [b["text"] for b in blocks if b.get("type") == "text"]
+        for call in following:
+            found[call][1].extend(texts)
     return found
 
 
@@ -393,7 +407,7 @@ def test_claude_code_keeps_text_the_user_adds_during_tool_runs_after_the_results
         bash_pruned += _results(body)[bash][0] != output
     assert bash_pruned, "the output of the command the user typed during was never pruned"
 
-    # Each hook note stays beside its tool result in every later request, also
+    # Each hook note stays with its tool result in every later request, also
     # once that result is pruned to a brief.
     pruned_beside = 0
     for turn in (1, 2, 4, 5):
