@@ -28,6 +28,12 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
 An instance is alive while its heartbeat key exists; a lock whose holder died
 lapses after its ttl, and a waiter (polling with backoff) takes it.
 
+Time is the store's: every stamp a replica writes (``recent``, the ``:at``
+sets) and every cut-off it reads or purges by comes from Redis ``TIME``
+(:meth:`RedisStore._now`), never from the replica's own clock — a replica
+whose clock ran days ahead would otherwise cut the others' sessions from the
+shared lists as too old, and sort its own above everyone's.
+
 A Redis that answers what no Redis would — nil to a SET, an integer where a
 hash belongs, bytes that are not the JSON written — is a store that is down:
 the operation raises :class:`GarbledReply` (a :class:`StoreError`; what a reply
@@ -47,7 +53,6 @@ import contextlib
 import inspect
 import logging
 import random
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -162,6 +167,11 @@ class RedisStore:
 
     def _key(self, *parts: str) -> str:
         return self._prefix + ":".join(parts)
+
+    async def _now(self) -> float:
+        """The store's clock, in seconds since the epoch: one clock for every replica."""
+        seconds, microseconds = await awaited(self._client.time())
+        return int(seconds) + int(microseconds) / 1_000_000
 
     # -- checkpoints -------------------------------------------------------
 
@@ -371,9 +381,10 @@ class RedisStore:
         """``table[name] = value``, stamped now; past ``max_model_rows`` the least
         recently set rows go (a client may invent any number of model names)."""
         stamps = self._key(table, "at")
+        now = await self._now()
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.hset(self._key(table), name, value)
-            pipe.zadd(stamps, {name: time.time()})
+            pipe.zadd(stamps, {name: now})
             pipe.zrange(stamps, 0, -(self._max_model_rows + 1))  # all but the newest cap
             excess = (await pipe.execute())[2]
         if excess:
@@ -391,7 +402,7 @@ class RedisStore:
         stamps = self._key(table, "at")
         names = await awaited(self._client.hkeys(self._key(table)))
         if names:
-            now = time.time()
+            now = await self._now()
             await awaited(self._client.zadd(stamps, dict.fromkeys(names, now), nx=True))
         old = await awaited(self._client.zrangebyscore(stamps, "-inf", f"({cutoff!r}"))
         excess = await awaited(self._client.zrange(stamps, 0, -(self._max_model_rows + 1)))
@@ -417,6 +428,10 @@ class RedisStore:
             return
         ttl = self._figures_ms
         groups = by_session(records)
+        now = await self._now()
+        # The records' times are this replica's clock: moved onto the store's,
+        # they keep their order and end no later than now.
+        offset = now - max(record.created_at for record in records)
         async with self._client.pipeline(transaction=False) as pipe:
             for (owner, session), found in groups.items():
                 key = self._key("reqs", owner, session)
@@ -430,14 +445,19 @@ class RedisStore:
                     bucket = repr(bucket_of(record.created_at))
                     pipe.hincrby(self._key("saved"), bucket, record.saved)
                     pipe.hincrby(self._key("saved", record.owner), bucket, record.saved)
-            pipe.zremrangebyscore(self._key("recent"), "-inf", records[-1].created_at - ttl / 1000)
+            pipe.zremrangebyscore(self._key("recent"), "-inf", now - ttl / 1000)
             await pipe.execute()
         for (owner, session), found in groups.items():
-            await self._fold(owner, session, found)
+            at = max(record.created_at for record in found) + offset
+            await self._fold(owner, session, found, at, now)
 
-    async def _fold(self, owner: str, session: str, found: list[RequestRecord]) -> None:
+    async def _fold(
+        self, owner: str, session: str, found: list[RequestRecord], at: float, now: float
+    ) -> None:
         """Add ``found`` to the session's summary; another replica folding the same
-        session meanwhile makes this one read again (WATCH), so none is lost."""
+        session meanwhile makes this one read again (WATCH), so none is lost. The
+        session's place among the recent ones is ``at``, and ``now`` the cut-off's
+        start, both on the store's clock."""
         key = self._key("sess", owner, session)
 
         async def update(pipe: Any) -> None:
@@ -445,10 +465,10 @@ class RedisStore:
             summary = fold(None if raw is None else codec.load(SessionSummary, raw), found)
             pipe.multi()
             pipe.set(key, codec.dump(summary), px=self._figures_ms)
-            pipe.zadd(self._key("recent"), {f"{owner}:{session}": summary.last_at})
-            pipe.zadd(self._key("recent", owner), {session: summary.last_at})
+            pipe.zadd(self._key("recent"), {f"{owner}:{session}": at})
+            pipe.zadd(self._key("recent", owner), {session: at})
             pipe.pexpire(self._key("recent", owner), self._figures_ms)
-            oldest = summary.last_at - self._figures_ms / 1000
+            oldest = now - self._figures_ms / 1000
             pipe.zremrangebyscore(self._key("recent", owner), "-inf", oldest)
 
         await self._transaction(update, key)
@@ -515,7 +535,7 @@ class RedisStore:
         key = self._key("recent") if owner is None else self._key("recent", owner)
         # The index outlives a summary by up to a write (its expiry is the
         # summary's own): counted as the sessions that would be listed.
-        oldest = time.time() - self._figures_ms / 1000
+        oldest = await self._now() - self._figures_ms / 1000
         return int(await awaited(self._client.zcount(key, oldest, "+inf")))
 
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
@@ -548,7 +568,7 @@ class RedisStore:
 
     async def purge(self, now: float | None = None) -> int:
         # Every record carries its own expiry but the rows kept by model.
-        cutoff = (time.time() if now is None else now) - self._retention_ms / 1000
+        cutoff = (await self._now() if now is None else now) - self._retention_ms / 1000
         for table in ("windows", "calibrations"):
             await self._purge_model_rows(table, cutoff)
         return 0

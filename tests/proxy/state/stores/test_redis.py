@@ -1,9 +1,11 @@
 """What only the Redis backend promises: one round trip, replicas sharing data,
-locks across replicas, heartbeats deciding who is dead."""
+locks across replicas, heartbeats deciding who is dead, one clock (the store's)
+whatever each replica's says."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -240,7 +242,10 @@ async def _enter(store: RedisStore, ttl: float) -> None:
 async def test_a_transaction_whose_exec_answers_nil_is_tried_a_few_times_then_given_up(
     anyio_backend: str,
 ) -> None:
-    async with _scripted(NIL) as nil:
+    # Its clock answers (TIME, a RESP array of two bulk strings), as it must
+    # for the figures to be written at all.
+    clock = {"TIME": b"*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n"}
+    async with _scripted(NIL, clock) as nil:
         with pytest.raises(Contended):
             await _within(10, nil.store.record_requests([record()]))
         assert nil.fake.names["EXEC"] == TRANSACTION_ATTEMPTS
@@ -330,3 +335,31 @@ async def test_replies_of_the_wrong_type_are_store_errors(reply: bytes, anyio_ba
                 failed.append(name)
     if reply == NIL:  # a Redis answers these with a value, never with nil
         assert {"lookup", "heartbeat", "fail_interrupted", "learned_windows"} <= set(failed)
+
+
+DAY = 86_400.0
+
+
+async def test_a_replica_whose_clock_runs_eight_days_ahead_cuts_none_of_the_others_records(
+    replicas: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention is cut by the store's clock: the replica ahead writes records
+    stamped 8 days on and purges by its own reckoning, and the others' sessions
+    and learned windows (a 7-day retention for both) stay listed."""
+    here = replicas(retention_seconds=7 * DAY, requests_retention_seconds=7 * DAY)
+    ahead = replicas(retention_seconds=7 * DAY, requests_retention_seconds=7 * DAY)
+    now = time.time()
+    await here.record_requests([record("mine", created_at=now)])
+    await here.set_learned_window("model", 8_192)
+
+    monkeypatch.setattr(time, "time", lambda: now + 8 * DAY)  # all that replica reads of time
+    await ahead.record_requests([record("its", owner="bob", created_at=now + 8 * DAY)])
+    await ahead.set_calibration("key", 1.1)
+    await ahead.purge()
+    monkeypatch.undo()
+
+    assert {summary.session for summary in await here.sessions()} == {"mine", "its"}
+    assert [summary.session for summary in await here.sessions(owner="ann")] == ["mine"]
+    assert await here.session_count() == 2
+    assert await here.learned_windows() == {"model": 8_192}
+    assert await here.calibrations() == {"key": 1.1}
