@@ -10,7 +10,8 @@ module is the one place that knows the rest by its shape:
 * whole fragments a harness injects, known by their opening and closing tags
   (Codex: ``<environment_context>``, ``<user_instructions>``, ``# AGENTS.md
   instructions …</INSTRUCTIONS>``, ``<skill>``, ``<turn_aborted>``; Claude
-  Code's ``<local-command-stdout>``);
+  Code's ``<local-command-stdout>`` and its ``<command-name>`` record of a
+  slash command, whose expansion is the text that follows);
 * texts a harness sends on its own behalf, known by their opening words: file
   listings it re-sends (aider's repository map and chat files, qwen-code's
   list of files read before its own compaction), its warnings and its format
@@ -86,6 +87,11 @@ EXAMPLE_CLOSER: Final = "I switched to a new code base."
 #: aider's hold four messages or fewer before the closer.
 EXAMPLE_SCAN: Final = 12
 
+#: Claude Code's record of a slash command the user ran (its expansion, when
+#: a custom command has one, follows as text of its own).
+_COMMAND_MARKUP = re.compile(
+    r"(?:\s*<command-(message|name|args)>[^<]*</command-\1>)+\s*", re.DOTALL
+)
 _OBSERVATION = re.compile(r"<returncode>|<output>|^OBSERVATION:|^Observation:", re.MULTILINE)
 _COMPACT_COMMAND = re.compile(r"^\s*/compact\b")
 #: Only this much of a text is searched for an observation's tags.
@@ -96,7 +102,7 @@ def typed_part(text: str) -> str:
     """``text`` (one text part of a user message) less what its client added; "" when
     it is all context."""
     text = without_reminders(text).strip()
-    if not text or text.startswith(HARNESS_PREFIXES):
+    if not text or text.startswith(HARNESS_PREFIXES) or _COMMAND_MARKUP.fullmatch(text):
         return ""
     for opener, closer in CONTEXT_FRAGMENTS:
         if text.startswith(opener) and text.endswith(closer):

@@ -94,9 +94,9 @@ async def handle_chat(
         call = await read_call(request, state, dialect, watch=watch)
         if call.untouchable is not None:
             return await _forward_untouched(call, started)
-        instructions = manual.command_instructions(call.messages)
-        if instructions is not None:
-            return await _manual(call, instructions, started)
+        command = manual.find_command(call.messages)
+        if command is not None:
+            return await _manual(call, command, started)
         return await _forward(call, started)
     except ProxyError as exc:
         _log_refusal(state, call, exc.status, started)
@@ -399,9 +399,11 @@ async def _compact_for(
             call.tally.summarizer_cost += summarizer.cost
 
 
-async def _manual(call: Call, instructions: str, started: float) -> Response:
-    call = dataclasses.replace(call, messages=call.messages[:-1])  # without the command
-    resolved = await _compact_for(call, reason="manual", instructions=instructions or None)
+async def _manual(call: Call, command: manual.Command, started: float) -> Response:
+    # Without the command (and the system messages a client sent after it).
+    call = dataclasses.replace(call, messages=call.messages[: command.index])
+    instructions = command.instructions or None
+    resolved = await _compact_for(call, reason="manual", instructions=instructions)
     text = manual.reply_text(manual.outcome_of(resolved))
     _finish(call, resolved, 200, started, upstream=False)
     model = call.config.model or "compaction-proxy"

@@ -1,11 +1,16 @@
 """``/compact [instructions]``: compaction on the user's command.
 
-The command is the last user message of a request. The proxy compacts the
-history before it, stores the result as a checkpoint, and answers with a
-synthetic reply in the request's own API (its dialect's ``manual_reply`` or
-``manual_events``) — the model is not called. On later requests
-the command and the synthetic reply are removed before anything else, so the
-model never sees them.
+The command is what the user typed in the last user turn of a request
+(:func:`compaction.typed_text`): the reminders and context a client puts in
+the same message (qwen-code's ``<system-reminder>`` part before the typed
+text, Claude Code's after it, Claude Code's record of a custom slash command
+that expands to ``/compact …``) do not hide it, and system messages a client
+sends after the turn (aider's closing reminder) are instructions, not a turn.
+The proxy compacts the history before it, stores the result as a checkpoint,
+and answers with a synthetic reply in the request's own API (its dialect's
+``manual_reply`` or ``manual_events``) — the model is not called. On later
+requests the command and the synthetic reply are removed before anything
+else, so the model never sees them.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from compaction import Message, is_summary, message_text
+from compaction import Message, is_summary, message_text, typed_text
 
 if TYPE_CHECKING:
     from proxy.session.conversation import Resolved
@@ -24,18 +29,38 @@ COMMAND = "/compact"
 REPLY_PREFIXES = ("Context compacted:", "Nothing to compact:")
 
 
-def command_instructions(messages: Sequence[Message]) -> str | None:
-    """The instructions of a trailing ``/compact`` command ("" when none), else ``None``."""
-    if not messages or messages[-1].get("role") != "user":
+#: Roles a client may send after the user's turn without it ending the turn.
+_AFTER_TURN = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``/compact`` command: where it is, and its instructions ("" when none)."""
+
+    index: int
+    instructions: str
+
+
+def find_command(messages: Sequence[Message]) -> Command | None:
+    """The ``/compact`` command typed as the last user turn, else ``None``."""
+    index = len(messages) - 1
+    while index >= 0 and messages[index].get("role") in _AFTER_TURN:
+        index -= 1
+    if index < 0:
         return None
-    text = message_text(messages[-1]).strip()
-    if text == COMMAND or text.startswith(COMMAND + " ") or text.startswith(COMMAND + "\n"):
+    instructions = _instructions(messages[index])
+    return None if instructions is None else Command(index, instructions)
+
+
+def _instructions(message: Message) -> str | None:
+    text = typed_text(message)
+    if text == COMMAND or text.startswith((COMMAND + " ", COMMAND + "\n")):
         return text[len(COMMAND) :].strip()
     return None
 
 
 def _is_command(message: Message) -> bool:
-    return command_instructions([message]) is not None
+    return _instructions(message) is not None
 
 
 def _is_reply(message: Message) -> bool:
@@ -52,7 +77,8 @@ def strip_commands(messages: list[Message]) -> list[Message]:
         # The role first: this runs over every message of every request.
         if messages[i].get("role") != "user" or messages[i + 1].get("role") != "assistant":
             continue
-        if _is_command(messages[i]) and _is_reply(messages[i + 1]):
+        # The reply first: finding what was typed reads the whole message.
+        if _is_reply(messages[i + 1]) and _is_command(messages[i]):
             drop.update((i, i + 1))
     if not drop:
         return messages

@@ -82,6 +82,8 @@ def test_codexs_agents_md_and_environment_messages_are_not_typed() -> None:
         "I didn't see any properly formatted edits in your reply?!",
         "Please always provide EXACTLY ONE action in triple backticks, found 2 actions.",
         "<local-command-stdout>Compacted</local-command-stdout>",
+        "<command-message>init is analyzing</command-message>\n<command-name>/init</command-name>",
+        "<command-name>/model</command-name>\n<command-args>opus</command-args>",
     ],
 )
 def test_client_boilerplate_is_not_typed(text: str) -> None:

@@ -22,7 +22,16 @@ import pytest
 
 from compaction import session_key
 from config import load_settings
+from proxy.flow import manual
 from proxy.state.logs import REQUESTS
+from tests.client_bodies import (
+    AIDER_REMINDER,
+    CLAUDE_CODE_CONTEXT,
+    CLAUDE_CODE_TODO,
+    QWEN_REQUEST,
+    qwen_code_body,
+    text_block,
+)
 from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
 from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.inprocess import UPSTREAM_URL, InProcessProxy, RecordingTransport, running
@@ -282,3 +291,106 @@ def test_compact_now_after_an_automatic_compaction_summarizes_again() -> None:
         [event] = [e for e in _events(proxy) if e["type"] == "context.compacted"][:1]
         assert (event["reason"], event["checkpoint_id"]) == ("manual", headers["x-compaction-id"])
         assert event["tokens_after"] == int(headers["x-compaction-tokens-after"])
+
+
+# --- the command among what each client wraps around the typed text ---------------
+
+QWEN_REMINDERS = [
+    text_block(
+        "<system-reminder>\nThe following skills are available for use with the Skill "
+        "tool.\n</system-reminder>"
+    ),
+    text_block(
+        "<system-reminder>\nThis is the Qwen Code. We are setting up the context for our "
+        "chat.\nToday's date is Monday, November 30, 2026.\n</system-reminder>"
+    ),
+]
+
+
+def _qwen_command(text: str) -> list[dict[str, Any]]:
+    """qwen-code's last user message: its reminder parts, then the typed text
+    (the reminders as recorded, where the recording is here)."""
+    reminders = QWEN_REMINDERS
+    if QWEN_REQUEST.exists():
+        reminders = qwen_code_body(text)["messages"][1]["content"][:-1]
+    return [*reminders, text_block(text)]
+
+
+def _claude_code_custom_command(text: str) -> list[dict[str, Any]]:
+    """Claude Code's message for a custom slash command ``/proxy-compact`` whose
+    file holds ``/compact $ARGUMENTS``: its record of the command, then the
+    expansion, then a reminder."""
+    args = text.removeprefix(manual.COMMAND).strip()
+    record = (
+        "<command-message>proxy-compact is running…</command-message>\n"
+        "<command-name>/proxy-compact</command-name>\n"
+        f"<command-args>{args}</command-args>"
+    )
+    return [text_block(record), text_block(text + "\n"), text_block(CLAUDE_CODE_TODO)]
+
+
+def _claude_code_typed(text: str) -> list[dict[str, Any]]:
+    """The typed text with a reminder before and after it (Claude Code's ``-p``)."""
+    return [text_block(CLAUDE_CODE_CONTEXT), text_block(text), text_block(CLAUDE_CODE_TODO)]
+
+
+def _aider_last(body: dict[str, Any]) -> None:
+    """aider closes every request with its system reminder, after the user's turn."""
+    body["messages"].append({"role": "system", "content": AIDER_REMINDER})
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "after"),
+    [
+        pytest.param("chat", _qwen_command, None, id="qwen-code"),
+        pytest.param("chat", lambda text: text, _aider_last, id="aider"),
+        pytest.param("anthropic", _claude_code_typed, None, id="claude-code"),
+        pytest.param("anthropic", _claude_code_custom_command, None, id="claude-code-command"),
+    ],
+)
+def test_compact_is_found_in_the_typed_text_whatever_the_client_wraps_around_it(
+    name: str,
+    content: Callable[[str], Any],
+    after: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    with _api(name) as (api, proxy):
+        compacted = _until_compacted(proxy, api)
+        history = [*compacted, ("assistant", _answer(len(compacted)))]
+        body = api.body([*history, ("user", "placeholder")])
+        body["messages"][-1]["content"] = content(f"/compact {FOCUS}")
+        if after is not None:
+            after(body)
+        asked = len(api.summary_prompts())
+        response = proxy.http.post(
+            f"{proxy.url}{api.path}",
+            json=body,
+            headers={"authorization": f"Bearer {KEY}", "x-api-key": KEY},
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compaction-reason"] == "manual"
+        assert api.reply_text(response.json()).startswith("Context compacted:")
+        prompts = api.summary_prompts()[asked:]
+        assert prompts and all(FOCUS in prompt for prompt in prompts)
+        assert all("<system-reminder>" not in p.split("<focus>")[-1][:200] for p in prompts)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "please /compact now",
+        [text_block("<system-reminder>/compact</system-reminder>"), text_block("Go on.")],
+        "/compacting is what I asked about",
+    ],
+)
+def test_compact_elsewhere_than_the_start_of_the_typed_text_is_a_prompt(content: Any) -> None:
+    messages = [{"role": "user", "content": "task"}, {"role": "user", "content": content}]
+    assert manual.find_command(messages) is None
+
+
+def test_compact_after_system_messages_is_found_where_it_was_typed() -> None:
+    messages = [
+        {"role": "user", "content": "task"},
+        {"role": "user", "content": f"/compact {FOCUS}"},
+        {"role": "system", "content": AIDER_REMINDER},
+    ]
+    assert manual.find_command(messages) == manual.Command(1, FOCUS)
