@@ -58,6 +58,7 @@ from proxy.flow.overflow import detect_overflow
 from proxy.flow.read import Call, read_call
 from proxy.flow.record import account, empty_stream, request_record, rereads_of
 from proxy.flow.send import (
+    Cut,
     Relay,
     Then,
     read_whole,
@@ -128,7 +129,7 @@ async def _forward_untouched(call: Call, started: float) -> Response:
             fields.update(bill.fields())
         logger.info("chat", extra={"fields": fields})
 
-    return Relay(upstream, {}, tap, dialect=call.dialect, after=log)
+    return Relay(upstream, {}, tap, dialect=call.dialect, after=log, cut=_cut(call, call.raw))
 
 
 async def _forward(call: Call, started: float) -> Response:
@@ -154,6 +155,7 @@ async def _forward(call: Call, started: float) -> Response:
         upstream = await _send(call, retry)
         if await _empty_again(call, resolved, upstream):
             return _empty_stream_error(call, resolved, upstream, started)
+        sent = retry
     try:
         tap = _usage_tap(call, resolved, recalling)
         # Its log line, metrics and figures are written once the client has
@@ -164,10 +166,31 @@ async def _forward(call: Call, started: float) -> Response:
         )
         if recalling is not None and upstream.status == 200:
             return await _recall(call, resolved, upstream, recalling, tap, finish)
-        return Relay(upstream, _headers(call, resolved), tap, dialect=call.dialect, after=finish)
+        return Relay(
+            upstream,
+            _headers(call, resolved),
+            tap,
+            dialect=call.dialect,
+            after=finish,
+            cut=_cut(call, sent),
+        )
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
+
+
+def _cut(call: Call, body: bytes) -> Cut:
+    """A stream that closes before its API's end: an upstream error, counted
+    as one, and ``body`` sent once more while the client has seen none of it."""
+
+    def counted() -> None:
+        call.tally.upstream_errors += 1
+        call.state.metrics.upstream_errors.labels("cut").inc()
+
+    async def again() -> UpstreamResponse:
+        return await _send(call, body)
+
+    return Cut(counted, again)
 
 
 def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from starlette.responses import Response
@@ -21,6 +22,7 @@ from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.edge.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.edge.headers import AUTH_HEADERS, PROXY_HEADERS
+from proxy.flow.stream_end import StreamEnd
 from proxy.flow.usage import UsageTap
 from proxy.upstream.transport import (
     BodyLost,
@@ -218,9 +220,14 @@ class Relay(Response):
         tap: UsageTap | None = None,
         dialect: Dialect = CHAT,
         after: Callable[[], None] | None = None,
+        cut: Cut | None = None,
     ) -> None:
         self.upstream = upstream
         self._after = after
+        self._extra = extra_headers
+        #: What to do with a stream of ``dialect`` that ends before its end
+        #: (``None``: relayed as it came, for a route whose API is not known).
+        self.cut = cut
         #: Whose error event a broken stream ends with.
         self.dialect = dialect
         self.status_code = upstream.status
@@ -245,10 +252,15 @@ class Relay(Response):
                 return
             if upstream.length is not None:
                 headers = [*headers, (b"content-length", b"%d" % upstream.length)]
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": headers}
-            )
-            await self._stream(receive, send)
+            again = await self._stream(receive, send, headers)
+            if again is not None:
+                # The first stream said nothing and no byte of it reached the
+                # client: the second answer is relayed in its place, from its head.
+                upstream.abort()
+                after, self._after = self._after, None
+                cut = Cut(self.cut.counted) if self.cut is not None else None
+                relay = Relay(await again(), self._extra, self.tap, self.dialect, after, cut)
+                await relay(scope, receive, send)
         finally:
             upstream.abort()  # nothing when the body was read to its end
             self._answered()
@@ -275,30 +287,103 @@ class Relay(Response):
             self.tap.close()
         self._answered()
 
-    async def _stream(self, receive: Receive, send: Send) -> None:
+    async def _stream(
+        self, receive: Receive, send: Send, headers: list[tuple[bytes, bytes]]
+    ) -> Callable[[], Awaitable[UpstreamResponse]] | None:
+        """Relay the body as it comes; the request to send again instead when
+        the stream ended before its end having said nothing (see :class:`Cut`).
+
+        Watched (a known API's event stream), the API's opening events are
+        held, head included, until an event says something: a stream cut
+        before that can be asked again unseen. Held past :data:`HELD_AT_MOST`
+        bytes, they go out all the same.
+        """
         upstream = self.upstream
+        watch = self._watch()
+        held: list[bytes] | None = [] if watch is not None else None
+        held_bytes = 0
         gone = asyncio.Event()
         watcher = asyncio.ensure_future(_abort_on_disconnect(receive, upstream, gone))
+
+        started = False
+
+        async def flush() -> None:
+            """The head, once, and what is held."""
+            nonlocal held, started
+            if not started:
+                started = True
+                head = {"type": "http.response.start", "status": self.status_code}
+                await send({**head, "headers": headers})
+            chunks, held = held or [], None
+            for chunk in chunks:
+                await self._out(chunk, send)
+
         try:
+            if held is None:
+                await flush()
             while True:
                 try:
                     chunk = await upstream.next_chunk()
                 except BodyLost as exc:
                     if not gone.is_set():
+                        await flush()
                         await self._broken(exc, send)
-                    return  # never the final empty chunk: the response stays unfinished
+                    return None  # never the final empty chunk: the response stays unfinished
                 if chunk is None:
-                    if self.tap is not None:
-                        self.tap.close()
                     break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if self.tap is not None:
-                    self.tap.feed(chunk)
+                if watch is not None:
+                    watch.feed(chunk)
+                if held is None:
+                    await self._out(chunk, send)
+                    continue
+                held.append(chunk)
+                held_bytes += len(chunk)
+                if watch is None or watch.said or held_bytes > HELD_AT_MOST:
+                    await flush()
+            if watch is not None and not watch.ended:
+                again = self._ended_early(unseen=held is not None, gone=gone.is_set())
+                if again is not None:
+                    return again
+                await flush()
+                message = "The upstream ended the stream before its end."
+                event = self.dialect.error_event(message, "upstream_dropped")
+                await send({"type": "http.response.body", "body": event, "more_body": False})
+                return None
+            await flush()
+            if self.tap is not None:
+                self.tap.close()
             # The usage sits in the last events: the bookkeeping waits for them.
             self._answered()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return None
         finally:
             watcher.cancel()
+
+    async def _out(self, chunk: bytes, send: Send) -> None:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if self.tap is not None:
+            self.tap.feed(chunk)
+
+    def _watch(self) -> StreamEnd | None:
+        """A watcher of the stream's events, when its end is known (see :class:`Cut`)."""
+        if self.cut is None or self.status_code != 200 or self.upstream.length is not None:
+            return None
+        if not (self.upstream.header("content-type") or "").startswith("text/event-stream"):
+            return None
+        return StreamEnd.of(self.dialect.name)
+
+    def _ended_early(
+        self, *, unseen: bool, gone: bool
+    ) -> Callable[[], Awaitable[UpstreamResponse]] | None:
+        """Count and log a stream that closed before its API's end; the request
+        to send again when nothing of it reached the client."""
+        assert self.cut is not None
+        again = self.cut.again if unseen and not gone else None
+        self.cut.counted()
+        fields = {"upstream": shown_url(self.upstream.url), "api": self.dialect.name}
+        fields["then"] = "asked again" if again is not None else "error event"
+        logger.warning("upstream stream ended before its end", extra={"fields": fields})
+        return again
 
     async def _broken(self, exc: BodyLost, send: Send) -> None:
         logger.warning(
@@ -314,6 +399,25 @@ class Relay(Response):
             message = "The upstream connection was lost mid-stream."
             event = self.dialect.error_event(message, "upstream_dropped")
             await send({"type": "http.response.body", "body": event, "more_body": True})
+
+
+@dataclass(frozen=True)
+class Cut:
+    """What a :class:`Relay` does with an event stream that closes before its
+    API's end (:mod:`proxy.flow.stream_end`): an upstream error, whatever the
+    connection said. It is counted, logged, and — when not one byte of it
+    reached the client (it said nothing past its opening events) — asked
+    once more; otherwise the client's stream ends with the API's error event,
+    code ``upstream_dropped`` (an SDK raises it as the error it is)."""
+
+    #: Counts it as the upstream error it is.
+    counted: Callable[[], None]
+    #: Sends the same request once more; ``None``: no second try.
+    again: Callable[[], Awaitable[UpstreamResponse]] | None = None
+
+
+#: The most of a stream's opening events held back while it has said nothing.
+HELD_AT_MOST = 64 << 10
 
 
 class Then(Response):
