@@ -13,10 +13,14 @@ one level that sees a request before it is complete:
 * **body** — no pause longer than ``server.body_timeout_seconds`` between
   two pieces of it (while the proxy itself is not the one holding the reading
   back, as when it streams an upload on to a slower upstream);
-* **connections** — at most ``server.max_connections`` at once: one more is
-  answered 503 and closed at once, so descriptors remain for the upstream and
-  the store. (HTTP/1.1 runs one request per connection at a time, so this
-  caps the requests in flight too.)
+* **connections** — at most ``server.max_connections`` open at once, so
+  descriptors remain for the upstream and the store. A new connection past
+  it closes idle ones — keep-alive connections between requests, and ones
+  that have sent nothing yet — the longest idle first; only when connections
+  with a request in flight fill the cap is it answered 503 and closed. So
+  clients that ask once and then sit on their keep-alive connections cannot
+  keep a newcomer out. (HTTP/1.1 runs one request per connection at a time,
+  so this caps the requests in flight too.)
 
 A response, however long it streams, is never cut: no deadline runs while
 the request is complete.
@@ -87,16 +91,49 @@ class _ReadDeadlines:
     #: What the connection is waiting for: "headers", "body" or "" (nothing).
     _awaiting = ""
     _header_bytes = 0
+    #: Since when (the loop's clock) the connection has had no request in
+    #: flight; ``None`` while it has one.
+    idle_since: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        if len(self.connections) > self.limits.max_connections:
+        self.idle_since = asyncio.get_running_loop().time()
+        if len(self.connections) > self.limits.max_connections and not self._room():
             self.transport.write(_FULL)
             self.transport.close()
             return
         self._await("headers")
 
+    def _room(self) -> bool:
+        """Make room for this connection under the cap by closing idle ones,
+        the longest idle first; False when those with a request in flight
+        leave none."""
+        others = [
+            other
+            for other in self.connections
+            if other is not self and not other.transport.is_closing()
+        ]
+        excess = len(others) + 1 - self.limits.max_connections
+        if excess <= 0:
+            return True
+        idle = sorted(
+            (other for other in others if other.idle_since is not None),
+            key=lambda other: other.idle_since,
+        )
+        if len(idle) < excess:
+            return False
+        for other in idle[:excess]:
+            other.transport.close()
+        return True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        cycle = self.cycle
+        if not self.transport.is_closing() and (cycle is None or cycle.response_complete):
+            self.idle_since = asyncio.get_running_loop().time()  # until its next request
+
     def data_received(self, data: bytes) -> None:
+        self.idle_since = None
         super().data_received(data)  # type: ignore[misc]
         if self.transport.is_closing():
             return

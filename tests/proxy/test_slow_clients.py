@@ -2,8 +2,9 @@
 
 Many half-sent requests do not lock out a new client; the server closes the
 idle ones once their (test-short) deadline passes — seen as the end of the
-stream on the client's socket, not measured on a clock; and past
-``server.max_connections`` one more connection is answered 503 and closed.
+stream on the client's socket, not measured on a clock; past
+``server.max_connections`` a new connection closes the longest idle ones, and
+is answered 503 and closed only when requests in flight fill the cap.
 """
 
 from __future__ import annotations
@@ -135,19 +136,31 @@ def test_headers_trickled_a_byte_at_a_time_are_cut_off_at_their_deadline() -> No
             assert sent < len(headers), "the server waited for every byte"
 
 
-def test_past_the_connection_cap_one_more_is_answered_503_and_closed() -> None:
-    with _serving(max_connections=20) as address:
+#: A request whose body the server asks for (``100 Continue``) and then waits
+#: for: a request in flight, shown to be held by the server's answer.
+WAITING_FOR_BODY = (
+    b"PUT /v1/compaction/sessions/abc/settings HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 100\r\nExpect: 100-continue\r\n\r\n"
+)
+#: The body it waits for.
+THE_BODY = b'{"enabled": true}'.ljust(100)
+
+
+def test_past_the_connection_cap_with_every_request_in_flight_one_more_is_answered_503() -> None:
+    with _serving(deadline=60, max_connections=20) as address:
         held = []
         try:
             for _ in range(20):
-                # A request answered proves the server holds this connection.
-                client = _connect(address, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                assert client.recv(65536).startswith(b"HTTP/1.1 200")
+                client = _connect(address, WAITING_FOR_BODY)
                 held.append(client)
+                assert client.recv(65536).startswith(b"HTTP/1.1 100 Continue")
             with socket.create_connection(address, timeout=60) as extra:
                 refused = _read_to_end(extra)
             assert refused.startswith(b"HTTP/1.1 503")
             assert b"connection: close" in refused
+            for client in held:  # each request ends, answered
+                client.sendall(THE_BODY)
+                assert client.recv(65536).startswith(b"HTTP/1.1 ")
         finally:
             for client in held:
                 client.close()
@@ -159,6 +172,27 @@ def test_past_the_connection_cap_one_more_is_answered_503_and_closed() -> None:
             if statuses[-1] == 200:
                 break
         assert statuses[-1] == 200 and set(statuses) <= {200, 503}
+
+
+def test_idle_keep_alive_connections_at_the_cap_make_room_for_a_newcomer() -> None:
+    """Five times the cap in clients that ask once and then sit on their
+    keep-alive connections: each newcomer is answered, the longest idle
+    connections closed to make room; those still held stay within the cap."""
+    with _serving(deadline=60, max_connections=20) as address:
+        held = []
+        try:
+            for _ in range(100):
+                client = _connect(address, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                held.append(client)
+                assert client.recv(65536).startswith(b"HTTP/1.1 200")
+            answer = httpx.get(f"http://{address[0]}:{address[1]}/healthz", timeout=60)
+            assert answer.status_code == 200
+            assert not _open(held[0])  # the longest idle went
+            assert _open(held[-1])  # the newest is still served
+            assert sum(_open(client) for client in held) < 20
+        finally:
+            for client in held:
+                client.close()
 
 
 def test_an_answer_that_streams_longer_than_every_deadline_is_never_cut() -> None:
