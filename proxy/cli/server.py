@@ -24,6 +24,12 @@ one level that sees a request before it is complete:
 
 A response, however long it streams, is never cut: no deadline runs while
 the request is complete.
+
+An HTTP/1.0 client cannot read chunked transfer coding (RFC 9112 §6.1), and
+uvicorn's httptools protocol chunks every response that states no length; so
+a 1.0 client's such response — a stream — goes unchunked, its end the
+connection's close (:class:`_UntilClose`). (uvicorn's h11 protocol does this
+itself.)
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ import dataclasses
 import gc
 import logging
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from config import Settings
 from proxy.app import create_app
@@ -176,8 +183,42 @@ class _ReadDeadlines:
         self.transport.close()
 
 
+class _UntilClose(RequestResponseCycle):
+    """An HTTP/1.0 request's cycle: a response that states no length is sent as
+    it comes, unchunked, and ended by closing the connection (a 1.0 request is
+    never kept alive, so it is closed after the response anyway)."""
+
+    _until_close = False
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and self._unbounded(message):
+            # Not None: uvicorn then adds no chunked coding; the length is
+            # "unknown", counted down by what is written.
+            self.chunked_encoding = False
+            self.expected_content_length = sys.maxsize
+            self._until_close = True
+        elif (
+            message["type"] == "http.response.body"
+            and self._until_close
+            and not message.get("more_body", False)
+        ):
+            self.expected_content_length = len(message.get("body", b""))  # it ends here
+        await super().send(message)
+
+    def _unbounded(self, message: Any) -> bool:
+        headers = message.get("headers", [])
+        stated = any(
+            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in headers
+        )
+        return not (stated or self.scope["method"] == "HEAD" or message["status"] in (204, 304))
+
+
 class _GuardedHttpTools(_ReadDeadlines, HttpToolsProtocol):
-    pass
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope.get("http_version") == "1.0":
+            cycle.__class__ = _UntilClose  # made by uvicorn; only its send differs
 
 
 class _GuardedH11(_ReadDeadlines, H11Protocol):

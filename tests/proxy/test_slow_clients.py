@@ -208,3 +208,34 @@ def test_an_answer_that_streams_longer_than_every_deadline_is_never_cut() -> Non
         assert events[-1] == "data: [DONE]"
         words = [e for e in events[:-1] if json.loads(e[6:])["choices"][0]["delta"].get("content")]
         assert len(words) == 8
+
+
+def _http10_stream(address: tuple[str, int]) -> bytes:
+    """A streamed chat completion asked over HTTP/1.0, read until the server closes."""
+    body = json.dumps(
+        {"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    head = (
+        b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with _connect(address, head + body) as client:
+        return _read_to_end(client)
+
+
+def test_an_http_1_0_client_gets_its_stream_unchunked_and_ended_by_the_close() -> None:
+    upstream = FakeUpstream(chunks=3)
+    with serve_in_thread(upstream.app()) as upstream_url, _serving(upstream_url + "/v1") as address:
+        answer = _http10_stream(address)
+        with _connect(address, b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n") as client:
+            health = _read_to_end(client)  # a length stated: sent as it was
+    assert b"content-length:" in health.lower() and health.endswith(b"}")
+    head, _, stream = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    assert b"connection: close" in head.lower()
+    # The events as sent, no chunk sizes between them.
+    assert stream.startswith(b"data: {")
+    assert stream.rstrip().endswith(b"data: [DONE]")
+    events = [line for line in stream.split(b"\n") if line]
+    assert all(line.startswith(b"data: ") for line in events)
