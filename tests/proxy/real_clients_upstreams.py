@@ -40,9 +40,12 @@ COMPACTED = re.compile(
 
 
 def focus_of(body: Any) -> str | None:
-    """The ``<focus>`` of a summarizer request (the ``/compact`` instructions), if any."""
+    """The ``<focus>`` of a summarizer request (the ``/compact`` instructions), if
+    any, as the user typed it: the prompt quotes each of its lines with ``> ``."""
     found = _FOCUS.search(json.dumps(body, ensure_ascii=False).replace("\\n", "\n"))
-    return found.group(1) if found else None
+    if found is None:
+        return None
+    return "\n".join(line.removeprefix(">").strip() for line in found.group(1).splitlines())
 
 
 def compacted_figures(text: str) -> tuple[int, int, int]:
