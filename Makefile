@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # test extras (pytest, hypothesis, ruff, mypy, the SDKs, …) on top.
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install run test lint bench eval replay docker-check clean
+.PHONY: install run test test-clients lint bench eval replay docker-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,23 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# The real-client tests (tests/proxy/test_real_clients*.py; make test skips them
+# where the agent CLIs are not installed) against the CLIs' pinned versions,
+# installed into .ci/clients as .ci/run does for CI; CLIENTS=latest installs the
+# newest published ones into .ci/clients-latest and runs the same tests against
+# them. docs/clients.md keeps the versions each last passed with.
+CLIENTS ?= pinned
+PINNED_CLIENTS := @openai/codex@0.171 @anthropic-ai/claude-code@2.1 @qwen-code/qwen-code@0.24
+LATEST_CLIENTS := @openai/codex@latest @anthropic-ai/claude-code@latest @qwen-code/qwen-code@latest
+CLIENTS_DIR := $(if $(filter latest,$(CLIENTS)),.ci/clients-latest,.ci/clients)
+REAL_CLIENT_TESTS := tests/proxy/test_real_clients.py tests/proxy/test_real_clients_recall.py
+test-clients: $(TEST_STAMP)
+	npm install --prefix $(CLIENTS_DIR) --no-audit --no-fund --loglevel=error \
+		$(if $(filter latest,$(CLIENTS)),$(LATEST_CLIENTS),$(PINNED_CLIENTS))
+	@cd $(CLIENTS_DIR) && npm ls --depth=0 2>/dev/null | tail -n +2
+	COMPACTION_TEST_CLIENTS=$(CURDIR)/$(CLIENTS_DIR)/node_modules/.bin \
+		$(BIN)/python -m pytest -p no:cacheprovider -rs $(REAL_CLIENT_TESTS) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check compaction config evaluation proxy tests

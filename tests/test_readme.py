@@ -55,6 +55,9 @@ def test_the_readme_installs_the_agent_clis_ci_installs() -> None:
     packages = found.group(1).split()
     line = "npm install --prefix .ci/clients " + " ".join(packages)
     assert line in README
+    # make test-clients runs the same tests against the same versions.
+    pinned = re.search(r"^PINNED_CLIENTS := (.+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert pinned and pinned.group(1).split() == packages
 
 
 def test_make_eval_leaves_the_committed_results_alone_by_default() -> None:

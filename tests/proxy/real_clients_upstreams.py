@@ -9,6 +9,8 @@ and a record of the proxy's answers.
   compaction a forwarded summary came from), and whose text answers can be
   long (a chat whose answers outgrow the verbatim tail).
 * :class:`ParallelResponsesUpstream` issues two calls in one model turn.
+* :class:`AgentChatUpstream`: a Chat Completions model that calls a tool a
+  turn (qwen-code's API).
 * :func:`focus_of` and :func:`compacted_figures` read a summarizer request's
   focus and the proxy's ``/compact`` answer.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,7 +33,7 @@ from tests.proxy.dialects.anthropic.upstream import _events as anthropic_events
 from tests.proxy.dialects.responses.upstream import Received as ResponsesReceived
 from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.dialects.responses.upstream import _message as message_item
-from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT
+from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT, FakeUpstream, Received
 
 _FOCUS = re.compile(r"<focus>\s*(.*?)\s*</focus>", re.S)
 #: The proxy's answer to ``/compact`` (proxy/flow/manual.py's wording).
@@ -213,3 +216,61 @@ class ParallelResponsesUpstream(ResponsesUpstream):
         }
         self.issued[second["id"]] = reasoning["id"]
         return [reasoning, call, second]
+
+
+# --- a Chat Completions agent (qwen-code) -----------------------------------------
+
+
+@dataclass
+class AgentChatUpstream(FakeUpstream):
+    """:class:`FakeUpstream` as an agent's model: each turn request is answered
+    with one tool call (``tool_call`` gives its name and arguments for the
+    ``step``-th), streamed as the API streams one, until ``tool_turns`` calls
+    were issued; then the fake's text answer. Its window and summaries are the
+    fake's. Counting the calls issued, not the results seen, keeps an agent
+    whose results the proxy compacted away from calling tools for ever."""
+
+    tool_turns: int = 3
+    tool_call: Callable[[int], tuple[str, dict[str, Any]]] = lambda step: (
+        "read_file",
+        {"file_path": f"part{step}.txt"},
+    )
+    issued: int = 0
+
+    async def _answer(self, request: Request, received: Received, body: dict[str, Any]) -> Response:
+        prompt = self.prompt_tokens(body)
+        if self.issued >= self.tool_turns or self._over_window(body, prompt):
+            return await super()._answer(request, received, body)
+        received.prompt_tokens = prompt
+        step, self.issued = self.issued, self.issued + 1
+        name, arguments = self.tool_call(step)
+        call = {"id": f"call_{step:04d}", "type": "function", "function": {"name": name}}
+        text = json.dumps(arguments)
+        usage = {"prompt_tokens": prompt, "completion_tokens": 9, "total_tokens": prompt + 9}
+        if body.get("stream") is not True:
+            whole = {**call, "function": {"name": name, "arguments": text}}
+            message = {"role": "assistant", "content": None, "tool_calls": [whole]}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            return JSONResponse({**_chunk(body, "chat.completion", [choice]), "usage": usage})
+        opened = {**call, "index": 0, "function": {"name": name, "arguments": ""}}
+        rest = {"index": 0, "function": {"arguments": text}}
+        chunks = [
+            [{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": [opened]}}],
+            [{"index": 0, "delta": {"tool_calls": [rest]}}],
+            [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+        ]
+        events = [_chunk(body, "chat.completion.chunk", choices) for choices in chunks]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append({**_chunk(body, "chat.completion.chunk", []), "usage": usage})
+        raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        return Response(raw + b"data: [DONE]\n\n", media_type="text/event-stream")
+
+
+def _chunk(body: dict[str, Any], kind: str, choices: list[Any]) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-agent",
+        "object": kind,
+        "created": 1,
+        "model": body.get("model", "fake"),
+        "choices": choices,
+    }

@@ -44,6 +44,7 @@ from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
 from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.real_clients_sessions import ClaudeStream, CodexAppServer, gate
 from tests.proxy.real_clients_upstreams import (
+    AgentChatUpstream,
     Answered,
     FocusAnthropicUpstream,
     FocusResponsesUpstream,
@@ -55,7 +56,10 @@ from tests.proxy.real_clients_upstreams import (
 from tests.proxy.servers import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALL = "npm install --prefix .ci/clients @openai/codex@0.171 @anthropic-ai/claude-code@2.1"
+INSTALL = (
+    "npm install --prefix .ci/clients"
+    " @openai/codex@0.171 @anthropic-ai/claude-code@2.1 @qwen-code/qwen-code@0.24"
+)
 
 
 def _client(name: str) -> str:
@@ -644,3 +648,62 @@ def test_codex_compact_with_a_focus_right_after_an_automatic_compaction_compacts
     assert f"Focus: {FOCUS}" in after.body.decode()
     last = proxy.answers.answered[-1]
     assert last.headers["x-compaction-id"] == manual.headers["x-compaction-id"], last.headers
+
+
+# --- qwen-code ----------------------------------------------------------------------
+
+
+def _qwen_env(home: Path, model: str, proxy: str) -> dict[str, str]:
+    """qwen-code pointed at the proxy as its docs say (``OPENAI_*``), in a home of its own."""
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "OPENAI_BASE_URL": proxy + "/v1",
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_MODEL": model,
+    }
+
+
+def test_qwen_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) -> None:
+    qwen = _client("qwen")
+    model = "qwen-e2e"
+    # qwen-code 0.24 asks for max_tokens 32768 on every request of this model and
+    # its head (system prompt, reminders, tool schemas) is ~17k tokens: a 64k
+    # window leaves about 15k for the conversation.
+    profile = {
+        "context_window": 65_536,
+        "reserve_tokens": 4_096,
+        "keep_recent_tokens": 6_000,
+        "summarizer": "llm",
+        "summary_must_pay": False,  # a model asked for every summary
+        "tool_result_chars": 1_000_000,  # results are condensed, not briefed
+    }
+    work = _workspace(tmp_path, 20)
+    upstream = AgentChatUpstream(
+        window=65_536,
+        counting="chat-template",
+        tool_turns=20,
+        tool_call=lambda step: ("read_file", {"file_path": str(work / f"part{step}.txt")}),
+    )
+    home = tmp_path / "qwen-home"
+    home.mkdir()
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile) as proxy,
+    ):
+        _run(
+            [qwen, "--yolo", "Read part0.txt to part19.txt one by one and report the values."],
+            work,
+            _qwen_env(home, model, proxy.url),
+            upstream.received,
+        )
+    turns = upstream.chat_requests
+    assert upstream.issued == 20 and len(turns) > 20  # every tool turn ran to the end
+    first = turns[0].json()
+    # What qwen-code 0.24 was seen to send, all of it forwarded.
+    assert first["stream"] is True and first["max_tokens"] >= 16_384
+    assert first["stream_options"] == {"include_usage": True} and len(first["tools"]) >= 10
+    assert not any(r.overflowed for r in turns), "a request went over the window"
+    assert len(upstream.summary_requests) >= 2
+    sizes = [r.prompt_tokens or 0 for r in turns]
+    assert sum(b < a for a, b in itertools.pairwise(sizes)) >= 2
