@@ -141,3 +141,41 @@ def test_a_citation_is_recognized_in_its_usual_spellings() -> None:
     assert len(citations(cited)) == 6
     assert citations("Facts needed to continue: values, identifiers, findings, outputs.") == []
     assert citations("the issue is that 3 tools ran") == []
+
+
+def _cited_tests(text: str) -> list[tuple[str, str]]:
+    """The tests a page cites as ``tests/…py::name`` (or ``::name`` or ``name``,
+    of the file cited last), as (file, name) pairs."""
+    cited: list[tuple[str, str]] = []
+    current = ""
+    for match in re.finditer(r"`(tests/[\w/]+\.py)?(?:::)?(test_\w+)?`", text):
+        current = match.group(1) or current
+        if match.group(2):
+            cited.append((current, match.group(2)))
+    return cited
+
+
+def test_a_cited_test_is_read_with_its_file() -> None:
+    text = "`tests/a.py::test_one`, `::test_two` and `test_three`; `tests/b.py` (`test_four`)"
+    assert _cited_tests(text) == [
+        ("tests/a.py", "test_one"),
+        ("tests/a.py", "test_two"),
+        ("tests/a.py", "test_three"),
+        ("tests/b.py", "test_four"),
+    ]
+
+
+def test_every_test_the_security_section_cites_exists() -> None:
+    """docs/operations.md names, for each class of attack, the test that holds it."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("### What holds it", 1)[1].split("\n### ", 1)[0]
+    cited = _cited_tests(section)
+    assert cited
+    missing = [
+        f"{path}::{name}"
+        for path, name in cited
+        if not re.search(rf"^(async )?def {name}\(", (ROOT / path).read_text(), re.M)
+    ]
+    assert missing == []
+    files = re.findall(r"`(tests/[\w/]+\.py)", section)
+    assert [path for path in files if not (ROOT / path).is_file()] == []
