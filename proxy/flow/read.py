@@ -29,6 +29,7 @@ from proxy.edge.disconnect import ClientWatch
 from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import upstream_headers
+from proxy.session.ahead import single_slot, summary_pace
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.session.naming import client_session
 from proxy.state.runtime import ProxyState
@@ -112,7 +113,7 @@ class Call:
     def summarizer(self) -> UpstreamSummarizer:
         """The llm summarizer, asked in the request's own API with its own key."""
         headers = {k: v for k, v in self.headers.items() if k != "content-type"}
-        model = self.config.model
+        config, model = self.config, self.config.model
         prices = self.prices()
         return UpstreamSummarizer(
             self.state.transport,
@@ -129,6 +130,8 @@ class Call:
                 model, usage, cost, prices.dollars(cost)
             ),
             estimate=self._summary_estimate,
+            pace=summary_pace(self.state, config),
+            one_at_a_time=single_slot(self.state, config),
         )
 
     async def _summary_estimate(self, messages: list[Message], text: str) -> Usage:

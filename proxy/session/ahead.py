@@ -69,6 +69,7 @@ from proxy.session.compacting import (
 )
 from proxy.state.models import calibration_key
 from proxy.state.stores import RequestRecord
+from proxy.upstream.pace import Pace
 from proxy.upstream.summarizer import Paid, UpstreamSummarizer
 from proxy.upstream.transport import UpstreamResponse
 
@@ -76,6 +77,12 @@ if TYPE_CHECKING:
     from proxy.state.runtime import ProxyState
 
 logger = logging.getLogger("compaction_proxy.background")
+
+
+def summary_pace(state: ProxyState, config: ModelConfig) -> Pace:
+    """How fast ``config``'s upstream writes summaries with its summary model."""
+    summarizing = dataclasses.replace(config, model=config.summary_model)
+    return state.paces.of(calibration_key(summarizing))
 
 
 def single_slot(state: ProxyState, config: ModelConfig) -> bool:

@@ -25,6 +25,7 @@ from proxy.state.recalls import RecallMemory
 from proxy.state.recorder import Recorder
 from proxy.state.stores import Store
 from proxy.upstream.discovery import Discoveries, discover, is_local
+from proxy.upstream.pace import Paces
 from proxy.upstream.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class ProxyState:
     #: a preparation for a one-slot server never runs beside a user's request
     #: (``background.single_slot``).
     traffic: Traffic = field(default_factory=Traffic)
+    #: How fast each upstream and model writes summaries, by calibration_key:
+    #: the summarizer's deadline and the background's head start.
+    paces: Paces = field(default_factory=Paces)
     #: The pool their summaries are asked through, apart from ``transport``
     #: so that they never hold a connection a request waits for; ``None``
     #: sends them through ``transport`` (a test's recording one).

@@ -7,15 +7,21 @@ as ``max_tokens``, not streamed. Every failure becomes
 :class:`~compaction.errors.SummarizationError`, so the pipeline falls back to
 the extractive summary — among them a reply cut off at the output limit
 (half a summary reads as a whole one, and the span it replaces would be
-lost) and a call that outlives its ``deadline``: the transport's timeouts
+lost) and a call that outlives its deadline: the transport's timeouts
 bound each wait for a byte, so an upstream trickling one byte a second would
-otherwise hold the request (and its connection) forever.
+otherwise hold the request (and its connection) forever. The deadline is the
+configured one until the upstream's speed is measured (:mod:`proxy.upstream.pace`),
+then as long as a prompt of that size needs there; a call abandoned at it is
+cancelled, its connection closed, so the server stops generating what nobody
+will read. On a one-slot server the calls take turns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +31,7 @@ import orjson
 from compaction import Message, Prices, SummarizationError
 from proxy.dialects.base import Dialect, clean
 from proxy.dialects.chat import CHAT
+from proxy.upstream.pace import Pace
 from proxy.upstream.transport import Transport, TransportError
 from proxy.upstream.usage import NO_USAGE, Usage, top_prompt, usage_of
 
@@ -88,14 +95,23 @@ class UpstreamSummarizer:
         prices: Prices | None = None,
         on_spent: Spent | None = None,
         estimate: Estimate | None = None,
+        pace: Pace | None = None,
+        one_at_a_time: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transport = transport
         self._url = base_url.rstrip("/") + dialect.path
         self._model = model
         self._headers = {**(headers or {}), "content-type": "application/json"}
         self._dialect = dialect
-        #: Seconds for the whole call: connecting, every read, the one retry.
+        #: Seconds for the whole call: connecting, every read, the one retry —
+        #: until ``pace`` has measured the upstream (:meth:`Pace.deadline`).
         self._deadline = deadline
+        #: The upstream and model's measured speed, told of every call.
+        self._pace = pace
+        #: The server serves one request at a time: calls take turns.
+        self._one_at_a_time = one_at_a_time and pace is not None
+        self._clock = clock
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
         #: Told of the messages sent and the prompt tokens the reply's ``usage``
@@ -133,20 +149,27 @@ class UpstreamSummarizer:
         return Paid(self.spent.prompt, self.spent.output, self.cost, dollars)
 
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
-        timer = asyncio.timeout(self._deadline)
-        try:
-            async with timer:
-                return await self._ask(messages, max_tokens)
-        except TimeoutError as exc:
-            if not timer.expired():
-                raise
-            raise SummarizationError(
-                f"summarizer timed out: no whole reply within {self._deadline:g} s"
-            ) from exc
-
-    async def _ask(self, messages: list[Message], max_tokens: int) -> str:
         sent = [clean(m) for m in messages]
         body = self._dialect.summary_request(self._model, sent, max_tokens)
+        size = len(orjson.dumps(body))
+        pace = self._pace
+        turn = pace.one_at_a_time if self._one_at_a_time and pace else contextlib.nullcontext()
+        async with turn:
+            deadline = pace.deadline(size, self._deadline) if pace else self._deadline
+            timer = asyncio.timeout(deadline)
+            try:
+                async with timer:
+                    return await self._ask(sent, body)
+            except TimeoutError as exc:
+                if not timer.expired():
+                    raise
+                if pace is not None:
+                    pace.timed_out(size, deadline)
+                raise SummarizationError(
+                    f"summarizer timed out: no whole reply within {deadline:g} s"
+                ) from exc
+
+    async def _ask(self, sent: list[Message], body: dict[str, Any]) -> str:
         status, reply = await self._post(body)
         retry = self._dialect.summary_retry(body, status, reply) if status != 200 else None
         if retry is not None:  # once: a second refusal is the answer
@@ -190,14 +213,17 @@ class UpstreamSummarizer:
         self.calls += 1
         if self._on_call is not None:
             self._on_call()
+        data = orjson.dumps(body)
+        started = self._clock()
         try:
-            response = await self._transport.request(
-                "POST", self._url, self._headers, orjson.dumps(body)
-            )
+            response = await self._transport.request("POST", self._url, self._headers, data)
             try:
-                return response.status, await response.read(MAX_REPLY_BYTES)
+                reply = await response.read(MAX_REPLY_BYTES)
             except BaseException:  # the deadline, or shutdown: the connection is not reused
                 response.abort()
                 raise
+            if response.status == 200 and self._pace is not None:
+                self._pace.answered(len(data), self._clock() - started)
+            return response.status, reply
         except TransportError as exc:
             raise SummarizationError(f"summarizer request failed: {type(exc).__name__}") from exc
