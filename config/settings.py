@@ -382,9 +382,10 @@ class StoreSettings(BaseModel):
     )
     max_model_rows: _PositiveInt = Field(
         default=1_000,
-        description="Learned context windows, and calibration ratios, kept per upstream and "
-        "model (model names are the clients' to choose): past this many the least recently "
-        "updated is dropped, in the store and in memory. Unused ones go with the retention.",
+        description="Learned context windows, and calibration ratios, kept per caller, upstream "
+        "and model (model names and keys are the clients' to choose): past this many the least "
+        "recently updated is dropped, in the store and in memory. Unused ones go with the "
+        "retention.",
     )
 
     @property
