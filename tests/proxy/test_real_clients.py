@@ -24,6 +24,7 @@ what they do show.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -40,6 +41,7 @@ import pytest
 
 from config import load_settings
 from proxy.app import create_app
+from proxy.state.stores import SessionSummary, open_store
 from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream
 from tests.proxy.dialects.responses.upstream import ResponsesUpstream
 from tests.proxy.real_clients_sessions import ClaudeStream, CodexAppServer, gate
@@ -84,12 +86,17 @@ class _Proxy:
 
 @contextmanager
 def _proxy(
-    upstream_url: str, model: str, profile: dict[str, Any], **upstream: Any
+    upstream_url: str,
+    model: str,
+    profile: dict[str, Any],
+    *,
+    store: str = "memory://",
+    **upstream: Any,
 ) -> Iterator[_Proxy]:
     settings = load_settings(
         None,
         upstream={"base_url": upstream_url + "/v1", "trust_env": False, **upstream},
-        store={"url": "memory://"},
+        store={"url": store},
         models={model: profile},
     )
     recording = RecordingApp(create_app(settings))
@@ -263,6 +270,63 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
     assert len(upstream.summary_requests) >= 2
     drops = sum(b.prompt_tokens < a.prompt_tokens for a, b in itertools.pairwise(turns))
     assert drops >= 2
+
+
+# --- sessions from the client's own id ---------------------------------------------
+
+
+def _sessions(store_url: str) -> list[SessionSummary]:
+    async def read() -> list[SessionSummary]:
+        store = open_store(store_url)
+        try:
+            return await store.sessions()
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def test_two_runs_of_one_prompt_are_two_sessions_in_each_cli(tmp_path: Path) -> None:
+    """Two ``codex exec`` runs and two ``claude -p`` runs of one prompt: each run
+    is a session of its own (the client's session id names it), holding every
+    request of that run."""
+    codex, claude = _client("codex"), _client("claude")
+    work = _workspace(tmp_path, 2)
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    prompt = "Read part0.txt and part1.txt and report the values."
+    responses = ResponsesUpstream(tool_turns=2, arguments=lambda step: {"cmd": "echo ok"})
+    messages = AnthropicUpstream(tool_turns=2, tool_use=lambda turn: ("Bash", {"command": "ls"}))
+    with (
+        serve_in_thread(responses.app()) as responses_url,
+        serve_in_thread(messages.app()) as messages_url,
+        _proxy(
+            responses_url,
+            "claude-e2e",  # gpt-4o's window is in the built-in table
+            {"context_window": 200_000},
+            store=store,
+            anthropic_base_url=messages_url + "/v1",
+        ) as proxy,
+    ):
+        asked: dict[str, list[int]] = {"responses": [], "anthropic": []}
+        for run in range(2):
+            home = tmp_path / f"codex-home-{run}"
+            home.mkdir()
+            argv = [codex, "exec", "--skip-git-repo-check"]
+            argv += ["--dangerously-bypass-approvals-and-sandbox", prompt]
+            before = len(responses.received)
+            _run(argv, work, _codex_env(home, "gpt-4o", proxy.url), responses.received)
+            asked["responses"].append(len(responses.received) - before)
+        for run in range(2):
+            home = tmp_path / f"claude-home-{run}"
+            home.mkdir()
+            argv = [claude, "-p", prompt, "--model", "claude-e2e", "--allowedTools", "Bash"]
+            before = len(messages.received)
+            _run(argv, work, _claude_env(home, proxy.url), messages.received)
+            asked["anthropic"].append(len(messages.received) - before)
+    found = _sessions(store)
+    # Each run is one session with every request of that run, and no more.
+    for api, counts in asked.items():
+        assert sorted(s.requests for s in found if s.api == api) == sorted(counts), found
 
 
 # --- what the user adds while a tool runs ----------------------------------------
