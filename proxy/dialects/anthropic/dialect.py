@@ -582,26 +582,41 @@ def _markers_moved(mapped: Mapped, messages: list[Message]) -> list[Message]:
 
 def _new_between(messages: list[Message], at: list[int | None], start: int, end: int) -> int | None:
     """The last new message in ``messages[start:end]``; else the nearest one past
-    the messages the engine keeps out of their place: system messages (kept
-    verbatim after a summary) after or before the span, and one user message
-    before it (the turn truncation keeps goes after its note)."""
+    the messages the engine keeps out of their place: system messages and the
+    groups holding what no summary can stand for (both kept verbatim after a
+    summary) after or before the span, and one user message before it (the
+    turn truncation keeps goes after its note)."""
     new = [j for j in range(start, end) if at[j] is None]
     if new:
         return new[-1]
     j = end
-    while j < len(messages) and at[j] is not None and messages[j].get("role") in _PINNED:
+    while j < len(messages) and at[j] is not None and _moved(messages[j]):
         j += 1
     if j > end and j < len(messages) and at[j] is None:
         return j
     j, opener = start - 1, True
     while j >= 0 and at[j] is not None:
         role = messages[j].get("role")
-        if role == "user" and opener:
+        if role == "user" and opener and not messages[j].get(OPAQUE_KEY):
             opener = False
-        elif role not in _PINNED:
+        elif not _moved(messages[j]):
             break
         j -= 1
     return j if j < start - 1 and j >= 0 and at[j] is None else None
+
+
+def _moved(message: Message) -> bool:
+    """Whether the engine may have kept ``message`` away from its place: a system
+    message, or one of a group riding along after a summary (a tool group is
+    kept whole, so its messages sit between a summary and a dropped block only
+    when they ride along)."""
+    role = message.get("role")
+    return (
+        role in _PINNED
+        or bool(message.get(OPAQUE_KEY))
+        or role == "tool"
+        or (role == "assistant" and bool(message.get("tool_calls")))
+    )
 
 
 def _marker_of(mapped: Mapped, message: Message) -> Any:

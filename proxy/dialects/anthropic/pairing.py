@@ -221,11 +221,16 @@ def _takes_system(message: Any) -> bool:
 
 
 def _merged(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """One system message for ``messages`` (the message itself when alone)."""
+    """One system message for ``messages`` (the message itself when alone), with
+    the fields of each that the proxy does not own (the first's, where two have
+    the same)."""
     if len(messages) == 1:
         return messages[0]
     blocks: list[Any] = []
+    fields: dict[str, Any] = {}
     for message in messages:
         content = message.get("content")
         blocks.extend(content if isinstance(content, list) else [text_block(str(content))])
-    return {"role": "system", "content": blocks}
+        for key, value in message.items():
+            fields.setdefault(key, value)
+    return {**fields, "role": "system", "content": blocks}

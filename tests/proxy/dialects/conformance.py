@@ -13,7 +13,12 @@ the proxy sends:
 * **covered** — absent, where a summary (or a truncation note) stands in the
   sent request between the blocks kept before and after it.
 
-Anything else is silently absent, and :func:`account` says so. Blocks are
+Anything else is silently absent, and :func:`account` says so. A block the
+proxy cannot read (``opaque``: a type it does not know, or a tool result
+holding one) has no summary that can stand for it: it must be forwarded,
+cut or briefed with those blocks still in it, and may be covered only by a
+truncation note (hard truncation drops whole groups, after a summary too,
+and says so). Blocks are
 compared in order: the exact matches are aligned first (a longest common
 subsequence of their bytes), then each stretch between two of them is
 accounted for on its own. A pinned system message kept verbatim in the middle
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -218,6 +223,9 @@ class Accounting:
     cut: tuple[str, ...]
     covered: tuple[str, ...]
     problems: tuple[str, ...]  #: blocks silently absent, markers lost or added
+    #: ``(where in the original, where in what is sent, how)`` of every block
+    #: that was forwarded, briefed or cut.
+    placed: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def total(self) -> int:
@@ -234,9 +242,15 @@ def is_cover(block: Block) -> bool:
 
 
 def account(
-    original: Sequence[Block], sent: Sequence[Block], *, moves_markers: bool = False
+    original: Sequence[Block],
+    sent: Sequence[Block],
+    *,
+    moves_markers: bool = False,
+    opaque: Callable[[Any], bool] = lambda value: False,
 ) -> Accounting:
-    """Account for every block of ``original`` in ``sent`` (see the module doc)."""
+    """Account for every block of ``original`` in ``sent`` (see the module doc);
+    ``opaque`` tells, of a block's value, whether it holds what no summary can
+    stand for."""
     calls: dict[str | None, Block] = {
         b.key: b for b in original if b.role == "assistant" and b.key is not None
     }
@@ -288,7 +302,7 @@ def account(
                 free = free[at + 1 :]
     # A stretch with no summary may be covered by one beyond a pinned system
     # message (kept verbatim in place while the span around it was condensed).
-    covers = _covers_by_gap(gaps, anchors, original, sent)
+    covers = _covers_by_gap(gaps, anchors, original, sent, _riding(original, opaque))
     problems: list[str] = []
     covering: dict[int, list[int]] = {}
     for g, (lost, _) in enumerate(gaps):
@@ -301,6 +315,7 @@ def account(
             else:
                 block = original[i]
                 problems.append(f"{block.where} ({block.role} {block.kind}) is silently absent")
+    problems.extend(_opaque_problems(original, sent, outcome, covering, opaque))
     if moves_markers:
         problems.extend(_marker_problems(original, sent, outcome, covering))
     else:
@@ -310,13 +325,69 @@ def account(
     by: dict[str, list[str]] = {"forwarded": [], "briefed": [], "cut": [], "covered": []}
     for i in sorted(outcome):
         by[outcome[i][0]].append(original[i].where)
+    where = tuple(
+        (original[i].where, sent[j].where, how)
+        for i, (how, j) in sorted(outcome.items())
+        if how != "covered" and j is not None
+    )
     return Accounting(
         tuple(by["forwarded"]),
         tuple(by["briefed"]),
         tuple(by["cut"]),
         tuple(by["covered"]),
         tuple(problems),
+        where,
     )
+
+
+def _opaque_problems(
+    original: Sequence[Block],
+    sent: Sequence[Block],
+    outcome: dict[int, tuple[str, int | None]],
+    covering: dict[int, list[int]],
+    opaque: Callable[[Any], bool],
+) -> list[str]:
+    """What became of the blocks no summary can stand for (see the module doc)."""
+    problems = []
+    # Hard truncation drops whole groups after a summary is written, and its
+    # note says so: in a truncated request, what covers a block is not told apart.
+    truncated = any(is_cover(b) and not _is_summary(b) for b in sent)
+    for i, (how, j) in outcome.items():
+        block = original[i]
+        if not opaque(block.value):
+            continue
+        if how == "covered" and not truncated:
+            summaries = [sent[k].where for k in covering.get(i, ()) if _is_summary(sent[k])]
+            if summaries:
+                problems.append(f"{block.where} ({block.kind}) was condensed into {summaries}")
+        elif how == "briefed" and j is not None and not opaque(sent[j].value):
+            problems.append(f"{block.where} ({block.kind}) was briefed without what it held")
+    return problems
+
+
+def _is_summary(block: Block) -> bool:
+    return is_cover(block) and block.text.startswith(SUMMARY_MARKER)
+
+
+def _riding(original: Sequence[Block], opaque: Callable[[Any], bool]) -> set[int]:
+    """The blocks that ride along after a summary with an opaque one: it, the call
+    and results sharing its key, their messages, and the model's turn around them."""
+    found = {i for i, b in enumerate(original) if opaque(b.value)}
+    keys = {original[i].key for i in found} - {None}
+    found |= {i for i, b in enumerate(original) if b.key in keys}
+    messages = {_message_of(original[i]) for i in found}
+    found |= {i for i, b in enumerate(original) if _message_of(b) in messages}
+    for i in sorted(found):
+        j = i
+        while original[i].role == "assistant" and j > 0 and original[j - 1].role == "assistant":
+            j -= 1
+            found.add(j)
+    return found
+
+
+def _message_of(block: Block) -> str:
+    """``messages[3]`` of ``messages[3].content[1]``."""
+    return block.where.split(".", 1)[0]
 
 
 def _covers_by_gap(
@@ -324,11 +395,14 @@ def _covers_by_gap(
     anchors: list[tuple[int, int]],
     original: Sequence[Block],
     sent: Sequence[Block],
+    riding: set[int],
 ) -> list[list[int]]:
     """For each gap, the sent indices of the summaries and notes in it or, when it
     has none, in the gaps beyond the blocks the engine keeps out of order: pinned
-    system messages, and one user message before it (the turn a truncation
-    keeps goes after its note, ``[note][turn opener][newest groups]``)."""
+    system messages and what rides along with an opaque block (both come right
+    after the summary of the span they sat in), and one user message before it
+    (the turn a truncation keeps goes after its note, ``[note][turn opener][newest
+    groups]``)."""
     own = [[j for j in there if is_cover(sent[j])] for _, there in gaps]
     out = [list(c) for c in own]
     for g in range(len(gaps)):
@@ -342,7 +416,7 @@ def _covers_by_gap(
                 role = original[bound[0]].role if 0 <= bound[0] < len(original) else None
                 if role == "user" and opener:
                     opener = False
-                elif role != "system":
+                elif role != "system" and bound[0] not in riding:
                     break
                 h += step
                 out[g] += own[h]

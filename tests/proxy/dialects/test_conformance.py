@@ -4,10 +4,13 @@ One conversation, drawn by hypothesis, is written in each API — text, images
 and documents, tool calls with results of every size and with text and images
 beside them, parallel calls with a user message between their outputs
 (Responses), signed thinking and reasoning, system messages mid-conversation,
-``cache_control`` markers anywhere — and run through the real dialect mapping
-and engine at small windows, so that pruning, masking, condensing and
-truncation all happen. :mod:`tests.proxy.dialects.conformance` then accounts
-for every block of the request in what would be sent. The real client bodies
+``cache_control`` markers anywhere, blocks, parts and items of types no API
+has (in user messages, beside and inside tool results, in the model's turns,
+as items of their own) and fields no API has at every level — and run
+through the real dialect mapping and engine at small windows, so that
+pruning, masking, condensing and truncation all happen.
+:mod:`tests.proxy.dialects.conformance` then accounts for every block of the
+request in what would be sent. The real client bodies
 and conversations in ``../shared/fixtures`` go the same way, converted to
 each API.
 """
@@ -18,6 +21,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from compaction import (
     read_conversation,
     validate_tool_pairing,
 )
+from compaction.messages import is_truncation_note
 from proxy.dialects.anthropic import ANTHROPIC, pairing_problems
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
@@ -67,6 +72,8 @@ _WORDS = "token window tool result file path error module test proxy stream cach
 _PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 _PDF = "JVBERi0xLjQKJcfsj6IKMSAwIG9iago8PC9UeXBlL0NhdGFsb2c+PgplbmRvYmoK"
 _TOOLS = ("Read", "Bash", "Grep", "Edit")
+#: Block, part and item types the proxy does not know (one a real client sends).
+_INVENTED = ("tool_reference", "hologram_20990101", "x-vendor.cache_edits")
 
 
 # --- one conversation, three APIs ----------------------------------------------------
@@ -78,6 +85,10 @@ _TOOLS = ("Read", "Bash", "Grep", "Edit")
 #       results; between: Responses puts the beside message between the first two outputs
 #   ("reply", size, marked)              an assistant text, then the user's "Go on."
 #   ("system", size)                     a system message inserted mid-conversation
+#   ("search", count)                    a tool call whose result holds ``count`` blocks of
+#                                        a type no API has (a tool search's references)
+#   ("item", kind)                       a block of a type no API has in the model's turn
+#                                        (an item of its own in Responses)
 
 
 def _text(size: int, seed: int) -> str:
@@ -86,7 +97,7 @@ def _text(size: int, seed: int) -> str:
 
 _parts = st.lists(
     st.tuples(
-        st.sampled_from(["text", "text", "text", "image", "document"]),
+        st.sampled_from(["text", "text", "text", "image", "document", "unknown"]),
         st.sampled_from([3, 40, 400, 1_500]),
         st.booleans(),
     ),
@@ -116,8 +127,55 @@ _step = st.one_of(
     ),
     st.tuples(st.just("reply"), st.sampled_from([5, 600]), st.booleans()),
     st.tuples(st.just("system"), st.sampled_from([8, 60])),
+    st.tuples(st.just("search"), st.integers(1, 3)),
+    st.tuples(st.just("item"), st.integers(0, len(_INVENTED) - 1)),
 )
 conversations = st.lists(_step, min_size=2, max_size=12)
+#: The seed of the fields no API has, added at every level (``None``: none).
+field_seeds = st.one_of(st.none(), st.integers(0, 2**16))
+
+
+def _invented(seed: int) -> dict[str, Any]:
+    """A block of a type no API has, with what such a block may carry."""
+    return {"type": _INVENTED[seed % len(_INVENTED)], "ref": f"u{seed}", "data": {"n": seed}}
+
+
+def invented(value: Any) -> bool:
+    """Whether ``value`` holds a block of a type no API has."""
+    if isinstance(value, dict):
+        return value.get("type") in _INVENTED or any(invented(v) for v in value.values())
+    if isinstance(value, list):
+        return any(invented(v) for v in value)
+    return False
+
+
+#: Keys whose values are the API's own text or arguments, never given fields.
+_NO_FIELDS = frozenset({"input", "cache_control", "arguments", "data"})
+
+
+def with_fields(body: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    """``body`` with fields no API has (``x_…``) added to the request, to each
+    message or item and to the blocks, parts and calls in them."""
+    if seed is None:
+        return body
+    rng = random.Random(seed)
+    names = iter(range(1 << 30))  # each field its own name: merged messages keep them all
+
+    def value(n: int) -> Any:
+        return rng.choice([f"v{n}", {"n": n, "s": [n, "x"]}, n, [f"w{n}"]])
+
+    def sprinkle(node: Any, depth: int) -> Any:
+        if isinstance(node, list):
+            return [sprinkle(v, depth) for v in node]
+        if not isinstance(node, dict) or depth > 3:
+            return node
+        out = {k: v if k in _NO_FIELDS else sprinkle(v, depth + 1) for k, v in node.items()}
+        owned = "type" in node or "role" in node or "function" in node or depth == 0
+        if owned and rng.random() < 0.5:
+            out[f"x_{next(names)}"] = value(rng.randrange(1_000))
+        return out
+
+    return dict(sprinkle(body, 0))
 
 
 def _chat_part(kind: str, size: int, marked: bool, seed: int) -> dict[str, Any]:
@@ -129,6 +187,8 @@ def _chat_part(kind: str, size: int, marked: bool, seed: int) -> dict[str, Any]:
     elif kind == "document":
         data = f"data:application/pdf;base64,{_PDF}{seed}"
         part = {"type": "file", "file": {"filename": f"doc{seed}.pdf", "file_data": data}}
+    elif kind == "unknown":
+        part = _invented(seed)
     else:
         part = {"type": "text", "text": f"[{seed}] " + _text(size, seed)}
     if marked:
@@ -146,6 +206,8 @@ def _anthropic_part(kind: str, size: int, marked: bool, seed: int) -> dict[str, 
     elif kind == "document":
         source = {"type": "base64", "media_type": "application/pdf", "data": f"{_PDF}{seed}"}
         part = {"type": "document", "source": source}
+    elif kind == "unknown":
+        part = _invented(seed)
     else:
         part = {"type": "text", "text": f"[{seed}] " + _text(size, seed)}
     if marked:
@@ -159,6 +221,8 @@ def _responses_part(kind: str, size: int, marked: bool, seed: int) -> dict[str, 
     if kind == "document":
         data = f"data:application/pdf;base64,{_PDF}{seed}"
         return {"type": "input_file", "filename": f"doc{seed}.pdf", "file_data": data}
+    if kind == "unknown":
+        return _invented(seed)
     return {"type": "input_text", "text": f"[{seed}] " + _text(size, seed)}
 
 
@@ -199,9 +263,24 @@ def to_chat(steps: list[Any]) -> dict[str, Any]:
         elif step[0] == "reply":
             messages.append({"role": "assistant", "content": _text(step[1], seed)})
             messages.append({"role": "user", "content": [_chat_part("text", 2, step[2], seed)]})
+        elif step[0] == "search":
+            call = {"id": f"call_{seed}", "type": "function", "function": _search_call(seed)}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            found = [_invented(seed + i) for i in range(step[1])]
+            listing = [_chat_part("text", 30, False, seed), *found]
+            messages.append({"role": "tool", "tool_call_id": f"call_{seed}", "content": listing})
+        elif step[0] == "item":
+            parts = [_chat_part("text", 5, False, seed), _invented(seed + step[1])]
+            messages.append({"role": "assistant", "content": parts})
+            messages.append({"role": "user", "content": "Go on."})
         else:
             messages.append({"role": "system", "content": f"[{seed}] " + _text(step[1], seed)})
     return {"model": "gpt-4o", "max_tokens": 256, "messages": messages}
+
+
+def _search_call(seed: int) -> dict[str, str]:
+    """A tool search's call (its result loads the tools it names)."""
+    return {"name": "ToolSearch", "arguments": json.dumps({"query": f"select:Tool{seed}"})}
 
 
 def to_anthropic(steps: list[Any]) -> dict[str, Any]:
@@ -258,6 +337,26 @@ def to_anthropic(steps: list[Any]) -> dict[str, Any]:
         elif step[0] == "reply":
             messages.append({"role": "assistant", "content": _text(step[1], seed)})
             user([_anthropic_part("text", 2, step[2], seed)])
+        elif step[0] == "search":
+            search = _search_call(seed)
+            use = {
+                "type": "tool_use",
+                "id": f"toolu_{seed}",
+                "name": search["name"],
+                "input": json.loads(search["arguments"]),
+            }
+            messages.append({"role": "assistant", "content": [use]})
+            found = [_invented(seed + i) for i in range(step[1])]
+            result = {
+                "type": "tool_result",
+                "tool_use_id": f"toolu_{seed}",
+                "content": [_anthropic_part("text", 30, False, seed), *found],
+            }
+            messages.append({"role": "user", "content": [result]})
+        elif step[0] == "item":
+            blocks = [_anthropic_part("text", 5, False, seed), _invented(seed + step[1])]
+            messages.append({"role": "assistant", "content": blocks})
+            user([_anthropic_part("text", 2, False, seed)])
         else:
             messages.append({"role": "system", "content": f"[{seed}] " + _text(step[1], seed)})
     if messages[-1]["role"] != "user":
@@ -327,6 +426,14 @@ def to_responses(steps: list[Any]) -> dict[str, Any]:
             part = {"type": "output_text", "text": _text(step[1], seed), "annotations": []}
             items.append({"type": "message", "role": "assistant", "content": [part]})
             items.append({"type": "message", "role": "user", "content": "Go on."})
+        elif step[0] == "search":
+            call = {"type": "function_call", "call_id": f"call_{seed}", **_search_call(seed)}
+            found = [_invented(seed + i) for i in range(step[1])]
+            output = [_responses_part("text", 30, False, seed), *found]
+            answer = {"type": "function_call_output", "call_id": f"call_{seed}", "output": output}
+            items += [call, answer]
+        elif step[0] == "item":
+            items.append({**_invented(seed + step[1]), "id": f"it_{seed}"})
         else:
             text = f"[{seed}] " + _text(step[1], seed)
             items.append({"type": "message", "role": "developer", "content": text})
@@ -387,13 +494,42 @@ def assert_conforms(
         return None
     result, sent = done
     original = blocks(dialect, body)
-    accounting = account(original, blocks(dialect, sent), moves_markers=dialect == "anthropic")
+    accounting = account(
+        original, blocks(dialect, sent), moves_markers=dialect == "anthropic", opaque=invented
+    )
     assert accounting.problems == (), (result.stage, result.notes, accounting.problems)
     assert accounting.total == len(original)
+    assert _lost_fields(dialect, body, sent, accounting) == [], result.notes
     # The client's own breaks (tau-bench reuses call ids) are the client's.
     known = {str(p) for p in _pairing(dialect, body)}
     assert [p for p in _pairing(dialect, sent) if str(p) not in known] == [], result.notes
     return result, accounting
+
+
+def _lost_fields(
+    dialect: DialectName, body: dict[str, Any], sent: dict[str, Any], accounting: Accounting
+) -> list[str]:
+    """The fields no API has that did not reach the upstream: the request's own,
+    and those of each message or item a block of which was forwarded, briefed
+    or cut in place (on the message that block is in now). A text truncation
+    cut to an excerpt is a message of the proxy's own."""
+    lost = [k for k in body if k.startswith("x_") and sent.get(k) != body[k]]
+    key = "input" if dialect == "responses" else "messages"
+    excerpted = any(
+        b.role == "user" and is_truncation_note({"role": "user", "content": b.text})
+        for b in blocks(dialect, sent)
+    )
+    for was, now, how in accounting.placed:
+        if not (was.startswith(key) and now.startswith(key)) or (how == "cut" and excerpted):
+            continue
+        before = body[key][int(was[len(key) + 1 : was.index("]")])]
+        after = sent[key][int(now[len(key) + 1 : now.index("]")])]
+        lost += [
+            f"{was} {k} (now {now})"
+            for k in before
+            if k.startswith("x_") and after.get(k) != before[k]
+        ]
+    return lost
 
 
 profiles = st.one_of(
@@ -429,12 +565,15 @@ _SETTINGS = settings(
 
 @pytest.mark.parametrize("dialect", list(DIALECTS))
 @_SETTINGS
-@given(steps=conversations, profile=profiles, reason=reasons)
+@given(steps=conversations, profile=profiles, reason=reasons, fields=field_seeds)
 def test_every_block_of_a_request_is_accounted_for_in_what_is_sent(
-    dialect: DialectName, steps: list[Any], profile: Profile, reason: str
+    dialect: DialectName, steps: list[Any], profile: Profile, reason: str, fields: int | None
 ) -> None:
-    done = assert_conforms(dialect, WRITERS[dialect](steps), profile, reason)
+    body = with_fields(WRITERS[dialect](steps), fields)
+    done = assert_conforms(dialect, body, profile, reason)
     event(f"stage {done[0].stage}" if done else "refused: cannot fit")
+    if done and invented(body):
+        event(f"unknown types, stage {done[0].stage}")
 
 
 def _next_turn(dialect: DialectName, body: dict[str, Any]) -> dict[str, Any]:
@@ -493,7 +632,10 @@ def test_the_next_request_over_a_stored_checkpoint_is_accounted_for_too(
     except CannotFitError:
         return
     accounting = account(
-        blocks(dialect, later), blocks(dialect, sent), moves_markers=dialect == "anthropic"
+        blocks(dialect, later),
+        blocks(dialect, sent),
+        moves_markers=dialect == "anthropic",
+        opaque=invented,
     )
     assert accounting.problems == (), (again.stage, again.notes, accounting.problems)
 
