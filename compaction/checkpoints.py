@@ -36,6 +36,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
+from compaction.summary import recorded
 from compaction.tokens import message_key
 from compaction.types import Message
 
@@ -73,6 +74,13 @@ class Checkpoint:
     #: and reads no clock.
     id: str = field(kw_only=True)
     created_at: float = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        # The replacement is what the proxy computed and stored: its summaries
+        # are the proxy's own, and are known as such wherever they are applied
+        # (compaction.summary explains why the marker alone is not enough).
+        own = tuple(recorded(message) for message in self.replacement)
+        object.__setattr__(self, "replacement", own)
 
 
 @dataclass(frozen=True)

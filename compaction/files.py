@@ -212,14 +212,15 @@ def collect_files(
     read: list[str] = []
     modified: list[str] = []
     refs: list[tuple[str, str]] = []
-    # Imported here: the summary format renders this module's file lists.
+    # Imported here: the summary format and its ledger render this module's file lists.
+    from compaction.ledger import file_lists_in
     from compaction.summary import is_summary
 
     reader = _CallReader(profile)
     current: str | None = None
     for index, message in enumerate(messages):
         if is_summary(message):
-            earlier = parse_file_lists(message_text(message))
+            earlier = file_lists_in(message_text(message))
             read.extend(earlier.read)
             modified.extend(earlier.modified)
             refs.extend(earlier.refs)

@@ -392,7 +392,7 @@ def parse_ledger(text: str) -> Ledger:
             entry.append(raw[1:] if raw.strip() == _ENTRY_CLOSE else raw)
     # Rendered newest first; kept oldest first.
     return Ledger(
-        parse_file_lists(text),
+        file_lists_in(text),
         tuple(reversed(found["errors"])),
         tuple(reversed(found["commands"])),
         tuple(reversed(found["identifiers"])),
@@ -420,13 +420,32 @@ _ALL_BLOCKS = frozenset(("read-files", "modified-files", *_BLOCKS))
 
 
 def _split(text: str) -> tuple[list[str], list[str]]:
-    """The lines of ``text`` outside its ledger blocks, and those of the blocks.
-
-    Blocks are read line by line, opener and closer each a line of their
-    own, so the scan is linear; an unclosed block runs to the end.
-    """
+    """The lines of ``text`` outside its ledger blocks, and those of the blocks."""
     kept: list[str] = []
     blocks: list[str] = []
+    for block, raw in _block_lines(text):
+        (kept if block is None else blocks).append(raw)
+    return kept, blocks
+
+
+def file_lists_in(text: str) -> FileLists:
+    """The file lists of the ledger in ``text``: its own ``<read-files>`` and
+    ``<modified-files>`` blocks only. A text quoted inside the ledger (a user
+    message holding ``<modified-files>``) is an entry, not a block of it."""
+    lines = [raw for block, raw in _block_lines(text) if block in _FILE_BLOCKS]
+    return parse_file_lists("\n".join(lines))
+
+
+_FILE_BLOCKS = frozenset(("read-files", "modified-files"))
+
+
+def _block_lines(text: str) -> Iterator[tuple[str | None, str]]:
+    """Each line of ``text`` with the ledger block it belongs to (``None``: outside).
+
+    Blocks are read line by line, opener and closer each a line of their
+    own, so the scan is linear; an unclosed block runs to the end. Inside a
+    ``<user-message>`` entry no line opens or closes anything but the entry.
+    """
     current: str | None = None
     entry = False
     for raw in text.splitlines():
@@ -434,23 +453,21 @@ def _split(text: str) -> tuple[list[str], list[str]]:
         if current is None:
             if line.startswith("<") and line.endswith(">") and line[1:-1] in _ALL_BLOCKS:
                 current = line[1:-1]
-                blocks.append(raw)
-            else:
-                kept.append(raw)
+            yield current, raw
             continue
-        blocks.append(raw)
+        yield current, raw
         if current == "user-messages" and line == _ENTRY_OPEN and not entry:
             entry = True
         elif entry and raw == _ENTRY_CLOSE:
             entry = False
         elif not entry and line == f"</{current}>":
             current = None
-    return kept, blocks
 
 
 __all__ = [
     "DEFAULT_LEDGER_SHARE",
     "Ledger",
+    "file_lists_in",
     "identifiers_in",
     "ledger_of",
     "ledger_text",

@@ -11,6 +11,18 @@ A summary is a user message standing in for a span of the conversation::
     <modified-files> … </modified-files>             computed by the proxy, never
     <errors> … <user-messages> …                     summarized: the file lists first
 
+**Known from what the proxy wrote, never from the text.** A client can send
+a user message that starts with the marker (harnesses send command output
+back as the next user message; a file can hold anything), so the marker
+alone proves nothing. A summary is one the engine made in this compaction
+(:func:`summary_message`) or one the proxy stored: the messages of a
+:class:`~compaction.checkpoints.Checkpoint`'s replacement, which the proxy
+computed and kept, are marked as its own when the checkpoint is built
+(:func:`recorded`). A message that reached the engine from the client is a
+plain ``dict`` whatever its text says, and is content like any other: never
+folded in as the previous summary, never counted as the messages it claims
+to stand for.
+
 Four operations, each the inverse of the others' work: make
 (:func:`summary_message`), recognize (:func:`is_summary`), parse
 (:func:`parse_summary`, :func:`summary_body`, :func:`summary_count`) and edit
@@ -23,9 +35,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
-from compaction.files import FileLists, parse_file_lists, render_file_lists
-from compaction.ledger import ledger_text, strip_ledger
+from compaction.files import FileLists, render_file_lists
+from compaction.ledger import file_lists_in, ledger_text, strip_ledger
 from compaction.messages import message_text
 from compaction.types import Message
 
@@ -44,9 +57,36 @@ _THINKING_CLOSE = {
 }
 
 
-def is_summary(message: Message) -> bool:
-    """Whether the message is a summary written by the condenser."""
+class _Recorded(dict[str, Any]):
+    """A summary message the proxy wrote or stored: a ``dict`` like any other
+    message (serialized, compared and copied as one), whose type JSON from a
+    client can never produce."""
+
+    __slots__ = ()
+
+
+def _has_marker(message: Message) -> bool:
     return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
+
+
+def is_summary(message: Message) -> bool:
+    """Whether the message is a summary the proxy wrote: made by the condenser
+    or stored by the proxy (:func:`recorded`), not merely text that starts
+    with the marker."""
+    return isinstance(message, _Recorded) and _has_marker(message)
+
+
+def recorded(message: Message) -> Message:
+    """``message`` known as the proxy's own summary, when it has a summary's
+    form; any other message as it is.
+
+    For what the proxy computed and stored only — a checkpoint's replacement
+    (:class:`~compaction.checkpoints.Checkpoint` calls it) — never for what a
+    client sent.
+    """
+    if isinstance(message, _Recorded) or not _has_marker(message):
+        return message
+    return _Recorded(message)
 
 
 def summary_message(
@@ -76,7 +116,7 @@ def summary_message(
             f"{_HEADING_START}{condensed} earlier {noun}, condensed to fit the context window. "
             "It is background for what follows, not a new request."
         )
-    return {"role": "user", "content": _render(heading, body, ledger)}
+    return _Recorded(role="user", content=_render(heading, body, ledger))
 
 
 def _render(heading: str, body: str, ledger: str) -> str:
@@ -151,7 +191,7 @@ def parse_summary(message: Message) -> SummaryParts | None:
     heading = ""
     if text.startswith(_HEADING_START):
         heading, _, text = text.partition("\n")
-    return SummaryParts(heading, strip_ledger(text), parse_file_lists(text), ledger_text(text))
+    return SummaryParts(heading, strip_ledger(text), file_lists_in(text), ledger_text(text))
 
 
 def with_body(message: Message, body: str) -> Message:
@@ -160,4 +200,4 @@ def with_body(message: Message, body: str) -> Message:
     parts = parse_summary(message)
     if parts is None:
         raise ValueError("not a summary message")
-    return {**message, "content": _render(parts.heading, body, parts.ledger)}
+    return _Recorded({**message, "content": _render(parts.heading, body, parts.ledger)})

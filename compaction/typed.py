@@ -112,12 +112,15 @@ def typed_part(text: str) -> str:
 
 def typed_text(message: Message) -> str:
     """What a person typed in ``message``: "" for any other role, a summary the
-    proxy wrote, a tool result or observation sent as a user message, or a
-    message that is all context."""
+    proxy wrote or a text posing as one, a tool result or observation sent as a
+    user message, or a message that is all context."""
     # Imported here: the summary format reads the ledger, which reads this module.
-    from compaction.summary import is_summary
+    from compaction.summary import SUMMARY_MARKER
 
-    if message.get("role") != "user" or is_summary(message):
+    # Not only the proxy's own summaries: a text that starts with the proxy's
+    # marker and is not its own (a summary pasted back, a file posing as one)
+    # was not typed by a person either, and its Goal is no request.
+    if message.get("role") != "user" or message_text(message).startswith(SUMMARY_MARKER):
         return ""
     content = message.get("content")
     if isinstance(content, list):

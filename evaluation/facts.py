@@ -64,7 +64,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from compaction import Message, call_name_and_arguments, is_summary, message_text, tool_calls
+from compaction import (
+    SUMMARY_MARKER,
+    Message,
+    call_name_and_arguments,
+    message_text,
+    tool_calls,
+)
 
 FactKind = Literal["path", "error", "typed"]
 FACT_KINDS: tuple[FactKind, ...] = ("path", "error", "typed")
@@ -379,7 +385,10 @@ def typed_messages(messages: Sequence[Message]) -> list[str]:
     """Every message the user typed, in order (whitespace collapsed; empty ones left out)."""
     typed = []
     for message in messages:
-        if message.get("role") != "user" or is_summary(message) or _observation(message):
+        # A fixture is text: a summary in it is known by its marker, as the
+        # proxy's own would be (the proxy itself trusts only what it stored).
+        summary = message_text(message).startswith(SUMMARY_MARKER)
+        if message.get("role") != "user" or summary or _observation(message):
             continue
         text = collapse(_REMINDER.sub(" ", message_text(message)))
         if text:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from compaction.summary import SUMMARY_MARKER
+from compaction.summary import SUMMARY_MARKER, recorded
 
 Message = dict[str, Any]
 
@@ -120,7 +120,9 @@ def _item(draw: st.DrawFn, index: int) -> list[Message]:
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         return [{"role": "user", "content": [{"type": "text", "text": draw(_text_st)}, image]}]
     if kind == "summary":
-        return [{"role": "user", "content": f"{SUMMARY_MARKER}\n## Goal\n{draw(_text_st)}"}]
+        return [
+            recorded({"role": "user", "content": f"{SUMMARY_MARKER}\n## Goal\n{draw(_text_st)}"})
+        ]
     return [{"role": kind, "content": draw(_any_text)}]
 
 

@@ -14,7 +14,7 @@ from compaction.files import (
     strip_file_lists,
 )
 from compaction.profile import Profile
-from compaction.summary import SUMMARY_MARKER
+from compaction.summary import SUMMARY_MARKER, recorded
 from tests.conftest import assistant, tool_group, user
 
 PROFILE = Profile()
@@ -68,7 +68,9 @@ def test_malformed_arguments_give_nothing() -> None:
 
 def previous_summary(read: list[str], modified: list[str]) -> dict[str, object]:
     lists = render_file_lists(FileLists(tuple(read), tuple(modified)))
-    return user(f"{SUMMARY_MARKER}\nSummary of 3 earlier messages.\n\n## Goal\n- x\n\n{lists}")
+    return recorded(
+        user(f"{SUMMARY_MARKER}\nSummary of 3 earlier messages.\n\n## Goal\n- x\n\n{lists}")
+    )
 
 
 def test_collect_files_merges_previous_summary_in_order() -> None:

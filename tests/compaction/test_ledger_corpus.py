@@ -75,12 +75,17 @@ def _flat(text: str) -> str:
 
 def prose_only(task: str) -> Any:
     """A model that writes a valid summary in prose: its Goal in the task's words,
-    the programs the transcript ran as its one anchor, no path and no error line."""
+    the programs the transcript ran as its one anchor, no path and no error line.
+    Updating a previous summary (a span summarized in chunks), it keeps the
+    programs that one named, as it is asked to."""
     words = [w for w in re.findall(r"[A-Za-z]{4,}", task[:600])][:12]
 
     async def summarizer(messages: list[dict[str, Any]], budget: int) -> str:
         prompt = "\n".join(str(m.get("content")) for m in messages)
         programs: dict[str, None] = {}
+        for previous in re.findall(r"<previous-summary>(.*?)</previous-summary>", prompt, re.S):
+            for ran in re.findall(r"ran ((?:`[^`]+`(?:, )?)+)\.", previous):
+                programs.update(dict.fromkeys(re.findall(r"`([^`]+)`", ran)))
         for match in _TOOL_CALL.finditer(prompt):
             try:
                 command = json.loads(match.group(1)).get("command")

@@ -7,6 +7,7 @@ from compaction.summary import (
     SUMMARY_MARKER,
     is_summary,
     parse_summary,
+    recorded,
     summary_body,
     summary_count,
     summary_message,
@@ -41,7 +42,7 @@ def test_the_body_never_holds_the_file_lists() -> None:
 
 
 def test_an_edit_replaces_the_body_and_keeps_marker_heading_and_file_lists() -> None:
-    message = {**_summary(), "name": "kept"}
+    message = recorded({**_summary(), "name": "kept"})
     edited = with_body(message, "## Goal\n- Keep the frobnicator at 42 rpm.")
     parts = parse_summary(edited)
     assert parts is not None

@@ -18,7 +18,7 @@ from compaction.prompts import (
     TURN_PREFIX_SYSTEM_PROMPT,
     summary_problem,
 )
-from compaction.summary import SUMMARY_MARKER, is_summary, summary_body
+from compaction.summary import SUMMARY_MARKER, is_summary, recorded, summary_body
 from compaction.summary_checks import (
     Anchors,
     anchor_problem,
@@ -276,7 +276,7 @@ def test_an_error_line_without_a_name_anchors_on_its_first_words() -> None:
 
 
 def test_earlier_summaries_in_the_span_lend_it_no_anchors() -> None:
-    earlier = user(f"{SUMMARY_MARKER}\n## Goal\n- ran `pytest` on `old.py`")
+    earlier = recorded(user(f"{SUMMARY_MARKER}\n## Goal\n- ran `pytest` on `old.py`"))
     assert not span_anchors([earlier])
 
 
@@ -293,7 +293,7 @@ def _with_previous() -> list[Message]:
     steps = replies.span()
     return [
         *steps[:2],
-        user(f"{SUMMARY_MARKER}\nSummary of 9 earlier messages.\n\n{PREVIOUS}"),
+        recorded(user(f"{SUMMARY_MARKER}\nSummary of 9 earlier messages.\n\n{PREVIOUS}")),
         *steps[2:],
     ]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from compaction.errors import CannotFitError
 from compaction.messages import group_messages, validate_tool_pairing
-from compaction.summary import SUMMARY_MARKER
+from compaction.summary import SUMMARY_MARKER, recorded
 from compaction.tokens import TokenCounter
 from compaction.truncate import TruncateResult, truncate
 from tests.conftest import assistant, system, tool_group, user
@@ -110,7 +110,7 @@ def test_a_tool_call_with_three_results_is_kept_or_dropped_whole() -> None:
 
 
 def test_the_newest_summary_is_kept_right_after_the_head() -> None:
-    summary = user(f"{SUMMARY_MARKER}\n## Goal\nFix the test.")
+    summary = recorded(user(f"{SUMMARY_MARKER}\n## Goal\nFix the test."))
     messages = [*_session(0), summary, *_session(10)[2:]]
     limit = _tokens(messages) // 2
     result = _truncate(messages, limit)
@@ -162,10 +162,12 @@ def test_a_group_too_large_for_the_room_left_is_excerpted_not_dropped() -> None:
 
 
 def test_a_removal_note_counts_what_summaries_and_notes_stood_for() -> None:
-    old_summary = user(f"{SUMMARY_MARKER}\nSummary of 23 earlier messages, condensed.\n## Goal\nx")
+    old_summary = recorded(
+        user(f"{SUMMARY_MARKER}\nSummary of 23 earlier messages, condensed.\n## Goal\nx")
+    )
     older_note = _note(7)
     messages = [*_session(0), older_note, old_summary, *_session(12)[2:]]
-    newer_summary = user(f"{SUMMARY_MARKER}\nSummary of 3 earlier messages, condensed.")
+    newer_summary = recorded(user(f"{SUMMARY_MARKER}\nSummary of 3 earlier messages, condensed."))
     messages.insert(len(messages) - 4, newer_summary)
     limit = _tokens([*messages[:2], *messages[-4:]]) + 120
     result = _truncate(messages, limit)
@@ -267,7 +269,7 @@ def _conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
         elif kind == "assistant":
             messages.append(assistant(draw(_texts)))
         elif kind == "summary":
-            messages.append(user(f"{SUMMARY_MARKER}\n{draw(_texts)}"))
+            messages.append(recorded(user(f"{SUMMARY_MARKER}\n{draw(_texts)}")))
         else:
             arguments = {"command": draw(_texts)}
             results = draw(st.lists(_texts, min_size=1, max_size=3))

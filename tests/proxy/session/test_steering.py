@@ -13,6 +13,8 @@ import httpx
 import pytest
 
 from compaction import SUMMARY_MARKER, parse_summary, session_key
+from compaction.summary import recorded
+from tests.conftest import user
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.servers import FakeUpstream
@@ -98,7 +100,7 @@ def test_an_edited_summary_is_what_the_next_request_forwards(
     assert second.headers["x-compaction-id"] == checkpoint_id
     forwarded = _summary_of(upstream.chat_requests[-1].json()["messages"])
     assert forwarded.startswith(SUMMARY_MARKER)
-    assert parse_summary({"role": "user", "content": forwarded}).body == edited  # type: ignore[union-attr]
+    assert parse_summary(recorded(user(forwarded))).body == edited  # type: ignore[union-attr]
     assert "Make the failing test" not in forwarded
 
     [event] = [e for e in _events(proxy) if e["type"] == "checkpoint.edited"]
@@ -114,9 +116,7 @@ def test_an_edited_summary_keeps_the_file_lists_out_of_its_body_and_intact_in_th
     messages = agent_session(seed=4, steps=60, task="Edit test: the file lists stay.")
     first = _chat(proxy, messages)
     checkpoint_id = first.headers["x-compaction-id"]
-    made = parse_summary(
-        {"role": "user", "content": _summary_of(upstream.chat_requests[-1].json()["messages"])}
-    )
+    made = parse_summary(recorded(user(_summary_of(upstream.chat_requests[-1].json()["messages"]))))
     assert made is not None and made.files, "the session read and changed files"
 
     target = f"/v1/compaction/checkpoints/{checkpoint_id}"
@@ -128,7 +128,7 @@ def test_an_edited_summary_keeps_the_file_lists_out_of_its_body_and_intact_in_th
         for m in response.json()["replacement"]
         if str(m.get("content", "")).startswith(SUMMARY_MARKER)
     )
-    after = parse_summary(stored)
+    after = parse_summary(recorded(stored))
     assert after is not None
     assert after.body == edited  # no file block slipped into what the user edits
     assert after.files == made.files
@@ -141,7 +141,7 @@ def test_an_edited_summary_keeps_the_file_lists_out_of_its_body_and_intact_in_th
     ]
     _chat(proxy, follow_up)
     forwarded = parse_summary(
-        {"role": "user", "content": _summary_of(upstream.chat_requests[-1].json()["messages"])}
+        recorded(user(_summary_of(upstream.chat_requests[-1].json()["messages"])))
     )
     assert forwarded == after  # what the next request forwards, file lists and all
 

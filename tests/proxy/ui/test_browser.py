@@ -27,6 +27,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from compaction import SUMMARY_MARKER, parse_summary, session_key
+from compaction.summary import recorded
 from proxy.edge.access import owner_digest
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream
@@ -139,7 +140,8 @@ def test_the_dashboard_shows_a_session_and_edits_its_summary(
     sent = upstream.chat_requests[-1].json()["messages"]
     summaries = [m["content"] for m in sent if str(m["content"]).startswith(SUMMARY_MARKER)]
     assert summaries
-    forwarded = parse_summary({"role": "user", "content": summaries[0]})
+    # What the upstream received, read as the proxy's own summary.
+    forwarded = parse_summary(recorded({"role": "user", "content": summaries[0]}))
     # The edit replaced the body; the file lists the proxy computed stay after it.
     assert forwarded is not None and forwarded.body == EDITED and forwarded.files
 
