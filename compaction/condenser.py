@@ -257,9 +257,12 @@ async def condense(
     answers = list(await asyncio.gather(*asked))
     main_summary = answers.pop(0) if main.messages else None
     prefix_summary = answers.pop(0) if answers else None
-    # Each summary must be smaller than the span it stands for; one that is
-    # not (a short message, such as a client's environment note, under a
-    # summary's fixed header and ledger) leaves its span as it was.
+    # Each summary must be smaller than the span it stands for as the client
+    # sent it; one that is not (a short message, such as a client's
+    # environment note, under a summary's fixed header and ledger) leaves its
+    # span as it was. Against the pruned span, a summary quoting the errors
+    # the pruner briefed away would lose them; the whole condensation is
+    # still held to what it replaces as sent, below.
     main_kept = main_summary is not None and _not_smaller(run, main_summary, main)
     prefix_kept = prefix_summary is not None and _not_smaller(run, prefix_summary, prefix)
     if main_kept:
@@ -303,8 +306,8 @@ async def condense(
 
 
 def _not_smaller(run: _Run, summary: Message, span: _Span) -> bool:
-    """Whether ``summary`` holds as many tokens as ``span`` (as sent) or more."""
-    return run.tokens([summary]) >= run.tokens(span.messages)
+    """Whether ``summary`` holds as many tokens as ``span`` as the client sent it, or more."""
+    return run.tokens([summary]) >= run.tokens(span.originals)
 
 
 def _task(head: Sequence[Message]) -> str:
