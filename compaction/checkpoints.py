@@ -36,6 +36,7 @@ from compaction.messages import (
     message_text,
     tool_calls,
 )
+from compaction.own import own
 from compaction.summary import recorded
 from compaction.tokens import message_key
 from compaction.types import Message
@@ -74,13 +75,21 @@ class Checkpoint:
     #: and reads no clock.
     id: str = field(kw_only=True)
     created_at: float = field(kw_only=True)
+    #: Which messages of ``replacement`` the proxy wrote (summaries, briefs,
+    #: placeholders), by index: the rest are the client's, kept as they were.
+    #: ``None`` for one stored before it was recorded: then its summaries are.
+    own: tuple[int, ...] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        # The replacement is what the proxy computed and stored: its summaries
-        # are the proxy's own, and are known as such wherever they are applied
-        # (compaction.summary explains why the marker alone is not enough).
-        own = tuple(recorded(message) for message in self.replacement)
-        object.__setattr__(self, "replacement", own)
+        # What the proxy wrote is known as its own wherever the checkpoint is
+        # applied, also when it was read back from JSON (compaction.own: the
+        # text of a message never says who wrote it).
+        if self.own is None:
+            mine = tuple(recorded(message) for message in self.replacement)
+        else:
+            written = frozenset(self.own)
+            mine = tuple(own(m) if i in written else m for i, m in enumerate(self.replacement))
+        object.__setattr__(self, "replacement", mine)
 
 
 @dataclass(frozen=True)

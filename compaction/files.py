@@ -244,28 +244,28 @@ def collect_files(
                 found = FileLists(modified=(current,))
             else:
                 continue
-            result = results.get(call.get("id"))
-            found = _drop_missing(found, result or "")
+            output = results.get(call.get("id"))
+            found = _drop_missing(found, message_text(output) if output else "")
             read.extend(found.read)
             modified.extend(found.modified)
-            ref = output_ref(salt, result, profile.tool_result_chars) if result else None
+            ref = output_ref(salt, output, profile.tool_result_chars) if output else None
             if ref is not None and found.read:
                 refs.extend((path, ref) for path in found.read)
     lists = FileLists(tuple(read), tuple(modified), tuple(refs))
     return FileLists().merge(lists).limited(max_files)
 
 
-def results_after(messages: Sequence[Message], index: int) -> dict[Any, str]:
-    """The texts of the tool results right after the call at ``index``, by call id.
+def results_after(messages: Sequence[Message], index: int) -> dict[Any, Message]:
+    """The tool results right after the call at ``index``, by call id.
 
     Looked up within the group only: real sessions reuse call ids across turns.
     """
-    results: dict[Any, str] = {}
+    results: dict[Any, Message] = {}
     for i in range(index + 1, len(messages)):  # not a slice: called for every call
         message = messages[i]
         if message.get("role") != "tool":
             break
-        results.setdefault(message.get("tool_call_id"), message_text(message))
+        results.setdefault(message.get("tool_call_id"), message)
     return results
 
 

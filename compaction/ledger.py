@@ -233,16 +233,11 @@ def _commands(messages: Sequence[Message], salt: str = "") -> Iterator[str]:
                 if salt:
                     entry = mark(entry, ref_of(salt, original_text(message)))
             result = results.get(call.get("id"))
-            code = _exit_code(result) if result is not None else None
+            code = _exit_code(message_text(result)) if result is not None else None
             if code is not None:
                 entry = f"{entry} → exit {code}"
-            yield _with_ref(entry, result, salt, 0)
-
-
-def _with_ref(entry: str, result: str | None, salt: str, shortest: int) -> str:
-    """``entry`` marked with the ref of ``result``, the output it names, when it has one."""
-    ref = output_ref(salt, result, shortest) if result is not None else None
-    return entry if ref is None else mark(entry, ref)
+            ref = output_ref(salt, result, 0) if result is not None else None
+            yield entry if ref is None else mark(entry, ref)
 
 
 def _exit_code(result: str) -> int | None:

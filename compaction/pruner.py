@@ -40,8 +40,9 @@ from compaction.calls import (
 )
 from compaction.clipping import KEPT_LINE_CHARS, error_lines
 from compaction.messages import KNOWN_PARTS, RESULT_ROLES, call_name_and_arguments, message_text
+from compaction.own import own
 from compaction.profile import Profile
-from compaction.recall import mark, original_text, ref_of, ref_suffix, trailing_ref
+from compaction.recall import brief_ref, mark, original_text, ref_of, ref_suffix
 from compaction.text import cut_middle, one_line, output_body, shrink_arguments
 from compaction.types import Message
 
@@ -127,13 +128,13 @@ def _prune_result(messages: Sequence[Message], index: int, profile: Profile, sal
         # A text that already ends with a ref (a brief made under a larger
         # limit) keeps it: the ref names the original, which a brief of the
         # brief is not.
-        suffix = ref_suffix(trailing_ref(text) or ref_of(salt, text))
+        suffix = ref_suffix(brief_ref(message) or ref_of(salt, text))
     body_limit = limit - len(suffix)
     # Calls are looked up in the input, whose arguments are not cut yet.
     brief = tool_brief(call_for_result(messages, index), message, limit=body_limit)
     if len(brief) > body_limit:  # only with a tiny configured limit
         brief = one_line(brief, max(body_limit, 1))
-    return {**message, "content": _briefed(message.get("content"), brief + suffix)}
+    return own({**message, "content": _briefed(message.get("content"), brief + suffix)})
 
 
 def _briefed(content: Any, brief: str) -> Any:

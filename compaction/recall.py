@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text, tool_calls
+from compaction.own import is_own
 from compaction.types import Message
 
 RECALL_TOOL_NAME: Final = "compaction_recall"
@@ -120,18 +121,29 @@ class RecallRequest:
     end_line: int | None = None
 
 
-def output_ref(salt: str, output: str, shortest: int) -> str | None:
+def brief_ref(message: Message) -> str | None:
+    """The ref of the original that ``message``, a brief the proxy wrote, stands
+    for: the ref it ends with. ``None`` for any other message: a tool output
+    that ends with ``[ref: …]`` (a file, a web page, a command echoing an
+    earlier brief) names nothing, and its own ref is that of its whole text —
+    a ref the proxy computed, never one read from content."""
+    return trailing_ref(message_text(message)) if is_own(message) else None
+
+
+def output_ref(salt: str, output: Message, shortest: int) -> str | None:
     """The ref a summary's entry gives the tool output it names, or ``None``.
 
-    A brief names its original by the ref it ends with. Any other output gets
-    its own ref when it is longer than ``shortest`` characters (the pruner's
-    ``tool_result_chars``: an output it would have briefed): a shorter one is
-    covered by the entry itself — the command, its exit code, its error lines
-    — and a ref costs a dozen tokens in every request that carries the summary.
+    A brief the proxy wrote names its original by the ref it ends with
+    (:func:`brief_ref`). Any other output gets its own ref when it is longer
+    than ``shortest`` characters (the pruner's ``tool_result_chars``: an
+    output it would have briefed): a shorter one is covered by the entry
+    itself — the command, its exit code, its error lines — and a ref costs a
+    dozen tokens in every request that carries the summary.
     """
     if not salt:
         return None
-    return trailing_ref(output) or (ref_of(salt, output) if len(output) > shortest else None)
+    text = message_text(output)
+    return brief_ref(output) or (ref_of(salt, text) if len(text) > shortest else None)
 
 
 def parse_request(arguments: str) -> RecallRequest | str:
@@ -279,6 +291,7 @@ __all__ = [
     "RECALL_TOOL_PARAMETERS",
     "REF_PATTERN",
     "RecallRequest",
+    "brief_ref",
     "find_original",
     "mark",
     "original_text",

@@ -15,6 +15,7 @@ from compaction.checkpoints import Checkpoint, replacement_digest
 from compaction.conversation import Conversation
 from compaction.decide import Decision
 from compaction.messages import Group, group_starts
+from compaction.own import is_own
 from compaction.types import Message, Reason, Stage
 
 
@@ -143,4 +144,5 @@ def new_checkpoint(
         prepared_over=replacement_digest(base) if precomputed else "",
         id=id,
         created_at=created_at,
+        own=tuple(i for i, message in enumerate(span.replacement) if is_own(message)),
     )

@@ -78,7 +78,9 @@ def tool_steps(messages: Sequence[Message]) -> list[Step]:
             continue
         results = results_after(messages, i)
         for call in tool_calls(message):
-            steps.append(_step(call, results.get(call.get("id")), described))
+            output = results.get(call.get("id"))
+            text = message_text(output) if output is not None else None
+            steps.append(_step(call, text, described))
         function_call = message.get("function_call")
         if isinstance(function_call, dict):
             following = messages[i + 1] if i + 1 < len(messages) else {}

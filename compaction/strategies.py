@@ -54,9 +54,10 @@ from dataclasses import dataclass
 
 from compaction.calls import call_for_result
 from compaction.messages import RESULT_ROLES, call_name_and_arguments, message_text
+from compaction.own import own
 from compaction.profile import Profile
 from compaction.pruner import prune
-from compaction.recall import mark, ref_of, trailing_ref
+from compaction.recall import brief_ref, mark, ref_of
 from compaction.types import Message, Stage, Strategy
 
 STRATEGIES: tuple[Strategy, ...] = ("summary", "mask", "hybrid")
@@ -113,8 +114,8 @@ def mask(messages: Sequence[Message], start: int, end: int, *, salt: str = "") -
         name, _ = call_name_and_arguments(call_for_result(messages, i) or {})
         hidden = placeholder(name, text)
         if salt:
-            hidden = mark(hidden, trailing_ref(text) or ref_of(salt, text))
-        out[i] = {**message, "content": hidden}
+            hidden = mark(hidden, brief_ref(message) or ref_of(salt, text))
+        out[i] = own({**message, "content": hidden})
         masked += 1
     return Shrunk(out, "masked", masked)
 

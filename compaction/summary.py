@@ -15,11 +15,12 @@ A summary is a user message standing in for a span of the conversation::
 a user message that starts with the marker (harnesses send command output
 back as the next user message; a file can hold anything), so the marker
 alone proves nothing. A summary is one the engine made in this compaction
-(:func:`summary_message`) or one the proxy stored: the messages of a
-:class:`~compaction.checkpoints.Checkpoint`'s replacement, which the proxy
-computed and kept, are marked as its own when the checkpoint is built
-(:func:`recorded`). A message that reached the engine from the client is a
-plain ``dict`` whatever its text says, and is content like any other: never
+(:func:`summary_message`) or one the proxy stored: a
+:class:`~compaction.checkpoints.Checkpoint` marks the messages of its
+replacement the proxy wrote as its own when it is built (:mod:`compaction.own`;
+:func:`recorded` for one stored before it said which). A message that
+reached the engine from the client is a plain ``dict`` whatever its text
+says, and is content like any other: never
 folded in as the previous summary, never counted as the messages it claims
 to stand for.
 
@@ -35,11 +36,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from compaction.files import FileLists, render_file_lists
 from compaction.ledger import file_lists_in, ledger_text, strip_ledger
 from compaction.messages import message_text
+from compaction.own import is_own, own
 from compaction.types import Message
 
 #: First line of every summary the condenser writes; how a later compaction
@@ -57,14 +58,6 @@ _THINKING_CLOSE = {
 }
 
 
-class _Recorded(dict[str, Any]):
-    """A summary message the proxy wrote or stored: a ``dict`` like any other
-    message (serialized, compared and copied as one), whose type JSON from a
-    client can never produce."""
-
-    __slots__ = ()
-
-
 def _has_marker(message: Message) -> bool:
     return message.get("role") == "user" and message_text(message).startswith(SUMMARY_MARKER)
 
@@ -73,7 +66,7 @@ def is_summary(message: Message) -> bool:
     """Whether the message is a summary the proxy wrote: made by the condenser
     or stored by the proxy (:func:`recorded`), not merely text that starts
     with the marker."""
-    return isinstance(message, _Recorded) and _has_marker(message)
+    return is_own(message) and _has_marker(message)
 
 
 def recorded(message: Message) -> Message:
@@ -84,9 +77,7 @@ def recorded(message: Message) -> Message:
     (:class:`~compaction.checkpoints.Checkpoint` calls it) — never for what a
     client sent.
     """
-    if isinstance(message, _Recorded) or not _has_marker(message):
-        return message
-    return _Recorded(message)
+    return own(message) if _has_marker(message) else message
 
 
 def summary_message(
@@ -116,7 +107,7 @@ def summary_message(
             f"{_HEADING_START}{condensed} earlier {noun}, condensed to fit the context window. "
             "It is background for what follows, not a new request."
         )
-    return _Recorded(role="user", content=_render(heading, body, ledger))
+    return own({"role": "user", "content": _render(heading, body, ledger)})
 
 
 def _render(heading: str, body: str, ledger: str) -> str:
@@ -200,4 +191,4 @@ def with_body(message: Message, body: str) -> Message:
     parts = parse_summary(message)
     if parts is None:
         raise ValueError("not a summary message")
-    return _Recorded({**message, "content": _render(parts.heading, body, parts.ledger)})
+    return own({**message, "content": _render(parts.heading, body, parts.ledger)})

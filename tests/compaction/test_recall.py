@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from compaction import CannotFitError, Profile, TokenCounter, compact, is_summary, message_text
 from compaction.files import REFS_PER_FILE, parse_file_lists, render_file_lists
 from compaction.ledger import ledger_of, parse_ledger, render_ledger
+from compaction.own import own
 from compaction.pruner import prune
 from compaction.recall import (
     MAX_ARGUMENT_CHARS,
@@ -220,7 +221,7 @@ def test_pruning_twice_with_refs_is_pruning_once() -> None:
 def test_a_brief_briefed_again_under_a_smaller_limit_keeps_the_ref_of_the_original() -> None:
     messages = _session(LOG)
     stored = mark("[bash] an earlier, longer brief " + "w" * 300, ref_of(SALT, LOG))
-    messages[-1] = {**messages[-1], "content": stored}
+    messages[-1] = own({**messages[-1], "content": stored})  # the proxy's, from a checkpoint
     again = prune(messages, 2, len(messages), Profile(tool_result_chars=100), salt=SALT)
     assert again.pruned == 1
     assert len(again.messages[-1]["content"]) <= 100
