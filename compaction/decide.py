@@ -60,6 +60,7 @@ from compaction.plan import (
     compacts_early,
     depth,
     growth_of,
+    lead_turns,
     model_summary_pays,
 )
 from compaction.pricing import Prices
@@ -264,7 +265,7 @@ def decide(
     prices = prices or profile.prices()
     under = reason == "threshold" and tokens <= budget.trigger and not state.problems
     may_prepare = profile.prepares_ahead and prepared is None
-    near = may_prepare and tokens > profile.precompute_share * budget.trigger
+    near = may_prepare and _near(conversation, tokens, profile, budget, pace)
     # Planned only where it can matter: a compaction now or prepared ahead, or
     # a session whose cache went cold (most requests are none of these, and
     # the plan reads every turn).
@@ -409,7 +410,7 @@ def _depth(
     head = conversation.head
     if pace is None or pace.growth <= 0:
         growth = growth_of(conversation.messages, conversation.counts, head)
-        pace = Pace(growth, None if pace is None else pace.idle)
+        pace = Pace(growth) if pace is None else dataclasses.replace(pace, growth=growth)
     kept = sum(state.counts[:head]) + conversation.overhead
     summary = 0.0
     if profile.summarizer == "llm" and profile.strategy != "mask":
@@ -427,6 +428,25 @@ def _depth(
         slack=profile.plan_slack,
         summary_price=summary,
     )
+
+
+def _near(
+    conversation: Conversation, tokens: int, profile: Profile, budget: Budget, pace: Pace | None
+) -> bool:
+    """Whether the compaction the trigger will need is to be prepared now: past
+    ``precompute_share`` of the trigger, or, where the time a summary takes
+    and the session's pace are known, once the trigger is no more turns away
+    than the summary needs (:func:`compaction.plan.lead_turns`) — a fixed
+    share is a few turns, too few for a slow summarizer and a fast agent."""
+    if tokens > profile.precompute_share * budget.trigger:
+        return True
+    lead = lead_turns(pace)
+    if lead is None or pace is None:
+        return False
+    growth = pace.growth
+    if growth <= 0:
+        growth = growth_of(conversation.messages, conversation.counts, conversation.head)
+    return growth > 0 and tokens + lead * growth >= budget.trigger
 
 
 def ahead(conversation: Conversation, decision: Decision) -> Decision:

@@ -66,6 +66,19 @@ class Pace:
     #: Seconds since the session's previous request; ``None`` when unknown
     #: (the first request seen, or a caller that keeps no clock).
     idle: float | None = None
+    #: Seconds a summary takes at this upstream (a high percentile of those
+    #: measured); ``None`` before the first.
+    summary: float | None = None
+
+
+def lead_turns(pace: Pace | None) -> int | None:
+    """Turns a compaction must be prepared ahead, for its summary to be ready
+    in time: the summary's seconds (already a high percentile of those
+    measured) over the session's seconds a turn (:attr:`Pace.idle`), and the
+    turn it starts in; ``None`` while either is unknown."""
+    if pace is None or pace.summary is None or not pace.idle or pace.idle <= 0:
+        return None
+    return math.ceil(pace.summary / pace.idle) + 1
 
 
 @dataclass(frozen=True)
@@ -188,5 +201,6 @@ __all__ = [
     "cost_per_turn",
     "depth",
     "growth_of",
+    "lead_turns",
     "model_summary_pays",
 ]

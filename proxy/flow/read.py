@@ -29,7 +29,7 @@ from proxy.edge.disconnect import ClientWatch
 from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import upstream_headers
-from proxy.session.ahead import single_slot, summary_pace
+from proxy.session.ahead import single_slot
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.session.naming import client_session
 from proxy.state.runtime import ProxyState
@@ -130,7 +130,7 @@ class Call:
                 model, usage, cost, prices.dollars(cost)
             ),
             estimate=self._summary_estimate,
-            pace=summary_pace(self.state, config),
+            pace=self.state.summary_pace(config),
             one_at_a_time=single_slot(self.state, config),
         )
 

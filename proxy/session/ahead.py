@@ -1,8 +1,10 @@
 """Compactions prepared ahead of need, in the background.
 
 With the llm summarizer, the turn that crosses the trigger would wait for a
-model's summary. Instead, a forward past ``precompute_share`` of the trigger
-(:attr:`compaction.Decision.prepare`), or a compaction that leaves the
+model's summary. Instead, a forward past ``precompute_share`` of the trigger,
+or as many turns before it as a summary takes at the session's pace (the
+summarizer's time measured per upstream, :mod:`proxy.upstream.pace`;
+:attr:`compaction.Decision.prepare`), or a compaction that leaves the
 conversation near its trigger, starts :func:`prepare_ahead` as a task of
 :class:`proxy.session.background.Background`:
 
@@ -69,7 +71,6 @@ from proxy.session.compacting import (
 )
 from proxy.state.models import calibration_key
 from proxy.state.stores import RequestRecord
-from proxy.upstream.pace import Pace
 from proxy.upstream.summarizer import Paid, UpstreamSummarizer
 from proxy.upstream.transport import UpstreamResponse
 
@@ -77,12 +78,6 @@ if TYPE_CHECKING:
     from proxy.state.runtime import ProxyState
 
 logger = logging.getLogger("compaction_proxy.background")
-
-
-def summary_pace(state: ProxyState, config: ModelConfig) -> Pace:
-    """How fast ``config``'s upstream writes summaries with its summary model."""
-    summarizing = dataclasses.replace(config, model=config.summary_model)
-    return state.paces.of(calibration_key(summarizing))
 
 
 def single_slot(state: ProxyState, config: ModelConfig) -> bool:

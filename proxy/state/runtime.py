@@ -7,6 +7,7 @@ module globals.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -25,7 +26,7 @@ from proxy.state.recalls import RecallMemory
 from proxy.state.recorder import Recorder
 from proxy.state.stores import Store
 from proxy.upstream.discovery import Discoveries, discover, is_local
-from proxy.upstream.pace import Paces
+from proxy.upstream.pace import Pace, Paces
 from proxy.upstream.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,11 @@ class ProxyState:
             return self.models.within_working_limit(config)
         learned = {config.model: window} if window is not None else None
         return self.models.within_working_limit(self.resolver.resolve(model, learned, server))
+
+    def summary_pace(self, config: ModelConfig) -> Pace:
+        """How fast ``config``'s upstream writes summaries with its summary model."""
+        summarizing = dataclasses.replace(config, model=config.summary_model)
+        return self.paces.of(calibration_key(summarizing))
 
     def counter(self, config: ModelConfig) -> TokenCounter:
         """One counter (and so one token cache) per encoding, image cost and

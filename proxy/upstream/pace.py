@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -67,6 +69,8 @@ class Pace:
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     #: Taken around each call to a server with one slot.
     one_at_a_time: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: What a call's seconds are read from.
+    clock: Callable[[], float] = time.monotonic
 
     def answered(self, sent: int, seconds: float) -> None:
         self.samples.append(Sample(sent, seconds))
@@ -98,12 +102,15 @@ class Paces:
     """Every upstream and model's :class:`Pace`, by
     :func:`~proxy.state.models.calibration_key`, at most :data:`PACE_KEYS`."""
 
-    def __init__(self, max_keys: int = PACE_KEYS) -> None:
+    def __init__(
+        self, max_keys: int = PACE_KEYS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._paces: dict[str, Pace] = {}
         self._max_keys = max_keys
+        self._clock = clock
 
     def of(self, key: str) -> Pace:
-        pace = self._paces.pop(key, None) or Pace()
+        pace = self._paces.pop(key, None) or Pace(clock=self._clock)
         self._paces[key] = pace  # the most recently used last
         while len(self._paces) > self._max_keys:
             del self._paces[next(iter(self._paces))]

@@ -97,7 +97,7 @@ class UpstreamSummarizer:
         estimate: Estimate | None = None,
         pace: Pace | None = None,
         one_at_a_time: bool = False,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._transport = transport
         self._url = base_url.rstrip("/") + dialect.path
@@ -111,7 +111,8 @@ class UpstreamSummarizer:
         self._pace = pace
         #: The server serves one request at a time: calls take turns.
         self._one_at_a_time = one_at_a_time and pace is not None
-        self._clock = clock
+        #: What a call's seconds are read from (by default the pace's clock).
+        self._clock = clock or (pace.clock if pace is not None else time.monotonic)
         #: Told of every request sent, before it is sent (the proxy's metric).
         self._on_call = on_call
         #: Told of the messages sent and the prompt tokens the reply's ``usage``

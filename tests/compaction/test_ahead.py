@@ -12,6 +12,7 @@ from compaction.checkpoints import Checkpoint
 from compaction.conversation import Conversation, read_conversation
 from compaction.decide import Decision, calibrated_budget, decide
 from compaction.messages import validate_tool_pairing
+from compaction.plan import Pace, growth_of, lead_turns
 from compaction.results import CompactionResult, new_checkpoint
 from compaction.summary import summary_body
 from tests.conftest import RecordingSummarizer, system, tool_group, user
@@ -235,3 +236,25 @@ def test_a_preparation_over_a_summary_since_edited_is_never_applied() -> None:
         assert (decision.checkpoint is second) is applied
     under = decide(conversation, PROFILE, BUDGET, stored={**_stored(edited), **_stored(second)})
     assert under.prepare, "a stale preparation does not stop a new one"
+
+
+def test_a_slow_summary_at_a_fast_pace_is_prepared_as_many_turns_ahead_as_it_takes() -> None:
+    # Short of precompute_share, some turns from the trigger: a summary that
+    # takes more turns than are left at the session's pace is prepared now;
+    # one that takes fewer is not yet. Unmeasured, the share alone decides.
+    messages = _grown_to(0.6)
+    conversation = _conversation(messages)
+    tokens = decide(conversation, PROFILE, BUDGET).tokens
+    growth = growth_of(conversation.messages, conversation.counts, conversation.head)
+    left = (BUDGET.trigger - tokens) / growth
+    assert left > 5 and tokens < PROFILE.precompute_share * BUDGET.trigger
+
+    def prepares(pace: Pace | None) -> bool:
+        return decide(conversation, PROFILE, BUDGET, pace=pace).prepare
+
+    turn = 0.4  # seconds
+    assert prepares(Pace(0, idle=turn, summary=turn * (left + 1)))
+    assert not prepares(Pace(0, idle=turn, summary=turn * (left - 3)))
+    assert not prepares(Pace(0, idle=turn)) and not prepares(None)
+    assert lead_turns(Pace(0, idle=0.4, summary=4.0)) == 11  # ten turns, and the one it starts in
+    assert lead_turns(Pace(0, idle=None, summary=4.0)) is None

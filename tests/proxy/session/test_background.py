@@ -9,7 +9,10 @@ agent's pause: every preparation started has either finished or is waiting
 at the summarizer for its answer. What a request waited for is recorded
 where it happens (the request path awaiting a running preparation, or
 asking the summarizer itself), so the tests count waits and say which
-request waited on which preparation, whatever the machine's speed.
+request waited on which preparation, whatever the machine's speed. The
+100-turn sessions run on simulated time (:class:`SimulatedClock`): the
+session's pace and the summarizer's measured time, which say how far ahead a
+preparation starts, are read from it, never from the machine's clock.
 
 The target: over a 100-turn tool session at a 16k window that condenses
 several times, at most one turn waits for the summarizer, and the
@@ -34,6 +37,8 @@ import pytest
 
 from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from proxy.session.background import Background, Start
+from proxy.state.prompts import LastPrompts
+from proxy.upstream.pace import Paces
 from tests.proxy.conftest import AppFactory, ProxyFactory
 from tests.proxy.inprocess import InProcessProxy, RecordingTransport
 from tests.proxy.servers import FakeUpstream
@@ -251,11 +256,15 @@ def _paced(
 
 
 def test_a_100_turn_session_waits_for_the_summarizer_at_most_once(
-    start_app: AppFactory, fake_upstream: FakeUpstream, session: Session
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
+    session: Session,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     upstream = fake_upstream
-    session.pace = SUMMARY_TURNS
-    proxy = _paced(start_app, upstream, session)
+    proxy, _ = _simulated(
+        start_app, upstream, session, monkeypatch, turn_seconds=SUMMARY_SECONDS / SUMMARY_TURNS
+    )
     rng = random.Random(12)
     history = _start()
     stages: list[str] = []
@@ -293,6 +302,119 @@ def test_a_100_turn_session_waits_for_the_summarizer_at_most_once(
     between = [i for i in range(1, len(sent)) if stages[i] not in COMPACTED]
     broken = [i for i in between if not _prefix(sent[i]).startswith(_prefix(sent[i - 1]))]
     assert not broken, f"requests {broken} changed bytes already forwarded"
+
+
+#: The seconds a summary takes (the bench's summarizer).
+SUMMARY_SECONDS = 4.0
+
+
+@dataclass
+class SimulatedClock:
+    """Seconds as the session lives them: ``turn_seconds`` a turn, and the
+    rest of a summary's time for a request that waits for one. The proxy's
+    clocks — the session's pace, the summarizer's measured time — read it,
+    so a preparation's lead is the same on every machine."""
+
+    session: Session
+    turn_seconds: float
+    waited: float = 0.0
+    #: (turn, seconds) of each request that waited for a preparation.
+    waits: list[tuple[int, float]] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.session.turn * self.turn_seconds + self.waited
+
+    def wait(self, turn: int, seconds: float) -> None:
+        self.waits.append((turn, seconds))
+        self.waited += seconds
+
+    @property
+    def long_waits(self) -> list[int]:
+        """The turns that waited a second or more, a summary asked on the
+        request path included (the whole summary's time)."""
+        waited = [turn for turn, seconds in self.waits if seconds >= 1.0]
+        return sorted(waited + self.session.summarized_on_the_path)
+
+
+class _TimedTransport(PacedTransport):
+    """A summary asked on the request path takes its time on the simulated clock too."""
+
+    def __init__(self, session: Session, upstream: FakeUpstream, clock: SimulatedClock) -> None:
+        super().__init__(session, upstream)
+        self.clock = clock
+
+    async def request(self, method: str, url: str, headers: Mapping[str, str], body: Any) -> Any:
+        on_the_path = _preparing.get() is None and isinstance(body, bytes)
+        if on_the_path and _asks_for_a_summary(body):
+            self.clock.wait(self.session.turn, SUMMARY_SECONDS)
+        return await super().request(method, url, headers, body)
+
+
+def _state(proxy: InProcessProxy) -> Any:
+    app = proxy.app
+    while not hasattr(app, "state"):
+        app = app.app
+    return app.state.proxy
+
+
+def _simulated(
+    start_app: AppFactory,
+    upstream: FakeUpstream,
+    session: Session,
+    monkeypatch: pytest.MonkeyPatch,
+    turn_seconds: float,
+) -> tuple[InProcessProxy, SimulatedClock]:
+    """The paced proxy on a :class:`SimulatedClock` of ``turn_seconds`` a turn,
+    summaries of :data:`SUMMARY_SECONDS`."""
+    session.pace = round(SUMMARY_SECONDS / turn_seconds)
+    clock = SimulatedClock(session, turn_seconds)
+    waiting = Background.wait
+
+    async def waited(self: Background, key: str) -> None:
+        preparation = session.of(key)
+        if self.running(key) and preparation is not None and not preparation.answer.is_set():
+            turns_left = max(preparation.started + session.pace - session.turn, 0)
+            clock.wait(session.turn, turns_left * turn_seconds)
+        await waiting(self, key)
+
+    monkeypatch.setattr(Background, "wait", waited)
+    proxy = start_app(transport=_TimedTransport(session, upstream, clock), models={MODEL: PROFILE})
+    state = _state(proxy)
+    state.prompts, state.paces = LastPrompts(clock=clock), Paces(clock=clock)
+    return proxy, clock
+
+
+def test_preparations_start_as_early_as_the_measured_summary_time_needs(
+    start_app: AppFactory,
+    fake_upstream: FakeUpstream,
+    session: Session,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A summary of 4 s at an agent's 0.4 s a turn is ten turns: preparations
+    # started at a fixed share of the trigger (about seven turns before it)
+    # had every crossing turn wait about a second. Started from the
+    # summarizer's measured time and the session's pace, only the first one
+    # waits that long (nothing is measured before it).
+    upstream = fake_upstream
+    proxy, clock = _simulated(start_app, upstream, session, monkeypatch, turn_seconds=0.4)
+    rng = random.Random(12)
+    history = _start()
+    stages: list[str] = []
+    for i in range(100):
+        history.extend(shell_step(rng, i))
+        stages.append(_turn(proxy, session, history).headers["x-compaction-stage"])
+
+    compactions = [i for i, stage in enumerate(stages) if stage in COMPACTED]
+    print(
+        f"\n{len(compactions)} compactions at {compactions}; waits (turn, s): {clock.waits}; "
+        f"{session.summarizations} summarizations; preparations started at "
+        f"{[p.started for p in session.preparations]}"
+    )
+    assert len(compactions) >= 4, stages
+    assert len(clock.long_waits) <= 1, f"turns {clock.waits} waited for the summarizer"
+    # A summary made is used: one per compaction, and at most one more, made
+    # for a compaction the session ends before needing.
+    assert session.summarizations <= len(compactions) + 1
 
 
 def _into_the_zone(
