@@ -61,8 +61,12 @@ def too_large(limit: int) -> PayloadTooLarge:
 
 
 def check_model(model: object, limit: int) -> None:
-    """A 400 for a model name longer than ``limit`` characters: it would be
-    matched against every configured pattern, logged and labelled."""
+    """A 400 for a model that is not a name (a number, a list: it is matched
+    against the configured patterns and used as a key) or a name longer than
+    ``limit`` characters: it would be matched against every configured
+    pattern, logged and labelled. No model at all is the upstream's to refuse."""
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string.", param="model")
     if isinstance(model, str) and len(model) > limit:
         raise BadRequest(f"The model name is longer than {limit:,} characters.", param="model")
 

@@ -146,7 +146,8 @@ class AnthropicDialect:
         if not isinstance(messages, list):
             raise BadRequest("messages: expected an array", param="messages")
         for i, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            role = message.get("role") if isinstance(message, dict) else None
+            if not isinstance(role, str) or role not in _ROLES:
                 raise BadRequest(
                     f"messages[{i}]: expected an object with role user, assistant or system",
                     param=f"messages[{i}]",

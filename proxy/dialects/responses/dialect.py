@@ -130,7 +130,7 @@ def _kind(item: Any) -> str:
         role = item.get("role")
         if role == "assistant":
             return "model"
-        if role in _SYSTEM_ROLES:
+        if isinstance(role, str) and role in _SYSTEM_ROLES:
             return "system"
         return "user" if role == "user" else "other"
     if kind == "reasoning" or (isinstance(kind, str) and kind.endswith("_call")):
