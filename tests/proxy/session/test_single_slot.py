@@ -339,3 +339,57 @@ def test_a_server_seen_queueing_requests_behind_summaries_is_treated_as_one_slot
         _on_loop(proxy, lambda: one_slot.gates()[0].clear())
     assert traffic.single_slot(key, None)
     assert traffic.overlaps(key) == SINGLE_SLOT_OVERLAPS
+
+
+class SummariesAtOnce(RecordingTransport):
+    """The fake upstream, counting the summaries it is asked at once (each
+    held a moment, so two asked together overlap)."""
+
+    def __init__(self, upstream: FakeUpstream) -> None:
+        super().__init__(app=upstream.app())
+        self.open = 0
+        self.most = 0
+        self.asked = 0
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | AsyncIterator[bytes] | None,
+    ) -> Any:
+        if not (isinstance(body, bytes) and is_summary_request(body)):
+            return await super().request(method, url, headers, body)
+        self.asked += 1
+        self.open += 1
+        self.most = max(self.most, self.open)
+        try:
+            await asyncio.sleep(0.05)
+            return await super().request(method, url, headers, body)
+        finally:
+            self.open -= 1
+
+
+@pytest.mark.parametrize("slots", [1, None], ids=["one slot", "slots unknown"])
+def test_on_a_one_slot_server_a_split_turns_two_summaries_are_asked_one_after_the_other(
+    start_app: AppFactory, fake_upstream: FakeUpstream, slots: int | None
+) -> None:
+    # One long turn of tool steps: its compaction asks for the summary and
+    # for a note on the turn's first steps, together where the server serves
+    # several requests; a one-slot server would queue one behind the other,
+    # the second's deadline running out while the first is served.
+    transport = SummariesAtOnce(fake_upstream)
+    profile = {"context_window": 16_384, "precompute_share": 0, "tool_result_chars": 1_000_000}
+    proxy = start_app(transport=transport, models={MODEL: profile})
+    if slots is not None:
+        state = _state(proxy)
+        facts = ServerFacts(None, slots)
+        proxy.http.portal.call(state.models.server_stated, state.resolve(MODEL), facts)
+    # A first task, then a second one whose long turn the cut lands in.
+    second = agent_session(seed=4, steps=40, task="Now make the linter pass.")[1:]
+    body = {"model": MODEL, "messages": [*agent_session(seed=3, steps=3), *second]}
+    response = proxy.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-compaction-stage"] == "condensed"
+    assert transport.asked == 2  # the summary, and the turn prefix's note
+    assert transport.most == (1 if slots == 1 else 2)
