@@ -56,7 +56,7 @@ from proxy.flow import manual, recall
 from proxy.flow.bill import spent_headers, untouched_bill
 from proxy.flow.overflow import detect_overflow
 from proxy.flow.read import Call, read_call
-from proxy.flow.record import account, empty_stream, request_record, rereads_of
+from proxy.flow.record import account, cut_stream, empty_stream, request_record, rereads_of
 from proxy.flow.send import (
     Cut,
     Relay,
@@ -183,14 +183,10 @@ def _cut(call: Call, body: bytes) -> Cut:
     """A stream that closes before its API's end: an upstream error, counted
     as one, and ``body`` sent once more while the client has seen none of it."""
 
-    def counted() -> None:
-        call.tally.upstream_errors += 1
-        call.state.metrics.upstream_errors.labels("cut").inc()
-
     async def again() -> UpstreamResponse:
         return await _send(call, body)
 
-    return Cut(counted, again)
+    return Cut(functools.partial(cut_stream, call), again)
 
 
 def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None]:

@@ -38,7 +38,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from starlette.responses import Response
@@ -56,7 +56,9 @@ from compaction import (
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 from proxy.edge.errors import ProxyError
 from proxy.flow.read import Call
+from proxy.flow.record import cut_stream
 from proxy.flow.send import read_whole, relay_bytes, shown_url
+from proxy.flow.stream_end import StreamEnd
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, recall_salt
 from proxy.state.logs import REQUESTS
@@ -461,8 +463,9 @@ class RecallRelay(Response):
         rounds, surface = self.rounds, self.rounds.plan.surface
         first = True
         while True:
-            if not await self._relay_round(stream, send, tap=first):
-                return False
+            ended = await self._relay_round(stream, send, tap=first)
+            if ended != "ended":
+                return ended == "cut"  # a cut round's error event ends the stream
             first = False
             rounds.count("dropped", stream.dropped)
             if not stream.recalled:
@@ -488,8 +491,14 @@ class RecallRelay(Response):
                 return True
             stream.next_round()
 
-    async def _relay_round(self, stream: RecallStream, send: Send, *, tap: bool) -> bool:
+    async def _relay_round(
+        self, stream: RecallStream, send: Send, *, tap: bool
+    ) -> Literal["ended", "broken", "cut"]:
+        """Relay the current round; how its stream ended: as its API ends one,
+        broken off (the response is left unfinished), or closed before its
+        end (the client's stream ends with the error event)."""
         upstream = self.upstream
+        watch = StreamEnd.of(self.call.dialect.name)
         while True:
             try:
                 chunk = await upstream.next_chunk()
@@ -502,19 +511,36 @@ class RecallRelay(Response):
                 message = "The upstream connection was lost mid-stream."
                 event = self.call.dialect.error_event(message, "upstream_dropped")
                 await send({"type": "http.response.body", "body": event, "more_body": True})
-                return False
+                return "broken"
             if chunk is None:
                 if tap:
                     self.tap.close()
                 rest = stream.end()
                 if rest:
                     await send({"type": "http.response.body", "body": rest, "more_body": True})
-                return True
+                if watch is not None and not watch.ended:
+                    await self._cut(send)
+                    return "cut"
+                return "ended"
+            if watch is not None:
+                watch.feed(chunk)
             if tap:
                 self.tap.feed(chunk)
             out = stream.feed(chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+
+    async def _cut(self, send: Send) -> None:
+        """A round whose stream closed before its API's end: counted and logged
+        as the upstream error it is, and the client's stream ended with the
+        error event (what was relayed of it cannot be taken back, and a
+        round cut short cannot be answered)."""
+        cut_stream(self.call)
+        fields = {"upstream": shown_url(self.upstream.url), "api": self.call.dialect.name}
+        logger.warning("upstream stream ended before its end", extra={"fields": fields})
+        message = "The upstream ended the stream before its end."
+        event = self.call.dialect.error_event(message, "upstream_dropped")
+        await send({"type": "http.response.body", "body": event, "more_body": True})
 
     async def _error(self, send: Send, message: str, code: str = "recall_failed") -> None:
         """The stream ends with the API's error event: ``recall_limit`` when the

@@ -122,6 +122,13 @@ def empty_stream(call: Call) -> None:
     call.state.metrics.record_empty_stream()
 
 
+def cut_stream(call: Call) -> None:
+    """Count an upstream stream that closed before its API's end (a ``role``
+    chunk and nothing after, say): an error answer, as an empty one is."""
+    call.tally.upstream_errors += 1
+    call.state.metrics.upstream_errors.labels("cut").inc()
+
+
 def task_words(messages: Sequence[Message]) -> str:
     """The first words the user typed in the conversation (:func:`compaction.first_typed`:
     not its client's reminders, context or canned examples), on one line."""

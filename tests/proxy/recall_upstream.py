@@ -30,6 +30,7 @@ Answers are the APIs' real shapes, JSON or the real event sequence, with
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ from starlette.routing import Route
 TOOL = "compaction_recall"
 _REF = re.compile(rb"\[ref: (r[a-z0-9]+)\]")
 PREAMBLE = "Let me look at the original."
+#: The events that end a stream, in each API.
+_LAST = re.compile(rb"\[DONE\]|message_stop|response\.completed")
 
 
 @dataclass
@@ -66,6 +69,9 @@ class RecallUpstream:
     refuses_null: bool = False
     #: Refuse a conversation that holds a call to the tool (a 500, quoting it).
     refuses_followups: bool = False
+    #: End a streamed text answer before its API's last event (a server that
+    #: closed the stream early: no ``[DONE]``, ``message_stop`` or ``response.completed``).
+    cut_answers: bool = False
     #: Every request, parsed, in order, with its API ("chat", "anthropic", "responses").
     received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: The raw bytes of each request, in the same order.
@@ -166,7 +172,8 @@ class RecallUpstream:
             }
             return JSONResponse(answer)
         include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-        return StreamingResponse(
+        return self._streamed(
+            kind,
             _chat_events(
                 n,
                 body.get("model"),
@@ -178,7 +185,6 @@ class RecallUpstream:
                 include_usage,
                 self.preamble,
             ),
-            media_type="text/event-stream",
         )
 
     # --- Anthropic Messages ---------------------------------------------------------
@@ -224,7 +230,7 @@ class RecallUpstream:
         }
         if not body.get("stream"):
             return JSONResponse(message)
-        return StreamingResponse(_anthropic_events(message), media_type="text/event-stream")
+        return self._streamed(kind, _anthropic_events(message))
 
     # --- Responses ---------------------------------------------------------------------
 
@@ -269,7 +275,12 @@ class RecallUpstream:
         }
         if not body.get("stream"):
             return JSONResponse(response)
-        return StreamingResponse(_responses_events(response), media_type="text/event-stream")
+        return self._streamed(kind, _responses_events(response))
+
+    def _streamed(self, kind: str, events: Iterator[bytes]) -> StreamingResponse:
+        if self.cut_answers and kind == "text":
+            events = itertools.takewhile(lambda event: not _LAST.search(event), events)
+        return StreamingResponse(events, media_type="text/event-stream")
 
     # --- reading what was asked ---------------------------------------------------
 

@@ -469,3 +469,24 @@ def test_the_docs_name_the_error_codes_recall_really_sends() -> None:
     named = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
     sent = {RecallLimit.code, RecallFailed.code, UpstreamUnreachable.code, UpstreamTimeout.code}
     assert named == {*sent, "upstream_dropped"}
+
+
+@pytest.mark.parametrize("api", APIS, ids=lambda api: api.name)
+def test_a_recall_round_whose_stream_closes_before_its_end_is_an_upstream_error(
+    api: Api,
+) -> None:
+    # The round after the recall streams its answer and closes with no
+    # [DONE], message_stop or response.completed: not a whole answer.
+    upstream = RecallUpstream(cut_answers=True)
+    with proxy_for(upstream) as url:
+        answer = httpx.post(
+            f"{url}/{PATHS[api.name]}",
+            json={**api.request(), "stream": True},
+            headers={"authorization": "Bearer sk-alice", "x-api-key": "sk-alice"},
+            timeout=30,
+        )
+        metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    assert len(upstream.turns()) == 2
+    assert "value_207 = compute(207)" in answer.text  # what came was relayed
+    assert "ended the stream before its end" in answer.text
+    assert 'compaction_proxy_upstream_errors_total{kind="cut"} 1.0' in metrics
