@@ -284,7 +284,9 @@ class UpstreamSettings(BaseModel):
     summarizer_timeout_seconds: _PositiveFloat = Field(
         default=DEFAULT_SUMMARIZER_TIMEOUT,
         description="Seconds a summary request may take in all (connecting, every read, "
-        "its one retry), however steadily the upstream trickles bytes; past it the "
+        "its one retry), however steadily the upstream trickles bytes, until the "
+        "upstream's speed is measured; then at least this, and as long as the prompt "
+        "needs at the slowest speed measured, times 3 (at most 30 minutes). Past it the "
         "extractive summary is used instead.",
     )
     discover_windows: Literal["auto", "always", "never"] = Field(
