@@ -46,7 +46,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from compaction.contradictions import SpanFacts, contradiction_problem, task_of
+from compaction.contradictions import (
+    SpanFacts,
+    contradiction_problem,
+    requests_of,
+    task_of,
+)
 from compaction.errors import SummarizationError
 from compaction.extractive import extractive_summary
 from compaction.files import render_file_lists
@@ -427,7 +432,12 @@ class _Run:
                     anchors = span_anchors(ordinary)
                     problem = anchor_problem(body, anchors)
                     problem = problem or unchanged_problem(body, previous, anchors)
-                    facts = SpanFacts(files, task_of(self.head, previous), not turn_prefix)
+                    facts = SpanFacts(
+                        files,
+                        task_of(self.head, previous),
+                        not turn_prefix,
+                        requests_of(self.head, ordinary, previous, request),
+                    )
                     problem = problem or contradiction_problem(body, facts)
                 if problem is not None:
                     raise SummarizationError(f"not a summary: {problem}")

@@ -1,13 +1,20 @@
 """Whether a model's summary contradicts what the engine computed from its span.
 
 A summary may leave out what the ledger carries; it must not say the
-opposite of it. Two contradictions make the condenser refuse a model's
-summary for the extractive one (:func:`contradiction_problem`):
+opposite of it, nor claim what the span did not do. Each of these makes the
+condenser refuse a model's summary for the extractive one
+(:func:`contradiction_problem`):
 
 * **a file named as modified that the span only read**
   (:func:`modified_claim_problem`): the claim is the past-tense modify verb
   nearest before the path in its clause (or a passive one right after it),
   negations, conditions and plans aside;
+* **a file named as modified that no tool call of the span touched**
+  (:func:`untouched_claim_problem`, the same claim): an edit the span never
+  made, as a small model reports a ``sed`` that printed or failed;
+* **a request credited to the user that the user never made**
+  (:func:`credited_request_problem`): "the user asked to push the branch"
+  when no word of it is in what the user typed;
 * **a dropped goal** (:func:`goal_problem`): the Goal section is empty or
   shares no content word with the task (:func:`task_of`: the user's own
   words of the head's first message, or the Goal of the summaries folded in).
@@ -18,17 +25,19 @@ Pure functions, linear in the reply and the task.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from compaction.files import FileLists
 from compaction.shell import looks_like_path
 from compaction.summary_checks import BULLET, STOPWORDS, WORD, file_name
-from compaction.typed import first_typed
+from compaction.typed import first_typed, typed_messages
 from compaction.types import Message
 
 #: A task with fewer content words than this says too little to check a Goal against.
 MIN_TASK_WORDS = 3
+#: A request credited to the user is checked when it has this many content words or more.
+MIN_CREDITED_WORDS = 2
 #: A content word of the task has at least this many letters ("fix" and "the" do not count).
 MIN_TASK_WORD_LETTERS = 4
 #: Of a long task (a pasted issue) this much is read: an agent harness's boilerplate
@@ -86,6 +95,14 @@ _KNOWN_SECTIONS = frozenset(
     }
 )
 _CLAUSE_SPLIT = re.compile(r"[.;!?](?=\s|$)|\n")
+#: What makes a token a file for :func:`untouched_claim_problem`: a short lowercase
+#: extension on its last part (``src/app.py``, ``setup.cfg``; not ``config.DEFAULTS``,
+#: not a directory such as ``/testbed``).
+_FILE_LIKE = re.compile(r"(?:^|/)[\w.-]*\w\.[a-z][a-z0-9]{0,4}$")
+#: Verbs that credit what follows them to the user as a request.
+_ASKING = frozenset(
+    "asked asks requested requests wants wanted instructed told wished insisted demanded".split()
+)
 _TOKEN_EDGES = "`'\"()[]{}<>,:;!?*_"
 _HEADING_MARKS = "#*_ \t"
 
@@ -101,6 +118,9 @@ class SpanFacts:
     files: FileLists = field(default_factory=FileLists)
     task: str = ""
     check_goal: bool = True
+    #: What the user typed: the task, the span's typed messages, the current
+    #: request of a turn. Empty: requests credited to the user are not checked.
+    requests: str = ""
 
 
 def task_of(head: Sequence[Message], previous: Sequence[str]) -> str:
@@ -114,13 +134,29 @@ def task_of(head: Sequence[Message], previous: Sequence[str]) -> str:
     return "\n".join(line for text in previous for line in summary_section(text, "goal"))
 
 
+def requests_of(
+    head: Sequence[Message],
+    span: Sequence[Message],
+    previous: Sequence[str],
+    request: str | None = None,
+) -> str:
+    """What the user asked for, in their own words, as far as a summary of
+    ``span`` can know: what was typed in the head and the span, the current
+    request of a turn, and the Goal sections of the summaries folded in."""
+    goals = [line for text in previous for line in summary_section(text, "goal")]
+    return "\n".join([*typed_messages(head), *typed_messages(span), request or "", *goals])
+
+
 def contradiction_problem(reply: str, facts: SpanFacts) -> str | None:
     """Why ``reply`` contradicts what the engine computed from its span, or ``None``:
     it names as modified a file the span only read (:func:`modified_claim_problem`),
     or it drops the goal (:func:`goal_problem`)."""
     problem = modified_claim_problem(reply, facts.files)
+    problem = problem or untouched_claim_problem(reply, facts.files)
     if problem is None and facts.check_goal:
         problem = goal_problem(reply, facts.task)
+    if problem is None and facts.requests:
+        problem = credited_request_problem(reply, facts.requests)
     return problem
 
 
@@ -145,7 +181,77 @@ def modified_claim_problem(reply: str, files: FileLists) -> str | None:
     only_read = [path for path in files.read if path not in modified]
     if not only_read:
         return None
-    resolve = _path_resolver(only_read, files.modified)
+    known = _path_resolver(only_read, files.modified)
+    claimed = _first_claim(reply, lambda token: _resolve(token, known))
+    if claimed is not None:
+        return f"names `{claimed}` as modified, but the span only read it"
+    return None
+
+
+def untouched_claim_problem(reply: str, files: FileLists) -> str | None:
+    """Why ``reply`` says a file was modified that no tool call of the span read
+    or modified, or ``None``: a claim as :func:`modified_claim_problem` reads
+    one, of a file (a short lowercase extension on its last part:
+    ``config/app.py``, ``setup.cfg``; not ``config.DEFAULTS`` or a directory)
+    that is not a listed path, the end of one, or one's last part. The lists hold the
+    earlier summaries' too, so an edit reported before is no invention."""
+    # Listed paths as a summary's words are read: cut at blanks, quotes and
+    # punctuation stripped ("my notes.md", "a.py:" are named "notes.md", "a.py").
+    touched = {
+        piece.strip(_TOKEN_EDGES).rstrip(".").lstrip("./")
+        for path in (*files.read, *files.modified)
+        for piece in (path, *path.split())
+    }
+    known = {path: path for path in touched if path}
+    names = {file_name(path) for path in known}
+
+    def untouched(token: str) -> str | None:
+        if not _FILE_LIKE.search(token):
+            return None
+        if _resolve(token, known) is not None or file_name(token) in names:
+            return None
+        return token
+
+    claimed = _first_claim(reply, untouched)
+    if claimed is not None:
+        return f"names `{claimed}` as modified, but no tool call of the span touched it"
+    return None
+
+
+def credited_request_problem(reply: str, requests: str) -> str | None:
+    """Why ``reply`` credits the user with a request the user never made, or ``None``.
+
+    A clause where "user" is followed, within two words, by a verb of asking
+    ("the user asked to …", "User requested …", "the user wants …") credits
+    the user with what follows it. When that holds :data:`MIN_CREDITED_WORDS`
+    content words or more and not one of them is a word of ``requests`` (what
+    the user typed, compared as :func:`goal_problem` compares), the request
+    is the summary's own: a small model's "the user asked to commit, push
+    and open a PR".
+    """
+    said = {_stem(w) for w in _task_words(requests)}
+    for line in reply.splitlines():
+        for clause in _CLAUSE_SPLIT.split(line):
+            words = WORD.findall(clause.lower())
+            for i, word in enumerate(words):
+                if word not in ("user", "users"):
+                    continue
+                verb = next(
+                    (j for j in range(i + 1, min(i + 4, len(words))) if words[j] in _ASKING),
+                    None,
+                )
+                if verb is None:
+                    continue
+                credited = {_stem(w) for w in _task_words(" ".join(words[verb + 1 :]))}
+                if len(credited) >= MIN_CREDITED_WORDS and not credited & said:
+                    quote = " ".join(clause.split())[:80]
+                    return f"credits the user with a request the user never made ({quote!r})"
+    return None
+
+
+def _first_claim(reply: str, resolve: Callable[[str], str | None]) -> str | None:
+    """The first path ``reply`` claims was modified, as ``resolve`` names it (a
+    path it does not name claims nothing): see :func:`modified_claim_problem`."""
     section = ""
     for line in reply.splitlines():
         heading = _heading_name(line)
@@ -161,7 +267,7 @@ def modified_claim_problem(reply: str, files: FileLists) -> str | None:
         for clause in _CLAUSE_SPLIT.split(line):
             claimed = _claimed_paths(clause, resolve, modified_heading)
             if claimed is not None:
-                return f"names `{claimed}` as modified, but the span only read it"
+                return claimed
     return None
 
 
@@ -270,8 +376,10 @@ def _resolve(token: str, resolve: dict[str, str]) -> str | None:
     return None
 
 
-def _claimed_paths(clause: str, resolve: dict[str, str], modified_heading: bool) -> str | None:
-    """The first only-read path ``clause`` claims was modified, or ``None``."""
+def _claimed_paths(
+    clause: str, resolve: Callable[[str], str | None], modified_heading: bool
+) -> str | None:
+    """The first path ``resolve`` names that ``clause`` claims was modified, or ``None``."""
     words: list[tuple[str, bool]] = []  # (word, inside backticks)
     quoted = False
     for raw in clause.split():
@@ -295,7 +403,7 @@ def _claimed_paths(clause: str, resolve: dict[str, str], modified_heading: bool)
         token = raw.strip(_TOKEN_EDGES).rstrip(".")
         if not looks_like_path(token):
             continue
-        path = _resolve(token, resolve)
+        path = resolve(token)
         if path is None:
             continue
         passive = _passive_claim(words, index + 1)

@@ -205,6 +205,41 @@ WRONG_GOAL = """\
 - The application uses a database.
 """
 
+#: A 1.5B model reporting an edit the span never made (a ``sed`` on another file
+#: that nothing ran) and crediting the user with steps the user never asked.
+CLAIMED_EDIT = """\
+## Goal
+- Make `tests/test_config.py::test_load_defaults` pass without changing the test.
+
+## Progress
+### Done
+- Ran `python -m pytest -x tests/test_config.py`: failed with `KeyError: 'timeout'`.
+- Updated `config/settings.toml` with `sed -i 's/30/60/'` to raise the timeout.
+### In Progress
+- None
+
+## Key Decisions
+- Fix the configuration, not the test.
+
+## Next Steps
+- Run the whole suite.
+"""
+CREDITED_REQUESTS = """\
+## Goal
+- Make `tests/test_config.py::test_load_defaults` pass without changing the test.
+
+## Progress
+### Done
+- Ran `python -m pytest -x tests/test_config.py`: failed with `KeyError: 'timeout'`.
+- Added the `timeout` default to `DEFAULTS` in `config/loader.py`; the test passes.
+
+## Key Decisions
+- The user asked to commit the change, push the branch and open a pull request.
+
+## Next Steps
+- Commit, push and open a PR.
+"""
+
 #: Good: terse, every section, "None stated" and "None" where there is nothing.
 GOOD_TERSE = """\
 ## Goal
@@ -256,5 +291,10 @@ BAD = {
     "markup continuing": (MARKUP_CONTINUING, "holds the prompt's markup (</previous-summary>)"),
     "transcript continuing": (TRANSCRIPT_CONTINUING, "continues the transcript ('User: Thanks"),
     "wrong goal": (WRONG_GOAL, "names none of the span's paths, commands or errors"),
+    "claimed edit": (
+        CLAIMED_EDIT,
+        "names `config/settings.toml` as modified, but no tool call of the span touched it",
+    ),
+    "credited requests": (CREDITED_REQUESTS, "credits the user with a request the user never"),
 }
 GOOD = {"terse": GOOD_TERSE, "plain": GOOD_PLAIN}

@@ -21,10 +21,13 @@ from compaction.condenser import CondenseResult, condense, plan_condense, summar
 from compaction.contradictions import (
     SpanFacts,
     contradiction_problem,
+    credited_request_problem,
     goal_problem,
     modified_claim_problem,
+    requests_of,
     summary_section,
     task_of,
+    untouched_claim_problem,
 )
 from compaction.extractive import extractive_summary
 from compaction.files import FileLists, collect_files
@@ -33,7 +36,7 @@ from compaction.profile import Profile
 from compaction.summary import is_summary, summary_body
 from compaction.tokens import TokenCounter
 from tests.compaction import small_model_replies as replies
-from tests.conftest import RecordingSummarizer, user
+from tests.conftest import RecordingSummarizer, assistant, user
 from tests.synthetic import agent_session, conversations
 
 Message = dict[str, Any]
@@ -382,3 +385,56 @@ def test_the_task_is_the_users_words_not_a_clients_reminders() -> None:
     task = task_of([first], [])
     assert "currentDate" not in task and "window header parser" in task
     assert goal_problem("## Goal\n- Repair the header parser.", task) is None
+
+
+# --- claims of what the span did not do ---------------------------------------------
+
+_READ_ONLY = FileLists(read=("src/app.py",), modified=("src/util.py",))
+
+
+@pytest.mark.parametrize(
+    ("reply", "claimed"),
+    [
+        ("- Edited `src/new_module.py` to add the parser.", "src/new_module.py"),
+        ("- `docs/guide.md` was updated with the new flag.", "docs/guide.md"),
+        ("- Fixed the bug in setup.cfg.", "setup.cfg"),
+    ],
+)
+def test_an_edit_of_a_file_no_tool_call_touched_is_refused(reply: str, claimed: str) -> None:
+    problem = untouched_claim_problem(reply, _READ_ONLY)
+    assert problem == f"names `{claimed}` as modified, but no tool call of the span touched it"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "- Edited `src/util.py` and `util.py` again.",  # modified by the span
+        "- Updated `/testbed/src/util.py`.",  # a listed path under a root
+        "## Next Steps\n- Edit `src/new_module.py`.",  # a plan
+        "- `src/new_module.py` was not modified.",  # negated
+        "- Updated `config.DEFAULTS` and the `/testbed` checkout.",  # not files
+    ],
+)
+def test_an_edit_the_span_made_or_a_plan_or_a_name_that_is_no_file_is_no_invention(
+    reply: str,
+) -> None:
+    assert untouched_claim_problem(reply, _READ_ONLY) is None
+
+
+def test_a_request_credited_to_the_user_that_the_user_never_made_is_refused() -> None:
+    typed = "Fix the failing config test, and leave the test as it is."
+    reply = "## Key Decisions\n- The user asked to commit the change and push the branch."
+    problem = credited_request_problem(reply, typed)
+    assert problem is not None and problem.startswith("credits the user with a request")
+    # What the user did ask, in other words or in part, is theirs.
+    assert credited_request_problem("- The user wants the config test fixed.", typed) is None
+    assert credited_request_problem("- The user asked to fix it.", typed) is None  # too short
+    assert credited_request_problem("- The user's config loads.", typed) is None  # no asking
+
+
+def test_requests_are_what_was_typed_in_the_head_the_span_and_the_turn() -> None:
+    head = [user("Fix the failing config test.")]
+    span = [assistant("ok"), user("Also push the branch when done.")]
+    requests = requests_of(head, span, ["## Goal\n- Keep the API stable."], "Open a pull request")
+    reply = "- The user asked to push the branch, open a pull request and keep the API stable."
+    assert credited_request_problem(reply, requests) is None
