@@ -55,6 +55,9 @@ _ERROR_SOURCE_CHARS = 80
 #: Decisions quoted per assistant text, the first ones.
 _DECISIONS_PER_TEXT = 2
 _MAX_MODIFIED = 8
+#: A path longer than this (text passed where a path was expected) is cut in the
+#: list of modified files: whole, it crowded the span's steps out of the digest.
+_PATH_CHARS = 120
 _MIN_WORDS = 4
 #: The newest steps and reasoning lines kept ahead of everything but the task.
 _KEEP_RECENT = 3
@@ -261,7 +264,8 @@ def _critical(
         shown = files.modified[-_MAX_MODIFIED:]
         more = len(files.modified) - len(shown)
         extra = f" (+{more} more)" if more else ""
-        lines.add("Critical Context", "Last files modified: " + ", ".join(shown) + extra, 72)
+        names = ", ".join(one_line(path, _PATH_CHARS) for path in shown)
+        lines.add("Critical Context", f"Last files modified: {names}{extra}", 72)
     for sections in old:
         for line in sections.get("Critical Context", []):
             lines.add("Critical Context", line, 65)

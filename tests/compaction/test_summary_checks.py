@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from compaction.condenser import CondenseResult, condense, plan_condense, summary_budget
@@ -329,12 +330,47 @@ def test_the_previous_summary_unchanged_is_no_problem_when_the_span_named_nothin
 # --- the fallback passes the same checks -----------------------------------------
 
 
+def _crowded() -> list[Message]:
+    """Text passed where paths were expected (hundreds of characters), after the
+    one step that names the span's anchor: a conversation hypothesis found."""
+    image: Message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": ""},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ],
+    }
+    reads = tool_group("read_file", {"path": "", "extra": ""}, "", "")
+    reads[0]["tool_calls"][1]["function"]["arguments"] = '{"path": "0", "extra": ""}'
+    writes = tool_group("write_file", {"path": ""}, "", "")
+    paths = ("lorem " * 100, ('{"k": 1} ' * 278)[:2500])
+    for call, path in zip(writes[0]["tool_calls"], paths, strict=True):
+        call["function"]["arguments"] = json.dumps({"path": path, "extra": ""})
+    return [
+        {"role": "system", "content": ""},
+        user(""),
+        image,
+        image,
+        user(""),
+        user(""),
+        user(""),
+        *tool_group("read_file", {"path": "0:0a0", "extra": ""}, ""),
+        *reads,
+        image,
+        {**writes[0], "content": "0000"},
+        *writes[1:],
+        image,
+        image,
+    ]
+
+
 def _middle(messages: list[Message]) -> list[Message]:
     return [m for m in messages[2:] if not is_summary(m)]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(max_items=12), st.booleans())
+@example(_crowded(), True)  # the modified paths took the room of the step naming the anchor
 def test_the_extractive_summary_passes_every_check_it_falls_back_from(
     messages: list[Message], turn_prefix: bool
 ) -> None:
