@@ -9,6 +9,8 @@ and a record of the proxy's answers.
   compaction a forwarded summary came from), and whose text answers can be
   long (a chat whose answers outgrow the verbatim tail).
 * :class:`ParallelResponsesUpstream` issues two calls in one model turn.
+* :class:`ToolSearchAnthropicUpstream` calls Claude Code's ``ToolSearch`` tool
+  once, so the CLI answers with ``tool_reference`` blocks.
 * :class:`AgentChatUpstream`: a Chat Completions model that calls a tool a
   turn (qwen-code's API).
 * :func:`focus_of` and :func:`compacted_figures` read a summarizer request's
@@ -216,6 +218,35 @@ class ParallelResponsesUpstream(ResponsesUpstream):
         }
         self.issued[second["id"]] = reasoning["id"]
         return [reasoning, call, second]
+
+
+#: Claude Code's tool that loads deferred tools (its result is ``tool_reference`` blocks).
+TOOL_SEARCH = "ToolSearch"
+
+
+@dataclass
+class ToolSearchAnthropicUpstream(AnthropicUpstream):
+    """:class:`AnthropicUpstream` whose ``search_at``-th tool call is Claude Code's
+    ``ToolSearch`` selecting the deferred tools ``select`` by name, when the
+    request offers that tool (Claude Code answers with a ``tool_result`` of
+    ``tool_reference`` blocks, which load those tools on the real API).
+    :attr:`search_id` is that call's id, ``None`` while it was not made."""
+
+    search_at: int = 1
+    select: tuple[str, ...] = ("WebFetch", "NotebookEdit")
+    search_id: str | None = None
+
+    def _tool_call(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        content = super()._tool_call(body)
+        tools = body.get("tools")
+        offered = {t.get("name") for t in tools if isinstance(t, dict)} if tools else set()
+        if self._answered != self.search_at or TOOL_SEARCH not in offered:
+            return content
+        call = content[-1]
+        call["name"] = TOOL_SEARCH
+        call["input"] = {"query": "select:" + ",".join(self.select), "max_results": 5}
+        self.search_id = call["id"]
+        return content
 
 
 # --- a Chat Completions agent (qwen-code) -----------------------------------------

@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from compaction import SUMMARY_MARKER
 from config import load_settings
 from proxy.app import create_app
 from proxy.state.stores import SessionSummary, open_store
@@ -52,6 +53,7 @@ from tests.proxy.real_clients_upstreams import (
     FocusResponsesUpstream,
     ParallelResponsesUpstream,
     RecordingApp,
+    ToolSearchAnthropicUpstream,
     compacted_figures,
     focus_of,
 )
@@ -137,6 +139,15 @@ def _workspace(tmp_path: Path, files: int, lines: int = 150) -> Path:
     return work
 
 
+#: A small window for Claude Code: it asks for max_tokens 32000, so the input
+#: limit is 64k - 32k = 32k, about half of it its system prompt and tool schemas.
+_CLAUDE_64K: dict[str, Any] = {
+    "context_window": 64_000,
+    "reserve_tokens": 4_096,
+    "keep_recent_tokens": 4_000,
+}
+
+
 def _codex_env(home: Path, model: str, proxy: str) -> dict[str, str]:
     """Codex pointed at the proxy by a provider of its own (``CODEX_HOME``)."""
     (home / "config.toml").write_text(
@@ -166,7 +177,7 @@ def _claude_env(home: Path, proxy: str) -> dict[str, str]:
 def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) -> None:
     codex = _client("codex")
     model = "gpt-4o-codex-e2e"
-    profile = {
+    profile: dict[str, Any] = {
         "context_window": 32_768,
         "reserve_tokens": 4_096,
         "keep_recent_tokens": 6_000,
@@ -220,10 +231,33 @@ def test_codex_exec_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) 
     assert drops >= 2
 
 
+def _claude_print(
+    tmp_path: Path,
+    upstream: AnthropicUpstream,
+    model: str,
+    profile: dict[str, Any],
+    prompt: str,
+    tools: list[str],
+    **env: str,
+) -> _Proxy:
+    """Run ``claude -p prompt`` in ``tmp_path/work`` through a proxy in front of
+    ``upstream``, allowed ``tools``, with ``env`` added to its environment; it must
+    succeed with every request taken. Returns the proxy (its answers)."""
+    home = tmp_path / "claude-home"
+    home.mkdir()
+    argv = [_client("claude"), "-p", prompt, "--model", model]
+    argv += ["--allowedTools", ",".join(tools), "--output-format", "json"]
+    with (
+        serve_in_thread(upstream.app()) as upstream_url,
+        _proxy(upstream_url, model, profile, anthropic_base_url=upstream_url + "/v1") as proxy,
+    ):
+        _run(argv, tmp_path / "work", {**_claude_env(home, proxy.url), **env}, upstream.received)
+    return proxy
+
+
 def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) -> None:
-    claude = _client("claude")
     model = "claude-e2e"
-    profile = {
+    profile: dict[str, Any] = {
         "context_window": 100_000,
         "reserve_tokens": 8_192,
         "keep_recent_tokens": 12_000,
@@ -237,29 +271,8 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
         tool_turns=30,
         tool_use=lambda turn: ("Read", {"file_path": str(work / f"part{turn}.txt")}),
     )
-    home = tmp_path / "claude-home"
-    home.mkdir()
-    with (
-        serve_in_thread(upstream.app()) as upstream_url,
-        _proxy(upstream_url, model, profile, anthropic_base_url=upstream_url + "/v1") as proxy,
-    ):
-        env = _claude_env(home, proxy.url)
-        _run(
-            [
-                claude,
-                "-p",
-                "Read part0.txt to part29.txt one by one and report the values.",
-                "--model",
-                model,
-                "--allowedTools",
-                "Read",
-                "--output-format",
-                "json",
-            ],
-            work,
-            env,
-            upstream.received,
-        )
+    prompt = "Read part0.txt to part29.txt one by one and report the values."
+    _claude_print(tmp_path, upstream, model, profile, prompt, ["Read"])
     turns = upstream.message_requests
     assert len(turns) > 30  # every tool turn ran to the end
     first = turns[0].json()
@@ -268,8 +281,103 @@ def test_claude_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path)
     assert {"thinking", "context_management", "metadata", "tools"} <= set(first)
     assert any(m["role"] == "system" for m in first["messages"])  # mid-conversation system
     assert len(upstream.summary_requests) >= 2
-    drops = sum(b.prompt_tokens < a.prompt_tokens for a, b in itertools.pairwise(turns))
+    sizes = [r.prompt_tokens or 0 for r in turns]
+    drops = sum(b < a for a, b in itertools.pairwise(sizes))
     assert drops >= 2
+
+
+# --- a ToolSearch result through a condensation ----------------------------------
+#
+# Claude Code's tool search (the API's advanced-tool-use beta): the CLI offers a
+# ``ToolSearch`` tool, the model calls it, and the CLI answers with a
+# ``tool_result`` of ``tool_reference`` blocks; on the real API those blocks are
+# what loads the deferred tools (sent with ``defer_loading: true``) the model
+# calls next. Claude Code turns tool search off when ANTHROPIC_BASE_URL is not
+# Anthropic's own host unless ENABLE_TOOL_SEARCH is set (both 2.1.197 and
+# 2.1.332 then send the blocks).
+
+
+def _tool_result(body: dict[str, Any], call_id: str) -> tuple[int, dict[str, Any]] | None:
+    """The index of the message holding the ``tool_result`` for ``call_id``, and the block."""
+    for index, message in enumerate(body["messages"]):
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            if block.get("type") == "tool_result" and block.get("tool_use_id") == call_id:
+                return index, block
+    return None
+
+
+def _summary_at(body: dict[str, Any]) -> int | None:
+    """The index of the first message holding one of the proxy's summaries, if any."""
+    for index, message in enumerate(body["messages"]):
+        if any(t.startswith(SUMMARY_MARKER) for t in _texts(message.get("content"))):
+            return index
+    return None
+
+
+def test_claude_code_tool_search_results_reach_the_upstream_after_their_span_is_condensed(
+    tmp_path: Path,
+) -> None:
+    model = "claude-e2e"
+    profile: dict[str, Any] = {
+        **_CLAUDE_64K,
+        "summarizer": "llm",
+        "summary_must_pay": False,  # a model asked for every summary
+        "tool_result_chars": 1_000_000,  # results are condensed, not briefed
+    }
+    work = _workspace(tmp_path, 12, lines=300)
+    searched_at = 2  # a Read before the search and after it: the span around it is condensed
+    upstream = ToolSearchAnthropicUpstream(
+        window=profile["context_window"],
+        tool_turns=11,
+        search_at=searched_at,
+        tool_use=lambda turn: ("Read", {"file_path": str(work / f"part{turn}.txt")}),
+    )
+    prompt = "Read part1.txt to part11.txt one by one and report the values."
+    proxy = _claude_print(
+        tmp_path,
+        upstream,
+        model,
+        profile,
+        prompt,
+        ["Read", "ToolSearch"],
+        ENABLE_TOOL_SEARCH="true",
+    )
+    search = upstream.search_id
+    assert search is not None, "Claude Code offered no ToolSearch tool"
+    bodies = [r.json() for r in upstream.message_requests]
+    # What Claude Code sent for the search, as it sent it.
+    sent = next(found for b in bodies if (found := _tool_result(b, search)))[1]
+    references = [b for b in sent["content"] if b.get("type") == "tool_reference"]
+    assert [r["tool_name"] for r in references] == list(upstream.select), sent
+    assert proxy.answers.compactions("/messages"), "the session never crossed the trigger"
+
+    # The first request whose summary stands for the span around the search: the
+    # Read before it and the one after it are gone, the summary is there.
+    def condensed_around_search(body: dict[str, Any]) -> bool:
+        text = json.dumps(body)
+        return _summary_at(body) is not None and not any(
+            f"part {turn} line 1:" in text for turn in (searched_at - 1, searched_at + 1)
+        )
+
+    first = next((i for i, b in enumerate(bodies) if condensed_around_search(b)), None)
+    assert first is not None, "the span holding the ToolSearch result was never condensed"
+    assert upstream.summary_requests
+    for number, body in enumerate(bodies[first:], first):
+        found = _tool_result(body, search)
+        assert found is not None, (number, "the ToolSearch result was condensed away")
+        at, block = found
+        # The blocks reach the upstream byte for byte, with the call they answer,
+        # riding right after the summary that stands for the span around them.
+        assert [b for b in block["content"] if b.get("type") == "tool_reference"] == references
+        summary = _summary_at(body)
+        assert summary is not None and summary < at, number
+        calls = [
+            b["id"]
+            for b in body["messages"][at - 1]["content"]
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]
+        assert search in calls, number
 
 
 # --- sessions from the client's own id ---------------------------------------------
@@ -403,15 +511,9 @@ def test_claude_code_keeps_text_the_user_adds_during_tool_runs_after_the_results
 ) -> None:
     claude = _client("claude")
     model = "claude-e2e"
-    # Claude Code asks for max_tokens 32000: the input limit is 64k - 32k = 32k,
-    # about half of it its system prompt and tool schemas. No summarizer: every
-    # compaction of this session prunes, so what is kept must be kept verbatim.
-    profile = {
-        "context_window": 64_000,
-        "reserve_tokens": 4_096,
-        "keep_recent_tokens": 4_000,
-        "summarizer": "off",
-    }
+    # No summarizer: every compaction of this session prunes, so what is kept
+    # must be kept verbatim.
+    profile: dict[str, Any] = {**_CLAUDE_64K, "summarizer": "off"}
     work = _workspace(tmp_path, 12, lines=200)
     typed_at, flag = 3, tmp_path / "typed.flag"
 
@@ -501,7 +603,7 @@ def test_codex_keeps_a_message_the_user_types_during_a_tool_run_after_the_output
 ) -> None:
     codex = _client("codex")
     model = "gpt-4o-codex-e2e"
-    profile = {
+    profile: dict[str, Any] = {
         "context_window": 32_768,
         "reserve_tokens": 4_096,
         "keep_recent_tokens": 4_000,
@@ -734,7 +836,7 @@ def test_qwen_code_runs_a_long_session_that_the_proxy_compacts(tmp_path: Path) -
     # qwen-code 0.24 asks for max_tokens 32768 on every request of this model and
     # its head (system prompt, reminders, tool schemas) is ~17k tokens: a 64k
     # window leaves about 15k for the conversation.
-    profile = {
+    profile: dict[str, Any] = {
         "context_window": 65_536,
         "reserve_tokens": 4_096,
         "keep_recent_tokens": 6_000,
