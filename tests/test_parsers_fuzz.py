@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from compaction.recall import RecallRequest, parse_request
@@ -356,6 +356,7 @@ def test_a_body_nested_past_the_recursion_limit_is_refused(
 
 @EXAMPLES
 @given(body=bodies("chat") | bodies("anthropic") | bodies("responses"))
+@example(body={"model": "gpt-4o", "messages": True})  # iterated as a list, a TypeError
 def test_which_api_a_body_is_for_is_always_answered(body: Any) -> None:
     if isinstance(body, dict):
         dialect_of(body)

@@ -18,9 +18,10 @@ def dialect_of(body: dict[str, Any]) -> Dialect:
     Chat Completions otherwise (the engine's own format)."""
     if "input" in body and "messages" not in body:
         return RESPONSES
+    messages = body.get("messages")
     if "system" in body or any(
         isinstance(block, dict) and block.get("type") in ("tool_use", "tool_result")
-        for message in body.get("messages") or ()
+        for message in (messages if isinstance(messages, list) else ())
         if isinstance(message, dict) and isinstance(message.get("content"), list)
         for block in message["content"]
     ):
