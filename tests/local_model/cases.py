@@ -1,0 +1,151 @@
+"""The requests put to a real model: agent transcripts whose next step needs a
+fact that only recall can bring back, and long ones that need a summary.
+
+A **recall case** is a real mini-swe-agent run (``../shared/fixtures``) cut
+after a tool output, so that at an 8k window the proxy prunes its early
+outputs into briefs, and one user turn after it asking for a line of an
+early file read (``cat``, ``sed -n``, …) that the brief replaced — the line
+:func:`evaluation.recall.draw_output_facts` draws, the longest of the
+output's middle third. The turn never names the recall tool: whether the
+model reaches for it is what is measured. The case is only kept when the
+proxy's own preview shows the output as a brief with its ``[ref: …]`` and
+without the line (so the model cannot answer from what it sees).
+
+A **summary case** is a whole run, longer than pruning can bring under the
+window, so the proxy asks its summarizer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compaction import message_text, tool_calls
+from evaluation.facts import collapse
+from evaluation.recall import OutputFact, draw_output_facts
+
+#: A conversation is cut at its first tool output past this many windows
+#: (estimated in characters, 4 a token): its early outputs are then briefed or
+#: summarized, and the agent is still at work.
+WINDOW_SHARE = 2.0
+
+
+@dataclass(frozen=True)
+class RecallCase:
+    """One request whose answer needs a line only recall can give back."""
+
+    name: str
+    body: dict[str, Any]  #: the Chat Completions request, its last turn the question
+    fact: OutputFact
+    call_id: str  #: the tool call whose output holds the fact
+    command: str
+
+
+def _command_of(messages: list[dict[str, Any]], call_id: str) -> str:
+    for message in messages:
+        for call in tool_calls(message):
+            if call.get("id") == call_id:
+                arguments = call.get("function", {}).get("arguments", "")
+                try:
+                    return str(json.loads(arguments).get("command", arguments))
+                except (ValueError, AttributeError):
+                    return str(arguments)
+    return ""
+
+
+def question(fact: OutputFact, command: str) -> str:
+    """The user's turn: a next step that needs the line, in an agent's words."""
+    return (
+        f"Before you change anything: line {fact.line} of what `{command}` printed earlier "
+        "is the one to edit. Quote that line exactly as it was printed, then say what "
+        "you would change in it."
+    )
+
+
+def _read_fact(messages: list[dict[str, Any]]) -> tuple[OutputFact, str] | None:
+    """The first file read's fact in the first half of ``messages``, and its call's id."""
+    half = messages[: len(messages) // 2]
+    facts = [f for f in draw_output_facts(half) if f.kind == "read"]
+    for fact in facts:
+        for message in half:
+            if message.get("role") == "tool" and message_text(message) == fact.output:
+                call_id = message.get("tool_call_id")
+                if isinstance(call_id, str):
+                    return fact, call_id
+    return None
+
+
+def _chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(json.dumps(m)) for m in messages)
+
+
+def _cut(messages: list[dict[str, Any]], window: int) -> list[dict[str, Any]] | None:
+    """The shortest prefix ending with a tool output past WINDOW_SHARE windows."""
+    for end in range(2, len(messages)):  # the whole run ends with its submission
+        prefix = messages[:end]
+        if prefix[-1].get("role") == "tool" and _chars(prefix) / 4 >= WINDOW_SHARE * window:
+            return prefix
+    return None
+
+
+def fixtures(folder: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted((folder / "mini-swe-agent").glob("*.json")):
+        yield path.stem, json.loads(path.read_text())
+
+
+def recall_cases(folder: Path, model: str, window: int, max_tokens: int) -> Iterator[RecallCase]:
+    """Candidate recall cases, in the fixtures' order (the preview keeps or drops each)."""
+    for name, request in fixtures(folder):
+        messages = _cut(request["messages"], window)
+        if messages is None:
+            continue
+        found = _read_fact(messages)
+        if found is None:
+            continue
+        fact, call_id = found
+        command = _command_of(messages, call_id)
+        body = {
+            "model": model,
+            "messages": [*messages, {"role": "user", "content": question(fact, command)}],
+            "tools": request.get("tools", []),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        yield RecallCase(name, body, fact, call_id, command)
+
+
+def briefed(case: RecallCase, sent: list[dict[str, Any]]) -> bool:
+    """The compacted request no longer shows the line, and shows a ref for its
+    output: the output's brief, or a summary's ledger line naming its command
+    or its file (the read-files list's ref is of the newest output showing the
+    file, which may be another range of it)."""
+    texts = [message_text(m) for m in sent]
+    if any(case.fact.needle in collapse(text) for text in texts):
+        return False
+    for message, text in zip(sent, texts, strict=True):
+        if message.get("role") == "tool" and message.get("tool_call_id") == case.call_id:
+            return "[ref: " in text
+    names = [case.command[:60], *_paths(case.command)]
+    return any(
+        "[ref: " in line and any(name in line for name in names)
+        for text in texts
+        for line in text.splitlines()
+    )
+
+
+def _paths(command: str) -> list[str]:
+    """The file paths a command names (a summary's read-files list gives each a ref)."""
+    return [word for word in re.findall(r"[\w./-]+", command) if "/" in word and "." in word]
+
+
+def summary_cases(folder: Path, model: str, window: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Whole runs of 2.5 to 4 windows: pruning alone does not bring them under,
+    and the span fits one summary prompt (a longer one is summarized in
+    chunks, a model call each)."""
+    for name, request in fixtures(folder):
+        if 2.5 * window < _chars(request["messages"]) / 4 < 4 * window:
+            yield name, {**request, "model": model, "max_tokens": 64}
