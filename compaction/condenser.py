@@ -113,10 +113,6 @@ class CondensePlan:
     pinned: tuple[int, ...] = ()
 
     @property
-    def split_turn(self) -> bool:
-        return self.turn_start is not None
-
-    @property
     def main_end(self) -> int:
         """Where the main summary's span ends (the turn opener, or the tail)."""
         return self.turn_start if self.turn_start is not None else self.tail_start

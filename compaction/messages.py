@@ -201,11 +201,6 @@ def call_name_and_arguments(call: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def opens_tool_group(message: Message) -> bool:
-    """Whether this message is an assistant message that calls tools or a function."""
-    return _opened_call_ids(message) is not None
-
-
 def truncation_note(count: int) -> Message:
     """The user message standing in for ``count`` messages dropped by hard truncation."""
     return {"role": "user", "content": TRUNCATION_NOTE.format(count=count)}

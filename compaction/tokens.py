@@ -291,10 +291,6 @@ class TokenCounter:
                 if len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
 
-    def is_cached(self, message: Message) -> bool:
-        with self._lock:
-            return message_key(message) in self._cache
-
     # --- chain links -----------------------------------------------------
 
     def follow(self, keys: Sequence[bytes], start: int, previous: bytes) -> list[bytes]:

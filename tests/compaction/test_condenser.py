@@ -87,7 +87,7 @@ def test_plan_without_split_when_the_tail_starts_at_a_user_message() -> None:
     tail = last_user(messages)
     plan = plan_condense(messages, 2, tail)
     assert plan == CondensePlan(2, tail, None, ())
-    assert not plan.split_turn
+    assert plan.turn_start is None
     assert plan.main_end == tail
 
 
@@ -102,7 +102,7 @@ def test_plan_split_turn_finds_the_opener_in_the_middle() -> None:
     ]
     plan = plan_condense(messages, 2, 6)
     assert plan.turn_start == 3
-    assert plan.split_turn
+    assert plan.turn_start is not None
     assert plan.main_end == 3
 
 

@@ -95,8 +95,10 @@ def test_cache_hits_on_resent_history_and_stays_bounded() -> None:
     counter.count_messages([*history])  # equal dicts, new objects: keyed by content
     assert counter.hits == 3
     counter.count_messages([user("new one")])
-    assert not counter.is_cached(history[0])  # evicted: least recently used
-    assert counter.is_cached(history[2])
+    counter.count_messages([history[2]])
+    assert (counter.hits, counter.misses) == (4, 4)  # still held
+    counter.count_messages([history[0]])
+    assert (counter.hits, counter.misses) == (4, 5)  # evicted: least recently used
 
 
 #: Where tiktoken's own loader finds the official files (its cache key is the URL's SHA-1).
