@@ -91,7 +91,7 @@ async def run_eval(argv: Sequence[str]) -> str:
     judge: Judge | None = None
     try:
         if args.summarizer == "llm" or args.judge:
-            from proxy.state.runtime import build_transport
+            from proxy.upstream.service import build_transport
 
             transport = build_transport(settings)
         if args.summarizer == "llm":

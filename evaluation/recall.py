@@ -25,7 +25,7 @@ thing a real model lacks: it knows which ref and which line it needs; so the
 figures are what recall *can* give back, and a real model's share is at most
 that.
 
-Tokens are the proxy's counter's (:meth:`proxy.state.runtime.ProxyState.counter`
+Tokens are the proxy's counter's (:meth:`proxy.session.service.Conversations.counter`
 builds it the same way): per call, the tool's answer; per request, the tool
 definition as each API's surface appends it, and the refs' markers (tokens
 after with recall on minus off). Pure computation, no network; run by

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from proxy.api.state import state_routes
 from proxy.api.steering import steering_routes
 from proxy.flow.handler import handle_preview
-from proxy.state.runtime import state_of
+from proxy.flow.services import services_of
 
 
 def api_routes() -> APIRouter:
@@ -27,7 +27,7 @@ def api_routes() -> APIRouter:
 
     @router.post("/v1/compaction/preview")
     async def preview(request: Request) -> Response:
-        return await handle_preview(request, state_of(request))
+        return await handle_preview(request, services_of(request))
 
     return router
 

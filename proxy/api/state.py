@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from proxy.edge.access import viewer
 from proxy.edge.errors import NotFound
-from proxy.state.runtime import state_of
+from proxy.flow.services import services_of
 from proxy.state.stores import DEFAULT_EVENTS_LIMIT, to_dict
 
 MAX_EVENTS_LIMIT: Final = 1000
@@ -31,14 +31,14 @@ def state_routes() -> APIRouter:
 
     @router.get("/checkpoints/{checkpoint_id}")
     async def checkpoint(checkpoint_id: str, request: Request) -> Response:
-        state = state_of(request)
-        owner = viewer(request, state.settings.server.admin_key)
-        found = await state.store.get(checkpoint_id, owner=owner)
+        services = services_of(request)
+        owner = viewer(request, services.settings.server.admin_key)
+        found = await services.conversations.store.get(checkpoint_id, owner=owner)
         if found is None:  # also another owner's: its existence is not revealed
             raise NotFound("No such checkpoint.")
         body = to_dict(found)
         # Read by id alone: only now that the owner-checked get found it the caller's.
-        body["originals"] = await state.store.originals(checkpoint_id)
+        body["originals"] = await services.conversations.store.originals(checkpoint_id)
         return Response(orjson.dumps(body), media_type="application/json")
 
     @router.get("/events")
@@ -47,9 +47,9 @@ def state_routes() -> APIRouter:
         session: str | None = None,
         limit: int = Query(DEFAULT_EVENTS_LIMIT, ge=1, le=MAX_EVENTS_LIMIT),
     ) -> Response:
-        state = state_of(request)
-        owner = viewer(request, state.settings.server.admin_key)
-        found = await state.store.events(session=session, limit=limit, owner=owner)
+        services = services_of(request)
+        owner = viewer(request, services.settings.server.admin_key)
+        found = await services.conversations.store.events(session=session, limit=limit, owner=owner)
         body = {"object": "list", "data": [to_dict(event) for event in found]}
         return Response(orjson.dumps(body), media_type="application/json")
 

@@ -31,8 +31,8 @@ from fastapi.responses import Response
 
 from proxy.edge.access import viewer
 from proxy.edge.errors import BadRequest
+from proxy.flow.services import services_of
 from proxy.session import steering
-from proxy.state.runtime import state_of
 from proxy.state.stores import to_dict
 from proxy.ui.views import read_overview, read_session
 
@@ -63,21 +63,21 @@ def _field(body: dict[str, Any], name: str, kind: type) -> Any:
 
 
 async def edit_checkpoint(checkpoint_id: str, request: Request) -> Response:
-    state = state_of(request)
-    seen = viewer(request, state.settings.server.admin_key)
+    services = services_of(request)
+    seen = viewer(request, services.settings.server.admin_key)
     summary = _field(await _json_object(request), "summary", str)
     if summary is None:
         raise BadRequest("'summary' is required.", param="summary")
-    edited = await steering.edit_summary(state, checkpoint_id, summary, seen)
+    edited = await steering.edit_summary(services.conversations, checkpoint_id, summary, seen)
     return _json(to_dict(edited))
 
 
 async def list_sessions(
     request: Request, limit: int = Query(MAX_SESSIONS, ge=1, le=MAX_SESSIONS)
 ) -> Response:
-    state = state_of(request)
-    seen = viewer(request, state.settings.server.admin_key)
-    overview = await read_overview(state.store, seen, limit=limit)
+    services = services_of(request)
+    seen = viewer(request, services.settings.server.admin_key)
+    overview = await read_overview(services.conversations.store, seen, limit=limit)
     return _json(
         {
             "object": "list",
@@ -92,11 +92,11 @@ async def one_session(
     request: Request,
     owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
 ) -> Response:
-    state = state_of(request)
-    seen = viewer(request, state.settings.server.admin_key)
-    whose = await steering.steered_session(state, session, seen, owner)
+    services = services_of(request)
+    seen = viewer(request, services.settings.server.admin_key)
+    whose = await steering.steered_session(services.conversations, session, seen, owner)
     # One owner's session, even for the admin: another's of the same id is another.
-    view = await read_session(state.store, session, whose, whose)
+    view = await read_session(services.conversations.store, session, whose, whose)
     return _json(
         {
             "session": session,
@@ -113,14 +113,14 @@ async def change_settings(
     request: Request,
     owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
 ) -> Response:
-    state = state_of(request)
-    seen = viewer(request, state.settings.server.admin_key)
+    services = services_of(request)
+    seen = viewer(request, services.settings.server.admin_key)
     body = await _json_object(request)
     enabled = _field(body, "enabled", bool)
     instructions = _field(body, "instructions", str)
-    whose = await steering.steered_session(state, session, seen, owner)
+    whose = await steering.steered_session(services.conversations, session, seen, owner)
     changed = await steering.update_settings(
-        state, session, whose, enabled=enabled, instructions=instructions
+        services.conversations, session, whose, enabled=enabled, instructions=instructions
     )
     return _json(to_dict(changed))
 
@@ -130,10 +130,10 @@ async def compact_next(
     request: Request,
     owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
 ) -> Response:
-    state = state_of(request)
-    seen = viewer(request, state.settings.server.admin_key)
-    whose = await steering.steered_session(state, session, seen, owner)
-    steering.compact_now(state, session, whose)
+    services = services_of(request)
+    seen = viewer(request, services.settings.server.admin_key)
+    whose = await steering.steered_session(services.conversations, session, seen, owner)
+    steering.compact_now(services.conversations, session, whose)
     return _json({"session": session, "status": "pending"}, status=202)
 
 

@@ -187,7 +187,7 @@ async def _run_compact(args: argparse.Namespace, request: RequestFile, config: M
     summarizer: Summarizer | None = None
     transport = None
     if profile.summarizer == "llm":
-        from proxy.state.runtime import build_transport
+        from proxy.upstream.service import build_transport
         from proxy.upstream.summarizer import UpstreamSummarizer
 
         key = os.environ.get(config.api_key_env) if config.api_key_env else None

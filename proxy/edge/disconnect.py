@@ -56,3 +56,16 @@ class ClientWatch:
             pass
         self.gone = True
         task.cancel()
+
+
+def client_left(watch: ClientWatch | None) -> bool:
+    """Called on a :class:`asyncio.CancelledError`: whether it came from the
+    client leaving (``watch`` saw it go). Then the cancellation is taken back
+    — the server is not shutting down, there is only nobody to answer — and
+    the caller logs and returns; otherwise it re-raises."""
+    if watch is None or not watch.gone:
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return True

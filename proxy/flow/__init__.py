@@ -1,5 +1,6 @@
 """proxy.flow: one compacted request, in the order it happens.
 
+    services.py  the services a request is served with (built by proxy.app)
     read.py      the body → a Call (dialect, model settings, the conversation)
     handler.py   read → decide → compact → send → relay | overflow → record
     manual.py    ``/compact [instructions]`` and its reply
@@ -7,6 +8,7 @@
     overflow.py  recognizing "the prompt is too long" in any provider's words
     usage.py     the upstream's own token count, read off the answer as it passes
     record.py    the figures of one answered request, for the recorder
+    passthrough.py  every other /v1 path, forwarded as it came
 
 The per-conversation work a request triggers (checkpoints, locks, background
 preparation) is :mod:`proxy.session`.

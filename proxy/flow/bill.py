@@ -98,8 +98,10 @@ def bill_of(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bo
     prices = call.prices()
     if not answered:
         return Bill(prices, usage, tally.summarizer, tally.summarizer_cost)
-    client = math.ceil(resolved.tokens_before * call.state.models.ratio(call.config, call.owner))
-    cached = call.state.prompts.swap(
+    client = math.ceil(
+        resolved.tokens_before * call.services.conversations.models.ratio(call.config, call.owner)
+    )
+    cached = call.services.conversations.prompts.swap(
         call.owner, resolved.session, client, within=prices.cache_lifetime
     )
     if usage is None:

@@ -24,7 +24,7 @@ from proxy.edge.body import deep_nesting_refused
 from proxy.edge.errors import BadRequest
 from proxy.flow import manual
 from proxy.session.conversation import recall_salt
-from proxy.state.runtime import ProxyState
+from proxy.session.service import Conversations
 
 #: A tail larger than this is parsed no quicker than the whole body is read
 #: in a worker thread (proxy.flow.read.OFF_LOOP_BYTES): it is read in full.
@@ -58,10 +58,12 @@ def _owner_key(dialect: Dialect, owner: str) -> str:
     return f"{dialect.name}\x1f{owner}"
 
 
-def continued(state: ProxyState, dialect: Dialect, owner: str, raw: bytes) -> Continuation | None:
+def continued(
+    conversations: Conversations, dialect: Dialect, owner: str, raw: bytes
+) -> Continuation | None:
     """``raw`` read as ``owner``'s previous request to this API plus its tail,
     or ``None`` to read it in full."""
-    found = state.readings.find(_owner_key(dialect, owner), raw, max_tail=MAX_TAIL_BYTES)
+    found = conversations.readings.find(_owner_key(dialect, owner), raw, max_tail=MAX_TAIL_BYTES)
     if found is None:
         return None
     field = found.reading.field
@@ -85,7 +87,7 @@ def continued(state: ProxyState, dialect: Dialect, owner: str, raw: bytes) -> Co
 
 
 async def remembered(
-    state: ProxyState,
+    conversations: Conversations,
     dialect: Dialect,
     owner: str,
     raw: bytes,
@@ -101,10 +103,10 @@ async def remembered(
     of ``body``, ``/compact`` exchanges removed), read against ``previous`` when
     it continues it, and kept for the next request if the body is large enough
     to be worth it (else ``identified``, as it was)."""
-    if not state.readings.wants(raw):
+    if not conversations.readings.wants(raw):
         return identified
     if identified is None:
-        counter = state.counter(config)
+        counter = conversations.counter(config)
         with deep_nesting_refused():
             identified = await read_conversation_async(
                 body,
@@ -116,5 +118,5 @@ async def remembered(
                 recall_salt=recall_salt(scope),
             )
     conversation = f"{scope.hex()}\x1f{identified.session}"
-    state.readings.remember(_owner_key(dialect, owner), conversation, raw, body, identified)
+    conversations.readings.remember(_owner_key(dialect, owner), conversation, raw, body, identified)
     return identified

@@ -67,12 +67,12 @@ from proxy.flow.send import (
     send,
     shown_url,
 )
+from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
-from proxy.session.ahead import counted, sending
 from proxy.session.conversation import Resolved, resolve
 from proxy.state.logs import REQUESTS
-from proxy.state.runtime import ProxyState
 from proxy.state.stores import EMPTY_STREAM_STATUS
+from proxy.upstream.traffic import counted
 from proxy.upstream.transport import UpstreamResponse
 
 logger = logging.getLogger(REQUESTS)
@@ -84,7 +84,7 @@ summaries_log = logging.getLogger("compaction_proxy.summaries")
 
 async def handle_chat(
     request: Request,
-    state: ProxyState,
+    services: Services,
     *,
     watch: ClientWatch | None = None,
     dialect: Dialect = CHAT,
@@ -92,7 +92,7 @@ async def handle_chat(
     started = time.perf_counter()
     call: Call | None = None
     try:
-        call = await read_call(request, state, dialect, watch=watch)
+        call = await read_call(request, services, dialect, watch=watch)
         if call.untouchable is not None:
             return await _forward_untouched(call, started)
         command = manual.find_command(call.messages)
@@ -100,7 +100,7 @@ async def handle_chat(
             return await _manual(call, command, started)
         return await _forward(call, started)
     except ProxyError as exc:
-        _log_refusal(state, call, exc.status, started)
+        _log_refusal(services, call, exc.status, started)
         raise
 
 
@@ -125,7 +125,9 @@ async def _forward_untouched(call: Call, started: float) -> Response:
             bill = untouched_bill(call, tap.usage)
             dollars = bill.dollars(bill.own)
             money = (dollars, dollars) if dollars is not None else None
-            call.state.metrics.record_usage(call.config.model, tap.usage, bill.own, bill.own, money)
+            call.services.observed.metrics.record_usage(
+                call.config.model, tap.usage, bill.own, bill.own, money
+            )
             fields.update(bill.fields())
         logger.info("chat", extra={"fields": fields})
 
@@ -141,8 +143,10 @@ async def _forward(call: Call, started: float) -> Response:
     if isinstance(report, Response):
         return report
     if report is not None:
-        state = call.state
-        state.metrics.overflow_retries.labels(state.metrics.model(call.config.model)).inc()
+        services = call.services
+        services.observed.metrics.overflow_retries.labels(
+            services.observed.metrics.model(call.config.model)
+        ).inc()
         retrying = await _retry_budget(call, resolved, report)
         call = retrying.call
         resolved = await _compact_for(call, reason="overflow", budget=retrying.budget)
@@ -252,7 +256,9 @@ async def _overflow(
     if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
         return None
     empty_stream(call)
-    if call.state.models.empty_stream(call.config, _upstream_size(call, resolved)).overflow:
+    if call.services.conversations.models.empty_stream(
+        call.config, _upstream_size(call, resolved)
+    ).overflow:
         upstream.release()
         return _EmptyOverflow()
     return _empty_stream_error(call, resolved, upstream, started)
@@ -261,7 +267,8 @@ async def _overflow(
 def _upstream_size(call: Call, resolved: Resolved) -> int:
     """What was sent, as the upstream counts it (our estimate × the ratio)."""
     return math.ceil(
-        resolved.result.tokens_after * call.state.models.ratio(call.config, call.owner)
+        resolved.result.tokens_after
+        * call.services.conversations.models.ratio(call.config, call.owner)
     )
 
 
@@ -271,7 +278,9 @@ async def _stream_began(call: Call, resolved: Resolved, upstream: UpstreamRespon
     carry no ``usage`` to say so)."""
     began = await _first_bytes(call, upstream)
     if began:
-        call.state.models.stream_answered(call.config, _upstream_size(call, resolved))
+        call.services.conversations.models.stream_answered(
+            call.config, _upstream_size(call, resolved)
+        )
     return began
 
 
@@ -282,7 +291,7 @@ async def _empty_again(call: Call, resolved: Resolved, upstream: UpstreamRespons
     if upstream.status != 200 or not call.streamed or await _stream_began(call, resolved, upstream):
         return False
     empty_stream(call)
-    call.state.models.empty_stream(call.config, _upstream_size(call, resolved))
+    call.services.conversations.models.empty_stream(call.config, _upstream_size(call, resolved))
     return True
 
 
@@ -324,48 +333,52 @@ async def _retry_budget(
 ) -> _Retry:
     """The retry's budget by the library's rule; what the error taught is kept
     (the call, with the window it learned, is the retry's)."""
-    state, model = call.state, call.config.model
+    services, model = call.services, call.config.model
     if isinstance(report, _EmptyOverflow):
         # Held to the working limit, as the stated window of an error would be.
-        call = dataclasses.replace(call, config=state.models.within_working_limit(call.config))
+        call = dataclasses.replace(
+            call, config=services.conversations.models.within_working_limit(call.config)
+        )
         config = call.config
         window = OverflowReport(window=config.profile.context_window)
         blind = retry_budget(
             config.profile,
             requested_output(call.body),
-            state.models.ratio(config, call.owner),
+            services.conversations.models.ratio(config, call.owner),
             resolved.result.tokens_after,
             window,
         )
         return _Retry(call, blind.budget)
-    taken = bool(report.window) and await state.models.learn_window(
+    taken = bool(report.window) and await services.conversations.models.learn_window(
         call.config, report.window or 0, call.owner
     )
     if taken:
-        call = dataclasses.replace(call, config=state.resolve(model, call.owner))
+        call = dataclasses.replace(
+            call, config=services.conversations.model_config(model, call.owner)
+        )
     report = credible_report(report, window_taken=taken)
     config = call.config
     retry = retry_budget(
         config.profile,
         requested_output(call.body),
-        state.models.ratio(config, call.owner),
+        services.conversations.models.ratio(config, call.owner),
         resolved.result.tokens_after,
         report,
     )
     if report.count:
-        state.models.learn_ratio(config, retry.ratio, call.owner)
+        services.conversations.models.learn_ratio(config, retry.ratio, call.owner)
     return _Retry(call, retry.budget)
 
 
 def _usage_tap(call: Call, resolved: Resolved, recalling: recall.Plan | None = None) -> UsageTap:
     """Learns the upstream's ratio from the ``usage`` of the answer (its first
     round's, with the recall tool and the exchanges put back counted in)."""
-    state, config, estimate = call.state, call.config, resolved.result.tokens_after
+    services, config, estimate = call.services, call.config, resolved.result.tokens_after
     if recalling is not None:
         estimate += recalling.extra_tokens
 
     def observed(upstream_tokens: int) -> None:
-        state.models.observe(config, estimate, upstream_tokens, call.owner)
+        services.conversations.models.observe(config, estimate, upstream_tokens, call.owner)
 
     return UsageTap(observed, cached=call.dialect.cached_usage_apart)
 
@@ -385,7 +398,7 @@ async def _compact_for(
     try:
         with deep_nesting_refused():  # messages nested deeper than orjson writes
             return await resolve(
-                call.state,
+                call.services.conversations,
                 call,
                 summarizer,
                 reason=reason,
@@ -437,9 +450,9 @@ async def _manual(call: Call, command: manual.Command, started: float) -> Respon
     )
 
 
-async def handle_preview(request: Request, state: ProxyState) -> Response:
+async def handle_preview(request: Request, services: Services) -> Response:
     """``POST /v1/compaction/preview``: what would be sent, and the report."""
-    call = await read_call(request, state)
+    call = await read_call(request, services)
     resolved = await _compact_for(call, reason="threshold", store=False)
     result = resolved.result
     report = {
@@ -468,15 +481,20 @@ async def handle_preview(request: Request, state: ProxyState) -> Response:
 
 async def _send(call: Call, body: bytes) -> UpstreamResponse:
     """POST the chat request upstream, timing it for the metrics."""
-    metrics = call.state.metrics
+    metrics = call.services.observed.metrics
     started = time.perf_counter()
     # Counted in flight until its answer is over: on a one-slot server no
     # background summary runs beside it (proxy.session.ahead).
-    sent = await sending(call.state, call.config)
+    sent = await call.services.conversations.sending(call.config)
     try:
         with call.watch.waiting() if call.watch else contextlib.nullcontext():
             response = await send(
-                call.state.transport, "POST", call.url, call.headers, body, upstream=call.base_url
+                call.services.upstream.transport,
+                "POST",
+                call.url,
+                call.headers,
+                body,
+                upstream=call.base_url,
             )
     except UpstreamTimeout:
         sent.end()
@@ -516,7 +534,7 @@ def _finish(
     answer's usage, which its bill prices.
     """
     ms = ((time.perf_counter() if ended is None else ended) - started) * 1000
-    metrics = call.state.metrics
+    metrics = call.services.observed.metrics
     metrics.record_request(call.config.model, resolved.result, resolved.tokens_before)
     metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
     rereads = rereads_of(call, resolved)
@@ -544,18 +562,18 @@ def _finish(
         # reason quotes the conversation, so only with --log-content.
         fields["summary_refused"] = True
         found = {"model": fields["model"], "session": resolved.session}
-        if call.state.settings.server.log_content:
+        if call.services.settings.server.log_content:
             found["why"] = "; ".join(n for n in result.notes if "llm summar" in n)[:1000]
         summaries_log.warning(
             "model summary not used; the extractive one was", extra={"fields": found}
         )
     fields = {"api": call.dialect.name, **fields, **bill.fields()}
-    if call.state.settings.server.log_content and call.messages:
+    if call.services.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
-    if call.state.recorder is not None:  # queued for the dashboard; never waits
+    if call.services.observed.recorder is not None:  # queued for the dashboard; never waits
         record = request_record(call, resolved, status, ms, error=error, rereads=rereads, bill=bill)
-        call.state.recorder.record(record)
+        call.services.observed.recorder.record(record)
 
 
 def _headers(call: Call, resolved: Resolved) -> dict[str, str]:
@@ -564,7 +582,7 @@ def _headers(call: Call, resolved: Resolved) -> dict[str, str]:
     return {**resolved.headers(), **spent_headers(call)}
 
 
-def _log_refusal(state: ProxyState, call: Call | None, status: int, started: float) -> None:
+def _log_refusal(services: Services, call: Call | None, status: int, started: float) -> None:
     """The log line of a chat request the proxy answered with its own error
     (a bad body, a request that cannot fit, an unreachable or silent upstream)."""
     fields: dict[str, object] = {

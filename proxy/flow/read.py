@@ -29,10 +29,9 @@ from proxy.edge.disconnect import ClientWatch
 from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow.continued import continued, remembered, without_commands
 from proxy.flow.send import upstream_headers
-from proxy.session.ahead import single_slot
+from proxy.flow.services import Services
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.session.naming import client_session
-from proxy.state.runtime import ProxyState
 from proxy.upstream.summarizer import UpstreamSummarizer
 from proxy.upstream.usage import NO_USAGE, Usage
 
@@ -68,8 +67,7 @@ class Call:
     what it is — the model's config after a learned window, the messages
     without a ``/compact`` command — makes a new one)."""
 
-    request: Request
-    state: ProxyState
+    services: Services
     raw: bytes
     body: dict[str, Any]
     messages: list[Message]
@@ -92,6 +90,8 @@ class Call:
     tally: Tally = dataclasses.field(default_factory=Tally)
     #: The session id its client sent, if any (see proxy.session.naming).
     client_session: str | None = None
+    #: Its client's ``User-Agent``, for its figures.
+    user_agent: str = ""
 
     @property
     def base_url(self) -> str:
@@ -116,30 +116,30 @@ class Call:
         config, model = self.config, self.config.model
         prices = self.prices()
         return UpstreamSummarizer(
-            self.state.transport,
+            self.services.upstream.transport,
             self.base_url,
             self.config.summary_model,
             headers,
             dialect=self.dialect,
-            on_call=self.state.metrics.summarizer_calls.inc,
-            deadline=self.state.settings.upstream.summarizer_timeout_seconds,
+            on_call=self.services.observed.metrics.summarizer_calls.inc,
+            deadline=self.services.settings.upstream.summarizer_timeout_seconds,
             # A summary by another model says nothing of how this one counts.
             on_usage=self._summary_counted if self.config.summary_model == model else None,
             prices=prices,
-            on_spent=lambda usage, cost: self.state.metrics.record_summarizer(
+            on_spent=lambda usage, cost: self.services.observed.metrics.record_summarizer(
                 model, usage, cost, prices.dollars(cost)
             ),
             estimate=self._summary_estimate,
-            pace=self.state.summary_pace(config),
-            one_at_a_time=single_slot(self.state, config),
+            pace=self.services.conversations.summary_pace(config),
+            one_at_a_time=self.services.conversations.single_slot(config),
         )
 
     async def _summary_estimate(self, messages: list[Message], text: str) -> Usage:
         """A summary call whose answer reported no ``usage``: its prompt and reply
         counted here (the prompt in a worker thread), in the upstream's tokens,
         the prompt taken as uncached."""
-        counter = self.state.counter(self.config)
-        ratio = self.state.models.ratio(self.config, self.owner)
+        counter = self.services.conversations.counter(self.config)
+        ratio = self.services.conversations.models.ratio(self.config, self.owner)
         sent = await asyncio.to_thread(counter.count_request, {"messages": messages})
         prompt, output = math.ceil(sent * ratio), math.ceil(counter.count_text(text) * ratio)
         return Usage(prompt=prompt, output=output)
@@ -150,9 +150,9 @@ class Call:
         that send no ``usage`` on streams (llama-cpp-python). A summary's
         prompt is new text, up to a window of it: counted in a worker thread
         (once a summary, against the seconds the summary took)."""
-        counter = self.state.counter(self.config)
+        counter = self.services.conversations.counter(self.config)
         estimate = await asyncio.to_thread(counter.count_request, {"messages": messages})
-        self.state.models.observe(self.config, estimate, prompt_tokens, self.owner)
+        self.services.conversations.models.observe(self.config, estimate, prompt_tokens, self.owner)
 
     def encode(self, resolved: Resolved) -> bytes:
         if self.unchanged(resolved):
@@ -195,7 +195,7 @@ class _Read:
 
 
 def _read_conversation(
-    state: ProxyState,
+    services: Services,
     raw: bytes,
     client_headers: list[tuple[str, str]],
     dialect: Dialect,
@@ -212,39 +212,43 @@ def _read_conversation(
     reading = dialect.read(raw) if reading is None else reading
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
-    check_model(body.get("model"), state.settings.server.max_model_chars)
+    check_model(body.get("model"), services.settings.server.max_model_chars)
     beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
-    config = with_client_window(state.resolve(body.get("model"), owner), ",".join(beta) or None)
+    config = with_client_window(
+        services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
+    )
     messages = without_commands(engine_messages, settled)
     headers = upstream_headers(
         client_headers,
-        fallback_key=state.configured_key(dialect.route(config)[1]),
+        fallback_key=services.upstream.configured_key(dialect.route(config)[1]),
         fallback_header=dialect.key_header,
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
     scope = scope_of(config, credential, dialect.name)
     ahead = ahead and untouchable is None
     with deep_nesting_refused():
-        identified = identify(state, config, body, messages, scope) if ahead else None
+        identified = (
+            identify(services.conversations, config, body, messages, scope) if ahead else None
+        )
     return _Read(body, config, messages, headers, scope, identified, original, mapped, untouchable)
 
 
 async def read_call(
     request: Request,
-    state: ProxyState,
+    services: Services,
     dialect: Dialect = CHAT,
     *,
     watch: ClientWatch | None = None,
 ) -> Call:
-    raw = await read_body(request, state.settings.server.max_body_bytes)
+    raw = await read_body(request, services.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     owner = owner_of(client_headers)
     client = client_session(client_headers)
     # A growing conversation's next request: only what it adds is read.
-    continuation = continued(state, dialect, owner, raw)
+    continuation = continued(services.conversations, dialect, owner, raw)
     if continuation is not None:
         read = _read_conversation(
-            state,
+            services,
             raw,
             client_headers,
             dialect,
@@ -257,18 +261,18 @@ async def read_call(
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _read_conversation, state, raw, client_headers, dialect, owner, ahead=True
+            _read_conversation, services, raw, client_headers, dialect, owner, ahead=True
         )
     else:
-        read = _read_conversation(state, raw, client_headers, dialect, owner, ahead=False)
+        read = _read_conversation(services, raw, client_headers, dialect, owner, ahead=False)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
-    state.discover(read.config, dialect.route(read.config)[0], credentials)
+    services.conversations.discover(read.config, dialect.route(read.config)[0], credentials)
     identified = read.identified
     if read.original is None and read.untouchable is None:
         identified = await remembered(
-            state,
+            services.conversations,
             dialect,
             owner,
             raw,
@@ -280,8 +284,7 @@ async def read_call(
             previous=continuation.previous if continuation is not None else None,
         )
     return Call(
-        request=request,
-        state=state,
+        services=services,
         watch=watch,
         raw=raw,
         body=read.body,
@@ -296,4 +299,5 @@ async def read_call(
         mapped=read.mapped,
         untouchable=read.untouchable,
         client_session=client,
+        user_agent=request.headers.get("user-agent", ""),
     )

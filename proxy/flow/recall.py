@@ -58,11 +58,11 @@ from proxy.edge.errors import ProxyError
 from proxy.flow.read import Call
 from proxy.flow.record import cut_stream
 from proxy.flow.send import read_whole, relay_bytes, shown_url
+from proxy.flow.services import Services
 from proxy.flow.stream_end import StreamEnd
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, recall_salt
 from proxy.state.logs import REQUESTS
-from proxy.state.runtime import ProxyState
 from proxy.state.stores import Event
 from proxy.upstream.transport import BodyLost, UpstreamResponse
 
@@ -144,9 +144,9 @@ def plan(
     items = tooled.get(surface.items_key)
     if not isinstance(items, list) or not items or _assistant_last(items):
         return None
-    state = call.state
-    restored = state.recalls.restore(call.owner, items)
-    counter = state.counter(call.config)
+    services = call.services
+    restored = services.conversations.recalls.restore(call.owner, items)
+    counter = services.conversations.counter(call.config)
     # The tool's tokens were held back from the budget (tool_tokens): the
     # room under the limit is theirs, so the tool always fits.
     extra = _counted_tool(counter, orjson.dumps(tooled["tools"][-1]))
@@ -190,7 +190,9 @@ def tool_tokens(call: Call) -> int:
     tooled = call.dialect.recall.with_tool(body)
     if tooled is None:
         return 0
-    return _counted_tool(call.state.counter(call.config), orjson.dumps(tooled["tools"][-1]))
+    return _counted_tool(
+        call.services.conversations.counter(call.config), orjson.dumps(tooled["tools"][-1])
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -302,20 +304,20 @@ class Rounds:
             body = surface.without_tool(body)
         return orjson.dumps(body)
 
-    def remember(self, state: ProxyState) -> None:
+    def remember(self, services: Services) -> None:
         """Keep the exchanges for the conversation's next turn."""
         if not self.exchanges:
             return
         items = self.plan.body[self.plan.surface.items_key]
-        state.recalls.remember(self.plan.owner, items, self.exchanges)
+        services.conversations.recalls.remember(self.plan.owner, items, self.exchanges)
 
     async def report(self, call: Call, resolved: Resolved) -> None:
         """The metric and the event of what was recalled (nothing when nothing was)."""
         if not self.outcomes:
             return
-        state = call.state
+        services = call.services
         for outcome, n in self.outcomes.items():
-            state.metrics.recalls.labels(call.dialect.name, outcome).inc(n)
+            services.observed.metrics.recalls.labels(call.dialect.name, outcome).inc(n)
         checkpoint = resolved.checkpoint
         event = Event(
             # Its own id: a recall is no step of the compaction that made the refs.
@@ -324,7 +326,7 @@ class Rounds:
             session=resolved.session,
             model=call.config.model,
             reason="recall",
-            instance=state.instance,
+            instance=services.conversations.instance,
             checkpoint_id=checkpoint.id if checkpoint is not None else None,
             owner=call.owner,
             notes=tuple(f"{outcome}: {n}" for outcome, n in sorted(self.outcomes.items())),
@@ -332,11 +334,13 @@ class Rounds:
         fields: dict[str, object] = {"api": call.dialect.name, "model": call.config.model or "-"}
         fields.update({"rounds": self.answered, **self.outcomes})
         requests_log.info("recall", extra={"fields": fields})
-        await state.store.add_event(event)
+        await services.conversations.store.add_event(event)
 
 
 def rounds_of(call: Call, plan: Plan) -> Rounds:
-    return Rounds(plan=plan, counter=call.state.counter(call.config), body=plan.body)
+    return Rounds(
+        plan=plan, counter=call.services.conversations.counter(call.config), body=plan.body
+    )
 
 
 # --- a whole answer -----------------------------------------------------------
@@ -365,7 +369,7 @@ async def whole(
         answer = _json(raw)
         calls = surface.calls(answer) if answer is not None else []
         if answer is None or not calls:
-            rounds.remember(call.state)
+            rounds.remember(call.services)
             if answer is None or not rounds.answered:
                 return relay_bytes(upstream, raw, headers)
             final = orjson.dumps(surface.final(answer, rounds.earlier))
@@ -469,7 +473,7 @@ class RecallRelay(Response):
             first = False
             rounds.count("dropped", stream.dropped)
             if not stream.recalled:
-                rounds.remember(self.call.state)
+                rounds.remember(self.call.services)
                 return True
             if gone.is_set():
                 return False

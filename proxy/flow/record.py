@@ -65,7 +65,7 @@ def request_record(
         checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
         rereads=rereads.count,
         task=task_words(call.messages),
-        user_agent=call.request.headers.get("user-agent", "")[:USER_AGENT_CHARS],
+        user_agent=call.user_agent[:USER_AGENT_CHARS],
         **(money(bill) if bill is not None else {}),
     )
 
@@ -119,14 +119,14 @@ def empty_stream(call: Call) -> None:
     """Count an upstream stream that ended before its first event: an error
     answer, in /metrics and in the request's figures alike."""
     call.tally.upstream_errors += 1
-    call.state.metrics.record_empty_stream()
+    call.services.observed.metrics.record_empty_stream()
 
 
 def cut_stream(call: Call) -> None:
     """Count an upstream stream that closed before its API's end (a ``role``
     chunk and nothing after, say): an error answer, as an empty one is."""
     call.tally.upstream_errors += 1
-    call.state.metrics.upstream_errors.labels("cut").inc()
+    call.services.observed.metrics.upstream_errors.labels("cut").inc()
 
 
 def task_words(messages: Sequence[Message]) -> str:
@@ -148,5 +148,7 @@ def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bo
     if answered:
         own, without = bill.dollars(bill.own), bill.dollars(bill.without)
         dollars = (own, without) if own is not None and without is not None else None
-        call.state.metrics.record_usage(call.config.model, usage, bill.own, bill.without, dollars)
+        call.services.observed.metrics.record_usage(
+            call.config.model, usage, bill.own, bill.without, dollars
+        )
     return bill

@@ -1,5 +1,6 @@
 """proxy.session: one conversation's compaction against the store.
 
+service.py       Conversations: the store, caches, model knowledge, model_config
 conversation.py  resolve: look up, decide once, lock, recheck, execute, store
 compacting.py    one compaction as the proxy runs it: job, recheck, events, checkpoint
 ahead.py         the compaction a conversation will need, prepared early

@@ -25,7 +25,7 @@ waiting for a preparation still running for its span rather than asking the
 model twice (:func:`proxy.session.conversation.resolve`).
 
 A preparation's summaries go through the upstream pool of the background
-(:attr:`proxy.state.runtime.ProxyState.background_transport`), never the one
+(:attr:`proxy.upstream.service.Upstream.summaries_transport`), never the one
 the requests use: however many are under way, and however slowly the model
 answers them, a request never waits for a connection they hold. A compaction
 on the request path asks through the request's pool, as the request itself.
@@ -33,9 +33,9 @@ How many run at once is capped by :class:`~proxy.session.background.Background`.
 
 A server that serves one request at a time (llama.cpp's default) would make
 the user's next request queue behind a preparation's summary. For such an
-upstream (:meth:`proxy.session.background.Traffic.single_slot`) a summary is
+upstream (:meth:`proxy.upstream.traffic.Traffic.single_slot`) a summary is
 asked only while no user request to it is in flight, and a user request that
-arrives meanwhile cancels it (:class:`~proxy.session.background.Traffic`):
+arrives meanwhile cancels it (:class:`~proxy.upstream.traffic.Traffic`):
 the preparation ends ``superseded`` ("gave way"), and the compaction is made
 at the trigger or prepared again later. ``background.single_slot = "off"``
 prepares nothing for such an upstream instead.
@@ -54,12 +54,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any
 
-from compaction import Checkpoint, Conversation, Decision, Message, Summarizer, ahead
-from config import ModelConfig
-from proxy.session.background import GaveWay, Sending
+from compaction import (
+    Checkpoint,
+    CompactionResult,
+    Conversation,
+    Decision,
+    Message,
+    Summarizer,
+    ahead,
+)
 from proxy.session.compacting import (
     Basis,
     Emitter,
@@ -72,83 +77,12 @@ from proxy.session.compacting import (
 from proxy.state.models import calibration_key
 from proxy.state.stores import RequestRecord
 from proxy.upstream.summarizer import Paid, UpstreamSummarizer
-from proxy.upstream.transport import UpstreamResponse
+from proxy.upstream.traffic import GaveWay
 
 if TYPE_CHECKING:
-    from proxy.state.runtime import ProxyState
+    from proxy.session.service import Conversations
 
 logger = logging.getLogger("compaction_proxy.background")
-
-
-def single_slot(state: ProxyState, config: ModelConfig) -> bool:
-    """Whether ``config``'s upstream serves one request at a time, as it states
-    (``total_slots``) or as seen (:meth:`~proxy.session.background.Traffic.single_slot`)."""
-    return state.traffic.single_slot(calibration_key(config), state.models.slots(config))
-
-
-async def sending(state: ProxyState, config: ModelConfig) -> Sending:
-    """A user's request is about to be sent upstream: counted in flight until
-    its answer is over (:func:`counted`), and on a one-slot upstream the
-    background summaries to it cancelled first."""
-    return await state.traffic.begin(calibration_key(config), single=single_slot(state, config))
-
-
-def counted(response: UpstreamResponse, sent: Sending) -> UpstreamResponse:
-    """``response``, whose end (read to its end, released or aborted — every
-    answer is, a stream's once relayed) ends ``sent``: a stream keeps a
-    one-slot server busy until its last byte, not just until its headers."""
-    return _Counted(response, sent)
-
-
-class _Counted(UpstreamResponse):
-    """An upstream answer that ends a :class:`Sending` when it is over."""
-
-    __slots__ = ("__weakref__", "_inner", "_sent")
-
-    # The base class is not initialised: every read goes to the inner answer.
-    def __init__(self, inner: UpstreamResponse, sent: Sending) -> None:
-        self._inner = inner
-        self._sent = sent
-        self.status = inner.status
-        self.url = inner.url
-        self.raw_headers = inner.raw_headers
-        self.length = inner.length
-        # An answer dropped unreleased (a bug) must not hold the count forever.
-        weakref.finalize(self, sent.end)
-
-    def header(self, name: str) -> str | None:
-        return self._inner.header(name)
-
-    async def next_chunk(self) -> bytes | None:
-        try:
-            chunk = await self._inner.next_chunk()
-        except BaseException:
-            self._sent.end()
-            raise
-        if chunk is None:
-            self._sent.end()
-        return chunk
-
-    async def read(self, limit: int = 1 << 20) -> bytes:
-        try:
-            return await self._inner.read(limit)
-        finally:
-            self._sent.end()
-
-    async def wait_body(self) -> bool:
-        try:
-            return await self._inner.wait_body()
-        except BaseException:
-            self._sent.end()
-            raise
-
-    def release(self) -> None:
-        self._inner.release()
-        self._sent.end()
-
-    def abort(self) -> None:
-        self._inner.abort()
-        self._sent.end()
 
 
 def span_key(conversation: Conversation, base: Checkpoint | None) -> str | None:
@@ -184,24 +118,27 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
     Events are written only once the model is asked: when pruning will do at
     the trigger, nothing is prepared and nothing recorded.
     """
-    state = job.state
+    conversations = job.conversations
+    traffic = conversations.upstream.traffic
     outcome = "cancelled"
     try:
-        if state.settings.background.single_slot == "off" and single_slot(state, job.config):
+        if conversations.settings.background.single_slot == "off" and conversations.single_slot(
+            job.config
+        ):
             outcome = "single_slot"
-            if state.traffic.tell_once(calibration_key(job.config)):
+            if traffic.tell_once(calibration_key(job.config)):
                 logger.warning(
                     "compactions are not prepared ahead for %s: it serves one request "
                     "at a time (background.single_slot = off)",
                     job.config.model or "the default model",
                 )
             return
-        if state.background.spent(span):
+        if conversations.background.spent(span):
             outcome = "spent"  # the trigger's compaction makes it, as without preparing
             return
-        async with state.store.lock(span, state.settings.store.lock_ttl_seconds):
+        async with conversations.store.lock(span, conversations.settings.store.lock_ttl_seconds):
             if basis is None:
-                stored = await look_up(state, job.conversation)
+                stored = await look_up(conversations.store, job.conversation)
                 basis = Basis(stored, job.decide(stored))
             else:  # prepared or compacted meanwhile?
                 basis = await job.recheck(basis)
@@ -211,16 +148,16 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
                 return
             outcome = await _ahead(job, ahead(job.conversation, decision))
             if outcome == "superseded":
-                state.background.spend(span)
+                conversations.background.spend(span)
     finally:
-        state.metrics.background.labels(outcome).inc()
+        conversations.observed.metrics.background.labels(outcome).inc()
 
 
 async def _ahead(job: Job, plan: Decision) -> str:
     """Run ``plan`` (:func:`compaction.ahead`) and store its result; the outcome's name."""
-    state, conversation = job.state, job.conversation
-    emit = Emitter(state, conversation.session, job.config.model, plan.reason, job.owner)
-    summarizer = _off_the_request_path(state, job.summarizer)
+    conversations, conversation = job.conversations, job.conversation
+    emit = Emitter(conversations, conversation.session, job.config.model, plan.reason, job.owner)
+    summarizer = _off_the_request_path(conversations, job.summarizer)
     announcing = _Announcing(summarizer, emit, job) if summarizer is not None else None
     spent, asked, paid = _tokens(summarizer), _calls(summarizer), _paid(summarizer)
     try:
@@ -247,27 +184,9 @@ async def _ahead(job: Job, plan: Decision) -> str:
         # (an extractive fallback) is not what the trigger would make.
         await emit("compaction.superseded", error=announcing.gave_way, background=True)
         return "gave_way"
-    state.metrics.record_summary(result)
-    if state.recorder is not None:  # what the model was asked, for the dashboard
-        state.recorder.record(
-            RequestRecord(
-                session=conversation.session,
-                owner=job.owner,
-                model=job.config.model,
-                stage=result.stage,
-                reason=plan.reason,
-                tokens_before=0,
-                tokens_after=0,
-                input_limit=0,
-                trigger=0,
-                status=0,
-                ms=0.0,
-                summarizer_calls=_calls(summarizer) - asked,
-                summarizer_tokens=_tokens(summarizer) - spent,
-                background=True,
-                **_paid_since(summarizer, paid),
-            )
-        )
+    _record(
+        job, plan, result, summarizer, _calls(summarizer) - asked, _tokens(summarizer) - spent, paid
+    )
     # A summary the model failed to write fell back to extractive, as it would
     # have at the trigger: kept too, so the model is not asked twice.
     made = None
@@ -292,7 +211,8 @@ async def _ahead(job: Job, plan: Decision) -> str:
         )
         return "superseded"
     head = conversation.head
-    await state.store.put(made, conversation.messages[head : head + made.covered], owner=job.owner)
+    originals = conversation.messages[head : head + made.covered]
+    await conversations.store.put(made, originals, owner=job.owner)
     await emit(
         "context.compacted",
         stage=result.stage,
@@ -306,9 +226,47 @@ async def _ahead(job: Job, plan: Decision) -> str:
     return "prepared"
 
 
-def _off_the_request_path(state: ProxyState, summarizer: Summarizer | None) -> Summarizer | None:
+def _record(
+    job: Job,
+    plan: Decision,
+    result: CompactionResult,
+    summarizer: Summarizer | None,
+    calls: int,
+    tokens: int,
+    paid: Paid,
+) -> None:
+    """A preparation's summary in the metrics, and what the model was asked
+    in the figures, for the dashboard."""
+    observed = job.conversations.observed
+    observed.metrics.record_summary(result)
+    if observed.recorder is None:
+        return
+    observed.recorder.record(
+        RequestRecord(
+            session=job.conversation.session,
+            owner=job.owner,
+            model=job.config.model,
+            stage=result.stage,
+            reason=plan.reason,
+            tokens_before=0,
+            tokens_after=0,
+            input_limit=0,
+            trigger=0,
+            status=0,
+            ms=0.0,
+            summarizer_calls=calls,
+            summarizer_tokens=tokens,
+            background=True,
+            **_paid_since(summarizer, paid),
+        )
+    )
+
+
+def _off_the_request_path(
+    conversations: Conversations, summarizer: Summarizer | None
+) -> Summarizer | None:
     """The request's summarizer, asking through the background's own pool."""
-    pool = state.background_transport
+    pool = conversations.upstream.summaries_transport
     if pool is not None and isinstance(summarizer, UpstreamSummarizer):
         return summarizer.via(pool)
     return summarizer
@@ -344,7 +302,7 @@ def _calls(summarizer: Summarizer | None) -> int:
 
 class _Announcing:
     """A summarizer that records the compaction's start when first called, and
-    asks through the upstream's :class:`~proxy.session.background.Traffic`:
+    asks through the upstream's :class:`~proxy.upstream.traffic.Traffic`:
     on a one-slot upstream, only while no user request is in flight."""
 
     def __init__(self, summarizer: Summarizer, emit: Emitter, job: Job) -> None:
@@ -362,13 +320,13 @@ class _Announcing:
             self.called = True
             await self._emit("compaction.queued", background=True)
             await self._emit("compaction.started", background=True)
-        state, config = self._job.state, self._job.config
+        conversations, config = self._job.conversations, self._job.config
         try:
-            return await state.traffic.summary(
+            return await conversations.upstream.traffic.summary(
                 calibration_key(config),
                 self._summarizer(messages, max_tokens),
-                single=single_slot(state, config),
-                patience=state.settings.upstream.summarizer_timeout_seconds,
+                single=conversations.single_slot(config),
+                patience=conversations.settings.upstream.summarizer_timeout_seconds,
             )
         except GaveWay as exc:
             self.gave_way = str(exc)

@@ -44,18 +44,18 @@ from compaction import (
     text_size,
 )
 from config import ModelConfig
-from proxy.state.stores import Event, EventType
+from proxy.state.stores import CheckpointStore, Event, EventType
 
 if TYPE_CHECKING:
-    from proxy.state.runtime import ProxyState
+    from proxy.session.service import Conversations
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
 
-async def look_up(state: ProxyState, conversation: Conversation) -> dict[str, Checkpoint]:
+async def look_up(store: CheckpointStore, conversation: Conversation) -> dict[str, Checkpoint]:
     """The store's answer for ``conversation``: the checkpoints on its chain."""
     chain = conversation.chain
-    return await state.store.lookup(chain) if chain else {}
+    return await store.lookup(chain) if chain else {}
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Job:
     """What stays the same for one conversation while it is being compacted:
     the inputs of its decision but the store's answer."""
 
-    state: ProxyState
+    conversations: Conversations
     conversation: Conversation
     config: ModelConfig
     budget: Budget
@@ -81,10 +81,10 @@ class Job:
         the conversation by the plan, its idle time from the previous request,
         and — for a summarizer that asks the model — how long a summary takes
         there (the 90th percentile of the calls measured)."""
-        idle = self.state.prompts.idle(self.owner, self.conversation.session)
+        idle = self.conversations.prompts.idle(self.owner, self.conversation.session)
         if self.config.profile.summarizer != "llm":
             return Pace(0, idle)
-        return Pace(0, idle, self.state.summary_pace(self.config).duration(0.9))
+        return Pace(0, idle, self.conversations.summary_pace(self.config).duration(0.9))
 
     def decide(self, stored: Mapping[str, Checkpoint]) -> Decision:
         """The library's decision on ``stored``, the store's answer for the chain."""
@@ -94,7 +94,7 @@ class Job:
             self.budget,
             reason=self.reason,
             stored=stored,
-            progress_min_ratio=self.state.settings.store.progress_min_ratio,
+            progress_min_ratio=self.conversations.settings.store.progress_min_ratio,
             steering=self.steering,
             instructions=self.instructions,
             pace=self.pace,
@@ -109,7 +109,7 @@ class Job:
         its new answer: what another request (or replica) stored meanwhile is a
         new input, decided on once more. Called under the lock that makes the
         answer stay put until this job has acted on it."""
-        stored = await look_up(self.state, self.conversation)
+        stored = await look_up(self.conversations.store, self.conversation)
         if stored == basis.stored:
             return basis
         return Basis(stored, self.decide(stored))
@@ -188,18 +188,18 @@ class Emitter:
     """Appends the lifecycle events of one compaction."""
 
     def __init__(
-        self, state: ProxyState, session: str, model: str, reason: str, owner: str
+        self, conversations: Conversations, session: str, model: str, reason: str, owner: str
     ) -> None:
-        self._state = state
+        self._store = conversations.store
         self._base: dict[str, Any] = {
             "compaction_id": uuid.uuid4().hex,
             "session": session,
             "model": model,
             "reason": reason,
-            "instance": state.instance,
+            "instance": conversations.instance,
             "owner": owner,
         }
 
     async def __call__(self, kind: EventType, **fields: Any) -> None:
         event = Event(type=kind, **self._base, **fields)
-        await self._state.store.add_event(event)
+        await self._store.add_event(event)

@@ -71,7 +71,7 @@ from proxy.session.compacting import (
     run_plan,
 )
 from proxy.session.naming import session_name
-from proxy.state.runtime import ProxyState
+from proxy.session.service import Conversations
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
@@ -143,7 +143,7 @@ def recall_salt(scope: bytes) -> str:
 
 
 def identify(
-    state: ProxyState,
+    conversations: Conversations,
     config: ModelConfig,
     body: Mapping[str, Any],
     messages: list[Message],
@@ -152,7 +152,7 @@ def identify(
     """:func:`compaction.read_conversation` with this model's counter: tokenizes
     what the cache has not seen, so the caller may run it in a worker thread
     and hand the result to :func:`resolve`."""
-    counter = state.counter(config)
+    counter = conversations.counter(config)
     return read_conversation(
         body,
         messages,
@@ -197,7 +197,7 @@ class Ask:
 
 
 async def resolve(
-    state: ProxyState,
+    conversations: Conversations,
     asked: Asked,
     summarizer: Summarizer | None,
     *,
@@ -219,19 +219,19 @@ async def resolve(
     :func:`compaction.execute` raises.
     """
     config = asked.config
-    conversation = await _conversation(state, asked)
+    conversation = await _conversation(conversations, asked)
     if budget is None:
         budget = calibrated_budget(
             config.profile,
             requested_output_tokens(asked.body),
-            state.models.ratio(config, asked.owner),
+            conversations.models.ratio(config, asked.owner),
         )
     budget = budget.holding_back(held_back)
     stored, steering_of = await _stored_and_steering(
-        state, asked, conversation, budget, reason, preview=not store
+        conversations, asked, conversation, budget, reason, preview=not store
     )
     job = Job(
-        state=state,
+        conversations=conversations,
         conversation=conversation,
         config=config,
         budget=budget,
@@ -254,19 +254,21 @@ async def resolve(
         if decision.prepare and summarizer is not None:
             span = span_key(conversation, decision.checkpoint)
             if span is not None:
-                state.background.start(span, prepare_ahead(job, span, basis), owner=job.owner)
+                conversations.background.start(
+                    span, prepare_ahead(job, span, basis), owner=job.owner
+                )
         return _forward(conversation, decision)
-    ttl = state.settings.store.lock_ttl_seconds
+    ttl = conversations.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed
     if span is not None and not ready and prepares_ahead(job, decision):
         # A compaction being prepared for this span (here or by another
         # replica, which holds the span's lock) is waited for, not redone.
-        await state.background.wait(span)
-        async with state.store.lock(span, ttl):
+        await conversations.background.wait(span)
+        async with conversations.store.lock(span, ttl):
             pass
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
-    async with state.store.lock(key, ttl):
+    async with conversations.store.lock(key, ttl):
         basis = await job.recheck(basis)  # another request may have just compacted it
         decision = basis.decision
         if decision.action == "forward":
@@ -276,12 +278,12 @@ async def resolve(
     if resolved.checkpoint is not None and span is not None and prepares_ahead(job, decision):
         # Left near the trigger, the conversation may need its next compaction
         # soon: the job asks the store and prepares it if so.
-        state.background.start(span, prepare_ahead(job, span), owner=job.owner)
+        conversations.background.start(span, prepare_ahead(job, span), owner=job.owner)
     return resolved
 
 
 async def _stored_and_steering(
-    state: ProxyState,
+    conversations: Conversations,
     asked: Asked,
     conversation: Conversation,
     budget: Budget,
@@ -294,24 +296,26 @@ async def _stored_and_steering(
     session, owner, profile = conversation.session, asked.owner, asked.config.profile
 
     def settings() -> Coroutine[Any, Any, Steering]:
-        return steering.steering_for(state, session, owner, preview=preview)
+        return steering.steering_for(conversations, session, owner, preview=preview)
 
-    if steering.compact_now_pending(state, session, owner) or steering_can_matter(
+    if steering.compact_now_pending(conversations, session, owner) or steering_can_matter(
         conversation, profile, budget, reason=reason
     ):
         # Asked together: the settings' read costs the request no extra wait.
-        found, steered = await asyncio.gather(look_up(state, conversation), settings())
+        found, steered = await asyncio.gather(
+            look_up(conversations.store, conversation), settings()
+        )
         return found, steered
-    stored = await look_up(state, conversation)
+    stored = await look_up(conversations.store, conversation)
     if steering_can_matter(conversation, profile, budget, reason=reason, stored=stored):
         return stored, await settings()
     return stored, Steering()
 
 
-async def _conversation(state: ProxyState, asked: Asked) -> Conversation:
+async def _conversation(conversations: Conversations, asked: Asked) -> Conversation:
     """``asked.identified`` when it was read for this model and scope, else read
     now; named for its session (:func:`proxy.session.naming.session_name`)."""
-    profile, counter = asked.config.profile, state.counter(asked.config)
+    profile, counter = asked.config.profile, conversations.counter(asked.config)
     conversation = asked.identified
     if (
         conversation is None
@@ -348,8 +352,10 @@ def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
 
 async def _run(job: Job, decision: Decision) -> Resolved:
     """Compact with events, and store the result as a checkpoint."""
-    state, conversation = job.state, job.conversation
-    emit = Emitter(state, conversation.session, job.config.model, decision.reason, job.owner)
+    conversations, conversation = job.conversations, job.conversation
+    emit = Emitter(
+        conversations, conversation.session, job.config.model, decision.reason, job.owner
+    )
     await emit("compaction.queued")
     await emit("compaction.started")
     try:
@@ -363,7 +369,7 @@ async def _run(job: Job, decision: Decision) -> Resolved:
         if made is not None:
             head = conversation.head
             originals = conversation.messages[head : head + made.covered]
-            await state.store.put(made, originals, owner=job.owner)
+            await conversations.store.put(made, originals, owner=job.owner)
     await emit(
         "context.compacted",
         stage=result.stage,

@@ -26,7 +26,7 @@ from typing import Final
 
 from compaction import Checkpoint, Steering, is_summary, parse_summary, with_body
 from proxy.edge.errors import BadRequest, NotFound, ProxyError
-from proxy.state.runtime import ProxyState
+from proxy.session.service import Conversations
 from proxy.state.stores import Event, SessionSettings
 
 #: How many owners an ambiguous session's 409 names.
@@ -41,23 +41,23 @@ class AmbiguousSession(ProxyError):
     code = "ambiguous_session"
 
 
-def compact_now_pending(state: ProxyState, session: str, owner: str) -> bool:
+def compact_now_pending(conversations: Conversations, session: str, owner: str) -> bool:
     """Whether a "compact now" waits for ``owner``'s ``session`` in this process."""
-    return (owner, session) in state.compact_now
+    return (owner, session) in conversations.compact_now
 
 
 async def steering_for(
-    state: ProxyState, session: str, owner: str, *, preview: bool = False
+    conversations: Conversations, session: str, owner: str, *, preview: bool = False
 ) -> Steering:
     """What ``owner`` set for ``session``, as :func:`compaction.decide` takes it.
 
     A pending "compact now" is taken by this request (it stays pending for a
     ``preview``, which does nothing).
     """
-    pending = compact_now_pending(state, session, owner)
+    pending = compact_now_pending(conversations, session, owner)
     if pending and not preview:
-        state.compact_now.discard((owner, session))
-    settings = await state.store.session_settings(session, owner)
+        conversations.compact_now.discard((owner, session))
+    settings = await conversations.store.session_settings(session, owner)
     return Steering(settings.enabled, settings.instructions, compact_now=pending)
 
 
@@ -79,7 +79,7 @@ def summary_text(checkpoint: Checkpoint) -> str | None:
 
 
 async def edit_summary(
-    state: ProxyState, checkpoint_id: str, text: str, viewer: str | None
+    conversations: Conversations, checkpoint_id: str, text: str, viewer: str | None
 ) -> Checkpoint:
     """Replace the summary of ``viewer``'s checkpoint (anyone's for ``None``, the admin).
 
@@ -89,10 +89,10 @@ async def edit_summary(
     text = _plain_lines(text)
     if not text.strip():
         raise BadRequest("The summary must not be empty.", param="summary")
-    limit = state.settings.server.max_summary_chars
+    limit = conversations.settings.server.max_summary_chars
     if len(text) > limit:
         raise BadRequest(f"The summary is longer than {limit:,} characters.", param="summary")
-    found = await state.store.get(checkpoint_id, owner=viewer)
+    found = await conversations.store.get(checkpoint_id, owner=viewer)
     if found is None:
         raise NotFound("No such checkpoint.")
     index = _summary_index(found)
@@ -101,22 +101,22 @@ async def edit_summary(
             f"This checkpoint holds no summary to edit (its stage is {found.stage}).",
             param="summary",
         )
-    owner = viewer if viewer is not None else await state.store.owner_of(checkpoint_id)
+    owner = viewer if viewer is not None else await conversations.store.owner_of(checkpoint_id)
     if owner is None:  # gone since it was read
         raise NotFound("No such checkpoint.")
     previous = summary_text(found) or ""
     replacement = list(found.replacement)
     replacement[index] = with_body(replacement[index], text)
     edited = dataclasses.replace(found, replacement=tuple(replacement))
-    await state.store.put(edited, None, owner=owner)
-    await state.store.add_event(
+    await conversations.store.put(edited, None, owner=owner)
+    await conversations.store.add_event(
         Event(
             compaction_id=uuid.uuid4().hex,
             type="checkpoint.edited",
             session=found.session,
             model=found.model,
             reason="edit",
-            instance=state.instance,
+            instance=conversations.instance,
             stage=found.stage,
             checkpoint_id=found.id,
             owner=owner,
@@ -126,36 +126,36 @@ async def edit_summary(
     return edited
 
 
-def check_session_id(state: ProxyState, session: str) -> None:
+def check_session_id(conversations: Conversations, session: str) -> None:
     """A 400 for a session id longer than any the proxy makes (or allows)."""
-    limit = state.settings.server.max_session_id_chars
+    limit = conversations.settings.server.max_session_id_chars
     if len(session) > limit:
         raise BadRequest(f"The session id is longer than {limit:,} characters.", param="session")
 
 
-async def session_exists(state: ProxyState, session: str, viewer: str | None) -> bool:
+async def session_exists(conversations: Conversations, session: str, viewer: str | None) -> bool:
     """Whether ``viewer`` (``None``: the admin) has anything of ``session`` —
     figures or events. Another caller's session does not exist for them, so
     steering it is the same 404 as steering one that never was."""
-    if await state.store.requests(session, owner=viewer, limit=1):
+    if await conversations.store.requests(session, owner=viewer, limit=1):
         return True
-    return bool(await state.store.events(session=session, owner=viewer, limit=1))
+    return bool(await conversations.store.events(session=session, owner=viewer, limit=1))
 
 
 async def steered_session(
-    state: ProxyState, session: str, viewer: str | None, owner: str | None = None
+    conversations: Conversations, session: str, viewer: str | None, owner: str | None = None
 ) -> str:
     """The owner whose ``session`` ``viewer`` steers, or a 404 when ``viewer``
     has nothing of it (see :func:`session_exists`); ``owner`` is the one the
     admin names (see :func:`session_owner`)."""
-    check_session_id(state, session)
-    if not await session_exists(state, session, viewer if owner is None else owner):
+    check_session_id(conversations, session)
+    if not await session_exists(conversations, session, viewer if owner is None else owner):
         raise NotFound("No such session.")
-    return await session_owner(state, session, viewer, owner)
+    return await session_owner(conversations, session, viewer, owner)
 
 
 async def session_owner(
-    state: ProxyState, session: str, viewer: str | None, owner: str | None = None
+    conversations: Conversations, session: str, viewer: str | None, owner: str | None = None
 ) -> str:
     """The owner whose ``session`` is steered.
 
@@ -172,7 +172,7 @@ async def session_owner(
         return viewer
     if owner is not None:
         return owner
-    owners = await state.store.owners_of_session(session)
+    owners = await conversations.store.owners_of_session(session)
     if not owners:
         raise NotFound("No such session.")
     if len(owners) > 1:
@@ -186,7 +186,7 @@ async def session_owner(
 
 
 async def update_settings(
-    state: ProxyState,
+    conversations: Conversations,
     session: str,
     owner: str,
     *,
@@ -194,21 +194,21 @@ async def update_settings(
     instructions: str | None = None,
 ) -> SessionSettings:
     """Change what is given, keep the rest; the settings now in force."""
-    limit = state.settings.server.max_instructions_chars
+    limit = conversations.settings.server.max_instructions_chars
     if instructions is not None and len(instructions) > limit:
         raise BadRequest(
             f"The instructions are longer than {limit:,} characters.", param="instructions"
         )
     if instructions is not None:
         instructions = _plain_lines(instructions)
-    current = await state.store.session_settings(session, owner)
+    current = await conversations.store.session_settings(session, owner)
     changed = dataclasses.replace(
         current,
         enabled=current.enabled if enabled is None else enabled,
         instructions=current.instructions if instructions is None else instructions.strip(),
         updated_at=time.time(),
     )
-    await state.store.set_session_settings(session, owner, changed)
+    await conversations.store.set_session_settings(session, owner, changed)
     return changed
 
 
@@ -217,7 +217,7 @@ def _plain_lines(text: str) -> str:
     return text.replace("\r\n", "\n")
 
 
-def compact_now(state: ProxyState, session: str, owner: str) -> None:
+def compact_now(conversations: Conversations, session: str, owner: str) -> None:
     """Compact ``owner``'s ``session`` at its next request through this process,
     as ``/compact`` would."""
-    state.compact_now.add((owner, session))
+    conversations.compact_now.add((owner, session))

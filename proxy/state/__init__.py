@@ -1,6 +1,6 @@
 """proxy.state: what the running proxy holds and writes down.
 
-* :mod:`~proxy.state.runtime` — :class:`ProxyState`: settings, transport, store, caches;
+* :mod:`~proxy.state.observability` — :class:`Observability`: the metrics and the recorder;
 * :mod:`~proxy.state.models` — what the proxy learned about each upstream's model
   (windows stated, learned and narrowed, the largest prompt answered, calibration, slots);
 * :mod:`~proxy.state.recorder` — per-request figures, written off the request path;

@@ -40,8 +40,8 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from proxy.edge.errors import BadRequest, NotFound, PayloadTooLarge
+from proxy.flow.services import services_of
 from proxy.session import steering
-from proxy.state.runtime import state_of
 from proxy.state.stores.figures import SAVINGS_BUCKET_SECONDS
 from proxy.ui.auth import ANONYMOUS, COOKIE, Signer, SignInRequired, Visitor
 from proxy.ui.charts import Mark, Rule, Series, line_chart, tokens
@@ -199,14 +199,16 @@ class Pages:
         the one the address names (``?owner=``), else the visitor's own, else
         (the admin) the one owner of that id — or the page to answer instead:
         the 404 page, or the admin's choice between the id's owners."""
-        state = state_of(request)
+        services = services_of(request)
         owner = request.query_params.get("owner")  # absent: none named; even "" is a name
         if owner is not None and len(owner) > MAX_OWNER_CHARS:
             raise BadRequest(
                 f"The owner is longer than {MAX_OWNER_CHARS} characters.", param="owner"
             )
         try:
-            return await steering.steered_session(state, session, visitor.viewer, owner)
+            return await steering.steered_session(
+                services.conversations, session, visitor.viewer, owner
+            )
         except NotFound:
             return self.missing(visitor, "session")
         except steering.AmbiguousSession:
@@ -216,7 +218,7 @@ class Pages:
         """The admin's page for a session id several owners use: each owner,
         with what of theirs is recorded, as a link to their session (nothing
         done, for a button)."""
-        store = state_of(request).store
+        store = services_of(request).conversations.store
         owners = await store.owners_of_session(session)
         recorded = {s.owner: s for s in await store.sessions() if s.session == session}
         rows = [(owner, recorded.get(owner)) for owner in owners[:OWNERS_LISTED]]
@@ -246,7 +248,7 @@ class Pages:
         """For the admin, the checkpoint's session page is its owner's."""
         if not _is_admin(visitor):
             return ""
-        owner = await state_of(request).store.owner_of(checkpoint_id)
+        owner = await services_of(request).conversations.store.owner_of(checkpoint_id)
         return _owner_query(visitor, owner) if owner is not None else ""
 
     # The endpoints.
@@ -256,7 +258,9 @@ class Pages:
         # Who is not signed in sees the keyless callers' sessions, and how many
         # of those that send a key there are (their number, nothing of theirs).
         data = await read_overview(
-            state_of(request).store, visitor.viewer, count_hidden=visitor.role == ANONYMOUS
+            services_of(request).conversations.store,
+            visitor.viewer,
+            count_hidden=visitor.role == ANONYMOUS,
         )
         chart = Markup(_overview_chart(data))
         # Only the admin's rows are of several owners, so only theirs name one.
@@ -266,16 +270,16 @@ class Pages:
 
     async def session(self, session: str, request: Request) -> Response:
         visitor = self.signer.visitor(request)
-        state = state_of(request)
+        services = services_of(request)
         owner = await self.steered(request, visitor, session)
         if isinstance(owner, Response):
             return owner
-        view = await read_session(state.store, session, visitor.viewer, owner)
-        pending = (owner, session) in state.compact_now
+        view = await read_session(services.conversations.store, session, visitor.viewer, owner)
+        pending = (owner, session) in services.conversations.compact_now
         chart = Markup(_session_chart(view))
         others: list[str] = []
         if _is_admin(visitor):
-            owners = await state.store.owners_of_session(session)
+            owners = await services.conversations.store.owners_of_session(session)
             others = [other for other in owners if other != owner][:OWNERS_LISTED]
         return self.page(
             "session.html",
@@ -292,12 +296,12 @@ class Pages:
     async def settings(self, session: str, request: Request) -> Response:
         visitor = self.signer.visitor(request)
         fields = await self.form(request, visitor)
-        state = state_of(request)
+        services = services_of(request)
         owner = await self.steered(request, visitor, session)
         if isinstance(owner, Response):
             return owner
         await steering.update_settings(
-            state,
+            services.conversations,
             session,
             owner,
             enabled=fields.get("enabled") == "on",
@@ -308,20 +312,20 @@ class Pages:
     async def compact(self, session: str, request: Request) -> Response:
         visitor = self.signer.visitor(request)
         await self.form(request, visitor)
-        state = state_of(request)
+        services = services_of(request)
         owner = await self.steered(request, visitor, session)
         if isinstance(owner, Response):
             return owner
-        steering.compact_now(state, session, owner)
+        steering.compact_now(services.conversations, session, owner)
         return _back(session, _owner_query(visitor, owner))
 
     async def edit(self, checkpoint_id: str, request: Request) -> Response:
         visitor = self.signer.visitor(request)
         fields = await self.form(request, visitor)
-        state = state_of(request)
+        services = services_of(request)
         try:
             edited = await steering.edit_summary(
-                state, checkpoint_id, fields.get("summary", ""), visitor.viewer
+                services.conversations, checkpoint_id, fields.get("summary", ""), visitor.viewer
             )
         except NotFound:
             return self.missing(visitor, "checkpoint")
@@ -330,7 +334,9 @@ class Pages:
 
     async def checkpoint(self, checkpoint_id: str, request: Request) -> Response:
         visitor = self.signer.visitor(request)
-        found = await state_of(request).store.get(checkpoint_id, owner=visitor.viewer)
+        found = await services_of(request).conversations.store.get(
+            checkpoint_id, owner=visitor.viewer
+        )
         if found is None:
             return self.missing(visitor, "checkpoint")
         query = await self.checkpoint_owner_query(request, visitor, found.id)

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message
 
 from config import Settings, load_settings
 from proxy.app import create_app
+from proxy.flow.services import Services
 from proxy.upstream.transport import BodyLost, NoResponse, TransportError, UpstreamResponse
 from tests.proxy.servers import OVERFLOW_ERRORS
 
@@ -499,3 +500,12 @@ def settings_for(**sections: Any) -> Settings:
     sections.setdefault("store", {"url": "memory://"})
     sections["upstream"] = {"base_url": UPSTREAM_URL, **sections.get("upstream", {})}
     return load_settings(None, **sections)
+
+
+def services_of_app(app: Any) -> Services:
+    """The services the running app's lifespan opened, from inside the
+    middleware that wraps it."""
+    while not hasattr(app, "state"):
+        app = app.app
+    services: Services = app.state.services
+    return services

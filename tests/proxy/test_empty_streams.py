@@ -13,8 +13,9 @@ import pytest
 
 from config import load_settings
 from proxy.app import create_app
+from proxy.session.service import Conversations
 from proxy.state.models import calibration_key
-from proxy.state.runtime import ProxyState
+from tests.proxy.inprocess import services_of_app
 from tests.proxy.llama_upstream import MODEL, LlamaCppPython, serve_llama_cpp_python
 from tests.proxy.servers import serve_in_thread
 from tests.synthetic import agent_session
@@ -26,7 +27,7 @@ OUTPUT_CHARS = 1_700
 
 
 class Proxied:
-    def __init__(self, server: LlamaCppPython, url: str, state: ProxyState) -> None:
+    def __init__(self, server: LlamaCppPython, url: str, state: Conversations) -> None:
         self.server = server
         self.url = url
         self.state = state
@@ -52,7 +53,7 @@ class Proxied:
         return report
 
     def working_limit(self, model: str = MODEL) -> int | None:
-        return self.state.models.working_limit(self.state.resolve(model))
+        return self.state.models.working_limit(self.state.model_config(model))
 
 
 Start = Callable[..., Proxied]
@@ -81,12 +82,9 @@ def start() -> Iterator[Start]:
         yield started
 
 
-def _state_of(app: Any) -> ProxyState:
-    """The running proxy's state, inside the middleware that wraps its app."""
-    while not hasattr(app, "state"):
-        app = app.app
-    state: ProxyState = app.state.proxy
-    return state
+def _state_of(app: Any) -> Conversations:
+    """The conversations service of the running app."""
+    return services_of_app(app).conversations
 
 
 def _turns(seed: int) -> list[list[dict[str, Any]]]:
@@ -180,7 +178,7 @@ def test_no_callers_empty_stream_narrows_the_window_below_what_was_answered(
     proxied = start()
     turns = _turns(seed=24)
     assert proxied.stream(turns[20], key="caller-a")[0] == 200  # ~6,000 tokens answered
-    answered = proxied.state.models.answered(proxied.state.resolve(MODEL))
+    answered = proxied.state.models.answered(proxied.state.model_config(MODEL))
     proxied.server.broken_streams = 1
     status, text = proxied.stream(_turns(seed=22)[21], key="caller-b")  # a little more
     assert status == 200 and "next step" in text  # retried compacted
@@ -190,7 +188,7 @@ def test_no_callers_empty_stream_narrows_the_window_below_what_was_answered(
 def test_an_answer_above_the_working_limit_raises_it(start: Start) -> None:
     proxied = start()
     state = proxied.state
-    config = state.resolve(MODEL)
+    config = state.model_config(MODEL)
     assert state.models.empty_stream(config, 10_000).overflow
     assert state.models.working_limit(config) == 7_500
     state.models.prove(config, 7_900)  # an answer's usage: the window is at least that
@@ -205,10 +203,10 @@ def test_working_limits_are_capped_at_the_model_rows_like_learned_windows(start:
     proxied = start(max_model_rows=2)
     state = proxied.state
     for model in ("qwen2.5-a", "qwen2.5-b", "qwen2.5-c"):
-        config = state.resolve(model)
+        config = state.model_config(model)
         state.models.stream_answered(config, 3_000)
         assert state.models.empty_stream(config, 10_000).overflow
-    keys = [calibration_key(state.resolve(m)) for m in ("qwen2.5-b", "qwen2.5-c")]
+    keys = [calibration_key(state.model_config(m)) for m in ("qwen2.5-b", "qwen2.5-c")]
     assert list(state.models) == keys  # the least recently narrowed went, all it knew
 
 

@@ -250,16 +250,16 @@ def test_the_tokenizers_are_loaded_off_the_event_loop_before_the_first_request(
 ) -> None:
     """Loading a tokenizer takes most of a second and holds the GIL: the
     lifespan does it in a worker thread, before any request is taken."""
-    import proxy.state.runtime
+    import proxy.session.service
 
     loads: list[tuple[str, int]] = []
-    load = proxy.state.runtime.load_encoding
+    load = proxy.session.service.load_encoding
 
     def recorded(name: str) -> Any:
         loads.append((name, threading.get_ident()))
         return load(name)
 
-    monkeypatch.setattr(proxy.state.runtime, "load_encoding", recorded)
+    monkeypatch.setattr(proxy.session.service, "load_encoding", recorded)
     app = start_app(models={"gpt-4o": {"context_window": 8192}})
     loop = app.http.portal.call(threading.get_ident)
     assert {name for name, _ in loads} >= {"o200k_base", "cl100k_base"}

@@ -40,11 +40,6 @@ IMPORT_ORDER: tuple[frozenset[str], ...] = (
     frozenset({"dialects"}),
     frozenset({"edge"}),
 )
-#: Imports that still point up, each to be removed, never added to: the
-#: running state builds the background's bookkeeping.
-KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset(
-    {("proxy.state.runtime", "proxy.session.background")}
-)
 #: What proxy/dialects/ holds beside one folder per API: the contracts they share.
 DIALECT_CONTRACTS = {"__init__.py", "base.py", "recall.py", "shapes.py", "sse.py"}
 
@@ -171,8 +166,7 @@ def test_imports_point_down_the_folder_order() -> None:
     modules = _modules()
     known = set(modules)
     graph = {name: _imports(name, path, known) for name, path in modules.items()}
-    assert _upward(graph) <= KNOWN_UPWARD
-    assert _upward(graph) >= KNOWN_UPWARD, "an import listed as pointing up is gone: drop it"
+    assert _upward(graph) == set()
 
 
 def test_the_top_level_of_proxy_holds_only_the_app_and_the_stage_folders() -> None:

@@ -20,7 +20,8 @@ import pytest
 from compaction import session_key
 from config import load_settings
 from proxy.app import create_app
-from proxy.state.runtime import ProxyState
+from proxy.session.service import Conversations
+from tests.proxy.inprocess import services_of_app
 from tests.proxy.servers import serve_in_thread
 from tests.proxy.upstream.metadata_servers import (
     MetadataServer,
@@ -42,7 +43,7 @@ class Proxied:
     server: MetadataServer
     upstream: str
     url: str
-    state: ProxyState
+    state: Conversations
     http: httpx.Client
 
     def preview(self, model: str = MODEL) -> dict[str, Any]:
@@ -59,7 +60,7 @@ class Proxied:
     def settled(self) -> None:
         """Wait (to a deadline) until no discovery is under way."""
         deadline = time.monotonic() + DEADLINE
-        while len(self.state.discoveries):
+        while len(self.state.upstream.discoveries):
             assert time.monotonic() < deadline, "the discovery never finished"
             time.sleep(0.01)
 
@@ -95,11 +96,9 @@ def start(tmp_path: Path) -> Iterator[Start]:
         yield started
 
 
-def _state_of(app: Any) -> ProxyState:
-    while not hasattr(app, "state"):
-        app = app.app
-    state: ProxyState = app.state.proxy
-    return state
+def _state_of(app: Any) -> Conversations:
+    """The conversations service of the running app."""
+    return services_of_app(app).conversations
 
 
 def _llama_cpp(n_ctx: int = 8192, slots: int = 1) -> MetadataServer:
@@ -148,7 +147,7 @@ def test_a_server_stating_nothing_is_asked_once_and_the_table_serves_without_an_
         answer = proxied.chat([{"role": "user", "content": "hi again"}])
         assert answer.status_code == 200
         assert proxied.preview()["window_source"] == "table"
-    assert len(proxied.state.discoveries) == 0
+    assert len(proxied.state.upstream.discoveries) == 0
     assert len(server.probes) == asked  # not asked again on every request
 
 

@@ -257,5 +257,5 @@ class Store(
     Protocol,
 ):
     """Everything a store keeps (docs/state.md): what the app opens and hands to
-    :class:`~proxy.state.runtime.ProxyState`. Type against one concern where that is
+    :class:`~proxy.session.service.Conversations`. Type against one concern where that is
     all that is used."""

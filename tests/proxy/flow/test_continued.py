@@ -53,7 +53,7 @@ def _figures(proxy: InProcessProxy) -> CacheFigures:
     app = proxy.app
     while not isinstance(app, FastAPI):
         app = app.app
-    figures: CacheFigures = app.state.proxy.readings.figures()
+    figures: CacheFigures = app.state.services.conversations.readings.figures()
     return figures
 
 

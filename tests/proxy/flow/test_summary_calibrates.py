@@ -13,8 +13,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.state.runtime import ProxyState
-from tests.proxy.inprocess import UPSTREAM_URL, RecordingTransport, running, settings_for
+from proxy.session.service import Conversations
+from tests.proxy.inprocess import (
+    UPSTREAM_URL,
+    RecordingTransport,
+    running,
+    services_of_app,
+    settings_for,
+)
 from tests.proxy.servers import SUMMARY_TEXT
 from tests.synthetic import agent_session
 
@@ -23,15 +29,12 @@ MODEL = "qwen2.5-coder-1.5b-instruct"
 FACTOR = 1.2
 
 
-def _state_of(app: Any) -> ProxyState:
-    """The running proxy's state, inside the middleware that wraps its app."""
-    while not hasattr(app, "state"):
-        app = app.app
-    state: ProxyState = app.state.proxy
-    return state
+def _state_of(app: Any) -> Conversations:
+    """The conversations service of the running app."""
+    return services_of_app(app).conversations
 
 
-def _upstream(state: ProxyState, config: Any, summaries: list[int]) -> Starlette:
+def _upstream(state: Conversations, config: Any, summaries: list[int]) -> Starlette:
     """llama-cpp-python's way: streams without ``usage``, JSON answers with it
     (counting :data:`FACTOR` times our estimate of what it was sent)."""
     counter = state.counter(config)
@@ -67,7 +70,7 @@ def test_a_summary_answer_calibrates_the_model_when_streams_carry_no_usage(
     transport = RecordingTransport()
     with running(settings, transport) as proxy:
         state = _state_of(proxy.app)
-        config = state.resolve(MODEL)
+        config = state.model_config(MODEL)
         transport.routes[UPSTREAM_URL] = _upstream(state, config, summaries)
         body = {"model": MODEL, "stream": True, "messages": agent_session(seed=3, steps=40)}
         with proxy.http.stream("POST", f"{proxy.url}/chat/completions", json=body) as reply:

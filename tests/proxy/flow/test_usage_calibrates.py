@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from proxy.edge.access import owner_of
-from proxy.state.runtime import ProxyState
+from proxy.session.service import Conversations
 from tests.proxy.inprocess import (
     RecordingTransport,
     Reply,
     json_reply,
     running,
+    services_of_app,
     settings_for,
     sse_reply,
 )
@@ -42,12 +43,9 @@ def _llama_cpp_stream(prompt_n: int, cache_n: int) -> Reply:
     )
 
 
-def _state_of(app: Any) -> ProxyState:
-    """The running proxy's state, inside the middleware that wraps its app."""
-    while not hasattr(app, "state"):
-        app = app.app
-    state: ProxyState = app.state.proxy
-    return state
+def _state_of(app: Any) -> Conversations:
+    """The conversations service of the running app."""
+    return services_of_app(app).conversations
 
 
 @pytest.mark.parametrize("cached", [0, 1_200])
@@ -55,7 +53,7 @@ def test_a_streamed_llama_cpp_answer_calibrates_from_its_timings(cached: int) ->
     transport = RecordingTransport()
     with running(settings_for(), transport) as proxy:
         state = _state_of(proxy.app)
-        config = state.resolve(MODEL)
+        config = state.model_config(MODEL)
         estimate = state.counter(config).count_request(
             {"messages": [{"role": "user", "content": PROMPT}]}
         )
@@ -94,7 +92,7 @@ def test_a_count_well_below_what_was_sent_leaves_the_ratio_alone() -> None:
     transport = RecordingTransport()
     with running(settings_for(), transport) as proxy:
         state = _state_of(proxy.app)
-        config = state.resolve(MODEL)
+        config = state.model_config(MODEL)
         messages = [{"role": "user", "content": PROMPT}]
         estimate = state.counter(config).count_request({"messages": messages})
         counted = round(estimate * 2_469 / 3_732)
@@ -111,7 +109,7 @@ def test_one_callers_answers_teach_that_caller_and_not_another() -> None:
     transport = RecordingTransport()
     with running(settings_for(), transport) as proxy:
         state = _state_of(proxy.app)
-        config = state.resolve(MODEL)
+        config = state.model_config(MODEL)
         messages = [{"role": "user", "content": PROMPT}]
         estimate = state.counter(config).count_request({"messages": messages})
         body = {"model": MODEL, "messages": messages}

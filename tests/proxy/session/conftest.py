@@ -7,12 +7,11 @@ from __future__ import annotations
 import functools
 
 import pytest
-from fastapi import FastAPI
 
 import proxy.app
+from proxy.session.service import Conversations
 from proxy.state.recorder import Recorder
-from proxy.state.runtime import ProxyState
-from tests.proxy.inprocess import InProcessProxy
+from tests.proxy.inprocess import InProcessProxy, services_of_app
 
 
 @pytest.fixture(autouse=True)
@@ -22,17 +21,13 @@ def _figures_written_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(proxy.app, "Recorder", functools.partial(Recorder, gather=0.0))
 
 
-def proxy_state(running: InProcessProxy) -> ProxyState:
-    """The state the FastAPI app inside the middleware holds."""
-    app = running.app
-    while not isinstance(app, FastAPI):
-        app = app.app
-    state: ProxyState = app.state.proxy
-    return state
+def proxy_state(running: InProcessProxy) -> Conversations:
+    """The conversations service the running app holds."""
+    return services_of_app(running.app).conversations
 
 
 def figures_written(running: InProcessProxy) -> None:
     """Until every figure the app has queued so far is in its store."""
-    recorder = proxy_state(running).recorder
+    recorder = services_of_app(running.app).observed.recorder
     assert recorder is not None, "the app's lifespan runs"
     running.http.portal.call(recorder.flush)

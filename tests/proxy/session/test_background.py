@@ -354,7 +354,7 @@ def _state(proxy: InProcessProxy) -> Any:
     app = proxy.app
     while not hasattr(app, "state"):
         app = app.app
-    return app.state.proxy
+    return app.state.services
 
 
 def _simulated(
@@ -380,7 +380,8 @@ def _simulated(
     monkeypatch.setattr(Background, "wait", waited)
     proxy = start_app(transport=_TimedTransport(session, upstream, clock), models={MODEL: PROFILE})
     state = _state(proxy)
-    state.prompts, state.paces = LastPrompts(clock=clock), Paces(clock=clock)
+    state.conversations.prompts = LastPrompts(clock=clock)
+    state.upstream.paces = Paces(clock=clock)
     return proxy, clock
 
 

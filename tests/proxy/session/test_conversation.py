@@ -15,8 +15,10 @@ from compaction.checkpoints import chain_hashes, session_key
 from compaction.messages import group_messages
 from config import load_settings
 from proxy.session.conversation import Ask, identify, resolve
-from proxy.state.runtime import ProxyState
+from proxy.session.service import Conversations
+from proxy.state.observability import Observability
 from proxy.state.stores import MemoryStore
+from proxy.upstream.service import Upstream
 from tests.conftest import RecordingSummarizer
 from tests.proxy.inprocess import asking_the_model
 from tests.synthetic import agent_session
@@ -32,23 +34,15 @@ class PilingUp(RecordingSummarizer):
         return reply
 
 
-def _state() -> tuple[ProxyState, Any]:
+def _state() -> tuple[Conversations, Any]:
     settings = load_settings(
         None,
         **asking_the_model(
             {"store": {"url": "memory://"}, "models": {"m": {"context_window": 8192}}}
         ),
     )
-    from config import ModelResolver
-    from proxy.state.runtime import build_transport
-
-    state = ProxyState(
-        settings=settings,
-        transport=build_transport(settings),
-        store=MemoryStore(),
-        resolver=ModelResolver(settings),
-    )
-    return state, state.resolve("m")
+    state = Conversations(settings, MemoryStore(), Upstream(settings), Observability())
+    return state, state.model_config("m")
 
 
 def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> None:
@@ -61,7 +55,7 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
         results = await asyncio.gather(
             *(resolve(state, Ask(body, messages, config), summarizer) for _ in range(concurrent))
         )
-        await state.transport.aclose()
+        await state.upstream.aclose()
         return summarizer.calls, {r.checkpoint.id for r in results if r.checkpoint}
 
     alone, _ = asyncio.run(run(1))
@@ -102,7 +96,7 @@ def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
         summarizer = RecordingSummarizer()
         body = {"model": "m", "messages": later}
         resolved = await resolve(state, Ask(body, later, config), summarizer)
-        await state.transport.aclose()
+        await state.upstream.aclose()
         return (
             summarizer.calls,
             resolved.stage,
@@ -149,7 +143,7 @@ def test_identify_works_out_what_resolve_needs_and_resolve_reuses_it() -> None:
         other = identify(state, config, {"model": "m"}, other_messages)
         mismatched = await resolve(state, Ask(body, messages, config, identified=other), None)
         assert mismatched.headers() == worked_out.headers()
-        await state.transport.aclose()
+        await state.upstream.aclose()
 
     asyncio.run(run())
 
@@ -173,7 +167,7 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
             assert resolved.tokens_before == counter.count_request(body)
             forwarded = {**body, "messages": resolved.messages}
             assert resolved.result.tokens_after == counter.count_request(forwarded)
-        await state.transport.aclose()
+        await state.upstream.aclose()
 
     asyncio.run(run())
 
@@ -206,7 +200,7 @@ def _compact_recording_threads(
         profile = dataclasses.replace(config.profile, summarizer=mode)
         configured = dataclasses.replace(config, profile=profile)
         resolved = await resolve(state, Ask(body, messages, configured), summarizer)
-        await state.transport.aclose()
+        await state.upstream.aclose()
         return _Compacted(resolved, asyncio.get_running_loop(), threading.get_ident(), compacted_in)
 
     return asyncio.run(run())
@@ -260,7 +254,7 @@ def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None
             resolved = await resolve(state, Ask(body, broken, config), summarizer)
             stages.append(resolved.stage)
             calls.append(summarizer.calls)
-        await state.transport.aclose()
+        await state.upstream.aclose()
         return calls, stages
 
     calls, stages = asyncio.run(run())

@@ -14,11 +14,13 @@ import pytest
 
 import proxy.session.compacting
 from compaction import Decision, Steering, calibrated_budget, decide, session_key
-from config import ModelResolver, load_settings
+from config import load_settings
 from proxy.session.compacting import Basis, Job, look_up
 from proxy.session.conversation import Ask, identify, resolve
-from proxy.state.runtime import ProxyState, build_transport
+from proxy.session.service import Conversations
+from proxy.state.observability import Observability
 from proxy.state.stores import MemoryStore
+from proxy.upstream.service import Upstream
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
 from tests.proxy.session.conftest import figures_written
@@ -141,18 +143,13 @@ class SlowSummarizer:
         )
 
 
-def _state() -> ProxyState:
+def _state() -> Conversations:
     settings = load_settings(
         None,
         store={"url": "memory://"},
         models={"m": {"context_window": 8192, "precompute_share": 0}},
     )
-    return ProxyState(
-        settings=settings,
-        transport=build_transport(settings),
-        store=MemoryStore(),
-        resolver=ModelResolver(settings),
-    )
+    return Conversations(settings, MemoryStore(), Upstream(settings), Observability())
 
 
 def test_concurrent_requests_for_one_compaction_decide_again_only_on_a_changed_answer(
@@ -167,11 +164,11 @@ def test_concurrent_requests_for_one_compaction_decide_again_only_on_a_changed_a
 
     async def run() -> list[str]:
         state = _state()  # its transport belongs to this loop
-        config = state.resolve("m")
+        config = state.model_config("m")
         resolved = await asyncio.gather(
             *(resolve(state, Ask(body, messages, config), SlowSummarizer()) for _ in range(3))
         )
-        await state.transport.aclose()
+        await state.upstream.aclose()
         return [r.stage for r in resolved]
 
     stages = asyncio.run(run())
@@ -186,10 +183,10 @@ def test_an_unchanged_answer_under_the_lock_keeps_the_decision_made_on_it(
 
     async def run() -> tuple[Basis, Basis]:
         state = _state()  # its transport belongs to this loop
-        config = state.resolve("m")
+        config = state.model_config("m")
         conversation = identify(state, config, {"model": "m", "messages": messages}, messages)
         job = Job(
-            state=state,
+            conversations=state,
             conversation=conversation,
             config=config,
             budget=calibrated_budget(config.profile),
@@ -199,10 +196,10 @@ def test_an_unchanged_answer_under_the_lock_keeps_the_decision_made_on_it(
             instructions=None,
             owner="",
         )
-        stored = await look_up(state, conversation)
+        stored = await look_up(state.store, conversation)
         basis = Basis(stored, job.decide(stored))
         rechecked = await job.recheck(basis)
-        await state.transport.aclose()
+        await state.upstream.aclose()
         return basis, rechecked
 
     basis, rechecked = asyncio.run(run())

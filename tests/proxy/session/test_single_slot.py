@@ -1,5 +1,5 @@
 """Background preparation against a server that serves one request at a time
-(proxy/session/ahead.py, proxy/session/background.py: ``Traffic``).
+(proxy/session/ahead.py, proxy/upstream/traffic.py: ``Traffic``).
 
 llama.cpp's server has one slot by default: a summary asked ahead of need
 there makes the user's next request queue behind it. The proxy runs
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.session.service import Conversations
 from proxy.state.models import calibration_key
-from proxy.state.runtime import ProxyState
 from proxy.upstream.discovery import ServerFacts
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy, RecordingTransport
@@ -135,12 +135,12 @@ class OneSlot(RecordingTransport):
         response.next_chunk = next_chunk
 
 
-def _state(proxy: InProcessProxy) -> ProxyState:
+def _state(proxy: InProcessProxy) -> Conversations:
     return proxy_state(proxy)
 
 
 def _key(proxy: InProcessProxy) -> str:
-    return calibration_key(_state(proxy).resolve(MODEL))
+    return calibration_key(_state(proxy).model_config(MODEL))
 
 
 def _on_loop(proxy: InProcessProxy, work: Callable[[], Any]) -> Any:
@@ -213,7 +213,9 @@ def _one_slot_app(start_app: AppFactory, transport: OneSlot, **background: Any) 
     proxy = start_app(transport=transport, models={MODEL: PROFILE}, background=background)
     _on_loop(proxy, transport.gates)
     state = _state(proxy)  # as its /props total_slots says:
-    proxy.http.portal.call(state.models.server_stated, state.resolve(MODEL), ServerFacts(None, 1))
+    proxy.http.portal.call(
+        state.models.server_stated, state.model_config(MODEL), ServerFacts(None, 1)
+    )
     return proxy
 
 
@@ -230,7 +232,7 @@ def test_on_a_one_slot_server_no_background_summary_starts_while_a_user_request_
         proxy,
         lambda: (
             one_slot.summaries_asked > 0
-            or (one_slot.chats_open == 1 and _state(proxy).traffic.waiting(key) >= 1)
+            or (one_slot.chats_open == 1 and _state(proxy).upstream.traffic.waiting(key) >= 1)
         ),
         "the preparation reaches its summary",
     )
@@ -260,7 +262,7 @@ def test_on_a_one_slot_server_a_streamed_answer_holds_back_the_summary_until_its
         proxy,
         lambda: (
             one_slot.summaries_asked > 0
-            or (one_slot.held == 1 and _state(proxy).traffic.waiting(key) >= 1)
+            or (one_slot.held == 1 and _state(proxy).upstream.traffic.waiting(key) >= 1)
         ),
         "the preparation reaches its summary",
     )
@@ -316,11 +318,11 @@ def test_with_single_slot_off_nothing_is_prepared_for_a_one_slot_server(
 def test_a_server_seen_queueing_requests_behind_summaries_is_treated_as_one_slot(
     start_app: AppFactory, one_slot: OneSlot
 ) -> None:
-    from proxy.session.background import SINGLE_SLOT_OVERLAPS
+    from proxy.upstream.traffic import SINGLE_SLOT_OVERLAPS
 
     proxy = start_app(transport=one_slot, models={MODEL: PROFILE})
     _on_loop(proxy, one_slot.gates)
-    traffic, key = _state(proxy).traffic, _key(proxy)
+    traffic, key = _state(proxy).upstream.traffic, _key(proxy)
     assert _state(proxy).models.get(key).slots is None  # the server states nothing
     for n in range(SINGLE_SLOT_OVERLAPS):
         assert not traffic.single_slot(key, None)
@@ -384,7 +386,7 @@ def test_on_a_one_slot_server_a_split_turns_two_summaries_are_asked_one_after_th
     if slots is not None:
         state = _state(proxy)
         facts = ServerFacts(None, slots)
-        proxy.http.portal.call(state.models.server_stated, state.resolve(MODEL), facts)
+        proxy.http.portal.call(state.models.server_stated, state.model_config(MODEL), facts)
     # A first task, then a second one whose long turn the cut lands in.
     second = agent_session(seed=4, steps=40, task="Now make the linter pass.")[1:]
     body = {"model": MODEL, "messages": [*agent_session(seed=3, steps=3), *second]}

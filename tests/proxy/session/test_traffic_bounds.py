@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from proxy.session import background
-from proxy.session.background import Traffic
+from proxy.upstream import traffic as traffic_module
+from proxy.upstream.traffic import Traffic
 
 
 async def _reply() -> str:
@@ -18,7 +18,7 @@ async def _reply() -> str:
 def test_the_traffic_of_invented_model_names_is_forgotten_oldest_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(background, "TRAFFIC_KEYS", 8)
+    monkeypatch.setattr(traffic_module, "TRAFFIC_KEYS", 8)
     traffic = Traffic()
 
     async def run() -> None:
