@@ -19,7 +19,17 @@ their CLIs are not installed where the unit tests run:
   canned example exchange closed by "I switched to a new code base…" / "Ok.",
   the repository map answered by a canned "Ok…", the history, the files in
   the chat answered by a canned "Ok…", the current message, and a closing
-  system reminder.
+  system reminder. Two requests recorded from aider 0.86.2
+  (``tests/data/aider-0.86.2-requests.json``, :func:`aider_recorded`: the
+  first and the third of a chat, ``--no-git``, an ``openai/`` model aider does
+  not know) hold the same canned texts (``tests/proxy/test_real_clients_aider.py``
+  checks them) in another layout: no repository map without git, the
+  exchanges of a chat with no edit applied after the files message (aider
+  moves them before it once an edit is applied), a longer system prompt
+  ending with the reminder, and the reminder appended to the current message
+  after a blank line instead of a closing system message (aider's
+  ``reminder: user``, the default for a model it does not know; ``sys`` for
+  the models it knows).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 QWEN_REQUEST = FIXTURES / "clients" / "qwen-code-request.json"
+AIDER_REQUESTS = Path(__file__).resolve().parent / "data" / "aider-0.86.2-requests.json"
 
 CLAUDE_CODE_CONTEXT = (
     "<system-reminder>\nAs you answer the user's questions, you can use the following "
@@ -191,3 +202,9 @@ def qwen_code_body(typed: str) -> dict[str, Any]:
     ]
     first = {"role": "user", "content": [*copy.deepcopy(reminders), text_block(typed)]}
     return {**body, "messages": [body["messages"][0], first]}
+
+
+def aider_recorded() -> list[dict[str, Any]]:
+    """The first and the third request of a chat, as aider 0.86.2 sent them."""
+    bodies: list[dict[str, Any]] = json.loads(AIDER_REQUESTS.read_text())
+    return bodies

@@ -60,23 +60,28 @@ from tests.proxy.real_clients_upstreams import (
 from tests.proxy.servers import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALL = (
-    "npm install --prefix .ci/clients"
-    " @openai/codex@0.171 @anthropic-ai/claude-code@2.1 @qwen-code/qwen-code@0.24"
-)
+INSTALL = {
+    "npm": "npm install --prefix .ci/clients"
+    " @openai/codex@0.171 @anthropic-ai/claude-code@2.1 @qwen-code/qwen-code@0.24",
+    # aider's pins would fight the project's: a virtualenv of its own.
+    "aider": "python3 -m venv .ci/clients/aider"
+    " && .ci/clients/aider/bin/pip install aider-chat==0.86.2",
+}
 
 
 def _client(name: str) -> str:
-    folders = [
-        os.environ.get("COMPACTION_TEST_CLIENTS"),
-        ROOT / ".ci/clients/node_modules/.bin",
-    ]
+    """The CLI ``name``: from ``COMPACTION_TEST_CLIENTS`` (folders, separated as
+    in PATH), else from where ``.ci/run`` installs it, else on the PATH."""
+    listed = os.environ.get("COMPACTION_TEST_CLIENTS", "")
+    folders = [Path(f) for f in listed.split(os.pathsep) if f]
+    folders += [ROOT / ".ci/clients/node_modules/.bin", ROOT / ".ci/clients/aider/bin"]
     for folder in folders:
-        if folder and (Path(folder) / name).exists():
-            return str(Path(folder) / name)
+        if (folder / name).exists():
+            return str(folder / name)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed here; to run this test: {INSTALL}")
+        install = INSTALL["aider" if name == "aider" else "npm"]
+        pytest.skip(f"{name} is not installed here; to run this test: {install}")
     return found
 
 
