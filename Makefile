@@ -33,19 +33,27 @@ test: $(TEST_STAMP)
 
 # The real-client tests (tests/proxy/test_real_clients*.py; make test skips them
 # where the agent CLIs are not installed) against the CLIs' pinned versions,
-# installed into .ci/clients as .ci/run does for CI; CLIENTS=latest installs the
-# newest published ones into .ci/clients-latest and runs the same tests against
-# them. docs/clients.md keeps the versions each last passed with.
+# installed into .ci/clients as .ci/run does for CI (aider from PyPI into a
+# virtualenv of its own, .ci/clients/aider: its pins would fight ours);
+# CLIENTS=latest installs the newest published ones into .ci/clients-latest and
+# runs the same tests against them. docs/clients.md keeps the versions each
+# last passed with.
 CLIENTS ?= pinned
 PINNED_CLIENTS := @openai/codex@0.171 @anthropic-ai/claude-code@2.1 @qwen-code/qwen-code@0.24
 LATEST_CLIENTS := @openai/codex@latest @anthropic-ai/claude-code@latest @qwen-code/qwen-code@latest
+PINNED_AIDER := aider-chat==0.86.2
 CLIENTS_DIR := $(if $(filter latest,$(CLIENTS)),.ci/clients-latest,.ci/clients)
-REAL_CLIENT_TESTS := tests/proxy/test_real_clients.py tests/proxy/test_real_clients_recall.py
+REAL_CLIENT_TESTS := tests/proxy/test_real_clients.py tests/proxy/test_real_clients_recall.py \
+	tests/proxy/test_real_clients_aider.py
 test-clients: $(TEST_STAMP)
 	npm install --prefix $(CLIENTS_DIR) --no-audit --no-fund --loglevel=error \
 		$(if $(filter latest,$(CLIENTS)),$(LATEST_CLIENTS),$(PINNED_CLIENTS))
+	test -x $(CLIENTS_DIR)/aider/bin/pip || $(PYTHON) -m venv $(CLIENTS_DIR)/aider
+	$(CLIENTS_DIR)/aider/bin/pip install --quiet --upgrade \
+		$(if $(filter latest,$(CLIENTS)),aider-chat,$(PINNED_AIDER))
 	@cd $(CLIENTS_DIR) && npm ls --depth=0 2>/dev/null | tail -n +2
-	COMPACTION_TEST_CLIENTS=$(CURDIR)/$(CLIENTS_DIR)/node_modules/.bin \
+	@$(CLIENTS_DIR)/aider/bin/aider --version
+	COMPACTION_TEST_CLIENTS=$(CURDIR)/$(CLIENTS_DIR)/node_modules/.bin:$(CURDIR)/$(CLIENTS_DIR)/aider/bin \
 		$(BIN)/python -m pytest -p no:cacheprovider -rs $(REAL_CLIENT_TESTS) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
