@@ -18,32 +18,7 @@ in between::
 Everything a caller may use is named in ``__all__``.
 """
 
-from compaction.calibration import Calibration, agreed_ratio, calibrate, restored_calibration
-from compaction.calls import key_argument
-from compaction.checkpoints import Checkpoint, session_key
-from compaction.conversation import Conversation, read_conversation, read_conversation_async
-from compaction.decide import (
-    Decision,
-    RetryBudget,
-    Steering,
-    ahead,
-    calibrated_budget,
-    decide,
-    made_progress,
-    retry_budget,
-    steering_can_matter,
-)
-from compaction.encodings import load_encoding
-from compaction.errors import (
-    CannotFitError,
-    CompactionError,
-    InvalidMessagesError,
-    SummarizationError,
-)
-from compaction.execute import execute
-from compaction.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
-from compaction.ledger import Ledger, ledger_of, parse_ledger, render_ledger
-from compaction.lessons import (
+from compaction.budget.lessons import (
     WINDOW_BOUNDS,
     EmptyStream,
     EmptyStreamLesson,
@@ -58,24 +33,29 @@ from compaction.lessons import (
     window_to_learn,
     working_limit_after_answer,
 )
-from compaction.messages import (
+from compaction.budget.plan import Depth, Pace
+from compaction.budget.pricing import PRICING_PRESETS, Prices
+from compaction.budget.profile import (
+    Bounds,
+    Budget,
+    Profile,
+    compute_budget,
+    requested_output_tokens,
+)
+from compaction.chat.calls import key_argument
+from compaction.chat.messages import (
     OPAQUE_KEY,
     PairingProblem,
     call_name_and_arguments,
     check_messages,
     group_messages,
-    head_end,
     message_text,
     repair_tool_pairing,
-    tail_start,
     tool_calls,
     validate_tool_pairing,
 )
-from compaction.pipeline import compact
-from compaction.plan import Depth, Pace
-from compaction.pricing import PRICING_PRESETS, Prices
-from compaction.profile import Bounds, Budget, Profile, compute_budget, requested_output_tokens
-from compaction.recall import (
+from compaction.chat.own import SUMMARY_MARKER, is_summary
+from compaction.chat.recall import (
     RECALL_TOOL_DESCRIPTION,
     RECALL_TOOL_NAME,
     RECALL_TOOL_PARAMETERS,
@@ -87,17 +67,43 @@ from compaction.recall import (
     recalled_text,
     ref_of,
 )
-from compaction.rereads import NO_REREADS, Rereads, count_rereads
-from compaction.results import CompactionResult, Span, forwarded, new_checkpoint
-from compaction.summary import SUMMARY_MARKER, SummaryParts, is_summary, parse_summary, with_body
-from compaction.tokens import (
+from compaction.chat.typed import first_typed, typed_text
+from compaction.conversation.checkpoints import Checkpoint, session_key
+from compaction.conversation.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
+from compaction.conversation.reading import Conversation, read_conversation, read_conversation_async
+from compaction.conversation.regions import head_end, tail_start
+from compaction.conversation.rereads import NO_REREADS, Rereads, count_rereads
+from compaction.errors import (
+    CannotFitError,
+    CompactionError,
+    InvalidMessagesError,
+    SummarizationError,
+)
+from compaction.stages.decide import (
+    Decision,
+    RetryBudget,
+    Steering,
+    ahead,
+    calibrated_budget,
+    decide,
+    made_progress,
+    retry_budget,
+    steering_can_matter,
+)
+from compaction.stages.execute import execute
+from compaction.stages.pipeline import compact
+from compaction.stages.results import CompactionResult, Span, forwarded, new_checkpoint
+from compaction.summary.format import SummaryParts, parse_summary, with_body
+from compaction.summary.ledger import Ledger, ledger_of, parse_ledger, render_ledger
+from compaction.tokens.calibration import Calibration, agreed_ratio, calibrate, restored_calibration
+from compaction.tokens.counter import (
     ORIGIN_KEY,
     TokenCounter,
     encoding_for_model,
     splits_digits,
     text_size,
 )
-from compaction.typed import first_typed, typed_text
+from compaction.tokens.encodings import load_encoding
 from compaction.types import Message, Reason, Stage, Strategy, Summarizer, SummarizerMode
 
 __all__ = [

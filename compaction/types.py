@@ -10,7 +10,7 @@ Message = dict[str, Any]
 Stage = Literal["none", "reused", "pruned", "masked", "condensed", "truncated"]
 Reason = Literal["threshold", "overflow", "manual"]
 SummarizerMode = Literal["llm", "extractive", "off"]
-#: How the middle is made smaller; see :mod:`compaction.strategies`.
+#: How the middle is made smaller; see :mod:`compaction.stages.strategies`.
 Strategy = Literal["summary", "mask", "hybrid"]
 
 #: Stages ordered from weakest to strongest; the result reports the strongest that ran.

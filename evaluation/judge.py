@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compaction import Message, Summarizer
-from compaction.prompts import serialize_messages
+from compaction.summary.prompts import serialize_messages
 from evaluation.probes import Probe
 
 ANSWER_TOKENS = 200

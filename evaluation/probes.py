@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from compaction import Message, Profile, key_argument, message_text, tool_calls
-from compaction.calls import call_for_result, parse_arguments, shows_files
-from compaction.clipping import error_lines
-from compaction.files import collect_files
-from compaction.messages import RESULT_ROLES, call_name_and_arguments
+from compaction.chat.calls import call_for_result, parse_arguments, shows_files
+from compaction.chat.messages import RESULT_ROLES, call_name_and_arguments
+from compaction.summary.files import collect_files
+from compaction.text.clipping import error_lines
 
 Kind = Literal["recall", "artifacts", "continuation", "decisions"]
 KINDS: tuple[Kind, ...] = ("recall", "artifacts", "continuation", "decisions")

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import settings
 
-from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
+from compaction.summary.prompts import TURN_PREFIX_SYSTEM_PROMPT
 
 _ids = itertools.count(1)
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from compaction.summary import SUMMARY_MARKER, recorded
+from compaction.chat.own import SUMMARY_MARKER, recorded
 
 Message = dict[str, Any]
 

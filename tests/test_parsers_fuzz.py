@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from compaction.recall import RecallRequest, parse_request
+from compaction.chat.recall import RecallRequest, parse_request
 from config import ConfigError, load_settings
 from proxy.dialects.shapes import dialect_of
 from proxy.dialects.sse import EventSplitter, fields

@@ -46,7 +46,7 @@ from compaction import (
     ref_of,
     tool_calls,
 )
-from compaction.recall import original_text
+from compaction.chat.recall import original_text
 from evaluation.replay.prompts import sent_text
 from evaluation.replay.records import FactScore
 

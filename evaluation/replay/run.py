@@ -34,7 +34,7 @@ from typing import Final
 import aiohttp
 
 from compaction import PRICING_PRESETS, Message
-from compaction.pricing import PRESETS, Prices
+from compaction.budget.pricing import PRESETS, Prices
 from evaluation.replay.baselines import BASELINES, Context, input_limit
 from evaluation.replay.cache import PromptCache, SegmentTokens
 from evaluation.replay.client import replay_session, session_key

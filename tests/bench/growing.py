@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from compaction import TokenCounter
-from compaction.conversation import read_conversation
-from compaction.incremental import reading_of
+from compaction.conversation.incremental import reading_of
+from compaction.conversation.reading import read_conversation
 from tests.bench import client
 from tests.bench.client import Target
 from tests.bench.processes import MODEL_2M

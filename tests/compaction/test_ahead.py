@@ -1,5 +1,5 @@
 """Compactions prepared ahead of need: when the engine asks for one, how it is
-planned, and how a prepared one is applied at the trigger (compaction.decide)."""
+planned, and how a prepared one is applied at the trigger (compaction.stages.decide)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import dataclasses
 from typing import Any
 
 from compaction import Profile, TokenCounter, ahead, execute
-from compaction.checkpoints import Checkpoint
-from compaction.conversation import Conversation, read_conversation
-from compaction.decide import Decision, calibrated_budget, decide
-from compaction.messages import validate_tool_pairing
-from compaction.plan import Pace, growth_of, lead_turns
-from compaction.results import CompactionResult, new_checkpoint
-from compaction.summary import summary_body
+from compaction.budget.plan import Pace, growth_of, lead_turns
+from compaction.chat.messages import validate_tool_pairing
+from compaction.conversation.checkpoints import Checkpoint
+from compaction.conversation.reading import Conversation, read_conversation
+from compaction.stages.decide import Decision, calibrated_budget, decide
+from compaction.stages.results import CompactionResult, new_checkpoint
+from compaction.summary.format import summary_body
 from tests.conftest import RecordingSummarizer, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

@@ -1,4 +1,4 @@
-"""compaction.calibration: the ratio follows what a model usually counts, and no
+"""compaction.tokens.calibration: the ratio follows what a model usually counts, and no
 one answer moves it by more than a step."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction import Profile, calibrated_budget
-from compaction.calibration import (
+from compaction.budget.lessons import MAX_RATIO, MIN_RATIO
+from compaction.tokens.calibration import (
     MAX_STEP,
     WINDOW,
     Calibration,
@@ -18,7 +19,6 @@ from compaction.calibration import (
     calibrate,
     restored_calibration,
 )
-from compaction.lessons import MAX_RATIO, MIN_RATIO
 
 samples = st.floats(min_value=0.5, max_value=3.0, allow_nan=False)
 ratios = st.floats(min_value=MIN_RATIO, max_value=MAX_RATIO, allow_nan=False)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from compaction.calls import call_for_result, key_argument, parse_arguments, shows_files
+from compaction.chat.calls import call_for_result, key_argument, parse_arguments, shows_files
 from tests.conftest import assistant, tool_group, user
 
 

@@ -3,16 +3,16 @@ from __future__ import annotations
 import copy
 from concurrent.futures import ThreadPoolExecutor
 
-from compaction.checkpoints import (
+from compaction.chat.messages import group_messages
+from compaction.chat.own import SUMMARY_MARKER
+from compaction.conversation.checkpoints import (
     Checkpoint,
     apply_checkpoint,
     chain_hashes,
     find_checkpoint,
     session_key,
 )
-from compaction.messages import group_messages
-from compaction.summary import SUMMARY_MARKER
-from compaction.tokens import LINKS_PER_MESSAGE, TokenCounter, message_keys
+from compaction.tokens.counter import LINKS_PER_MESSAGE, TokenCounter, message_keys
 from tests.conftest import assistant, system, tool_group, user
 
 

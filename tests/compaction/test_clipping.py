@@ -1,4 +1,4 @@
-"""compaction.clipping: tool results clipped for a summarizer, the lines that matter kept."""
+"""compaction.text.clipping: tool results clipped for a summarizer, the lines that matter kept."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction.clipping import clip_keeping, error_lines
+from compaction.text.clipping import clip_keeping, error_lines
 
 
 def test_error_lines_are_found_by_shape_not_by_a_word() -> None:

@@ -7,21 +7,22 @@ from typing import Any
 
 import pytest
 
-from compaction.condenser import (
+from compaction.budget.profile import Profile
+from compaction.chat.messages import OPAQUE_KEY, message_text, validate_tool_pairing
+from compaction.chat.own import SUMMARY_MARKER, is_summary
+from compaction.errors import SummarizationError
+from compaction.stages.condenser import (
     CondensePlan,
     CondenseResult,
     condense,
     plan_condense,
     summary_budget,
 )
-from compaction.errors import SummarizationError
-from compaction.files import FileLists, parse_file_lists
-from compaction.messages import OPAQUE_KEY, message_text, validate_tool_pairing
-from compaction.profile import Profile
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
-from compaction.pruner import prune
-from compaction.summary import SUMMARY_MARKER, is_summary, summary_message
-from compaction.tokens import TokenCounter
+from compaction.stages.pruner import prune
+from compaction.summary.files import FileLists, parse_file_lists
+from compaction.summary.format import summary_message
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
+from compaction.tokens.counter import TokenCounter
 from compaction.types import SummarizerMode
 from tests.conftest import (
     SUMMARY_REPLY,

@@ -12,10 +12,11 @@ import orjson
 import pytest
 
 from compaction import Profile, TokenCounter
-from compaction.condenser import condense, plan_condense
+from compaction.chat.messages import group_messages
+from compaction.chat.own import is_summary
+from compaction.conversation.regions import head_end
 from compaction.errors import SummarizationError
-from compaction.messages import group_messages, head_end
-from compaction.summary import is_summary
+from compaction.stages.condenser import condense, plan_condense
 from compaction.types import Message
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"

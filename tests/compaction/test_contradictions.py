@@ -17,8 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction.condenser import CondenseResult, condense, plan_condense, summary_budget
-from compaction.contradictions import (
+from compaction.budget.profile import Profile
+from compaction.chat.messages import message_text
+from compaction.chat.own import is_summary
+from compaction.stages.condenser import CondenseResult, condense, plan_condense, summary_budget
+from compaction.summary.contradictions import (
     SpanFacts,
     contradiction_problem,
     credited_request_problem,
@@ -29,12 +32,10 @@ from compaction.contradictions import (
     task_of,
     untouched_claim_problem,
 )
-from compaction.extractive import extractive_summary
-from compaction.files import FileLists, collect_files
-from compaction.messages import message_text
-from compaction.profile import Profile
-from compaction.summary import is_summary, summary_body
-from compaction.tokens import TokenCounter
+from compaction.summary.extractive import extractive_summary
+from compaction.summary.files import FileLists, collect_files
+from compaction.summary.format import summary_body
+from compaction.tokens.counter import TokenCounter
 from tests.compaction import small_model_replies as replies
 from tests.conftest import RecordingSummarizer, assistant, user
 from tests.synthetic import agent_session, conversations

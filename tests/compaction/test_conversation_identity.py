@@ -13,9 +13,9 @@ import copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction.checkpoints import chain_hashes
-from compaction.conversation import Conversation, read_conversation
-from compaction.tokens import TokenCounter
+from compaction.conversation.checkpoints import chain_hashes
+from compaction.conversation.reading import Conversation, read_conversation
+from compaction.tokens.counter import TokenCounter
 from compaction.types import Message
 from tests.conftest import system, user
 from tests.synthetic import agent_session, conversations

@@ -20,10 +20,11 @@ from compaction import (
     compact,
     validate_tool_pairing,
 )
-from compaction.calls import parse_arguments as parse_args
-from compaction.messages import call_name_and_arguments as call_parts
-from compaction.messages import group_messages, head_end, message_text, tool_calls
-from compaction.summary import SUMMARY_MARKER
+from compaction.chat.calls import parse_arguments as parse_args
+from compaction.chat.messages import call_name_and_arguments as call_parts
+from compaction.chat.messages import group_messages, message_text, tool_calls
+from compaction.chat.own import SUMMARY_MARKER
+from compaction.conversation.regions import head_end
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 # Request bodies only: clients/ also holds a bare list of tool schemas.

@@ -1,4 +1,5 @@
-"""compaction.decide: the calibrated budget, the ratio's smoothing, the retry rule, the choice."""
+"""compaction.stages.decide: the calibrated budget, the ratio's smoothing, the retry rule,
+the choice."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction import Profile, TokenCounter
-from compaction.checkpoints import Checkpoint, chain_hashes
-from compaction.conversation import read_conversation
-from compaction.decide import (
+from compaction.budget.lessons import MAX_RATIO, MIN_RATIO, OverflowReport
+from compaction.budget.profile import compute_budget
+from compaction.conversation.checkpoints import Checkpoint, chain_hashes
+from compaction.conversation.reading import read_conversation
+from compaction.stages.decide import (
     Steering,
     calibrated_budget,
     decide,
@@ -18,8 +21,6 @@ from compaction.decide import (
     retry_budget,
     steering_can_matter,
 )
-from compaction.lessons import MAX_RATIO, MIN_RATIO, OverflowReport
-from compaction.profile import compute_budget
 from tests.conftest import assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

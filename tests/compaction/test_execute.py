@@ -1,4 +1,5 @@
-"""compaction.execute: room planned before the summarizer, summaries kept, spans for checkpoints."""
+"""compaction.stages.execute: room planned before the summarizer, summaries kept, spans
+for checkpoints."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import asyncio
 from typing import Any
 
 from compaction import Profile, TokenCounter, compact
-from compaction.conversation import read_conversation
-from compaction.decide import calibrated_budget, decide
-from compaction.execute import NOTE_ROOM, execute
-from compaction.messages import message_text, validate_tool_pairing
-from compaction.results import new_checkpoint
-from compaction.summary import SUMMARY_MARKER, is_summary
+from compaction.chat.messages import message_text, validate_tool_pairing
+from compaction.chat.own import SUMMARY_MARKER, is_summary
+from compaction.conversation.reading import read_conversation
+from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.execute import NOTE_ROOM, execute
+from compaction.stages.results import new_checkpoint
 from tests.client_bodies import aider_body
 from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from compaction.extractive import extractive_summary
-from compaction.files import FileLists
-from compaction.messages import group_messages, head_end
-from compaction.prompts import SUMMARY_SECTIONS
-from compaction.tokens import TokenCounter
+from compaction.chat.messages import group_messages
+from compaction.conversation.regions import head_end
+from compaction.summary.extractive import extractive_summary
+from compaction.summary.files import FileLists
+from compaction.summary.prompts import SUMMARY_SECTIONS
+from compaction.tokens.counter import TokenCounter
 from tests.conftest import assistant, system, tool_group, user
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "mini-swe-agent"

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from compaction.files import (
+from compaction.budget.profile import Profile
+from compaction.chat.own import SUMMARY_MARKER, recorded
+from compaction.summary.files import (
     FileLists,
     collect_files,
     files_of_call,
@@ -13,8 +15,6 @@ from compaction.files import (
     render_file_lists,
     strip_file_lists,
 )
-from compaction.profile import Profile
-from compaction.summary import SUMMARY_MARKER, recorded
 from tests.conftest import assistant, tool_group, user
 
 PROFILE = Profile()

@@ -18,13 +18,13 @@ from typing import Any
 import orjson
 
 from compaction import Checkpoint, Profile, TokenCounter, compact, message_text
-from compaction.files import FileLists
-from compaction.ledger import Ledger, parse_ledger, render_ledger
-from compaction.own import own
-from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT, serialize_messages, summary_prompt
-from compaction.recall import REF_PATTERN, brief_ref, find_original, ref_of
-from compaction.summary import SUMMARY_MARKER, is_summary, parse_summary, summary_message
-from compaction.summary_checks import echo_problem
+from compaction.chat.own import SUMMARY_MARKER, is_summary, own
+from compaction.chat.recall import REF_PATTERN, brief_ref, find_original, ref_of
+from compaction.summary.checks import echo_problem
+from compaction.summary.files import FileLists
+from compaction.summary.format import parse_summary, summary_message
+from compaction.summary.ledger import Ledger, parse_ledger, render_ledger
+from compaction.summary.prompts import TURN_PREFIX_SYSTEM_PROMPT, serialize_messages, summary_prompt
 from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

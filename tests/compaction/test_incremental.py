@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import TokenCounter
-from compaction.conversation import Conversation, continues, read_conversation
-from compaction.conversation import read_conversation_async as read_async
-from compaction.incremental import (
+from compaction.conversation.incremental import (
     MIN_READING_BYTES,
     READINGS_PER_OWNER,
     ReadingCache,
     continue_body,
     reading_of,
 )
+from compaction.conversation.reading import Conversation, continues, read_conversation
+from compaction.conversation.reading import read_conversation_async as read_async
 
 COUNTER = TokenCounter("gpt-4o")
 IDS = ["a", "b", "c"]

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compaction import Profile, TokenCounter
-from compaction.clipping import error_lines
-from compaction.files import FileLists
-from compaction.ledger import (
+from compaction.chat.typed import typed_messages
+from compaction.summary.files import FileLists
+from compaction.summary.format import parse_summary, summary_message, with_body
+from compaction.summary.ledger import (
     Ledger,
     identifiers_in,
     ledger_of,
@@ -20,8 +21,7 @@ from compaction.ledger import (
     render_ledger,
     strip_ledger,
 )
-from compaction.summary import parse_summary, summary_message, with_body
-from compaction.typed import typed_messages
+from compaction.text.clipping import error_lines
 
 COUNTER = TokenCounter("gpt-4o")
 PROFILE = Profile()

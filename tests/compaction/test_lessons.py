@@ -1,4 +1,4 @@
-"""compaction.lessons: the ratio's samples, which windows an overflow error
+"""compaction.budget.lessons: the ratio's samples, which windows an overflow error
 teaches, the proven floor, the figures a retry may aim at, and the empty stream
 taken for an overflow."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compaction.lessons import (
+from compaction.budget.lessons import (
     EMPTY_STREAM_MIN_LIMIT,
     EMPTY_STREAM_SHRINK,
     WINDOW_BOUNDS,

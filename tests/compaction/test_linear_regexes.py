@@ -14,9 +14,11 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction import clipping, pruner, steps
-from compaction.files import FileLists, _unique, parse_file_lists, strip_file_lists
-from compaction.summary import without_thinking
+from compaction.stages import pruner
+from compaction.summary import steps
+from compaction.summary.files import FileLists, _unique, parse_file_lists, strip_file_lists
+from compaction.summary.format import without_thinking
+from compaction.text import clipping
 
 _OLD_OUTPUT_GREEDY = re.compile(r"<output>\n?(.*)</output>", re.DOTALL)
 _OLD_OUTPUT_LAZY = re.compile(r"<output>\n?(.*?)</output>", re.DOTALL)

@@ -6,23 +6,21 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from compaction.errors import InvalidMessagesError
-from compaction.messages import (
+from compaction.chat.messages import (
     MISSING_RESULT,
     check_messages,
     group_and_validate,
     group_messages,
-    head_end,
     is_truncation_note,
     message_text,
     repair_tool_pairing,
-    tail_start,
     truncation_note,
     truncation_note_count,
-    turn_start,
     validate_tool_pairing,
 )
-from compaction.summary import SUMMARY_MARKER, is_summary, recorded
+from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
+from compaction.conversation.regions import head_end, tail_start, turn_start
+from compaction.errors import InvalidMessagesError
 from tests.conftest import assistant, system, tool_group, user
 
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from compaction.files import parse_file_lists
-from compaction.messages import message_text
-from compaction.pipeline import compact
-from compaction.profile import Profile
-from compaction.tokens import TokenCounter
+from compaction.budget.profile import Profile
+from compaction.chat.messages import message_text
+from compaction.stages.pipeline import compact
+from compaction.summary.files import parse_file_lists
+from compaction.tokens.counter import TokenCounter
 from tests.conftest import assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

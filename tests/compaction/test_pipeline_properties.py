@@ -11,13 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
-from compaction.conversation import read_conversation
-from compaction.decide import calibrated_budget, decide
-from compaction.execute import NOTE_ROOM, TAIL_SHARE_OF_FILL, execute
-from compaction.messages import group_messages, head_end, tail_start
-from compaction.pruner import prune
-from compaction.results import new_checkpoint
-from compaction.strategies import PLACEHOLDER_PREFIX, condenses, mask
+from compaction.chat.messages import group_messages
+from compaction.conversation.reading import read_conversation
+from compaction.conversation.regions import head_end, tail_start
+from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.execute import NOTE_ROOM, TAIL_SHARE_OF_FILL, execute
+from compaction.stages.pruner import prune
+from compaction.stages.results import new_checkpoint
+from compaction.stages.strategies import PLACEHOLDER_PREFIX, condenses, mask
 from tests.synthetic import conversations
 
 COUNTER = TokenCounter("gpt-4o")

@@ -1,4 +1,4 @@
-"""compaction.plan: how deep a compaction goes, priced in the user's money; and what
+"""compaction.budget.plan: how deep a compaction goes, priced in the user's money; and what
 decide and execute make of it."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from compaction import (
     message_text,
     read_conversation,
 )
-from compaction.plan import (
+from compaction.budget.plan import (
     FILL_FLOOR_SHARE,
     Pace,
     compacts_early,
@@ -27,7 +27,7 @@ from compaction.plan import (
     growth_of,
     model_summary_pays,
 )
-from compaction.pricing import PRESETS
+from compaction.budget.pricing import PRESETS
 from tests.synthetic import agent_session
 
 COUNTER = TokenCounter("gpt-4o")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from compaction import Profile
-from compaction.pricing import PRESETS, Prices, preset_for, priced
+from compaction.budget.pricing import PRESETS, Prices, preset_for, priced
 
 
 @pytest.mark.parametrize(

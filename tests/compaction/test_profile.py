@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from compaction.profile import (
+from compaction.budget.profile import (
     DEFAULT_SAFETY_MARGIN,
     Bounds,
     Profile,

@@ -5,8 +5,11 @@ import re
 
 import pytest
 
-from compaction.files import FileLists
-from compaction.prompts import (
+from compaction.chat.own import SUMMARY_MARKER, is_summary
+from compaction.summary.checks import echo_problem
+from compaction.summary.files import FileLists
+from compaction.summary.format import summary_body, summary_message
+from compaction.summary.prompts import (
     PROMPT_TAGS,
     ROLE_LABELS,
     SUMMARY_SECTIONS,
@@ -18,8 +21,6 @@ from compaction.prompts import (
     summary_prompt,
     turn_prefix_prompt,
 )
-from compaction.summary import SUMMARY_MARKER, is_summary, summary_body, summary_message
-from compaction.summary_checks import echo_problem
 from tests.conftest import assistant, tool_group, user
 
 

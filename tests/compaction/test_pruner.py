@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction.messages import validate_tool_pairing
-from compaction.profile import Profile
-from compaction.pruner import PruneResult, prune, shrink_arguments, tool_brief
+from compaction.budget.profile import Profile
+from compaction.chat.messages import validate_tool_pairing
+from compaction.stages.pruner import PruneResult, prune, tool_brief
+from compaction.text.cuts import shrink_arguments
 from tests.conftest import assistant, system, tool_group, user
 
 #: Arguments cut at 200 characters, so that the tests below reach the cut.

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from compaction.prompts import SUMMARY_SECTIONS
-from compaction.ranked import RankedLines
-from compaction.tokens import TokenCounter
+from compaction.summary.prompts import SUMMARY_SECTIONS
+from compaction.summary.ranked import RankedLines
+from compaction.tokens.counter import TokenCounter
 
 COUNTER = TokenCounter("gpt-4o")
 

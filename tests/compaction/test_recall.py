@@ -13,11 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, is_summary, message_text
-from compaction.files import REFS_PER_FILE, parse_file_lists, render_file_lists
-from compaction.ledger import ledger_of, parse_ledger, render_ledger
-from compaction.own import own
-from compaction.pruner import prune
-from compaction.recall import (
+from compaction.chat.own import own
+from compaction.chat.recall import (
     MAX_ARGUMENT_CHARS,
     RECALL_TOOL_NAME,
     RECALL_TOOL_PARAMETERS,
@@ -30,9 +27,12 @@ from compaction.recall import (
     ref_of,
     trailing_ref,
 )
-from compaction.steps import tool_steps
-from compaction.strategies import mask, shrink_middle
-from compaction.summary import parse_summary, summary_message
+from compaction.stages.pruner import prune
+from compaction.stages.strategies import mask, shrink_middle
+from compaction.summary.files import REFS_PER_FILE, parse_file_lists, render_file_lists
+from compaction.summary.format import parse_summary, summary_message
+from compaction.summary.ledger import ledger_of, parse_ledger, render_ledger
+from compaction.summary.steps import tool_steps
 from tests.conftest import assistant, system, tool_group, user
 from tests.synthetic import conversations, tool_call
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction import NO_REREADS, Checkpoint, Profile, Rereads, count_rereads
-from compaction.files import files_of_call
+from compaction.summary.files import files_of_call
 from tests.conftest import assistant, system, tool_group, user
 
 PROFILE = Profile()
@@ -140,7 +140,7 @@ def test_the_head_is_found_from_the_profile_when_not_given() -> None:
 
 
 _NAMES = ["read_file", "bash", "grep", "view", "edit_file"]
-#: The tools that read the file they name, for the profile (compaction.files).
+#: The tools that read the file they name, for the profile (compaction.summary.files).
 _READERS = {"read_file", "grep", "view"}
 
 

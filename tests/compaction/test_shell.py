@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from compaction.shell import ShellFiles, looks_like_path, shell_files
+from compaction.text.shell import ShellFiles, looks_like_path, shell_files
 
 
 @pytest.mark.parametrize(

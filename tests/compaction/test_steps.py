@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from compaction.steps import Step, tool_steps
+from compaction.summary.steps import Step, tool_steps
 from tests.conftest import tool_group
 
 

@@ -1,4 +1,4 @@
-"""compaction.strategies: masking, and what summary / mask / hybrid do to a request."""
+"""compaction.stages.strategies: masking, and what summary / mask / hybrid do to a request."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from compaction import Profile, TokenCounter, compact
-from compaction.conversation import read_conversation
-from compaction.decide import calibrated_budget, decide
-from compaction.execute import execute
-from compaction.messages import message_text
-from compaction.results import new_checkpoint
-from compaction.strategies import MASK_MIN_CHARS, PLACEHOLDER_PREFIX, mask, placeholder
-from compaction.summary import is_summary
+from compaction.chat.messages import message_text
+from compaction.chat.own import is_summary
+from compaction.conversation.reading import read_conversation
+from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.execute import execute
+from compaction.stages.results import new_checkpoint
+from compaction.stages.strategies import MASK_MIN_CHARS, PLACEHOLDER_PREFIX, mask, placeholder
 from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 from tests.synthetic import agent_session
 

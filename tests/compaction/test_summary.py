@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from compaction.files import FileLists
-from compaction.summary import (
-    SUMMARY_MARKER,
-    is_summary,
+from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
+from compaction.summary.files import FileLists
+from compaction.summary.format import (
     parse_summary,
-    recorded,
     summary_body,
     summary_count,
     summary_message,

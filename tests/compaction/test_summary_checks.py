@@ -9,18 +9,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from compaction.condenser import CondenseResult, condense, plan_condense, summary_budget
-from compaction.extractive import extractive_summary
-from compaction.files import collect_files
-from compaction.messages import message_text
-from compaction.profile import Profile
-from compaction.prompts import (
-    PROMPT_TAGS,
-    TURN_PREFIX_SYSTEM_PROMPT,
-    summary_problem,
-)
-from compaction.summary import SUMMARY_MARKER, is_summary, recorded, summary_body
-from compaction.summary_checks import (
+from compaction.budget.profile import Profile
+from compaction.chat.messages import message_text
+from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
+from compaction.stages.condenser import CondenseResult, condense, plan_condense, summary_budget
+from compaction.summary.checks import (
     Anchors,
     anchor_problem,
     echo_problem,
@@ -28,7 +21,11 @@ from compaction.summary_checks import (
     span_anchors,
     unchanged_problem,
 )
-from compaction.tokens import TokenCounter
+from compaction.summary.extractive import extractive_summary
+from compaction.summary.files import collect_files
+from compaction.summary.format import summary_body
+from compaction.summary.prompts import PROMPT_TAGS, TURN_PREFIX_SYSTEM_PROMPT, summary_problem
+from compaction.tokens.counter import TokenCounter
 from tests.compaction import small_model_replies as replies
 from tests.conftest import RecordingSummarizer, assistant, tool_group, user
 from tests.synthetic import agent_session, conversations

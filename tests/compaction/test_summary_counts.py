@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from compaction.condenser import condense, plan_condense
-from compaction.files import FileLists
-from compaction.messages import message_text, truncation_note
-from compaction.profile import Profile
-from compaction.prompts import stands_for
-from compaction.summary import summary_count, summary_message
-from compaction.tokens import TokenCounter
-from compaction.truncate import truncate
+from compaction.budget.profile import Profile
+from compaction.chat.messages import message_text, truncation_note
+from compaction.stages.condenser import condense, plan_condense
+from compaction.stages.truncate import truncate
+from compaction.summary.files import FileLists
+from compaction.summary.format import summary_count, summary_message
+from compaction.summary.prompts import stands_for
+from compaction.tokens.counter import TokenCounter
 from tests.conftest import assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

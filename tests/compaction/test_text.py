@@ -6,17 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction import text as text_module
-from compaction.text import (
+from compaction.text import cuts as text_module
+from compaction.text.cuts import (
     clip,
     cut_middle,
-    fit_tokens,
     one_line,
     shrink_arguments,
     without_reminders,
     word_cut,
 )
-from compaction.tokens import TokenCounter
+from compaction.tokens.counter import TokenCounter, fit_tokens
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from compaction import encodings
-from compaction.tokens import (
+from compaction.tokens import encodings
+from compaction.tokens.counter import (
     LINKS_PER_MESSAGE,
     ORIGIN_KEY,
     REPLY_PRIMING,
@@ -198,7 +198,7 @@ def test_a_bundle_with_the_wrong_hash_falls_back_to_characters_over_four(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fresh_encodings: None
 ) -> None:
     monkeypatch.setattr(encodings, "_bundled_bytes", lambda name: b"aGk= 0\n")
-    with caplog.at_level(logging.WARNING, logger="compaction.encodings"):
+    with caplog.at_level(logging.WARNING, logger="compaction.tokens.encodings"):
         counter = TokenCounter("gpt-4o")
     assert counter.encoding_name == "chars/4"
     assert "SHA-256" in caplog.text and "characters / 4" in caplog.text
@@ -208,7 +208,7 @@ def test_falls_back_to_characters_over_four_and_says_so_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, fresh_encodings: None
 ) -> None:
     monkeypatch.setattr(encodings, "_bundled_bytes", lambda name: None)
-    with caplog.at_level(logging.WARNING, logger="compaction.encodings"):
+    with caplog.at_level(logging.WARNING, logger="compaction.tokens.encodings"):
         counter = TokenCounter("gpt-4o")
         again = TokenCounter("gpt-4o", image_tokens=10)
     assert counter.encoding_name == again.encoding_name == "chars/4"
@@ -340,7 +340,7 @@ def test_only_much_new_text_is_tokenized_off_the_event_loop() -> None:
     import asyncio
     import threading
 
-    from compaction.tokens import count_messages_off_loop
+    from compaction.tokens.counter import count_messages_off_loop
 
     tokenized_on: list[str] = []
 

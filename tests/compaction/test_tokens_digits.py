@@ -1,4 +1,4 @@
-"""compaction.tokens: runs of digits counted a token a digit for the models
+"""compaction.tokens.counter: runs of digits counted a token a digit for the models
 whose tokenizer splits them so, and as the encoding counts for the others."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from compaction.encodings import load_encoding
-from compaction.tokens import TokenCounter, digit_surplus, splits_digits
+from compaction.tokens.counter import TokenCounter, digit_surplus, splits_digits
+from compaction.tokens.encodings import load_encoding
 
 #: A tool output of the kind that poisoned a model's ratio: a table of figures.
 FIGURES = "\n".join(

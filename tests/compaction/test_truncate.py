@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compaction.chat.messages import group_messages, validate_tool_pairing
+from compaction.chat.own import SUMMARY_MARKER, recorded
 from compaction.errors import CannotFitError
-from compaction.messages import group_messages, validate_tool_pairing
-from compaction.summary import SUMMARY_MARKER, recorded
-from compaction.tokens import TokenCounter
-from compaction.truncate import TruncateResult, truncate
+from compaction.stages.truncate import TruncateResult, truncate
+from compaction.tokens.counter import TokenCounter
 from tests.conftest import assistant, system, tool_group, user
 
 COUNTER = TokenCounter("gpt-4o")

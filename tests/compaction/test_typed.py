@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction import Profile, first_typed, group_messages, head_end, typed_text
-from compaction.contradictions import task_of
-from compaction.extractive import extractive_summary
-from compaction.ledger import ledger_of
-from compaction.tokens import TokenCounter
-from compaction.typed import context_end, typed_messages, typed_part
+from compaction.chat.typed import context_end, typed_messages, typed_part
+from compaction.summary.contradictions import task_of
+from compaction.summary.extractive import extractive_summary
+from compaction.summary.ledger import ledger_of
+from compaction.tokens.counter import TokenCounter
 from tests.client_bodies import (
     AIDER_EXAMPLE,
     AIDER_FILES,

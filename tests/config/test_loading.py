@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from compaction.profile import DEFAULT_KEEP_RECENT_TOKENS, DEFAULT_RESERVE_TOKENS
+from compaction.budget.profile import DEFAULT_KEEP_RECENT_TOKENS, DEFAULT_RESERVE_TOKENS
 from config import ConfigError, Settings, load_settings
 from config.loading import find_config_file
 

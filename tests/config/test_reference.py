@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from compaction.profile import Profile
+from compaction.budget.profile import Profile
 from config import SettingDoc, settings_reference
 from config.settings import PROFILE_FIELDS
 

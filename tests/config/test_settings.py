@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from compaction import profile as defaults
-from compaction.profile import Bounds, Profile
+from compaction.budget import profile as defaults
+from compaction.budget.profile import Bounds, Profile
 from config.settings import (
     PROFILE_FIELDS,
     CompactionSettings,

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from compaction import Profile, TokenCounter, compact
-from compaction.recall import RecallRequest, recalled_text, ref_of
+from compaction.chat.recall import RecallRequest, recalled_text, ref_of
 from evaluation.corpus import Body
 from evaluation.probes import request_text
 from evaluation.recall import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compaction import load_encoding
-from compaction.pricing import PRESETS
+from compaction.budget.pricing import PRESETS
 from evaluation.replay.cache import PromptCache, SegmentTokens
 from evaluation.replay.prompts import message_segment, prompt_segments
 from evaluation.replay.records import Call, Recorder

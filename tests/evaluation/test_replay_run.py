@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from compaction import load_encoding
-from compaction.pricing import PRESETS
+from compaction.budget.pricing import PRESETS
 from evaluation.replay.baselines import input_limit
 from evaluation.replay.cache import SegmentTokens
 from evaluation.replay.report import compacted, markdown, rows

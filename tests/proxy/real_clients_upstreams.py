@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from compaction.prompts import TURN_PREFIX_SYSTEM_PROMPT
+from compaction.summary.prompts import TURN_PREFIX_SYSTEM_PROMPT
 from tests.proxy.dialects.anthropic.upstream import AnthropicUpstream, is_summary_request
 from tests.proxy.dialects.anthropic.upstream import _events as anthropic_events
 from tests.proxy.dialects.responses.upstream import Received as ResponsesReceived

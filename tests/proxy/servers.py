@@ -42,7 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from compaction import TokenCounter, message_text
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 
 #: Error bodies of the providers the proxy must recognize, by style; ``{w}``
 #: is the window and ``{n}`` the prompt size.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from tests.proxy.raw_servers import response, serve_script
 
 #: Answers one summary request: ``(writer, authorization)``; writes the whole response.

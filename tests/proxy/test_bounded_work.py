@@ -34,11 +34,14 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction import Profile, TokenCounter, clipping, extractive, prompts, pruner, steps
-from compaction.files import parse_file_lists, strip_file_lists
-from compaction.pruner import prune, tool_brief
-from compaction.shell import shell_files
-from compaction.summary import without_thinking
+from compaction import Profile, TokenCounter
+from compaction.stages import pruner
+from compaction.stages.pruner import prune, tool_brief
+from compaction.summary import extractive, prompts, steps
+from compaction.summary.files import parse_file_lists, strip_file_lists
+from compaction.summary.format import without_thinking
+from compaction.text import clipping
+from compaction.text.shell import shell_files
 from config import ModelResolver, Settings, find_override, model_table, resolve_model
 from config.settings import ModelOverride
 from proxy.dialects import base

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import pytest
 
 from compaction import SUMMARY_MARKER, validate_tool_pairing
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT
 from tests.proxy.servers import first_health
 from tests.synthetic import agent_session
 

@@ -46,8 +46,8 @@ from typing import Any, Literal
 import orjson
 
 from compaction import SUMMARY_MARKER, key_argument, message_text
-from compaction.messages import is_truncation_note
-from compaction.strategies import PLACEHOLDER_PREFIX
+from compaction.chat.messages import is_truncation_note
+from compaction.stages.strategies import PLACEHOLDER_PREFIX
 
 DialectName = Literal["chat", "anthropic", "responses"]
 #: Characters of a text's start that a cut keeps at least (the pruner keeps 800,

@@ -44,7 +44,7 @@ from compaction import (
     read_conversation,
     validate_tool_pairing,
 )
-from compaction.messages import is_truncation_note
+from compaction.chat.messages import is_truncation_note
 from proxy.dialects.anthropic import ANTHROPIC, pairing_problems
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 
 from compaction import SUMMARY_MARKER, Profile, TokenCounter, compact, message_text
-from compaction.conversation import read_conversation
-from compaction.decide import calibrated_budget, decide
-from compaction.execute import execute
-from compaction.results import new_checkpoint
+from compaction.conversation.reading import read_conversation
+from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.execute import execute
+from compaction.stages.results import new_checkpoint
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.anthropic.pairing import keep_system_placement
 from proxy.dialects.base import Dialect

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 
-from compaction.incremental import CacheFigures
+from compaction.conversation.incremental import CacheFigures
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
 from tests.synthetic import agent_session

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from compaction.recall import RECALL_TOOL_NAME
+from compaction.chat.recall import RECALL_TOOL_NAME
 from tests.proxy.inprocess import RecordingTransport, json_reply, running, settings_for
 
 MODEL = "scripted-model"

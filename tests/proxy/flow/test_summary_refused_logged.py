@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT
 from proxy.state.logs import REQUESTS
 from tests.proxy.inprocess import Asked, RecordingTransport, json_reply, running, settings_for
 from tests.synthetic import agent_session

@@ -35,7 +35,7 @@ import httpx
 import orjson
 import pytest
 
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from proxy.session.background import Background, Start
 from proxy.state.prompts import LastPrompts
 from proxy.upstream.pace import Paces

@@ -11,8 +11,8 @@ import pytest
 
 import proxy.session.compacting
 from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_model, execute
-from compaction.checkpoints import chain_hashes, session_key
-from compaction.messages import group_messages
+from compaction.chat.messages import group_messages
+from compaction.conversation.checkpoints import chain_hashes, session_key
 from config import load_settings
 from proxy.session.conversation import Ask, identify, resolve
 from proxy.session.service import Conversations

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from compaction import SUMMARY_MARKER, parse_summary, session_key
-from compaction.summary import recorded
+from compaction.chat.own import recorded
 from tests.conftest import user
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from compaction import calibrated_budget
-from compaction.calibration import MAX_STEP, WINDOW
-from compaction.lessons import AGREEING_CALLERS
+from compaction.budget.lessons import AGREEING_CALLERS
+from compaction.tokens.calibration import MAX_STEP, WINDOW
 from config import ModelConfig, ModelResolver, load_settings
 from proxy.state.models import ModelKnowledge, calibration_key, server_key, slots_key
 from proxy.state.stores import MemoryStore, Store, open_store

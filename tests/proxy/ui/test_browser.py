@@ -27,7 +27,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from compaction import SUMMARY_MARKER, parse_summary, session_key
-from compaction.summary import recorded
+from compaction.chat.own import recorded
 from proxy.edge.access import owner_digest
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.servers import FakeUpstream

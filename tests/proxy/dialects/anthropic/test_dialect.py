@@ -28,7 +28,7 @@ from compaction import (
     new_checkpoint,
     read_conversation,
 )
-from compaction.summary import SUMMARY_MARKER
+from compaction.chat.own import SUMMARY_MARKER
 from proxy.dialects.anthropic import ANTHROPIC, UNCUT, pairing_problems
 from proxy.dialects.base import Dialect, clean
 from proxy.edge.errors import BadRequest

@@ -14,7 +14,7 @@ import httpx2
 import orjson
 import pytest
 
-from compaction.recall import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
+from compaction.chat.recall import RECALL_TOOL_DESCRIPTION, RECALL_TOOL_NAME, RECALL_TOOL_PARAMETERS
 from proxy.dialects.anthropic import recall as anthropic_recall
 from proxy.dialects.anthropic.recall import ANTHROPIC_RECALL, RECALL_TOOL, AnthropicRecallStream
 from proxy.dialects.recall import RecallCall, Usage

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from compaction import TokenCounter
-from compaction.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
+from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from proxy.dialects.anthropic import pairing_problems
 from tests.proxy.dialects.anthropic.sessions import signature
 from tests.proxy.servers import SUMMARY_TEXT, TURN_PREFIX_TEXT, Received

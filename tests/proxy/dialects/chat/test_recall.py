@@ -20,7 +20,7 @@ import pytest
 from openai.lib.streaming.chat._completions import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from compaction.recall import RECALL_TOOL_NAME
+from compaction.chat.recall import RECALL_TOOL_NAME
 from proxy.dialects.chat.recall import CHAT_RECALL, RECALL_TOOL, ChatRecallStream
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from compaction.recall import RECALL_TOOL_NAME
+from compaction.chat.recall import RECALL_TOOL_NAME
 from proxy.dialects import sse
 from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 from proxy.dialects.responses.recall import RECALL_TOOL, RESPONSES_RECALL, ResponsesRecallStream

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from compaction.checkpoints import Checkpoint
+from compaction.conversation.checkpoints import Checkpoint
 from compaction.types import Message
 from proxy.state.stores import INTERRUPTED, Event, EventType, SessionSettings, Store
 from tests.proxy.state.stores.conftest import Backend

@@ -1,0 +1,541 @@
+"""Stage 2: replace the middle of a conversation with one structured summary.
+
+Deciding is kept apart from doing: :func:`plan_condense` (pure, sync) finds
+what the summary covers and whether the tail starts inside a turn;
+:func:`condense` (async) is the only place a summarizer is called.
+
+::
+
+    before  [ head ][ middle ............................. ][ tail ]
+    after   [ head ][ summary ][ tail ]
+
+    split turn (the tail starts inside the turn opened by user message U):
+    before  [ head ][ ..... ][ U ][ steps of U's turn ][ tail ]
+    after   [ head ][ summary ][ U ][ turn-prefix summary ][ tail ]
+
+Head, tail and U come out as the very same objects. A pinned message (a
+system or developer message inside the span: an instruction, not history) is
+not summarized: it comes out as the same object right after the summary of
+the part it sat in, in its original order::
+
+    before  [ head ][ a b P c ][ tail ]      after  [ head ][ summary ][ P ][ tail ]
+
+So does every group holding an opaque message (content no summary can stand
+for: a block of a type the engine does not know, a tool reference that loads
+a tool; :func:`compaction.chat.messages.is_opaque`), whole, so that its results
+stay with its call. A span that holds nothing else is not condensed.
+
+There, and not in front of the summary, it always follows a user message
+(Anthropic accepts a mid-conversation system message only there), and a
+later compaction, which summarizes the summary again, finds it in the same
+place: the forwarded bytes change only where the summary does.
+
+Each summary is a user message starting with
+:data:`~compaction.chat.own.SUMMARY_MARKER` and ending with the
+``<read-files>`` / ``<modified-files>`` blocks. Earlier summaries in the
+middle are updated (rolling), never summarized as ordinary text. An LLM
+failure falls back to the extractive summary; a summary that would not be
+shorter than what it replaces raises :class:`SummarizationError`, and the
+pipeline moves on to hard truncation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from compaction.budget.profile import Profile
+from compaction.chat.messages import group_messages, message_text, riding_in
+from compaction.chat.own import is_summary
+from compaction.chat.typed import first_typed
+from compaction.errors import SummarizationError
+from compaction.summary.checks import (
+    anchor_problem,
+    echo_problem,
+    markup_problem,
+    span_anchors,
+    unchanged_problem,
+)
+from compaction.summary.contradictions import SpanFacts, contradiction_problem, requests_of, task_of
+from compaction.summary.extractive import extractive_summary
+from compaction.summary.files import render_file_lists
+from compaction.summary.format import summary_body, summary_message
+from compaction.summary.ledger import Ledger, errors_in, ledger_of, render_ledger
+from compaction.summary.prompts import (
+    serialize_messages,
+    stands_for,
+    summary_problem,
+    summary_prompt,
+    turn_prefix_prompt,
+)
+from compaction.text.cuts import one_line
+from compaction.tokens.counter import KeyMemo, TokenCounter, fit_tokens
+from compaction.types import Message, Summarizer
+
+#: Room left in the summarizer's window besides the prompt and the reply: the
+#: prompt is estimated with our tokenizer, which may not be the summarizer's.
+DEFAULT_PROMPT_MARGIN = 256
+#: A chunk of transcript is never planned smaller than this, however small the
+#: window: below it, map → fold would spend more on prompts than on content.
+MIN_CHUNK_TOKENS = 256
+#: The summary's max_tokens is at most this fraction (1/n) of the summarizer's window.
+MAX_REPLY_SHARE = 4
+#: The model is not asked for a summary of fewer tokens than this: the prose
+#: left beside the ledger and the file lists would not hold the sections.
+MODEL_REPLY_FLOOR = 200
+#: Tighter and tighter cuts tried on one message group too large for a chunk.
+_HARDER_CUTS = (1_000, 500, 200)
+_NOTE_CHARS = 200
+
+SummarizerUsed = Literal["llm", "extractive"]
+
+
+@dataclass(frozen=True)
+class CondensePlan:
+    """What :func:`condense` replaces: ``[head_end, tail_start)``.
+
+    ``turn_start`` is the user message that opened the turn the tail starts
+    inside, when that message lies in the middle; it is kept verbatim.
+    """
+
+    head_end: int
+    tail_start: int
+    turn_start: int | None
+    previous_summaries: tuple[int, ...]
+    #: The pinned messages in the span and the groups holding opaque ones, kept
+    #: verbatim (see the module doc).
+    pinned: tuple[int, ...] = ()
+
+    @property
+    def main_end(self) -> int:
+        """Where the main summary's span ends (the turn opener, or the tail)."""
+        return self.turn_start if self.turn_start is not None else self.tail_start
+
+
+@dataclass(frozen=True)
+class CondenseResult:
+    messages: list[Message]
+    summary: Message
+    summarizer_used: SummarizerUsed
+    summarizer_calls: int
+    summary_tokens: int
+    replaced_tokens: int
+    notes: tuple[str, ...]
+
+
+def plan_condense(messages: Sequence[Message], head_end: int, tail_start: int) -> CondensePlan:
+    """Find the turn opener (if the tail starts inside a turn) and the earlier summaries."""
+    if not 0 <= head_end <= tail_start <= len(messages):
+        raise ValueError(
+            f"need 0 <= head_end ({head_end}) <= tail_start ({tail_start}) "
+            f"<= len(messages) ({len(messages)})"
+        )
+    opener: int | None = None
+    if tail_start < len(messages) and messages[tail_start].get("role") in (
+        "assistant",
+        "tool",
+        "function",
+    ):
+        # An earlier summary is a user message but opens no turn: look past it.
+        for i in range(tail_start - 1, head_end - 1, -1):
+            message = messages[i]
+            if message.get("role") == "user" and not is_summary(message):
+                opener = i
+                break
+    previous = tuple(i for i in range(head_end, tail_start) if is_summary(messages[i]))
+    pinned = tuple(riding_in(messages, group_messages(messages), head_end, tail_start))
+    if opener is not None and any(i < opener < j for i, j in _runs(pinned)):
+        # The opener sits inside a group that rides along: kept apart from it, the
+        # group's results would leave their call. The tail goes on without it.
+        opener = None
+    return CondensePlan(head_end, tail_start, opener, previous, pinned)
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive ``indices`` as ``(first, last)`` pairs."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def summary_budget(tokens: int, profile: Profile, *, turn_prefix: bool = False) -> int:
+    """The summarizer's ``max_tokens``: a share of what is replaced, clamped.
+
+    A turn-prefix summary only bridges to the steps that follow, so its
+    ceiling is half the main one.
+    """
+    ceiling = profile.summary_max_tokens
+    if turn_prefix:
+        ceiling = max(profile.summary_min_tokens, ceiling // 2)
+    return min(max(round(tokens * profile.summary_ratio), profile.summary_min_tokens), ceiling)
+
+
+async def condense(
+    messages: Sequence[Message],
+    plan: CondensePlan,
+    *,
+    profile: Profile,
+    counter: TokenCounter,
+    summarizer: Summarizer | None,
+    instructions: str | None = None,
+    originals: Sequence[Message] | None = None,
+    keys: KeyMemo | None = None,
+    cap: int | None = None,
+    salt: str = "",
+    kept_after: Sequence[Message] = (),
+) -> CondenseResult:
+    """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
+
+    ``originals`` are the same messages before pruning, index for index: the
+    summarizer (model or extractive) reads them, not the pruner's briefs, so
+    error messages, commands and paths reach the summary; the file lists are
+    read from their tool calls, whose long arguments the pruner cut (a
+    ``sed -i '…' path`` loses its path at the end). ``keys`` are the caller's
+    memo of message keys, if it has one. ``cap`` bounds the tokens of all
+    that replaces the middle (summaries and the kept turn opener): a summary
+    that comes out larger is cut to fit, not thrown away. ``salt`` (whose
+    conversation this is, with ``profile.recall``) gives the ledger's entries
+    naming a tool output the ref of that output (:mod:`compaction.chat.recall`).
+    ``kept_after`` are the originals of messages kept after the span only as
+    the pruner left them (their outputs briefed): the error lines they printed
+    join the summary's ledger, the one place that quotes them whole.
+    """
+    if originals is None:
+        originals = messages
+    elif len(originals) != len(messages):
+        raise ValueError(
+            f"originals ({len(originals)} messages) must match messages ({len(messages)})"
+        )
+    if plan.head_end >= plan.tail_start:
+        raise SummarizationError("nothing to condense: the middle is empty")
+    if profile.summarizer == "off":
+        raise SummarizationError("the summarizer is off")
+    pinned = set(plan.pinned)
+    main = _Span.of(messages, originals, plan.head_end, plan.main_end, pinned)
+    prefix = _Span([], [])
+    if plan.turn_start is not None:
+        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start, pinned)
+    if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
+        raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
+
+    run = _Run(
+        profile,
+        counter,
+        KeyMemo() if keys is None else keys,
+        summarizer,
+        instructions,
+        list(messages[: plan.head_end]),
+        salt=salt if profile.recall else "",
+        later_errors=tuple(errors_in(kept_after)),
+    )
+    main_cap = prefix_cap = None
+    if cap is not None:
+        opener = run.tokens([messages[plan.turn_start]]) if plan.turn_start is not None else 0
+        left = max(cap - opener, 0)
+        if prefix.messages:
+            wanted = summary_budget(run.tokens(prefix.messages), profile, turn_prefix=True)
+            prefix_cap = min(wanted, left // 3)
+            left -= prefix_cap
+        main_cap = left
+    # The two summaries do not depend on each other: asked at once, a split
+    # turn costs the time of one summarizer call, not two.
+    asked = []
+    if main.messages:
+        asked.append(run.summarize(main, request=None, cap=main_cap))
+    if plan.turn_start is not None and prefix.messages:
+        request = message_text(messages[plan.turn_start])
+        asked.append(run.summarize(prefix, request=request, cap=prefix_cap))
+    answers = list(await asyncio.gather(*asked))
+    main_summary = answers.pop(0) if main.messages else None
+    prefix_summary = answers.pop(0) if answers else None
+    # Each summary must be smaller than the span it stands for as the client
+    # sent it; one that is not (a short message, such as a client's
+    # environment note, under a summary's fixed header and ledger) leaves its
+    # span as it was. Against the pruned span, a summary quoting the errors
+    # the pruner briefed away would lose them; the whole condensation is
+    # still held to what it replaces as sent, below.
+    main_kept = main_summary is not None and _not_smaller(run, main_summary, main)
+    prefix_kept = prefix_summary is not None and _not_smaller(run, prefix_summary, prefix)
+    if main_kept:
+        main_summary = None
+    if prefix_kept:
+        prefix_summary = None
+    written = [m for m in (main_summary, prefix_summary) if m is not None]
+    replaced = (0 if main_kept else run.tokens(main.messages)) + (
+        0 if prefix_kept else run.tokens(prefix.messages)
+    )
+    summary_tokens = run.tokens(written)
+    if not written or summary_tokens >= replaced:
+        raise SummarizationError(
+            f"the summary ({summary_tokens:,} tokens) is not shorter than "
+            f"the {replaced:,} tokens it would replace"
+        )
+
+    out = list(messages[: plan.head_end])
+    if main_summary is not None:
+        out.append(main_summary)
+        out.extend(messages[i] for i in plan.pinned if i < plan.main_end)
+    else:
+        out.extend(messages[plan.head_end : plan.main_end])
+    if plan.turn_start is not None:
+        out.append(messages[plan.turn_start])
+        if prefix_summary is not None:
+            out.append(prefix_summary)
+            out.extend(messages[i] for i in plan.pinned if i > plan.turn_start)
+        else:
+            out.extend(messages[plan.turn_start + 1 : plan.tail_start])
+    out.extend(messages[plan.tail_start :])
+    return CondenseResult(
+        messages=out,
+        summary=written[0],
+        summarizer_used="extractive" if run.fell_back else "llm",
+        summarizer_calls=run.calls,
+        summary_tokens=summary_tokens,
+        replaced_tokens=replaced,
+        notes=tuple(run.notes),
+    )
+
+
+def _not_smaller(run: _Run, summary: Message, span: _Span) -> bool:
+    """Whether ``summary`` holds as many tokens as ``span`` as the client sent it, or more."""
+    return run.tokens([summary]) >= run.tokens(span.originals)
+
+
+def _task(head: Sequence[Message]) -> str:
+    """The head's first typed words: the task, read for the identifiers it names."""
+    return first_typed(head)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Messages ``[start, end)`` as condensed, and the same ones before pruning."""
+
+    messages: list[Message]
+    originals: list[Message]
+
+    @classmethod
+    def of(
+        cls,
+        messages: Sequence[Message],
+        originals: Sequence[Message],
+        start: int,
+        end: int,
+        pinned: set[int],
+    ) -> _Span:
+        """``[start, end)`` without the pinned messages (kept, not summarized)."""
+        kept = [i for i in range(start, end) if i not in pinned]
+        return cls([messages[i] for i in kept], [originals[i] for i in kept])
+
+
+@dataclass
+class _Run:
+    """One condense call: its settings, and what happened so far."""
+
+    profile: Profile
+    counter: TokenCounter
+    keys: KeyMemo
+    summarizer: Summarizer | None
+    instructions: str | None
+    head: list[Message]
+    salt: str = ""
+    #: Error lines printed after the span, by messages kept pruned (see condense).
+    later_errors: tuple[str, ...] = ()
+    calls: int = 0
+    fell_back: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def tokens(self, messages: Sequence[Message]) -> int:
+        return sum(self.counter.count_messages(messages, self.keys.keys(messages)))
+
+    async def summarize(
+        self, whole: _Span, *, request: str | None, cap: int | None = None
+    ) -> Message:
+        """The summary message for ``whole``; ``request`` is set for a turn prefix.
+        ``cap`` bounds its tokens: a longer summary is cut to fit."""
+        turn_prefix = request is not None
+        span = whole.messages
+        ordinary = [m for m in whole.originals if not is_summary(m)]
+        previous = [summary_body(message_text(m)) for m in span if is_summary(m)]
+        if not ordinary and len(span) == 1:
+            return span[0]  # a lone earlier summary: nothing new to fold into it
+        span_tokens = self.tokens(span)
+        budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
+        # Computed once per summary, from the originals (not the pruned briefs),
+        # with the ledgers of earlier summaries in the span folded in.
+        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head), salt=self.salt)
+        if self.later_errors and not turn_prefix:
+            ledger = ledger.merge(Ledger(errors=self.later_errors))
+        files = ledger.files
+        # The client's messages it stands for: an earlier summary folded in counts its own.
+        condensed = stands_for(span)
+
+        def wrap(body: str, blocks: str) -> Message:
+            return summary_message(
+                body, condensed=condensed, ledger=blocks, turn_prefix=turn_prefix
+            )
+
+        lists = render_file_lists(files)
+        if cap is not None:
+            budget = max(min(budget, cap - self.counter.count_message(wrap("", lists))), 1)
+        # The ledger takes its share of the budget; the prose the rest — but a
+        # model's prose is what is paid for, and the ledger leaves it room to be
+        # asked when the budget has it.
+        asks_model = self.profile.summarizer == "llm" and self.summarizer is not None
+        ledger_budget = round(budget * self.profile.ledger_share)
+        if asks_model and budget >= 2 * MODEL_REPLY_FLOOR:
+            ledger_budget = min(ledger_budget, budget - MODEL_REPLY_FLOOR)
+        rendered = render_ledger(ledger, ledger_budget, self.counter)
+        taken = self.counter.count_text(rendered) - self.counter.count_text(lists)
+        budget = max(budget - taken, 1)
+        frame = self.counter.count_message(wrap("", rendered))
+
+        def fitted(body: str) -> Message:
+            message = wrap(body, rendered)
+            if cap is not None and self.counter.count_message(message) > cap:
+                body = fit_tokens(body, max(cap - frame, 0), self.counter)
+                message = wrap(body, rendered)
+            if not body.strip() and not rendered.strip():
+                # A header over nothing would claim the span was summarized
+                # when it was dropped; truncation says so instead.
+                raise SummarizationError(f"no room for a summary of {condensed} messages")
+            return message
+
+        label = "turn prefix: " if turn_prefix else ""
+        if asks_model and budget < MODEL_REPLY_FLOOR:
+            # Too little room for prose: a model asked for a few tokens is cut
+            # off and billed all the same.
+            self.notes.append(
+                f"{label}summarizer not called: {budget} tokens left for its reply; used extractive"
+            )
+            asks_model = False
+        if asks_model:
+            try:
+                body = await self._llm(ordinary, previous, budget, request)
+                problem = summary_problem(body, turn_prefix=turn_prefix)
+                if problem is not None and turn_prefix and summary_problem(body) is None:
+                    problem = None  # a whole summary's sections serve a turn prefix too
+                if problem is None:
+                    anchors = span_anchors(ordinary)
+                    problem = anchor_problem(body, anchors)
+                    problem = problem or unchanged_problem(body, previous, anchors)
+                    facts = SpanFacts(
+                        files,
+                        task_of(self.head, previous),
+                        not turn_prefix,
+                        requests_of(self.head, ordinary, previous, request),
+                    )
+                    problem = problem or contradiction_problem(body, facts)
+                if problem is not None:
+                    raise SummarizationError(f"not a summary: {problem}")
+                message = fitted(body)
+                tokens = self.counter.count_message(message)
+                if tokens >= span_tokens:
+                    raise SummarizationError(
+                        f"{tokens:,} tokens, not shorter than the {span_tokens:,} it replaces"
+                    )
+                return message
+            except SummarizationError as exc:
+                self.notes.append(f"{label}llm summary unusable ({exc}); used extractive")
+            except Exception as exc:  # any failure of the injected call falls back
+                detail = one_line(f"{type(exc).__name__}: {exc}", _NOTE_CHARS)
+                self.notes.append(f"{label}llm summarizer failed ({detail}); used extractive")
+        elif self.profile.summarizer == "llm" and self.summarizer is None and not self.fell_back:
+            self.notes.append("no llm summarizer available; used extractive")
+        self.fell_back = True
+        body = extractive_summary(
+            ordinary,
+            head=self.head,
+            previous=previous,
+            budget=budget,
+            counter=self.counter,
+            instructions=self.instructions,
+            files=files,
+            turn_prefix=turn_prefix,
+        )
+        return fitted(body)
+
+    async def _llm(
+        self,
+        ordinary: list[Message],
+        previous: list[str],
+        budget: int,
+        request: str | None,
+    ) -> str:
+        """Map → fold: summarize chunk by chunk, each call updating the running summary."""
+        assert self.summarizer is not None
+
+        def prompt(transcript: str, running: Sequence[str]) -> list[Message]:
+            if request is None:
+                return summary_prompt(
+                    transcript, previous=running, instructions=self.instructions, budget=budget
+                )
+            return turn_prefix_prompt(
+                transcript,
+                request=request,
+                previous=running,
+                instructions=self.instructions,
+                budget=budget,
+            )
+
+        window = self.profile.summarizer_context_window or self.profile.context_window
+        # A reply may not crowd the transcript out of a small summarizer window.
+        budget = min(budget, max(window // MAX_REPLY_SHARE, 1))
+        available = window - budget - max(DEFAULT_PROMPT_MARGIN, window // 20)
+        available -= sum(self.counter.count_messages(prompt("", ())))
+        first = available - sum(self.counter.count_text(p) + 8 for p in previous)
+        following = available - budget - 8
+        running: list[str] = previous
+        for chunk in self._chunks(ordinary, first, following):
+            self.calls += 1  # counted before awaiting: a failed call was still made
+            reply = await self.summarizer(prompt(chunk, running), budget)
+            if not isinstance(reply, str):
+                raise SummarizationError(f"the reply is {type(reply).__name__}, not text")
+            body = summary_body(reply)
+            if not body:
+                raise SummarizationError("empty reply")
+            # Checked on every reply, not only the last: the next call would
+            # fold an echoed template or a continued transcript in as the
+            # previous summary, and keep it.
+            problem = echo_problem(body) or markup_problem(body)
+            if problem is not None:
+                raise SummarizationError(f"not a summary: {problem}")
+            running = [body]
+        return running[0]
+
+    def _chunks(self, messages: list[Message], first: int, following: int) -> list[str]:
+        """The serialized transcript split at group boundaries into chunks that fit."""
+        limit = self.profile.summary_tool_result_chars
+        chunks: list[str] = []
+        parts: list[str] = []
+        used = 0
+        for group in group_messages(messages):
+            text = serialize_messages(messages[group.start : group.end], limit)
+            tokens = self.counter.count_text(text) + 2
+            capacity = max(first if not chunks else following, MIN_CHUNK_TOKENS)
+            if parts and used + tokens > capacity:
+                chunks.append("\n\n".join(parts))
+                parts, used = [], 0
+                capacity = max(following, MIN_CHUNK_TOKENS)
+            if tokens > capacity:
+                text, tokens = self._squeeze(messages[group.start : group.end], capacity)
+            parts.append(text)
+            used += tokens
+        if parts or not chunks:
+            chunks.append("\n\n".join(parts))
+        return chunks
+
+    def _squeeze(self, group: list[Message], capacity: int) -> tuple[str, int]:
+        """One group serialized with its results cut harder until it fits ``capacity``."""
+        text = ""
+        for limit in _HARDER_CUTS:
+            text = serialize_messages(group, limit)
+            if self.counter.count_text(text) + 2 <= capacity:
+                break
+        text = fit_tokens(text, capacity - 2, self.counter)
+        return text, self.counter.count_text(text) + 2
