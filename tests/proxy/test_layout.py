@@ -15,11 +15,11 @@ every layer raises or reads) last.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.layout import ROOT, cycles, graph
+
 PROXY = ROOT / "proxy"
 
 #: What the top level of proxy/ may hold besides the stage folders.
@@ -44,87 +44,15 @@ IMPORT_ORDER: tuple[frozenset[str], ...] = (
 DIALECT_CONTRACTS = {"__init__.py", "base.py", "recall.py", "shapes.py", "sse.py"}
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in PROXY.rglob("*.py")}
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The proxy modules ``name`` imports, by the most precise name each import gives."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                target = node.module or ""
-            submodules = {f"{target}.{alias.name}" for alias in node.names} & known
-            # ``from pkg import sub`` depends on ``sub``; ``from pkg import name`` on pkg.
-            found |= submodules if len(submodules) == len(node.names) else {target, *submodules}
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return (found & known) - {name}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iteratively)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, edges = work[-1]
-            for nxt in edges:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = len(index)
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph[nxt]))))
-                    break
-                if nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        component.append(member)
-                        if member == node:
-                            break
-                    if len(component) > 1:
-                        cycles.append(sorted(component))
-    return cycles
-
-
 def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert _cycles(graph) == [["a", "b", "c"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_import_cycle_exists_among_proxy_modules_type_only_imports_included() -> None:
-    modules = _modules()
-    known = set(modules)
-    graph = {name: _imports(name, path, known) for name, path in modules.items()}
-    assert _cycles(graph) == []
+    edges = graph(PROXY)
+    assert cycles(edges) == []
 
 
 def _folder(module: str) -> str:
@@ -136,11 +64,11 @@ def _tier(folder: str) -> int:
     return next(i for i, tier in enumerate(IMPORT_ORDER) if folder in tier)
 
 
-def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+def _upward(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
     """The imports from a folder to one before it in :data:`IMPORT_ORDER` (or
     beside it, in its tier)."""
     found = set()
-    for module, targets in graph.items():
+    for module, targets in edges.items():
         here = _folder(module)
         for target in targets:
             there = _folder(target)
@@ -150,8 +78,8 @@ def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def test_the_direction_check_finds_an_import_that_points_up() -> None:
-    graph = {"proxy.edge.access": {"proxy.flow.send"}, "proxy.flow.send": {"proxy.edge.errors"}}
-    assert _upward(graph) == {("proxy.edge.access", "proxy.flow.send")}
+    edges = {"proxy.edge.access": {"proxy.flow.send"}, "proxy.flow.send": {"proxy.edge.errors"}}
+    assert _upward(edges) == {("proxy.edge.access", "proxy.flow.send")}
     upward = {("proxy.ui.pages", "proxy.api.state")}
     assert _upward({"proxy.ui.pages": {"proxy.api.state"}}) == upward
     assert _upward({"proxy.flow.send": {"proxy.edge.errors"}}) == set()
@@ -163,10 +91,8 @@ def test_every_folder_of_proxy_has_a_place_in_the_import_order() -> None:
 
 
 def test_imports_point_down_the_folder_order() -> None:
-    modules = _modules()
-    known = set(modules)
-    graph = {name: _imports(name, path, known) for name, path in modules.items()}
-    assert _upward(graph) == set()
+    edges = graph(PROXY)
+    assert _upward(edges) == set()
 
 
 def test_the_top_level_of_proxy_holds_only_the_app_and_the_stage_folders() -> None:
