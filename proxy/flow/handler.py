@@ -54,7 +54,6 @@ from proxy.edge.errors import (
 )
 from proxy.flow import manual, recall
 from proxy.flow.bill import spent_headers, untouched_bill
-from proxy.flow.overflow import detect_overflow
 from proxy.flow.read import Call, read_call
 from proxy.flow.record import account, cut_stream, empty_stream, request_record, rereads_of
 from proxy.flow.send import (
@@ -72,6 +71,7 @@ from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, resolve
 from proxy.state.logs import REQUESTS
 from proxy.state.stores import EMPTY_STREAM_STATUS
+from proxy.upstream.overflow import detect_overflow
 from proxy.upstream.traffic import counted
 from proxy.upstream.transport import UpstreamResponse
 

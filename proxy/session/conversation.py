@@ -258,6 +258,13 @@ async def resolve(
                     span, prepare_ahead(job, span, basis), owner=job.owner
                 )
         return _forward(conversation, decision)
+    return await _compact_locked(job, basis)
+
+
+async def _compact_locked(job: Job, basis: Basis) -> Resolved:
+    """Compact under the conversation's lock, once a wait for a preparation of
+    the same span is over, unless what the store answers by then says forward."""
+    conversations, conversation, decision = job.conversations, job.conversation, basis.decision
     ttl = conversations.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed

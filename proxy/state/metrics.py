@@ -28,176 +28,252 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5)
 
 
+class _Declared(NamedTuple):
+    attribute: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def build(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.buckets is not None:
+            return Histogram(
+                self.name, self.help, self.labels, buckets=self.buckets, registry=registry
+            )
+        return self.kind(self.name, self.help, self.labels, registry=registry)
+
+
+#: Every metric: the attribute that holds it, its kind, name, help and labels.
+_DECLARED: tuple[_Declared, ...] = (
+    _Declared(
+        "requests",
+        Counter,
+        "compaction_proxy_requests",
+        "Chat requests by model and compaction stage.",
+        ("model", "stage"),
+    ),
+    _Declared(
+        "compactions",
+        Counter,
+        "compaction_proxy_compactions",
+        "Compactions by reason and stage.",
+        ("reason", "stage"),
+    ),
+    _Declared(
+        "tokens_before",
+        Counter,
+        "compaction_proxy_tokens_before",
+        "Estimated tokens of requests as received.",
+        ("model",),
+    ),
+    _Declared(
+        "tokens_after",
+        Counter,
+        "compaction_proxy_tokens_after",
+        "Estimated tokens of requests as forwarded.",
+        ("model",),
+    ),
+    _Declared(
+        "summarizer_calls",
+        Counter,
+        "compaction_proxy_summarizer_calls",
+        "Requests sent to the LLM summarizer.",
+        (),
+    ),
+    _Declared(
+        "summarizer_failures",
+        Counter,
+        "compaction_proxy_summarizer_failures",
+        "Compactions (on the request path or prepared in the background) that asked "
+        "the llm summarizer and could not use its answer (the call failed, or the "
+        "reply was no summary), so fell back to extractive.",
+        (),
+    ),
+    _Declared(
+        "background",
+        Counter,
+        "compaction_proxy_background_jobs",
+        "Compactions prepared ahead of need, by outcome: prepared (a summary stored), "
+        "not_needed (pruning will do at the trigger), superseded, failed, cancelled, "
+        "gave_way (cancelled for a user request on a one-slot upstream), single_slot "
+        "(not run: background.single_slot = off); "
+        "at_capacity and owner_at_capacity for one not started (background.max_running, "
+        "max_running_per_owner).",
+        ("outcome",),
+    ),
+    _Declared(
+        "background_running",
+        Gauge,
+        "compaction_proxy_background_running",
+        "Compactions being prepared ahead of need right now.",
+        (),
+    ),
+    _Declared(
+        "overflow_retries",
+        Counter,
+        "compaction_proxy_overflow_retries",
+        "Requests retried after an upstream context-length error.",
+        ("model",),
+    ),
+    _Declared(
+        "upstream_latency",
+        Histogram,
+        "compaction_proxy_upstream_seconds",
+        "Time until the upstream's response headers.",
+        ("route",),
+        buckets=_LATENCY_BUCKETS,
+    ),
+    _Declared(
+        "upstream_errors",
+        Counter,
+        "compaction_proxy_upstream_errors",
+        "Upstream failures: HTTP status class of an error answer, empty (a stream "
+        "that ended before its first event), unreachable, timeout.",
+        ("kind",),
+    ),
+    _Declared(
+        "store_latency",
+        Histogram,
+        "compaction_proxy_store_seconds",
+        "Store operation latency.",
+        ("operation",),
+        buckets=_STORE_BUCKETS,
+    ),
+    _Declared(
+        "store_at_once",
+        Counter,
+        "compaction_proxy_store_answered_at_once",
+        "Store operations answered without a store call: checkpoint lookups the "
+        "store knew had nothing to find (nothing written since it last looked). "
+        "Not in compaction_proxy_store_seconds, which times calls.",
+        ("operation",),
+    ),
+    _Declared(
+        "store_errors",
+        Counter,
+        "compaction_proxy_store_errors",
+        "Store calls that failed, timed out, or were skipped after a timeout; "
+        "the request went on without the store.",
+        ("operation", "kind"),
+    ),
+    _Declared(
+        "rereads",
+        Counter,
+        "compaction_proxy_rereads",
+        "Tool calls that fetched again what a compaction applied to the request had "
+        "removed (the same call, or a read of a file a removed call read), by model "
+        "and tool.",
+        ("model", "tool"),
+    ),
+    _Declared(
+        "recalls",
+        Counter,
+        "compaction_proxy_recalls",
+        "Calls to the compaction_recall tool the proxy answered itself, by API and "
+        "outcome: answered, not_found (an unknown ref, or another caller's), invalid "
+        "(arguments it cannot read), budget (the turn's recall budget spent), dropped "
+        "(made after a client tool call was already streamed), limit (past the rounds).",
+        ("api", "outcome"),
+    ),
+    _Declared(
+        "prompt_tokens",
+        Counter,
+        "compaction_proxy_prompt_tokens",
+        "Prompt tokens of the answers as the upstream's usage reported them, by part: "
+        "uncached, cache_read, cache_write (an API that reports no writes: the part "
+        "not read).",
+        ("model", "part"),
+    ),
+    _Declared(
+        "output_tokens",
+        Counter,
+        "compaction_proxy_output_tokens",
+        "Output tokens of the answers as the upstream's usage reported them.",
+        ("model",),
+    ),
+    _Declared(
+        "unpriced",
+        Counter,
+        "compaction_proxy_unpriced_requests",
+        "Answered requests whose answer reported no usage: not in the token and "
+        "cost counters (their summarizer calls are).",
+        ("model",),
+    ),
+    _Declared(
+        "summarizer_tokens",
+        Counter,
+        "compaction_proxy_summarizer_tokens",
+        "Tokens of the LLM summarizer's answered calls, by part (prompt, output), as "
+        "their usage reported them or, without one, estimated.",
+        ("part",),
+    ),
+    _Declared(
+        "cost",
+        Counter,
+        "compaction_proxy_cost",
+        "What the answers and the summarizer calls cost, in plain input tokens of the "
+        "model's price (compaction.pricing).",
+        ("model",),
+    ),
+    _Declared(
+        "cost_without",
+        Counter,
+        "compaction_proxy_cost_without_compaction",
+        "The estimated cost of the same requests forwarded as the clients sent them, "
+        "in plain input tokens (docs/compaction.md#what-a-compaction-costs).",
+        ("model",),
+    ),
+    _Declared(
+        "cost_dollars",
+        Counter,
+        "compaction_proxy_cost_dollars",
+        "compaction_proxy_cost in US dollars, for models with a known input price.",
+        ("model",),
+    ),
+    _Declared(
+        "cost_without_dollars",
+        Counter,
+        "compaction_proxy_cost_without_compaction_dollars",
+        "compaction_proxy_cost_without_compaction in US dollars, for models with a "
+        "known input price.",
+        ("model",),
+    ),
+)
+
+
 class Metrics:
+    """The proxy's Prometheus metrics, declared in :data:`_DECLARED`."""
+
+    requests: Counter
+    compactions: Counter
+    tokens_before: Counter
+    tokens_after: Counter
+    summarizer_calls: Counter
+    summarizer_failures: Counter
+    background: Counter
+    background_running: Gauge
+    overflow_retries: Counter
+    upstream_latency: Histogram
+    upstream_errors: Counter
+    store_latency: Histogram
+    store_at_once: Counter
+    store_errors: Counter
+    rereads: Counter
+    recalls: Counter
+    prompt_tokens: Counter
+    output_tokens: Counter
+    unpriced: Counter
+    summarizer_tokens: Counter
+    cost: Counter
+    cost_without: Counter
+    cost_dollars: Counter
+    cost_without_dollars: Counter
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "compaction_proxy_requests",
-            "Chat requests by model and compaction stage.",
-            ["model", "stage"],
-            registry=r,
-        )
-        self.compactions = Counter(
-            "compaction_proxy_compactions",
-            "Compactions by reason and stage.",
-            ["reason", "stage"],
-            registry=r,
-        )
-        self.tokens_before = Counter(
-            "compaction_proxy_tokens_before",
-            "Estimated tokens of requests as received.",
-            ["model"],
-            registry=r,
-        )
-        self.tokens_after = Counter(
-            "compaction_proxy_tokens_after",
-            "Estimated tokens of requests as forwarded.",
-            ["model"],
-            registry=r,
-        )
-        self.summarizer_calls = Counter(
-            "compaction_proxy_summarizer_calls",
-            "Requests sent to the LLM summarizer.",
-            registry=r,
-        )
-        self.summarizer_failures = Counter(
-            "compaction_proxy_summarizer_failures",
-            "Compactions (on the request path or prepared in the background) that asked "
-            "the llm summarizer and could not use its answer (the call failed, or the "
-            "reply was no summary), so fell back to extractive.",
-            registry=r,
-        )
-        self.background = Counter(
-            "compaction_proxy_background_jobs",
-            "Compactions prepared ahead of need, by outcome: prepared (a summary stored), "
-            "not_needed (pruning will do at the trigger), superseded, failed, cancelled, "
-            "gave_way (cancelled for a user request on a one-slot upstream), single_slot "
-            "(not run: background.single_slot = off); "
-            "at_capacity and owner_at_capacity for one not started (background.max_running, "
-            "max_running_per_owner).",
-            ["outcome"],
-            registry=r,
-        )
-        self.background_running = Gauge(
-            "compaction_proxy_background_running",
-            "Compactions being prepared ahead of need right now.",
-            registry=r,
-        )
-        self.overflow_retries = Counter(
-            "compaction_proxy_overflow_retries",
-            "Requests retried after an upstream context-length error.",
-            ["model"],
-            registry=r,
-        )
-        self.upstream_latency = Histogram(
-            "compaction_proxy_upstream_seconds",
-            "Time until the upstream's response headers.",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.upstream_errors = Counter(
-            "compaction_proxy_upstream_errors",
-            "Upstream failures: HTTP status class of an error answer, empty (a stream "
-            "that ended before its first event), unreachable, timeout.",
-            ["kind"],
-            registry=r,
-        )
-        self.store_latency = Histogram(
-            "compaction_proxy_store_seconds",
-            "Store operation latency.",
-            ["operation"],
-            buckets=_STORE_BUCKETS,
-            registry=r,
-        )
-        self.store_at_once = Counter(
-            "compaction_proxy_store_answered_at_once",
-            "Store operations answered without a store call: checkpoint lookups the "
-            "store knew had nothing to find (nothing written since it last looked). "
-            "Not in compaction_proxy_store_seconds, which times calls.",
-            ["operation"],
-            registry=r,
-        )
-        self.store_errors = Counter(
-            "compaction_proxy_store_errors",
-            "Store calls that failed, timed out, or were skipped after a timeout; "
-            "the request went on without the store.",
-            ["operation", "kind"],
-            registry=r,
-        )
-        self.rereads = Counter(
-            "compaction_proxy_rereads",
-            "Tool calls that fetched again what a compaction applied to the request had "
-            "removed (the same call, or a read of a file a removed call read), by model "
-            "and tool.",
-            ["model", "tool"],
-            registry=r,
-        )
-        self.recalls = Counter(
-            "compaction_proxy_recalls",
-            "Calls to the compaction_recall tool the proxy answered itself, by API and "
-            "outcome: answered, not_found (an unknown ref, or another caller's), invalid "
-            "(arguments it cannot read), budget (the turn's recall budget spent), dropped "
-            "(made after a client tool call was already streamed), limit (past the rounds).",
-            ["api", "outcome"],
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "compaction_proxy_prompt_tokens",
-            "Prompt tokens of the answers as the upstream's usage reported them, by part: "
-            "uncached, cache_read, cache_write (an API that reports no writes: the part "
-            "not read).",
-            ["model", "part"],
-            registry=r,
-        )
-        self.output_tokens = Counter(
-            "compaction_proxy_output_tokens",
-            "Output tokens of the answers as the upstream's usage reported them.",
-            ["model"],
-            registry=r,
-        )
-        self.unpriced = Counter(
-            "compaction_proxy_unpriced_requests",
-            "Answered requests whose answer reported no usage: not in the token and "
-            "cost counters (their summarizer calls are).",
-            ["model"],
-            registry=r,
-        )
-        self.summarizer_tokens = Counter(
-            "compaction_proxy_summarizer_tokens",
-            "Tokens of the LLM summarizer's answered calls, by part (prompt, output), as "
-            "their usage reported them or, without one, estimated.",
-            ["part"],
-            registry=r,
-        )
-        self.cost = Counter(
-            "compaction_proxy_cost",
-            "What the answers and the summarizer calls cost, in plain input tokens of the "
-            "model's price (compaction.pricing).",
-            ["model"],
-            registry=r,
-        )
-        self.cost_without = Counter(
-            "compaction_proxy_cost_without_compaction",
-            "The estimated cost of the same requests forwarded as the clients sent them, "
-            "in plain input tokens (docs/compaction.md#what-a-compaction-costs).",
-            ["model"],
-            registry=r,
-        )
-        self.cost_dollars = Counter(
-            "compaction_proxy_cost_dollars",
-            "compaction_proxy_cost in US dollars, for models with a known input price.",
-            ["model"],
-            registry=r,
-        )
-        self.cost_without_dollars = Counter(
-            "compaction_proxy_cost_without_compaction_dollars",
-            "compaction_proxy_cost_without_compaction in US dollars, for models with a "
-            "known input price.",
-            ["model"],
-            registry=r,
-        )
+        for declared in _DECLARED:
+            setattr(self, declared.attribute, declared.build(self.registry))
         self._models: set[str] = set()
         self._tools: set[str] = set()
         #: Labelled children of the per-request metrics: ``labels()`` takes a

@@ -49,8 +49,8 @@ from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
 from proxy.edge.body import parse_chat_body, parse_object
-from proxy.flow.overflow import detect_overflow
 from proxy.flow.usage import UsageTap
+from proxy.upstream.overflow import detect_overflow
 
 #: How much more than twice the work at n the work at 2n may be and still be
 #: linear: fixed costs make it a little less than double, never four times.

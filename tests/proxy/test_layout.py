@@ -15,6 +15,7 @@ every layer raises or reads) last.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,51 @@ def test_dialects_hold_the_shared_contracts_and_one_folder_per_api() -> None:
 def test_every_stage_folder_says_what_it_is_for(stage: str) -> None:
     docstring = ast.get_docstring(ast.parse((PROXY / stage / "__init__.py").read_text()))
     assert docstring, f"proxy/{stage}/__init__.py has no docstring"
+
+
+#: The longest a function in proxy/ may be, in lines, and the most modules a
+#: folder may hold (``__init__.py`` not counted): past these a reader loses
+#: the thread, and the piece wants splitting by the step it serves.
+MAX_FUNCTION_LINES = 80
+MAX_FOLDER_MODULES = 12
+
+
+def _long_functions(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(root)}:{node.name} ({lines} lines)")
+    return found
+
+
+def _crowded_folders(root: Path) -> list[str]:
+    folders = {path.parent for path in root.rglob("*.py")}
+    counts = {
+        folder: sum(1 for p in folder.glob("*.py") if p.name != "__init__.py") for folder in folders
+    }
+    return sorted(
+        f"{folder.relative_to(root)} ({n})"
+        for folder, n in counts.items()
+        if n > MAX_FOLDER_MODULES
+    )
+
+
+def test_the_size_checks_find_a_long_function_and_a_crowded_folder(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{n} = {n}" for n in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n")
+    (tmp_path / "short.py").write_text("def short():\n    return 1\n")
+    assert _long_functions(tmp_path) == [f"long.py:long ({MAX_FUNCTION_LINES + 1} lines)"]
+    for n in range(MAX_FOLDER_MODULES - 1):
+        (tmp_path / f"m{n}.py").write_text("")
+    assert _crowded_folders(tmp_path) == [f". ({MAX_FOLDER_MODULES + 1})"]
+
+
+def test_no_function_in_proxy_is_over_the_line_limit() -> None:
+    assert _long_functions(PROXY) == []
+
+
+def test_no_folder_of_proxy_holds_more_than_the_module_limit() -> None:
+    assert _crowded_folders(PROXY) == []

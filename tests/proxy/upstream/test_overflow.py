@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.flow.overflow import detect_overflow
+from proxy.upstream.overflow import detect_overflow
 
 
 def body(message: str, **error: object) -> bytes:
