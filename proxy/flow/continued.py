@@ -86,7 +86,7 @@ def continued(
     return Continuation(Reading(body=body, messages=body[field]), previous, settled)
 
 
-async def remembered(
+async def remember_reading(
     conversations: Conversations,
     dialect: Dialect,
     owner: str,

@@ -68,11 +68,11 @@ from proxy.flow.send import (
 )
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
-from proxy.session.conversation import Resolved, resolve
+from proxy.session.conversation import Resolved, compact_if_needed
 from proxy.state.logs import REQUESTS
 from proxy.state.stores import EMPTY_STREAM_STATUS
 from proxy.upstream.overflow import detect_overflow
-from proxy.upstream.traffic import counted
+from proxy.upstream.traffic import count_answer
 from proxy.upstream.transport import UpstreamResponse
 
 logger = logging.getLogger(REQUESTS)
@@ -392,12 +392,12 @@ async def _compact_for(
     store: bool = True,
 ) -> Resolved:
     """The request's conversation as it is to be sent: decided once, compacted
-    if needed (:func:`proxy.session.conversation.resolve`), the engine's
+    if needed (:func:`proxy.session.conversation.compact_if_needed`), the engine's
     refusals turned into the client's errors."""
     summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
     try:
         with deep_nesting_refused():  # messages nested deeper than orjson writes
-            return await resolve(
+            return await compact_if_needed(
                 call.services.conversations,
                 call,
                 summarizer,
@@ -508,7 +508,7 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
         sent.end()
         raise
     sent.answered()
-    response = counted(response, sent)
+    response = count_answer(response, sent)
     metrics.record_upstream("chat", time.perf_counter() - started, response.status)
     if response.status >= 400:
         call.tally.upstream_errors += 1

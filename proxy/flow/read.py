@@ -27,7 +27,7 @@ from proxy.edge.access import owner_of
 from proxy.edge.body import check_model, deep_nesting_refused, read_body
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.headers import AUTH_HEADERS
-from proxy.flow.continued import continued, remembered, without_commands
+from proxy.flow.continued import continued, remember_reading, without_commands
 from proxy.flow.send import upstream_headers
 from proxy.flow.services import Services
 from proxy.session.conversation import Resolved, identify, scope_of
@@ -40,7 +40,7 @@ from proxy.upstream.usage import NO_USAGE, Usage
 #: on it). Smaller ones are parsed on the loop — a few milliseconds at most;
 #: with the GIL a thread would only slice that work, at ~2 ms of hand-over
 #: cost — and only their new text, if there is much, is tokenized in a
-#: thread (see proxy.session.conversation.resolve).
+#: thread (see proxy.session.conversation.compact_if_needed).
 OFF_LOOP_BYTES = 1 << 20
 
 
@@ -194,7 +194,7 @@ class _Read:
     untouchable: str | None = None
 
 
-def _read_conversation(
+def _parse(
     services: Services,
     raw: bytes,
     client_headers: list[tuple[str, str]],
@@ -247,7 +247,7 @@ async def read_call(
     # A growing conversation's next request: only what it adds is read.
     continuation = continued(services.conversations, dialect, owner, raw)
     if continuation is not None:
-        read = _read_conversation(
+        read = _parse(
             services,
             raw,
             client_headers,
@@ -261,17 +261,17 @@ async def read_call(
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _read_conversation, services, raw, client_headers, dialect, owner, ahead=True
+            _parse, services, raw, client_headers, dialect, owner, ahead=True
         )
     else:
-        read = _read_conversation(services, raw, client_headers, dialect, owner, ahead=False)
+        read = _parse(services, raw, client_headers, dialect, owner, ahead=False)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
     services.conversations.discover(read.config, dialect.route(read.config)[0], credentials)
     identified = read.identified
     if read.original is None and read.untouchable is None:
-        identified = await remembered(
+        identified = await remember_reading(
             services.conversations,
             dialect,
             owner,

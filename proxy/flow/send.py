@@ -258,7 +258,7 @@ class Relay(Response):
                 # client: the second answer is relayed in its place, from its head.
                 upstream.abort()
                 after, self._after = self._after, None
-                cut = Cut(self.cut.counted) if self.cut is not None else None
+                cut = Cut(self.cut.count) if self.cut is not None else None
                 relay = Relay(await again(), self._extra, self.tap, self.dialect, after, cut)
                 await relay(scope, receive, send)
         finally:
@@ -379,7 +379,7 @@ class Relay(Response):
         to send again when nothing of it reached the client."""
         assert self.cut is not None
         again = self.cut.again if unseen and not gone else None
-        self.cut.counted()
+        self.cut.count()
         fields = {"upstream": shown_url(self.upstream.url), "api": self.dialect.name}
         fields["then"] = "asked again" if again is not None else "error event"
         logger.warning("upstream stream ended before its end", extra={"fields": fields})
@@ -411,7 +411,7 @@ class Cut:
     code ``upstream_dropped`` (an SDK raises it as the error it is)."""
 
     #: Counts it as the upstream error it is.
-    counted: Callable[[], None]
+    count: Callable[[], None]
     #: Sends the same request once more; ``None``: no second try.
     again: Callable[[], Awaitable[UpstreamResponse]] | None = None
 

@@ -22,7 +22,7 @@ conversation near its trigger, starts :func:`prepare_ahead` as a task of
 
 The request that crosses the trigger applies it (:func:`compaction.decide`),
 waiting for a preparation still running for its span rather than asking the
-model twice (:func:`proxy.session.conversation.resolve`).
+model twice (:func:`proxy.session.conversation.compact_if_needed`).
 
 A preparation's summaries go through the upstream pool of the background
 (:attr:`proxy.upstream.service.Upstream.summaries_transport`), never the one

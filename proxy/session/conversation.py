@@ -1,5 +1,5 @@
 """One request's conversation against the store: look up, decide, lock,
-execute, store, record — :func:`resolve`.
+execute, store, record — :func:`compact_if_needed`.
 
 The policy is the library's (:mod:`compaction.decide`); this module does
 the I/O around it, and decides once:
@@ -78,7 +78,7 @@ logger = logging.getLogger("compaction_proxy.checkpoints")
 
 @dataclass(frozen=True)
 class Resolved:
-    """What to forward for one request, and what happened on the way (:func:`resolve`)."""
+    """What to forward for one request, and what happened on the way (:func:`compact_if_needed`)."""
 
     messages: list[Message]
     #: True when ``messages`` is exactly what the client sent.
@@ -151,7 +151,7 @@ def identify(
 ) -> Conversation:
     """:func:`compaction.read_conversation` with this model's counter: tokenizes
     what the cache has not seen, so the caller may run it in a worker thread
-    and hand the result to :func:`resolve`."""
+    and hand the result to :func:`compact_if_needed`."""
     counter = conversations.counter(config)
     return read_conversation(
         body,
@@ -164,7 +164,7 @@ def identify(
 
 
 class Asked(Protocol):
-    """One request's conversation, as :func:`resolve` reads it (the handler's
+    """One request's conversation, as :func:`compact_if_needed` reads it (the handler's
     :class:`proxy.flow.read.Call` is one)."""
 
     @property
@@ -185,7 +185,7 @@ class Asked(Protocol):
 
 @dataclass(frozen=True)
 class Ask:
-    """A conversation to :func:`resolve`, for callers without a request of their own."""
+    """A conversation to :func:`compact_if_needed`, for callers without a request of their own."""
 
     body: Mapping[str, Any]
     messages: list[Message]
@@ -196,7 +196,7 @@ class Ask:
     client_session: str | None = None
 
 
-async def resolve(
+async def compact_if_needed(
     conversations: Conversations,
     asked: Asked,
     summarizer: Summarizer | None,

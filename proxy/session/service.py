@@ -107,7 +107,7 @@ class Conversations:
 
     async def sending(self, config: ModelConfig) -> Sending:
         """A user's request is about to be sent upstream: counted in flight until
-        its answer is over (:func:`proxy.upstream.traffic.counted`), and on a
+        its answer is over (:func:`proxy.upstream.traffic.count_answer`), and on a
         one-slot upstream the background summaries to it cancelled first."""
         key = calibration_key(config)
         return await self.upstream.traffic.begin(key, single=self.single_slot(config))

@@ -3,7 +3,7 @@ instructions or switch compaction off, and "compact now".
 
 Used by the JSON routes (:mod:`proxy.api.steering`) and the dashboard's buttons
 alike, and by :func:`steering_for`, the one call
-:func:`proxy.session.conversation.resolve` makes into this module: it reads
+:func:`proxy.session.conversation.compact_if_needed` makes into this module: it reads
 the session's settings (alongside the store's lookup of its checkpoints, at
 the same time) and a pending "compact now" into the
 :class:`compaction.Steering` that :func:`compaction.decide` takes — the rules

@@ -4,7 +4,7 @@ A server with one slot (llama.cpp's default) answers one request at a time:
 a background summary there makes the user's next request queue behind it.
 :class:`Traffic` counts the user requests in flight and the background
 summaries per upstream and model (by
-:func:`proxy.state.models.calibration_key`); :func:`counted` wraps an
+:func:`proxy.state.models.calibration_key`); :func:`count_answer` wraps an
 answer so its end (its last byte relayed, not its headers) ends the count.
 """
 
@@ -207,7 +207,7 @@ def _forget_oldest(rows: dict[str, Any]) -> None:
         del rows[next(iter(rows))]
 
 
-def counted(response: UpstreamResponse, sent: Sending) -> UpstreamResponse:
+def count_answer(response: UpstreamResponse, sent: Sending) -> UpstreamResponse:
     """``response``, whose end (read to its end, released or aborted — every
     answer is, a stream's once relayed) ends ``sent``: a stream keeps a
     one-slot server busy until its last byte, not just until its headers."""

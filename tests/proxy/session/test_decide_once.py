@@ -16,7 +16,7 @@ import proxy.session.compacting
 from compaction import Decision, Steering, calibrated_budget, decide, session_key
 from config import load_settings
 from proxy.session.compacting import Basis, Job, look_up
-from proxy.session.conversation import Ask, identify, resolve
+from proxy.session.conversation import Ask, compact_if_needed, identify
 from proxy.session.service import Conversations
 from proxy.state.observability import Observability
 from proxy.state.stores import MemoryStore
@@ -166,7 +166,10 @@ def test_concurrent_requests_for_one_compaction_decide_again_only_on_a_changed_a
         state = _state()  # its transport belongs to this loop
         config = state.model_config("m")
         resolved = await asyncio.gather(
-            *(resolve(state, Ask(body, messages, config), SlowSummarizer()) for _ in range(3))
+            *(
+                compact_if_needed(state, Ask(body, messages, config), SlowSummarizer())
+                for _ in range(3)
+            )
         )
         await state.upstream.aclose()
         return [r.stage for r in resolved]
