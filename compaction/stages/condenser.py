@@ -60,7 +60,7 @@ from compaction.summary.checks import (
 )
 from compaction.summary.contradictions import SpanFacts, contradiction_problem, requests_of, task_of
 from compaction.summary.extractive import extractive_summary
-from compaction.summary.files import render_file_lists
+from compaction.summary.files import FileLists, render_file_lists
 from compaction.summary.format import summary_body, summary_message
 from compaction.summary.ledger import Ledger, errors_in, ledger_of, render_ledger
 from compaction.summary.prompts import (
@@ -206,25 +206,13 @@ async def condense(
     the pruner left them (their outputs briefed): the error lines they printed
     join the summary's ledger, the one place that quotes them whole.
     """
-    if originals is None:
-        originals = messages
-    elif len(originals) != len(messages):
-        raise ValueError(
-            f"originals ({len(originals)} messages) must match messages ({len(messages)})"
-        )
+    originals = _checked_originals(messages, originals)
     if plan.head_end >= plan.tail_start:
         raise SummarizationError("nothing to condense: the middle is empty")
     if profile.summarizer == "off":
         raise SummarizationError("the summarizer is off")
-    pinned = set(plan.pinned)
-    main = _Span.of(messages, originals, plan.head_end, plan.main_end, pinned)
-    prefix = _Span([], [])
-    if plan.turn_start is not None:
-        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start, pinned)
-    if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
-        raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
-
-    run = _Run(
+    main, prefix = _spans(messages, originals, plan)
+    run = _Condensing(
         profile,
         counter,
         KeyMemo() if keys is None else keys,
@@ -234,49 +222,117 @@ async def condense(
         salt=salt if profile.recall else "",
         later_errors=tuple(errors_in(kept_after)),
     )
-    main_cap = prefix_cap = None
-    if cap is not None:
-        opener = run.tokens([messages[plan.turn_start]]) if plan.turn_start is not None else 0
-        left = max(cap - opener, 0)
-        if prefix.messages:
-            wanted = summary_budget(run.tokens(prefix.messages), profile, turn_prefix=True)
-            prefix_cap = min(wanted, left // 3)
-            left -= prefix_cap
-        main_cap = left
-    # The two summaries do not depend on each other: asked at once, a split
-    # turn costs the time of one summarizer call, not two.
-    asked = []
-    if main.messages:
-        asked.append(run.summarize(main, request=None, cap=main_cap))
-    if plan.turn_start is not None and prefix.messages:
-        request = message_text(messages[plan.turn_start])
-        asked.append(run.summarize(prefix, request=request, cap=prefix_cap))
-    answers = list(await asyncio.gather(*asked))
-    main_summary = answers.pop(0) if main.messages else None
-    prefix_summary = answers.pop(0) if answers else None
+    caps = _caps(run, messages, plan, prefix, cap)
+    main_summary, prefix_summary = await _summaries(run, messages, plan, (main, prefix), caps)
     # Each summary must be smaller than the span it stands for as the client
     # sent it; one that is not (a short message, such as a client's
     # environment note, under a summary's fixed header and ledger) leaves its
     # span as it was. Against the pruned span, a summary quoting the errors
     # the pruner briefed away would lose them; the whole condensation is
     # still held to what it replaces as sent, below.
-    main_kept = main_summary is not None and _not_smaller(run, main_summary, main)
-    prefix_kept = prefix_summary is not None and _not_smaller(run, prefix_summary, prefix)
-    if main_kept:
-        main_summary = None
-    if prefix_kept:
-        prefix_summary = None
+    if main_summary is not None and _not_smaller(run, main_summary, main):
+        main_summary, main = None, _Span([], [])
+    if prefix_summary is not None and _not_smaller(run, prefix_summary, prefix):
+        prefix_summary, prefix = None, _Span([], [])
     written = [m for m in (main_summary, prefix_summary) if m is not None]
-    replaced = (0 if main_kept else run.tokens(main.messages)) + (
-        0 if prefix_kept else run.tokens(prefix.messages)
-    )
+    replaced = run.tokens(main.messages) + run.tokens(prefix.messages)
     summary_tokens = run.tokens(written)
     if not written or summary_tokens >= replaced:
         raise SummarizationError(
             f"the summary ({summary_tokens:,} tokens) is not shorter than "
             f"the {replaced:,} tokens it would replace"
         )
+    return CondenseResult(
+        messages=_assembled(messages, plan, main_summary, prefix_summary),
+        summary=written[0],
+        summarizer_used="extractive" if run.fell_back else "llm",
+        summarizer_calls=run.calls,
+        summary_tokens=summary_tokens,
+        replaced_tokens=replaced,
+        notes=tuple(run.notes),
+    )
 
+
+def _checked_originals(
+    messages: Sequence[Message], originals: Sequence[Message] | None
+) -> Sequence[Message]:
+    """``originals``, or ``messages`` when there are none; refused when they do not
+    match ``messages`` index for index."""
+    if originals is None:
+        return messages
+    if len(originals) != len(messages):
+        raise ValueError(
+            f"originals ({len(originals)} messages) must match messages ({len(messages)})"
+        )
+    return originals
+
+
+def _spans(
+    messages: Sequence[Message], originals: Sequence[Message], plan: CondensePlan
+) -> tuple[_Span, _Span]:
+    """The main span and the turn prefix (empty unless the turn is split), each
+    without its pinned messages; refused when they hold only earlier summaries."""
+    pinned = set(plan.pinned)
+    main = _Span.of(messages, originals, plan.head_end, plan.main_end, pinned)
+    prefix = _Span([], [])
+    if plan.turn_start is not None:
+        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start, pinned)
+    if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
+        raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
+    return main, prefix
+
+
+def _caps(
+    run: _Condensing,
+    messages: Sequence[Message],
+    plan: CondensePlan,
+    prefix: _Span,
+    cap: int | None,
+) -> tuple[int | None, int | None]:
+    """The token caps of the main summary and of the turn prefix's: ``cap`` less the
+    kept turn opener, the prefix taking at most a third of it."""
+    if cap is None:
+        return None, None
+    opener = run.tokens([messages[plan.turn_start]]) if plan.turn_start is not None else 0
+    left = max(cap - opener, 0)
+    prefix_cap = None
+    if prefix.messages:
+        wanted = summary_budget(run.tokens(prefix.messages), run.profile, turn_prefix=True)
+        prefix_cap = min(wanted, left // 3)
+        left -= prefix_cap
+    return left, prefix_cap
+
+
+async def _summaries(
+    run: _Condensing,
+    messages: Sequence[Message],
+    plan: CondensePlan,
+    spans: tuple[_Span, _Span],
+    caps: tuple[int | None, int | None],
+) -> tuple[Message | None, Message | None]:
+    """The main span's summary and the turn prefix's, each ``None`` when its span is empty."""
+    main, prefix = spans
+    # The two summaries do not depend on each other: asked at once, a split
+    # turn costs the time of one summarizer call, not two.
+    asked = []
+    if main.messages:
+        asked.append(run.summarize(main, request=None, cap=caps[0]))
+    if plan.turn_start is not None and prefix.messages:
+        request = message_text(messages[plan.turn_start])
+        asked.append(run.summarize(prefix, request=request, cap=caps[1]))
+    answers = list(await asyncio.gather(*asked))
+    main_summary = answers.pop(0) if main.messages else None
+    return main_summary, answers.pop(0) if answers else None
+
+
+def _assembled(
+    messages: Sequence[Message],
+    plan: CondensePlan,
+    main_summary: Message | None,
+    prefix_summary: Message | None,
+) -> list[Message]:
+    """The head, each summary (or its span as it was, when it has none) with the
+    pinned messages of its span after it, the turn opener, and the tail."""
     out = list(messages[: plan.head_end])
     if main_summary is not None:
         out.append(main_summary)
@@ -291,18 +347,10 @@ async def condense(
         else:
             out.extend(messages[plan.turn_start + 1 : plan.tail_start])
     out.extend(messages[plan.tail_start :])
-    return CondenseResult(
-        messages=out,
-        summary=written[0],
-        summarizer_used="extractive" if run.fell_back else "llm",
-        summarizer_calls=run.calls,
-        summary_tokens=summary_tokens,
-        replaced_tokens=replaced,
-        notes=tuple(run.notes),
-    )
+    return out
 
 
-def _not_smaller(run: _Run, summary: Message, span: _Span) -> bool:
+def _not_smaller(run: _Condensing, summary: Message, span: _Span) -> bool:
     """Whether ``summary`` holds as many tokens as ``span`` as the client sent it, or more."""
     return run.tokens([summary]) >= run.tokens(span.originals)
 
@@ -334,7 +382,57 @@ class _Span:
 
 
 @dataclass
-class _Run:
+class _Shape:
+    """How one summary message is put together: its heading's count, the rendered
+    ledger once the budget is known, and the cap its tokens must fit."""
+
+    condensed: int
+    turn_prefix: bool
+    cap: int | None
+    counter: TokenCounter
+    rendered: str = ""
+
+    def wrap(self, body: str, blocks: str) -> Message:
+        return summary_message(
+            body, condensed=self.condensed, ledger=blocks, turn_prefix=self.turn_prefix
+        )
+
+    def prose_budget(
+        self, budget: int, ledger: Ledger, profile: Profile, *, asks_model: bool
+    ) -> int:
+        """What is left of ``budget`` for the prose once the ledger is rendered.
+
+        The ledger takes its share of the budget; the prose the rest — but a
+        model's prose is what is paid for, and the ledger leaves it room to be
+        asked when the budget has it.
+        """
+        lists = render_file_lists(ledger.files)
+        if self.cap is not None:
+            frame = self.counter.count_message(self.wrap("", lists))
+            budget = max(min(budget, self.cap - frame), 1)
+        ledger_budget = round(budget * profile.ledger_share)
+        if asks_model and budget >= 2 * MODEL_REPLY_FLOOR:
+            ledger_budget = min(ledger_budget, budget - MODEL_REPLY_FLOOR)
+        self.rendered = render_ledger(ledger, ledger_budget, self.counter)
+        taken = self.counter.count_text(self.rendered) - self.counter.count_text(lists)
+        return max(budget - taken, 1)
+
+    def fitted(self, body: str) -> Message:
+        """The summary message of ``body``, its prose cut to fit the cap."""
+        message = self.wrap(body, self.rendered)
+        if self.cap is not None and self.counter.count_message(message) > self.cap:
+            frame = self.counter.count_message(self.wrap("", self.rendered))
+            body = fit_tokens(body, max(self.cap - frame, 0), self.counter)
+            message = self.wrap(body, self.rendered)
+        if not body.strip() and not self.rendered.strip():
+            # A header over nothing would claim the span was summarized
+            # when it was dropped; truncation says so instead.
+            raise SummarizationError(f"no room for a summary of {self.condensed} messages")
+        return message
+
+
+@dataclass
+class _Condensing:
     """One condense call: its settings, and what happened so far."""
 
     profile: Profile
@@ -365,47 +463,12 @@ class _Run:
         if not ordinary and len(span) == 1:
             return span[0]  # a lone earlier summary: nothing new to fold into it
         span_tokens = self.tokens(span)
-        budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
-        # Computed once per summary, from the originals (not the pruned briefs),
-        # with the ledgers of earlier summaries in the span folded in.
-        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head), salt=self.salt)
-        if self.later_errors and not turn_prefix:
-            ledger = ledger.merge(Ledger(errors=self.later_errors))
-        files = ledger.files
+        ledger = self._ledger(whole, turn_prefix=turn_prefix)
         # The client's messages it stands for: an earlier summary folded in counts its own.
-        condensed = stands_for(span)
-
-        def wrap(body: str, blocks: str) -> Message:
-            return summary_message(
-                body, condensed=condensed, ledger=blocks, turn_prefix=turn_prefix
-            )
-
-        lists = render_file_lists(files)
-        if cap is not None:
-            budget = max(min(budget, cap - self.counter.count_message(wrap("", lists))), 1)
-        # The ledger takes its share of the budget; the prose the rest — but a
-        # model's prose is what is paid for, and the ledger leaves it room to be
-        # asked when the budget has it.
+        shape = _Shape(stands_for(span), turn_prefix, cap, self.counter)
         asks_model = self.profile.summarizer == "llm" and self.summarizer is not None
-        ledger_budget = round(budget * self.profile.ledger_share)
-        if asks_model and budget >= 2 * MODEL_REPLY_FLOOR:
-            ledger_budget = min(ledger_budget, budget - MODEL_REPLY_FLOOR)
-        rendered = render_ledger(ledger, ledger_budget, self.counter)
-        taken = self.counter.count_text(rendered) - self.counter.count_text(lists)
-        budget = max(budget - taken, 1)
-        frame = self.counter.count_message(wrap("", rendered))
-
-        def fitted(body: str) -> Message:
-            message = wrap(body, rendered)
-            if cap is not None and self.counter.count_message(message) > cap:
-                body = fit_tokens(body, max(cap - frame, 0), self.counter)
-                message = wrap(body, rendered)
-            if not body.strip() and not rendered.strip():
-                # A header over nothing would claim the span was summarized
-                # when it was dropped; truncation says so instead.
-                raise SummarizationError(f"no room for a summary of {condensed} messages")
-            return message
-
+        budget = summary_budget(span_tokens, self.profile, turn_prefix=turn_prefix)
+        budget = shape.prose_budget(budget, ledger, self.profile, asks_model=asks_model)
         label = "turn prefix: " if turn_prefix else ""
         if asks_model and budget < MODEL_REPLY_FLOOR:
             # Too little room for prose: a model asked for a few tokens is cut
@@ -417,23 +480,10 @@ class _Run:
         if asks_model:
             try:
                 body = await self._llm(ordinary, previous, budget, request)
-                problem = summary_problem(body, turn_prefix=turn_prefix)
-                if problem is not None and turn_prefix and summary_problem(body) is None:
-                    problem = None  # a whole summary's sections serve a turn prefix too
-                if problem is None:
-                    anchors = span_anchors(ordinary)
-                    problem = anchor_problem(body, anchors)
-                    problem = problem or unchanged_problem(body, previous, anchors)
-                    facts = SpanFacts(
-                        files,
-                        task_of(self.head, previous),
-                        not turn_prefix,
-                        requests_of(self.head, ordinary, previous, request),
-                    )
-                    problem = problem or contradiction_problem(body, facts)
+                problem = self._problem(body, ordinary, previous, ledger.files, request)
                 if problem is not None:
                     raise SummarizationError(f"not a summary: {problem}")
-                message = fitted(body)
+                message = shape.fitted(body)
                 tokens = self.counter.count_message(message)
                 if tokens >= span_tokens:
                     raise SummarizationError(
@@ -455,10 +505,47 @@ class _Run:
             budget=budget,
             counter=self.counter,
             instructions=self.instructions,
-            files=files,
+            files=ledger.files,
             turn_prefix=turn_prefix,
         )
-        return fitted(body)
+        return shape.fitted(body)
+
+    def _ledger(self, whole: _Span, *, turn_prefix: bool) -> Ledger:
+        """The span's ledger: computed once per summary, from the originals (not the
+        pruned briefs), with the ledgers of earlier summaries in the span folded in,
+        and for a main summary the errors printed after it by messages kept pruned."""
+        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head), salt=self.salt)
+        if self.later_errors and not turn_prefix:
+            ledger = ledger.merge(Ledger(errors=self.later_errors))
+        return ledger
+
+    def _problem(
+        self,
+        body: str,
+        ordinary: list[Message],
+        previous: list[str],
+        files: FileLists,
+        request: str | None,
+    ) -> str | None:
+        """Why a model's ``body`` cannot stand for the span, or ``None``: not in the
+        summary's form, missing the span's anchors, the earlier summary unchanged,
+        or claiming what the span's tool calls and the user's words contradict."""
+        turn_prefix = request is not None
+        problem = summary_problem(body, turn_prefix=turn_prefix)
+        if problem is not None and turn_prefix and summary_problem(body) is None:
+            problem = None  # a whole summary's sections serve a turn prefix too
+        if problem is not None:
+            return problem
+        anchors = span_anchors(ordinary)
+        problem = anchor_problem(body, anchors)
+        problem = problem or unchanged_problem(body, previous, anchors)
+        facts = SpanFacts(
+            files,
+            task_of(self.head, previous),
+            not turn_prefix,
+            requests_of(self.head, ordinary, previous, request),
+        )
+        return problem or contradiction_problem(body, facts)
 
     async def _llm(
         self,

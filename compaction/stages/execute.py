@@ -46,6 +46,7 @@ from compaction.chat.messages import (
     riding_in,
     validate_tool_pairing,
 )
+from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.reading import Conversation
 from compaction.conversation.regions import head_end, tail_start
 from compaction.errors import CannotFitError, SummarizationError
@@ -109,27 +110,14 @@ async def execute(
     """
     if decision.action == "forward":
         return forwarded(conversation, decision)
-    counter = conversation.counter
-    run = _Run(
-        counter=counter,
-        keys=KeyMemo(conversation.messages, conversation.keys),
-        overhead=conversation.overhead,
-        budget=decision.budget,
-        profile=decision.profile,
-        reason=decision.reason,
-        notes=list(decision.notes),
-        growth=decision.growth,
-        salt=conversation.recall_salt if decision.profile.recall else "",
-        target=decision.target,
-    )
-    messages, counts = decision.messages, decision.counts
+    run = _run_of(conversation, decision)
     # A compaction prepared ahead (``decision.checkpoint.precomputed``) is this
     # compaction: applied, it is kept as it is, and only what follows it is
     # compacted further (``decision.fixed``).
     ready = decision.checkpoint if decision.checkpoint and decision.checkpoint.precomputed else None
-    fixed = decision.fixed
     if ready is not None:
         run.notes.append(f"applied the compaction prepared ahead ({ready.id})")
+    messages, counts, fixed = decision.messages, decision.counts, decision.fixed
     repair = repair_tool_pairing(messages)
     if repair.changed:
         messages = repair.messages
@@ -145,16 +133,11 @@ async def execute(
     if decision.reason == "threshold" and within and not decision.growth and not decision.early:
         # Nothing (more) to compact: here to be repaired, or to apply a
         # compaction prepared ahead.
-        stage: Stage = "reused" if decision.checkpoint is not None else "none"
-        outcome = _Outcome(messages, stage, len(messages))
-        if ready is not None and not repair.changed:
-            stage = next((known for known in STAGE_ORDER if known == ready.stage), "condensed")
-            outcome = _Outcome(messages, stage, len(messages) - head - len(ready.replacement))
+        outcome = _unchanged(messages, head, decision, None if repair.changed else ready)
     else:
         outcome = await _compact(
             run, messages, counts, groups, head + fixed, summarizer, instructions
         )
-
     span = None
     if outcome.stage not in ("none", "reused"):
         span = span_of(outcome.messages, messages, groups, head, outcome.aligned)
@@ -178,6 +161,36 @@ async def execute(
     )
 
 
+def _run_of(conversation: Conversation, decision: Decision) -> _Run:
+    """What every stage of this compaction reads: the decision's budget and profile,
+    the conversation's counter and keys, and the notes so far."""
+    return _Run(
+        counter=conversation.counter,
+        keys=KeyMemo(conversation.messages, conversation.keys),
+        overhead=conversation.overhead,
+        budget=decision.budget,
+        profile=decision.profile,
+        reason=decision.reason,
+        notes=list(decision.notes),
+        growth=decision.growth,
+        salt=conversation.recall_salt if decision.profile.recall else "",
+        target=decision.target,
+    )
+
+
+def _unchanged(
+    messages: list[Message], head: int, decision: Decision, ready: Checkpoint | None
+) -> _Outcome:
+    """The outcome when nothing (more) is compacted: the messages as they are, as
+    the compaction prepared ahead (``ready``, when it still applies) left them."""
+    if ready is None:
+        return _Outcome(
+            messages, "reused" if decision.checkpoint is not None else "none", len(messages)
+        )
+    stage: Stage = next((known for known in STAGE_ORDER if known == ready.stage), "condensed")
+    return _Outcome(messages, stage, len(messages) - head - len(ready.replacement))
+
+
 @dataclass(frozen=True)
 class _Outcome:
     messages: list[Message]
@@ -199,86 +212,108 @@ async def _compact(
     summarizer: Summarizer | None,
     instructions: str | None,
 ) -> _Outcome:
-    budget, profile = run.budget, run.profile
     head_tokens = sum(counts[:head]) + run.overhead
-    if head_tokens > budget.input_limit:
-        raise CannotFitError.head(sum(counts[:head]), run.overhead, budget.input_limit)
-
+    if head_tokens > run.budget.input_limit:
+        raise CannotFitError.head(sum(counts[:head]), run.overhead, run.budget.input_limit)
     # Stage 1: prune the whole middle, or mask its tool outputs
     # (compaction.stages.strategies: the strategy decides).
     tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)
-    current: list[Message] = messages
-    stage: Stage = "none"
-    shrunk = shrink_middle(messages, head, tail, profile, salt=run.salt)
-    if shrunk.changed and _valid(shrunk.messages, shrunk.stage, run.notes):
-        current, stage = shrunk.messages, shrunk.stage
-    # What a checkpoint of a prune (or a mask) keeps as it is: the verbatim
-    # tail. The briefs (placeholders) go into the checkpoint, so that later
-    # requests carry the same bytes even when the tail has moved on.
-    done = _Outcome(current, stage, len(messages) - tail)
-    pruned_total = run.total(current) + run.growth
-    if run.reason == "threshold" and pruned_total <= run.target:
+    done = _shrunk(run, messages, head, tail)
+    if run.reason == "threshold" and run.total(done.messages) + run.growth <= run.target:
         return done
-
     # Stage 2: condense into one summary — by the trigger, only the oldest
     # span the plan's fill needs (what lies between it and the tail stays, as
     # pruned); otherwise, or when that is not enough, the whole middle.
     # Manual and overflow compactions always condense the whole middle: the
     # user asked for it, or the upstream proved the estimate optimistic.
     room = None
-    if run.reason == "threshold" and stage == "pruned":
-        room = _oldest_span(run, messages, current, groups, head, head_tokens, tail)
+    if run.reason == "threshold" and done.stage == "pruned":
+        room = _oldest_span(run, messages, done.messages, groups, head, head_tokens, tail)
     if room is None:
         # Planned on the counts before pruning: the tail must not reach into
         # the pruned middle (pruned messages are smaller, and not verbatim).
         room = _plan_room(run, messages, counts, groups, head, head_tokens)
     if room is not None:
-        if not room.llm and profile.summarizer == "llm":
-            run.notes.append(
-                "summarizer not called: the head and the newest turn leave no room "
-                "for the minimum summary; used extractive"
-            )
-        try:
-            plan = plan_condense(current, head, room.tail)
-            if room.verbatim != room.tail:
-                # The oldest span is one summary: the turn it ends inside goes
-                # on in the pruned messages kept after it, and its opening
-                # request is quoted by the summary's ledger.
-                plan = dataclasses.replace(plan, turn_start=None)
-            condensed = await condense(
-                current,
-                plan,
-                profile=room.profile,
-                counter=run.counter,
-                summarizer=summarizer if room.llm else None,
-                instructions=instructions,
-                originals=messages,
-                keys=run.keys,
-                cap=room.cap,
-                salt=run.salt,
-                kept_after=messages[room.tail : room.verbatim],
-            )
-        except SummarizationError as exc:
-            run.notes.append(f"condense skipped: {exc}")
-        else:
-            run.notes.extend(condensed.notes)
-            if _valid(condensed.messages, "condense", run.notes):
-                done = _Outcome(
-                    condensed.messages,
-                    "condensed",
-                    len(messages) - room.verbatim,
-                    condensed.summary,
-                    condensed.summarizer_used,
-                    condensed.summarizer_calls,
-                )
-    if run.total(done.messages) <= budget.input_limit:
+        condensed = await _condensed(
+            run, messages, done.messages, head, room, summarizer, instructions
+        )
+        done = condensed or done
+    if run.total(done.messages) <= run.budget.input_limit:
         return done
-
     # Stage 3: hard truncation, the guarantee (or CannotFitError).
+    return _truncated(run, done, head)
+
+
+def _shrunk(run: _Run, messages: list[Message], head: int, tail: int) -> _Outcome:
+    """The middle pruned or masked, or ``messages`` as they are when that changes
+    nothing (or would split a tool group)."""
+    shrunk = shrink_middle(messages, head, tail, run.profile, salt=run.salt)
+    # What a checkpoint of a prune (or a mask) keeps as it is: the verbatim
+    # tail. The briefs (placeholders) go into the checkpoint, so that later
+    # requests carry the same bytes even when the tail has moved on.
+    if shrunk.changed and _valid(shrunk.messages, shrunk.stage, run.notes):
+        return _Outcome(shrunk.messages, shrunk.stage, len(messages) - tail)
+    return _Outcome(messages, "none", len(messages) - tail)
+
+
+async def _condensed(
+    run: _Run,
+    messages: list[Message],
+    current: list[Message],
+    head: int,
+    room: _Room,
+    summarizer: Summarizer | None,
+    instructions: str | None,
+) -> _Outcome | None:
+    """``current`` with the span before ``room.tail`` condensed into a summary, or
+    ``None`` when no usable summary came of it (the reason is in the notes)."""
+    if not room.llm and run.profile.summarizer == "llm":
+        run.notes.append(
+            "summarizer not called: the head and the newest turn leave no room "
+            "for the minimum summary; used extractive"
+        )
+    try:
+        plan = plan_condense(current, head, room.tail)
+        if room.verbatim != room.tail:
+            # The oldest span is one summary: the turn it ends inside goes
+            # on in the pruned messages kept after it, and its opening
+            # request is quoted by the summary's ledger.
+            plan = dataclasses.replace(plan, turn_start=None)
+        condensed = await condense(
+            current,
+            plan,
+            profile=room.profile,
+            counter=run.counter,
+            summarizer=summarizer if room.llm else None,
+            instructions=instructions,
+            originals=messages,
+            keys=run.keys,
+            cap=room.cap,
+            salt=run.salt,
+            kept_after=messages[room.tail : room.verbatim],
+        )
+    except SummarizationError as exc:
+        run.notes.append(f"condense skipped: {exc}")
+        return None
+    run.notes.extend(condensed.notes)
+    if not _valid(condensed.messages, "condense", run.notes):
+        return None
+    return _Outcome(
+        condensed.messages,
+        "condensed",
+        len(messages) - room.verbatim,
+        condensed.summary,
+        condensed.summarizer_used,
+        condensed.summarizer_calls,
+    )
+
+
+def _truncated(run: _Run, done: _Outcome, head: int) -> _Outcome:
+    """``done`` cut down to the input limit by hard truncation."""
     cut = truncate(
         done.messages,
         head_end=head,
-        limit=budget.input_limit,
+        limit=run.budget.input_limit,
         counter=run.counter,
         overhead=run.overhead,
     )

@@ -1,7 +1,7 @@
 """The layout of ``compaction/``: sub-packages by concern, in one order, with no
 import cycle and no import hidden inside a function to dodge one.
 
-The order (:data:`PACKAGE_ORDER`, drawn in docs/architecture.md) runs from
+The order (:data:`PACKAGE_ORDER`, drawn in the README's Layout) runs from
 plain numbers to the stages that use everything: a module imports from its
 own sub-package, from sub-packages before it and from the base modules
 (``types``, ``errors``), never from one after it. The package's
@@ -23,7 +23,7 @@ PACKAGE = ROOT / "compaction"
 BASE_MODULES = {"types", "errors"}
 #: The sub-packages from the bottom (what everything builds on) to the top.
 PACKAGE_ORDER = ("budget", "text", "chat", "tokens", "summary", "conversation", "stages")
-#: Beyond this, a folder no longer reads at a glance (docs/architecture.md).
+#: Beyond this, a folder no longer reads at a glance.
 MAX_MODULES = 12
 #: What an import inside a function must say to be allowed: that it puts off
 #: loading something heavy, not that it dodges a cycle.
@@ -123,3 +123,19 @@ def test_every_sub_package_says_what_it_is_for_and_stays_small(package: str) -> 
     assert docstring, f"compaction/{package}/__init__.py has no docstring"
     assert len([p for p in folder.glob("*.py") if p.name != "__init__.py"]) <= MAX_MODULES
     assert not [p for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+#: A function longer than this no longer reads in one screen; it is split into
+#: named steps, the way ``decide`` and ``execute`` are.
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_in_the_engine_runs_over_80_lines() -> None:
+    long = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
+    assert long == {}
