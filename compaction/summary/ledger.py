@@ -53,7 +53,7 @@ from compaction.summary.files import (
     results_after,
     strip_file_lists,
 )
-from compaction.summary.steps import tool_steps
+from compaction.summary.steps import exit_code, tool_steps
 from compaction.text.cuts import word_cut
 from compaction.tokens.counter import TokenCounter
 from compaction.types import Message
@@ -81,8 +81,6 @@ _CLAIM_ORDER = ("user-messages", "identifiers", "errors", "identifiers", "comman
 _FIRST_CLAIMS = (("user-messages", 1), ("errors", 5))
 _CUT_MARKER = " […{:,} characters cut]"
 
-_RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
-_EXIT_CODE = re.compile(r"(?i)\bexit(?:\s+code|\s+status)?\s*[:=]?\s*(-?\d+)\b")
 _ISSUE = re.compile(r"(?<![\w#/&])#\d{1,7}\b")
 _TICKET = re.compile(r"\b[A-Z][A-Z0-9]{1,9}-\d{1,7}\b")
 _URL = re.compile(r"\bhttps?://[^\s<>()\"'`]{1,300}")
@@ -232,16 +230,11 @@ def _commands(messages: Sequence[Message], salt: str = "") -> Iterator[str]:
                 if salt:
                     entry = mark(entry, ref_of(salt, original_text(message)))
             result = results.get(call.get("id"))
-            code = _exit_code(message_text(result)) if result is not None else None
+            code = exit_code(message_text(result)) if result is not None else None
             if code is not None:
                 entry = f"{entry} → exit {code}"
             ref = output_ref(salt, result, 0) if result is not None else None
             yield entry if ref is None else mark(entry, ref)
-
-
-def _exit_code(result: str) -> int | None:
-    found = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
-    return int(found.group(1)) if found else None
 
 
 def identifiers_in(text: str) -> list[str]:

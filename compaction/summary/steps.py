@@ -120,6 +120,13 @@ def _describe(call: dict[str, Any], name: str) -> str:
     return what
 
 
+def exit_code(result: str) -> int | None:
+    """The exit status a tool result reports: a ``<returncode>`` tag anywhere, or
+    "exit code N" near its start; ``None`` when it reports none."""
+    found = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
+    return int(found.group(1)) if found else None
+
+
 def _outcome(result: str, *, runs: bool) -> tuple[str, str | None, tuple[str, ...]]:
     """How a tool call went: a few words, its error line if it failed, the error lines seen.
 
@@ -127,8 +134,7 @@ def _outcome(result: str, *, runs: bool) -> tuple[str, str | None, tuple[str, ..
     error lines count even when it exited 0, as scripts that catch an
     exception and print it do.
     """
-    code_match = _RETURNCODE.search(result) or _EXIT_CODE.search(result[:200])
-    code = int(code_match.group(1)) if code_match else None
+    code = exit_code(result)
     body = _output_body(result)
     found = _distinct(error_lines(body))
     # Without an exit code, a result failed when it starts with an error, or
