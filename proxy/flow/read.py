@@ -178,22 +178,6 @@ def _host(url: str) -> str:
     return urlsplit(url).hostname or ""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Read:
-    """A request's body, read: what :class:`Call` starts from."""
-
-    body: dict[str, Any]  #: the engine's view (for chat, the request itself)
-    config: ModelConfig
-    messages: list[Message]
-    headers: dict[str, str]  #: for the upstream
-    scope: bytes  #: whose conversation, for which model (see proxy.session.conversation.scope_of)
-    identified: Conversation | None
-    original: dict[str, Any] | None = None  #: another API's request, as sent
-    mapped: Mapped | None = None
-    #: Why the request goes upstream byte for byte (another API's own state).
-    untouchable: str | None = None
-
-
 def _parse(
     services: Services,
     raw: bytes,
@@ -204,11 +188,13 @@ def _parse(
     ahead: bool,
     reading: Reading | None = None,
     settled: int = 0,
-) -> _Read:
+    watch: ClientWatch | None = None,
+) -> Call:
     """Parse, map to the engine, resolve the model, drop /compact exchanges; with
     ``ahead``, also key, count and chain the messages (what a large body does in
     a worker thread). ``reading`` is the body already read, if it was, its first
-    ``settled`` messages known to hold no /compact exchange."""
+    ``settled`` messages known to hold no /compact exchange. The request's data
+    goes from the dialect's :class:`Reading` straight into the one :class:`Call`."""
     reading = dialect.read(raw) if reading is None else reading
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
@@ -230,7 +216,24 @@ def _parse(
         identified = (
             identify(services.conversations, config, body, messages, scope) if ahead else None
         )
-    return _Read(body, config, messages, headers, scope, identified, original, mapped, untouchable)
+    return Call(
+        services=services,
+        watch=watch,
+        raw=raw,
+        body=body,
+        messages=messages,
+        config=config,
+        identified=identified,
+        headers=headers,
+        scope=scope,
+        owner=owner,
+        dialect=dialect,
+        original=original,
+        mapped=mapped,
+        untouchable=untouchable,
+        client_session=client_session(client_headers),
+        user_agent=next((v for k, v in client_headers if k.lower() == "user-agent"), ""),
+    )
 
 
 async def read_call(
@@ -243,7 +246,6 @@ async def read_call(
     raw = await read_body(request, services.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     owner = owner_of(client_headers)
-    client = client_session(client_headers)
     # A growing conversation's next request: only what it adds is read.
     continuation = continued(services.conversations, dialect, owner, raw)
     if continuation is not None:
@@ -256,48 +258,34 @@ async def read_call(
             ahead=False,
             reading=continuation.reading,
             settled=continuation.settled,
+            watch=watch,
         )
     elif len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _parse, services, raw, client_headers, dialect, owner, ahead=True
+            _parse, services, raw, client_headers, dialect, owner, ahead=True, watch=watch
         )
     else:
-        read = _parse(services, raw, client_headers, dialect, owner, ahead=False)
+        read = _parse(services, raw, client_headers, dialect, owner, ahead=False, watch=watch)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
     services.conversations.discover(read.config, dialect.route(read.config)[0], credentials)
-    identified = read.identified
-    if read.original is None and read.untouchable is None:
-        identified = await remember_reading(
-            services.conversations,
-            dialect,
-            owner,
-            raw,
-            read.body,
-            read.messages,
-            config=read.config,
-            scope=read.scope,
-            identified=identified,
-            previous=continuation.previous if continuation is not None else None,
-        )
-    return Call(
-        services=services,
-        watch=watch,
-        raw=raw,
-        body=read.body,
-        messages=read.messages,
+    if read.original is not None or read.untouchable is not None:
+        return read
+    identified = await remember_reading(
+        services.conversations,
+        dialect,
+        owner,
+        raw,
+        read.body,
+        read.messages,
         config=read.config,
-        identified=identified,
-        headers=read.headers,
         scope=read.scope,
-        owner=owner,
-        dialect=dialect,
-        original=read.original,
-        mapped=read.mapped,
-        untouchable=read.untouchable,
-        client_session=client,
-        user_agent=request.headers.get("user-agent", ""),
+        identified=read.identified,
+        previous=continuation.previous if continuation is not None else None,
     )
+    if identified is read.identified:
+        return read
+    return dataclasses.replace(read, identified=identified)
