@@ -1,6 +1,6 @@
 """Stage 2: replace the middle of a conversation with one structured summary.
 
-Deciding is kept apart from doing: :func:`plan_condense` (pure, sync) finds
+Deciding is kept apart from doing: :func:`find_middle` (pure, sync) finds
 what the summary covers and whether the tail starts inside a turn;
 :func:`condense` (async) is the only place a summarizer is called.
 
@@ -93,7 +93,7 @@ SummarizerUsed = Literal["llm", "extractive"]
 
 
 @dataclass(frozen=True)
-class CondensePlan:
+class Middle:
     """What :func:`condense` replaces: ``[head_end, tail_start)``.
 
     ``turn_start`` is the user message that opened the turn the tail starts
@@ -125,7 +125,7 @@ class CondenseResult:
     notes: tuple[str, ...]
 
 
-def plan_condense(messages: Sequence[Message], head_end: int, tail_start: int) -> CondensePlan:
+def find_middle(messages: Sequence[Message], head_end: int, tail_start: int) -> Middle:
     """Find the turn opener (if the tail starts inside a turn) and the earlier summaries."""
     if not 0 <= head_end <= tail_start <= len(messages):
         raise ValueError(
@@ -150,7 +150,7 @@ def plan_condense(messages: Sequence[Message], head_end: int, tail_start: int) -
         # The opener sits inside a group that rides along: kept apart from it, the
         # group's results would leave their call. The tail goes on without it.
         opener = None
-    return CondensePlan(head_end, tail_start, opener, previous, pinned)
+    return Middle(head_end, tail_start, opener, previous, pinned)
 
 
 def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
@@ -178,7 +178,7 @@ def summary_budget(tokens: int, profile: Profile, *, turn_prefix: bool = False) 
 
 async def condense(
     messages: Sequence[Message],
-    plan: CondensePlan,
+    middle: Middle,
     *,
     profile: Profile,
     counter: TokenCounter,
@@ -190,7 +190,7 @@ async def condense(
     salt: str = "",
     kept_after: Sequence[Message] = (),
 ) -> CondenseResult:
-    """Replace ``plan``'s middle with a summary (and a turn-prefix summary when split).
+    """Replace the ``middle`` with a summary (and a turn-prefix summary when split).
 
     ``originals`` are the same messages before pruning, index for index: the
     summarizer (model or extractive) reads them, not the pruner's briefs, so
@@ -207,23 +207,23 @@ async def condense(
     join the summary's ledger, the one place that quotes them whole.
     """
     originals = _checked_originals(messages, originals)
-    if plan.head_end >= plan.tail_start:
+    if middle.head_end >= middle.tail_start:
         raise SummarizationError("nothing to condense: the middle is empty")
     if profile.summarizer == "off":
         raise SummarizationError("the summarizer is off")
-    main, prefix = _spans(messages, originals, plan)
+    main, prefix = _spans(messages, originals, middle)
     run = _Condensing(
         profile,
         counter,
         KeyMemo() if keys is None else keys,
         summarizer,
         instructions,
-        list(messages[: plan.head_end]),
+        list(messages[: middle.head_end]),
         salt=salt if profile.recall else "",
         later_errors=tuple(errors_in(kept_after)),
     )
-    caps = _caps(run, messages, plan, prefix, cap)
-    main_summary, prefix_summary = await _summaries(run, messages, plan, (main, prefix), caps)
+    caps = _caps(run, messages, middle, prefix, cap)
+    main_summary, prefix_summary = await _summaries(run, messages, middle, (main, prefix), caps)
     # Each summary must be smaller than the span it stands for as the client
     # sent it; one that is not (a short message, such as a client's
     # environment note, under a summary's fixed header and ledger) leaves its
@@ -243,7 +243,7 @@ async def condense(
             f"the {replaced:,} tokens it would replace"
         )
     return CondenseResult(
-        messages=_assembled(messages, plan, main_summary, prefix_summary),
+        messages=_assembled(messages, middle, main_summary, prefix_summary),
         summary=written[0],
         summarizer_used="extractive" if run.fell_back else "llm",
         summarizer_calls=run.calls,
@@ -268,15 +268,15 @@ def _checked_originals(
 
 
 def _spans(
-    messages: Sequence[Message], originals: Sequence[Message], plan: CondensePlan
+    messages: Sequence[Message], originals: Sequence[Message], middle: Middle
 ) -> tuple[_Span, _Span]:
     """The main span and the turn prefix (empty unless the turn is split), each
     without its pinned messages; refused when they hold only earlier summaries."""
-    pinned = set(plan.pinned)
-    main = _Span.of(messages, originals, plan.head_end, plan.main_end, pinned)
+    pinned = set(middle.pinned)
+    main = _Span.of(messages, originals, middle.head_end, middle.main_end, pinned)
     prefix = _Span([], [])
-    if plan.turn_start is not None:
-        prefix = _Span.of(messages, originals, plan.turn_start + 1, plan.tail_start, pinned)
+    if middle.turn_start is not None:
+        prefix = _Span.of(messages, originals, middle.turn_start + 1, middle.tail_start, pinned)
     if not any(not is_summary(m) for m in (*main.messages, *prefix.messages)):
         raise SummarizationError("nothing to condense: the middle holds only earlier summaries")
     return main, prefix
@@ -285,7 +285,7 @@ def _spans(
 def _caps(
     run: _Condensing,
     messages: Sequence[Message],
-    plan: CondensePlan,
+    middle: Middle,
     prefix: _Span,
     cap: int | None,
 ) -> tuple[int | None, int | None]:
@@ -293,7 +293,7 @@ def _caps(
     kept turn opener, the prefix taking at most a third of it."""
     if cap is None:
         return None, None
-    opener = run.tokens([messages[plan.turn_start]]) if plan.turn_start is not None else 0
+    opener = run.tokens([messages[middle.turn_start]]) if middle.turn_start is not None else 0
     left = max(cap - opener, 0)
     prefix_cap = None
     if prefix.messages:
@@ -306,7 +306,7 @@ def _caps(
 async def _summaries(
     run: _Condensing,
     messages: Sequence[Message],
-    plan: CondensePlan,
+    middle: Middle,
     spans: tuple[_Span, _Span],
     caps: tuple[int | None, int | None],
 ) -> tuple[Message | None, Message | None]:
@@ -317,8 +317,8 @@ async def _summaries(
     asked = []
     if main.messages:
         asked.append(run.summarize(main, request=None, cap=caps[0]))
-    if plan.turn_start is not None and prefix.messages:
-        request = message_text(messages[plan.turn_start])
+    if middle.turn_start is not None and prefix.messages:
+        request = message_text(messages[middle.turn_start])
         asked.append(run.summarize(prefix, request=request, cap=caps[1]))
     answers = list(await asyncio.gather(*asked))
     main_summary = answers.pop(0) if main.messages else None
@@ -327,26 +327,26 @@ async def _summaries(
 
 def _assembled(
     messages: Sequence[Message],
-    plan: CondensePlan,
+    middle: Middle,
     main_summary: Message | None,
     prefix_summary: Message | None,
 ) -> list[Message]:
     """The head, each summary (or its span as it was, when it has none) with the
     pinned messages of its span after it, the turn opener, and the tail."""
-    out = list(messages[: plan.head_end])
+    out = list(messages[: middle.head_end])
     if main_summary is not None:
         out.append(main_summary)
-        out.extend(messages[i] for i in plan.pinned if i < plan.main_end)
+        out.extend(messages[i] for i in middle.pinned if i < middle.main_end)
     else:
-        out.extend(messages[plan.head_end : plan.main_end])
-    if plan.turn_start is not None:
-        out.append(messages[plan.turn_start])
+        out.extend(messages[middle.head_end : middle.main_end])
+    if middle.turn_start is not None:
+        out.append(messages[middle.turn_start])
         if prefix_summary is not None:
             out.append(prefix_summary)
-            out.extend(messages[i] for i in plan.pinned if i > plan.turn_start)
+            out.extend(messages[i] for i in middle.pinned if i > middle.turn_start)
         else:
-            out.extend(messages[plan.turn_start + 1 : plan.tail_start])
-    out.extend(messages[plan.tail_start :])
+            out.extend(messages[middle.turn_start + 1 : middle.tail_start])
+    out.extend(messages[middle.tail_start :])
     return out
 
 

@@ -50,7 +50,7 @@ from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.reading import Conversation
 from compaction.conversation.regions import head_end, tail_start
 from compaction.errors import CannotFitError, SummarizationError
-from compaction.stages.condenser import condense, plan_condense, summary_budget
+from compaction.stages.condenser import condense, find_middle, summary_budget
 from compaction.stages.decide import Decision
 from compaction.stages.results import CompactionResult, forwarded, span_of
 from compaction.stages.strategies import condenses, shrink_middle
@@ -273,15 +273,15 @@ async def _condensed(
             "for the minimum summary; used extractive"
         )
     try:
-        plan = plan_condense(current, head, room.tail)
+        middle = find_middle(current, head, room.tail)
         if room.verbatim != room.tail:
             # The oldest span is one summary: the turn it ends inside goes
             # on in the pruned messages kept after it, and its opening
             # request is quoted by the summary's ledger.
-            plan = dataclasses.replace(plan, turn_start=None)
+            middle = dataclasses.replace(middle, turn_start=None)
         condensed = await condense(
             current,
-            plan,
+            middle,
             profile=room.profile,
             counter=run.counter,
             summarizer=summarizer if room.llm else None,

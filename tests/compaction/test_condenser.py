@@ -12,10 +12,10 @@ from compaction.chat.messages import OPAQUE_KEY, message_text, validate_tool_pai
 from compaction.chat.own import SUMMARY_MARKER, is_summary
 from compaction.errors import SummarizationError
 from compaction.stages.condenser import (
-    CondensePlan,
     CondenseResult,
+    Middle,
     condense,
-    plan_condense,
+    find_middle,
     summary_budget,
 )
 from compaction.stages.pruner import prune
@@ -57,7 +57,7 @@ def conversation(steps: int = 12, chars: int = 3_000) -> list[Message]:
 
 def run(
     messages: Sequence[Message],
-    plan: CondensePlan,
+    plan: Middle,
     *,
     fake: RecordingSummarizer | None = None,
     instructions: str | None = None,
@@ -80,14 +80,14 @@ def last_user(messages: Sequence[Message]) -> int:
     return max(i for i, m in enumerate(messages) if m["role"] == "user")
 
 
-# --- plan_condense -------------------------------------------------------------
+# --- find_middle -------------------------------------------------------------
 
 
 def test_plan_without_split_when_the_tail_starts_at_a_user_message() -> None:
     messages = conversation(3)
     tail = last_user(messages)
-    plan = plan_condense(messages, 2, tail)
-    assert plan == CondensePlan(2, tail, None, ())
+    plan = find_middle(messages, 2, tail)
+    assert plan == Middle(2, tail, None, ())
     assert plan.turn_start is None
     assert plan.main_end == tail
 
@@ -101,7 +101,7 @@ def test_plan_split_turn_finds_the_opener_in_the_middle() -> None:
         *tool_group("bash", {"command": "ls"}),  # 4, 5
         *tool_group("bash", {"command": "pwd"}),  # 6, 7: tail
     ]
-    plan = plan_condense(messages, 2, 6)
+    plan = find_middle(messages, 2, 6)
     assert plan.turn_start == 3
     assert plan.turn_start is not None
     assert plan.main_end == 3
@@ -109,7 +109,7 @@ def test_plan_split_turn_finds_the_opener_in_the_middle() -> None:
 
 def test_plan_turn_opened_in_the_head_is_no_split() -> None:
     messages = [system(), user("task"), *tool_group("bash", {"command": "ls"}), assistant("x")]
-    assert plan_condense(messages, 2, 4).turn_start is None
+    assert find_middle(messages, 2, 4).turn_start is None
 
 
 def test_plan_looks_past_earlier_summaries_for_the_opener() -> None:
@@ -123,19 +123,19 @@ def test_plan_looks_past_earlier_summaries_for_the_opener() -> None:
         *tool_group("bash", {"command": "ls"}),  # 5, 6
         assistant("tail"),  # 7
     ]
-    plan = plan_condense(messages, 2, 7)
+    plan = find_middle(messages, 2, 7)
     assert plan.turn_start == 3
     assert plan.previous_summaries == (2, 4)
     only_summary = [system(), user("task"), old, assistant("tail")]
-    assert plan_condense(only_summary, 2, 3).turn_start is None
+    assert find_middle(only_summary, 2, 3).turn_start is None
 
 
 def test_plan_rejects_bad_bounds() -> None:
     messages = conversation(1)
     with pytest.raises(ValueError):
-        plan_condense(messages, 3, 2)
+        find_middle(messages, 3, 2)
     with pytest.raises(ValueError):
-        plan_condense(messages, 0, len(messages) + 1)
+        find_middle(messages, 0, len(messages) + 1)
 
 
 # --- budget ----------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_llm_summary_replaces_the_middle() -> None:
     before = copy.deepcopy(messages)
     tail = last_user(messages)
     fake = RecordingSummarizer(REPLY)
-    result = run(messages, plan_condense(messages, 2, tail), fake=fake)
+    result = run(messages, find_middle(messages, 2, tail), fake=fake)
 
     assert messages == before
     assert result.summarizer_used == "llm"
@@ -192,7 +192,7 @@ def test_llm_prompt_has_no_tools_and_the_budget_as_max_tokens() -> None:
     messages = conversation()
     tail = last_user(messages)
     fake = RecordingSummarizer()
-    run(messages, plan_condense(messages, 2, tail), fake=fake)
+    run(messages, find_middle(messages, 2, tail), fake=fake)
     prompt, max_tokens = fake.history[0]
     middle_tokens = sum(COUNTER.count_messages(messages[2:tail]))
     # The budget is a fifth of the middle; the ledger takes at most its share of it.
@@ -221,7 +221,7 @@ def test_rolling_summary_is_passed_as_previous_summary() -> None:
     messages = conversation()
     messages.insert(2, old)
     tail = last_user(messages)
-    plan = plan_condense(messages, 2, tail)
+    plan = find_middle(messages, 2, tail)
     assert plan.previous_summaries == (2,)
     fake = RecordingSummarizer()
     result = run(messages, plan, fake=fake)
@@ -240,7 +240,7 @@ def test_instructions_reach_the_prompt() -> None:
     fake = RecordingSummarizer()
     run(
         messages,
-        plan_condense(messages, 2, last_user(messages)),
+        find_middle(messages, 2, last_user(messages)),
         fake=fake,
         instructions="keep the parser errors",
     )
@@ -263,7 +263,7 @@ def test_instructions_reach_the_prompt() -> None:
 def test_llm_failure_falls_back_to_extractive(fake: RecordingSummarizer, note: str) -> None:
     messages = conversation()
     tail = last_user(messages)
-    result = run(messages, plan_condense(messages, 2, tail), fake=fake)
+    result = run(messages, find_middle(messages, 2, tail), fake=fake)
     assert result.summarizer_used == "extractive"
     assert result.summarizer_calls == len(fake.history) == 1
     assert len(result.notes) == 1
@@ -276,7 +276,7 @@ def test_llm_failure_falls_back_to_extractive(fake: RecordingSummarizer, note: s
 
 def test_llm_mode_without_summarizer_uses_extractive_with_a_note() -> None:
     messages = conversation()
-    result = run(messages, plan_condense(messages, 2, last_user(messages)))
+    result = run(messages, find_middle(messages, 2, last_user(messages)))
     assert result.summarizer_used == "extractive"
     assert result.summarizer_calls == 0
     assert result.notes == ("no llm summarizer available; used extractive",)
@@ -287,7 +287,7 @@ def test_extractive_mode_never_calls_the_summarizer() -> None:
     fake = RecordingSummarizer()
     result = run(
         messages,
-        plan_condense(messages, 2, last_user(messages)),
+        find_middle(messages, 2, last_user(messages)),
         fake=fake,
         mode="extractive",
         instructions="mind the docs",
@@ -301,7 +301,7 @@ def test_cancellation_is_not_swallowed() -> None:
     messages = conversation()
     fake = RecordingSummarizer(error=asyncio.CancelledError())
     with pytest.raises(asyncio.CancelledError):
-        run(messages, plan_condense(messages, 2, last_user(messages)), fake=fake)
+        run(messages, find_middle(messages, 2, last_user(messages)), fake=fake)
 
 
 # --- refusals --------------------------------------------------------------------
@@ -310,26 +310,26 @@ def test_cancellation_is_not_swallowed() -> None:
 def test_empty_middle_raises() -> None:
     messages = conversation(2)
     with pytest.raises(SummarizationError, match="empty"):
-        run(messages, plan_condense(messages, 2, 2), fake=RecordingSummarizer())
+        run(messages, find_middle(messages, 2, 2), fake=RecordingSummarizer())
 
 
 def test_summary_not_shorter_raises() -> None:
     messages = [system(), user("task"), assistant("ok"), user("next")]
     with pytest.raises(SummarizationError, match="not shorter"):
-        run(messages, plan_condense(messages, 2, 3), mode="extractive")
+        run(messages, find_middle(messages, 2, 3), mode="extractive")
 
 
 def test_only_earlier_summaries_raises() -> None:
     old = summary_message("- g", condensed=3, files=FileLists(), turn_prefix=False)
     messages = [system(), user("task"), old, user("next")]
     with pytest.raises(SummarizationError, match="only earlier summaries"):
-        run(messages, plan_condense(messages, 2, 3), mode="extractive")
+        run(messages, find_middle(messages, 2, 3), mode="extractive")
 
 
 def test_mode_off_raises() -> None:
     messages = conversation()
     with pytest.raises(SummarizationError):
-        run(messages, plan_condense(messages, 2, last_user(messages)), mode="off")
+        run(messages, find_middle(messages, 2, last_user(messages)), mode="off")
 
 
 # --- map → fold ------------------------------------------------------------------
@@ -341,7 +341,7 @@ def test_large_middle_is_summarized_in_chunks_that_fit() -> None:
     tail = last_user(messages)
     fake = RecordingSummarizer(reply=lambda n: f"## Goal\n- running summary {n}\n{REPLY[8:]}")
     result = run(
-        messages, plan_condense(messages, 2, tail), fake=fake, summarizer_context_window=window
+        messages, find_middle(messages, 2, tail), fake=fake, summarizer_context_window=window
     )
     calls = len(fake.history)
     assert calls > 2
@@ -372,7 +372,7 @@ def test_one_group_too_large_for_a_chunk_is_cut_harder() -> None:
         user("next"),
     ]
     fake = RecordingSummarizer()
-    run(messages, plan_condense(messages, 2, 6), fake=fake, summarizer_context_window=window)
+    run(messages, find_middle(messages, 2, 6), fake=fake, summarizer_context_window=window)
     assert len(fake.history) == 1
     prompt, max_tokens = fake.history[0]
     assert sum(COUNTER.count_messages(prompt)) + max_tokens <= window
@@ -398,7 +398,7 @@ def split_conversation() -> list[Message]:
 def test_split_turn_output_shape() -> None:
     messages = split_conversation()
     before = copy.deepcopy(messages)
-    plan = plan_condense(messages, 2, 10)
+    plan = find_middle(messages, 2, 10)
     assert plan.turn_start == 5
     fake = RecordingSummarizer()
     result = run(messages, plan, fake=fake)
@@ -431,7 +431,7 @@ def test_split_turn_output_shape() -> None:
 def test_split_turn_with_nothing_before_the_turn() -> None:
     messages = split_conversation()
     messages = messages[:2] + messages[5:]  # the turn opens right after the head
-    plan = plan_condense(messages, 2, 7)
+    plan = find_middle(messages, 2, 7)
     assert plan.turn_start == 2
     result = run(messages, plan, mode="extractive")
     out = result.messages
@@ -445,7 +445,7 @@ def test_split_turn_with_nothing_before_the_turn() -> None:
 def test_split_turn_fallback_is_reported_per_summary() -> None:
     messages = split_conversation()
     fake = RecordingSummarizer(error=ConnectionError("refused"))
-    result = run(messages, plan_condense(messages, 2, 10), fake=fake)
+    result = run(messages, find_middle(messages, 2, 10), fake=fake)
     assert result.summarizer_used == "extractive"
     assert len(result.notes) == 2
     assert result.notes[1].startswith("turn prefix: llm summarizer failed (ConnectionError")
@@ -463,7 +463,7 @@ def test_file_lists_come_from_the_originals_before_pruning() -> None:
     originals[4:4] = tool_group("bash", arguments, "<returncode>0</returncode>")
     pruned = prune(originals, 2, last_user(originals), profile).messages
     assert "fields/__init__.py" not in str(pruned[4]["tool_calls"])  # the path was cut
-    plan = plan_condense(pruned, 2, last_user(pruned))
+    plan = find_middle(pruned, 2, last_user(pruned))
 
     def summary(**originals_: Any) -> str:
         result = asyncio.run(
@@ -486,7 +486,7 @@ def test_originals_must_match_the_messages() -> None:
         asyncio.run(
             condense(
                 messages,
-                plan_condense(messages, 2, last_user(messages)),
+                find_middle(messages, 2, last_user(messages)),
                 profile=Profile(summarizer="extractive"),
                 counter=COUNTER,
                 summarizer=None,
@@ -504,7 +504,7 @@ def test_a_system_message_in_the_middle_is_kept_verbatim_right_after_the_summary
     messages.insert(5, agents)
     tail = last_user(messages)
     fake = RecordingSummarizer()
-    plan = plan_condense(messages, 2, tail)
+    plan = find_middle(messages, 2, tail)
     assert plan.pinned == (5,)
     result = run(messages, plan, fake=fake)
     out = result.messages
@@ -523,9 +523,9 @@ def test_a_condensed_summary_with_its_pinned_message_condenses_to_the_same_layou
     the forwarded bytes change only where the summary does."""
     messages = conversation()
     messages.insert(5, {"role": "developer", "content": "Answer in French."})
-    first = run(messages, plan_condense(messages, 2, last_user(messages)), mode="extractive")
+    first = run(messages, find_middle(messages, 2, last_user(messages)), mode="extractive")
     later = [*first.messages, *conversation(steps=6)[2:]]
-    second = run(later, plan_condense(later, 2, last_user(later)), mode="extractive")
+    second = run(later, find_middle(later, 2, last_user(later)), mode="extractive")
     assert [m["role"] for m in second.messages[:4]] == ["system", "user", "user", "developer"]
     assert second.messages[3] is messages[5]
 
@@ -536,7 +536,7 @@ def test_pinned_messages_of_a_split_turn_follow_the_summary_of_their_part() -> N
     inside_turn = {"role": "system", "content": "Plan mode is off."}
     messages.insert(8, inside_turn)  # among the steps of the turn the tail starts inside
     messages.insert(4, before_turn)  # before the turn's opener
-    plan = plan_condense(messages, 2, 12)
+    plan = find_middle(messages, 2, 12)
     assert plan.turn_start == 6 and plan.pinned == (4, 9)
     out = run(messages, plan, fake=RecordingSummarizer()).messages
     assert is_summary(out[2]) and out[3] is before_turn
@@ -548,7 +548,7 @@ def test_pinned_messages_of_a_split_turn_follow_the_summary_of_their_part() -> N
 def test_a_middle_of_pinned_messages_only_has_nothing_to_condense() -> None:
     messages = [system(), user("go"), {"role": "system", "content": "x"}, user("now")]
     with pytest.raises(SummarizationError, match="nothing to condense"):
-        run(messages, plan_condense(messages, 2, 3), mode="extractive")
+        run(messages, find_middle(messages, 2, 3), mode="extractive")
 
 
 # --- opaque content -------------------------------------------------------------
@@ -561,7 +561,7 @@ def test_a_group_holding_a_part_no_summary_can_stand_for_rides_along_whole() -> 
     result = {**result, "content": [{"type": "text", "text": "loaded"}, reference]}
     messages[5:5] = [call, result]  # between two groups
     tail = last_user(messages)
-    plan = plan_condense(messages, 2, tail)
+    plan = find_middle(messages, 2, tail)
     assert plan.pinned == (5, 6)
     fake = RecordingSummarizer()
     out = run(messages, plan, fake=fake).messages
@@ -576,7 +576,7 @@ def test_a_caller_marks_what_no_summary_can_stand_for() -> None:
     marked = {"role": "user", "content": "counted", OPAQUE_KEY: True}
     unmarked = {"role": "user", "content": [{"type": "item", "item": {}}], OPAQUE_KEY: False}
     messages[5:5] = [marked, unmarked]
-    assert plan_condense(messages, 2, last_user(messages)).pinned == (5,)
+    assert find_middle(messages, 2, last_user(messages)).pinned == (5,)
 
 
 def test_a_middle_of_opaque_groups_only_is_not_condensed() -> None:
@@ -584,7 +584,7 @@ def test_a_middle_of_opaque_groups_only_is_not_condensed() -> None:
     result = {**result, "content": [{"type": "tool_reference", "tool_name": "fetch"}]}
     messages = [system(), user("go"), call, result, user("now")]
     with pytest.raises(SummarizationError, match="nothing to condense"):
-        run(messages, plan_condense(messages, 2, 4), mode="extractive")
+        run(messages, find_middle(messages, 2, 4), mode="extractive")
 
 
 # --- a summary is never larger than what it stands for ----------------------------
@@ -595,7 +595,7 @@ def test_a_span_smaller_than_its_summary_is_kept_as_it_was() -> None:
     # summary of it (its header, its sections) would be several times its size.
     messages = split_conversation()
     messages[2:5] = [user("<environment_context>\n  <cwd>/work/app</cwd>\n</environment_context>")]
-    plan = plan_condense(messages, 2, 8)
+    plan = find_middle(messages, 2, 8)
     assert plan.turn_start == 3
     result = run(messages, plan, mode="extractive")
     out = result.messages
@@ -617,7 +617,7 @@ def test_a_summary_with_room_for_nothing_is_not_written() -> None:
         *[assistant(f"Thought {i}. " * 40) for i in range(6)],
     ]
     messages.append(user("Next."))
-    plan = plan_condense(messages, 2, 8)
+    plan = find_middle(messages, 2, 8)
     profile = Profile(summarizer="extractive")
     header = COUNTER.count_message(summary_message("", condensed=6, turn_prefix=False))
     with pytest.raises(SummarizationError, match="no room for a summary of 6 messages"):

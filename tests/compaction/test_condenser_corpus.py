@@ -16,7 +16,7 @@ from compaction.chat.messages import group_messages
 from compaction.chat.own import is_summary
 from compaction.conversation.regions import head_end
 from compaction.errors import SummarizationError
-from compaction.stages.condenser import condense, plan_condense
+from compaction.stages.condenser import condense, find_middle
 from compaction.types import Message
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
@@ -47,7 +47,7 @@ def _tails(messages: list[Message], head: int) -> list[int]:
 
 
 def _spans(messages: list[Message], head: int, tail: int) -> list[tuple[int, int]]:
-    plan = plan_condense(messages, head, tail)
+    plan = find_middle(messages, head, tail)
     spans = [(head, plan.main_end)]
     if plan.turn_start is not None:
         spans.append((plan.turn_start + 1, tail))
@@ -60,7 +60,7 @@ def test_no_summary_outweighs_its_span(path: Path) -> None:
     messages: list[Message] = orjson.loads(path.read_bytes())["messages"]
     head = head_end(messages, group_messages(messages), PROFILE.head_count)
     for tail in _tails(messages, head):
-        plan = plan_condense(messages, head, tail)
+        plan = find_middle(messages, head, tail)
         try:
             result = asyncio.run(
                 condense(messages, plan, profile=PROFILE, counter=COUNTER, summarizer=None)
@@ -94,7 +94,7 @@ def test_the_corpus_has_spans_too_small_to_summarize() -> None:
                 result = asyncio.run(
                     condense(
                         messages,
-                        plan_condense(messages, head, tail),
+                        find_middle(messages, head, tail),
                         profile=PROFILE,
                         counter=COUNTER,
                         summarizer=None,

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from compaction.budget.profile import Profile
 from compaction.chat.messages import message_text
 from compaction.chat.own import is_summary
-from compaction.stages.condenser import CondenseResult, condense, plan_condense, summary_budget
+from compaction.stages.condenser import CondenseResult, condense, find_middle, summary_budget
 from compaction.summary.contradictions import (
     SpanFacts,
     contradiction_problem,
@@ -64,7 +64,7 @@ def condensed(reply: str, messages: list[Message]) -> CondenseResult:
     return asyncio.run(
         condense(
             messages,
-            plan_condense(messages, 2, tail),
+            find_middle(messages, 2, tail),
             profile=PROFILE,
             counter=COUNTER,
             summarizer=RecordingSummarizer(reply),

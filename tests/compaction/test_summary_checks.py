@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from compaction.budget.profile import Profile
 from compaction.chat.messages import message_text
 from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
-from compaction.stages.condenser import CondenseResult, condense, plan_condense, summary_budget
+from compaction.stages.condenser import CondenseResult, condense, find_middle, summary_budget
 from compaction.summary.checks import (
     Anchors,
     anchor_problem,
@@ -41,7 +41,7 @@ def condensed(reply: str, messages: list[Message] | None = None) -> CondenseResu
     return asyncio.run(
         condense(
             messages,
-            plan_condense(messages, 2, tail),
+            find_middle(messages, 2, tail),
             profile=PROFILE,
             counter=COUNTER,
             summarizer=RecordingSummarizer(reply),
@@ -92,7 +92,7 @@ def test_an_echo_in_a_chunks_reply_stops_the_fold_before_the_next_call() -> None
     result = asyncio.run(
         condense(
             messages,
-            plan_condense(messages, 2, len(messages) - 1),
+            find_middle(messages, 2, len(messages) - 1),
             profile=Profile(summarizer="llm", summarizer_context_window=4_000),
             counter=COUNTER,
             summarizer=fake,
@@ -119,7 +119,7 @@ def test_a_turn_prefix_note_naming_nothing_of_its_steps_is_replaced_too() -> Non
         prefix = messages[0]["content"] == TURN_PREFIX_SYSTEM_PROMPT
         return note if prefix else main
 
-    plan = plan_condense(messages, 2, tail)
+    plan = find_middle(messages, 2, tail)
     assert plan.turn_start == 8
     result = asyncio.run(
         condense(messages, plan, profile=PROFILE, counter=COUNTER, summarizer=scripted)

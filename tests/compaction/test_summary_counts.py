@@ -10,7 +10,7 @@ import pytest
 
 from compaction.budget.profile import Profile
 from compaction.chat.messages import message_text, truncation_note
-from compaction.stages.condenser import condense, plan_condense
+from compaction.stages.condenser import condense, find_middle
 from compaction.stages.truncate import truncate
 from compaction.summary.files import FileLists
 from compaction.summary.format import summary_count, summary_message
@@ -55,7 +55,7 @@ def test_a_summary_folding_an_earlier_one_is_headed_with_the_whole_span() -> Non
     result = asyncio.run(
         condense(
             messages,
-            plan_condense(messages, 2, tail),
+            find_middle(messages, 2, tail),
             profile=Profile(summarizer="extractive"),
             counter=COUNTER,
             summarizer=None,
