@@ -68,8 +68,12 @@ def build(folder: Path, jobs: int = 2) -> Path:
 
 
 def argv(binary: Path, gguf: Path, name: str, port: int, window: int) -> list[str]:
-    """The server as docs/local-servers.md starts it: one slot holding the whole window."""
+    """The server as docs/local-servers.md starts it: one slot holding the whole window.
+
+    ``--no-repack`` keeps the weights out of the CPU's extra buffer types: on
+    a machine whose CPU reports AMX without the kernel granting its tiles (a
+    VM), the AMX kernel crashes the server on its first batch."""
     return [
         str(binary), "-m", str(gguf), "--alias", name, "-c", str(window), "-np", "1",
-        "-t", "2", "--jinja", "--host", "127.0.0.1", "--port", str(port),
+        "-t", "2", "--jinja", "--no-repack", "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
