@@ -17,6 +17,7 @@ trip"), each held to a ceiling so that it only ever goes down:
 from __future__ import annotations
 
 import pstats
+import signal
 import sys
 import time
 from pathlib import Path
@@ -65,10 +66,10 @@ def test_a_small_pass_through_request_runs_at_most_the_ceiling_of_project_functi
             body = target.request("/chat/completions", small_body())
             run(sequential(target, body, WARM_UP, 0))
             time.sleep(1.5)  # the warm-up's figures written before profiling starts
-            profiling._signal(server, profiling.signal.SIGUSR1)
+            profiling._signal(server, signal.SIGUSR1)
             run(sequential(target, body, 1, 0))
             time.sleep(1.5)  # the recorder gathers a second before it writes
-            profiling._signal(server, profiling.signal.SIGUSR2)
+            profiling._signal(server, signal.SIGUSR2)
             for _ in range(100):
                 if out.exists():
                     break
