@@ -48,7 +48,7 @@ _LINE_CHARS = 200
 _NEXT_CHARS = 400
 #: Distinct error lines quoted under Blocked, the newest. Five, because the
 #: last errors of a session are what the next turn is about; measured over
-#: ../shared/fixtures (tests/compaction/test_summary_quality.py).
+#: ../shared/fixtures (tests/compaction/summary/test_summary_quality.py).
 _MAX_ERRORS = 5
 #: The tool call an error line came from, as quoted beside it.
 _ERROR_SOURCE_CHARS = 80

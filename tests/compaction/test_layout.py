@@ -1,7 +1,7 @@
 """The layout of ``compaction/``: sub-packages by concern, in one order, with no
 import cycle and no import hidden inside a function to dodge one.
 
-The order (:data:`PACKAGE_ORDER`, drawn in the README's Layout) runs from
+The order (:data:`PACKAGE_ORDER`, drawn in docs/architecture.md) runs from
 plain numbers to the stages that use everything: a module imports from its
 own sub-package, from sub-packages before it and from the base modules
 (``types``, ``errors``), never from one after it. The package's

@@ -487,7 +487,7 @@ def asking_the_model(sections: dict[str, Any]) -> dict[str, Any]:
     """``sections`` with the llm summarizer asked for every summary, unless a test
     says otherwise: the suite's scripted sessions are a few turns on small
     windows, where a model's summary never pays for itself and the plan would
-    take the extractive one (tests/compaction/test_plan.py holds that rule);
+    take the extractive one (tests/compaction/budget/test_plan.py holds that rule);
     they test what asking a model does."""
     compaction = sections.get("compaction", {})
     return {**sections, "compaction": {"summary_must_pay": False, **compaction}}

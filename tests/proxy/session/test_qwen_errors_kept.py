@@ -2,7 +2,7 @@
 at (nearly) every turn: every request the proxy forwards keeps the newest
 error lines of the turns it compacted away.
 
-The engine's own test of this (tests/compaction/test_ledger_rolling.py) runs
+The engine's own test of this (tests/compaction/summary/test_ledger_rolling.py) runs
 decide/execute by hand; this one runs the proxy in-process, so what is checked
 is what the upstream is sent: the session's checkpoints as the proxy stores
 and reuses them, its settings as they reach the engine, the request as the

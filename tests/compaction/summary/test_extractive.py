@@ -15,7 +15,7 @@ from compaction.summary.prompts import SUMMARY_SECTIONS
 from compaction.tokens.counter import TokenCounter
 from tests.conftest import assistant, system, tool_group, user
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "mini-swe-agent"
+FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "mini-swe-agent"
 COUNTER = TokenCounter("gpt-4o")
 
 TRACEBACK = (

@@ -8,7 +8,7 @@ results printed. Then it counts how many of those can still be found in the
 compacted request, once with the extractive summary and once with plain
 truncation at the same limit. The extractive summary must keep at least 95 %
 of the paths and 90 % of the error lines over the corpus, and never less
-than truncation does. ``pytest -s -m corpus tests/compaction/test_summary_quality.py``
+than truncation does. ``pytest -s -m corpus tests/compaction/summary/test_summary_quality.py``
 prints the figures.
 """
 
@@ -26,7 +26,7 @@ import pytest
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, message_text
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
 WINDOW = 16_384
 COUNTER = TokenCounter("gpt-4o")
 #: How many of the newest distinct error lines of the middle are looked for.

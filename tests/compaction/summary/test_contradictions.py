@@ -36,7 +36,7 @@ from compaction.summary.extractive import extractive_summary
 from compaction.summary.files import FileLists, collect_files
 from compaction.summary.format import summary_body
 from compaction.tokens.counter import TokenCounter
-from tests.compaction import small_model_replies as replies
+from tests.compaction.summary import small_model_replies as replies
 from tests.conftest import RecordingSummarizer, assistant, user
 from tests.synthetic import agent_session, conversations
 
@@ -318,7 +318,7 @@ def test_the_extractive_summary_of_any_agent_session_contradicts_none_of_its_fac
     assert contradiction_problem(body, facts) is None
 
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
 
 
 @pytest.mark.corpus

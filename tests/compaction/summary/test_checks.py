@@ -26,7 +26,7 @@ from compaction.summary.files import collect_files
 from compaction.summary.format import summary_body
 from compaction.summary.prompts import PROMPT_TAGS, TURN_PREFIX_SYSTEM_PROMPT, summary_problem
 from compaction.tokens.counter import TokenCounter
-from tests.compaction import small_model_replies as replies
+from tests.compaction.summary import small_model_replies as replies
 from tests.conftest import RecordingSummarizer, assistant, tool_group, user
 from tests.synthetic import agent_session, conversations
 

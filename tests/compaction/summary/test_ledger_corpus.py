@@ -1,7 +1,7 @@
 """What the ledger keeps of the span it replaces, measured over real sessions.
 
 For every fixture in ``../shared/fixtures`` over the input limit of an 8k, 16k
-or 32k window, the oracle of :mod:`tests.compaction.test_summary_quality`
+or 32k window, the oracle of :mod:`tests.compaction.summary.test_summary_quality`
 (regexes of its own, plus a test runner's tally of failures here) lists what
 the replaced middle held: the paths its tool calls touched, the last five
 distinct error lines its results printed, and the messages the user typed in
@@ -9,7 +9,7 @@ it. The compacted request must name at least 99 % of the paths and 95 % of
 the error lines, and the user's messages newest first (every one when the
 budget holds them) — with the extractive summary, and with a model summary
 that is prose only (it names no path and no error: the ledger must carry
-them). ``pytest -s -m corpus tests/compaction/test_ledger_corpus.py`` prints
+them). ``pytest -s -m corpus tests/compaction/summary/test_ledger_corpus.py`` prints
 the figures.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from compaction import SUMMARY_MARKER, CannotFitError, Profile, compact, message_text
-from tests.compaction import test_summary_quality as oracle
+from tests.compaction.summary import test_summary_quality as oracle
 
 WINDOWS = (8_192, 16_384, 32_768)
 PATH_SHARE = 0.99

@@ -19,7 +19,7 @@ from compaction.errors import SummarizationError
 from compaction.stages.condenser import condense, find_middle
 from compaction.types import Message
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures"
 FILES = [
     path
     for path in (sorted(FIXTURES.glob("*/*.json")) if FIXTURES.is_dir() else [])

@@ -23,10 +23,10 @@ from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.reading import read_conversation
 from compaction.stages.decide import calibrated_budget, decide
 from compaction.stages.results import new_checkpoint
-from tests.compaction.test_ledger_corpus import prose_only
+from tests.compaction.summary.test_ledger_corpus import prose_only
 from tests.synthetic import qwen_shell_turn
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "clients"
+FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "clients"
 COUNTER = TokenCounter("gpt-4o")
 WINDOW = 16_384
 MAX_TOKENS = 4_096
