@@ -86,10 +86,15 @@ def _running(process: Server) -> Iterator[Server]:
 
 
 def _proxy(upstream: Server, logs: Path, weights: Weights, summarizer: str) -> Server:
+    """The proxy in front of ``upstream``. With the ``llm`` summarizer its
+    pricing is ``none``: at a local server's prices (cache reads 2 % of an
+    input token) the plan judges a model's summary worth its cost only rarely
+    and uses the extractive one, and the model would never be asked."""
     port = free_port()
     env = _env(
         COMPACTION_PROXY_STORE__URL=f"sqlite:///{logs / f'store-{summarizer}.db'}",
         COMPACTION_PROXY_COMPACTION__SUMMARIZER=summarizer,
+        COMPACTION_PROXY_COMPACTION__PRICING="none" if summarizer == "llm" else "auto",
         COMPACTION_PROXY_UPSTREAM__SUMMARIZER_TIMEOUT_SECONDS=str(REQUEST_SECONDS),
         COMPACTION_PROXY_UPSTREAM__READ_TIMEOUT=str(REQUEST_SECONDS),
         COMPACTION_PROXY_MODELS=json.dumps({weights.name: {"context_window": WINDOW}}),
