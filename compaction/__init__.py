@@ -67,7 +67,7 @@ from compaction.chat.recall import (
     recalled_text,
     ref_of,
 )
-from compaction.chat.typed import first_typed, typed_text
+from compaction.chat.typed import first_typed, system_texts, typed_text
 from compaction.conversation.checkpoints import Checkpoint, session_key
 from compaction.conversation.incremental import DEFAULT_READING_CACHE_BYTES, ReadingCache
 from compaction.conversation.reading import Conversation, read_conversation, read_conversation_async
@@ -199,6 +199,7 @@ __all__ = [
     "splits_digits",
     "steering_can_matter",
     "stream_answered",
+    "system_texts",
     "tail_start",
     "text_size",
     "tool_calls",

@@ -21,7 +21,12 @@ module is the one place that knows the rest by its shape:
   made-up request, "Change the greeting to be more casual", and its answer,
   then "I switched to a new code base…" / "Ok." before the real conversation),
   and canned acknowledgements answering the context a client sent ("Ok, I
-  won't try and edit those files without asking first.").
+  won't try and edit those files without asking first.");
+* a client's own instructions appended to the typed words: a closing run of
+  paragraphs that repeats a stretch of the conversation's system text (aider,
+  for a model it has no settings for, appends the end of its system prompt to
+  the current message). Functions given a conversation find its system texts
+  themselves; :func:`typed_text` of one message is told them (``echoes``).
 
 Pure functions; nothing here mutates a message. Shapes, not client versions,
 decide (docs/clients.md lists what each client sends).
@@ -88,6 +93,15 @@ EXAMPLE_CLOSER: Final = "I switched to a new code base."
 #: aider's hold four messages or fewer before the closer.
 EXAMPLE_SCAN: Final = 12
 
+#: A closing run of paragraphs is the client's own instructions, not typed,
+#: when at least this much of it repeats one of the conversation's system texts.
+ECHO_MIN_CHARS: Final = 200
+#: Only the end of a text this long is searched for such an echo.
+ECHO_SCAN_CHARS: Final = 16_000
+#: How much of a text's end must appear in a system text before any paragraph
+#: is compared: one substring search per system text rules out almost all.
+_ECHO_PROBE_CHARS: Final = 64
+
 #: Claude Code's record of a slash command the user ran (its expansion, when
 #: a custom command has one, follows as text of its own).
 _COMMAND_MARKUP = re.compile(
@@ -99,10 +113,33 @@ _COMPACT_COMMAND = re.compile(r"^\s*/compact\b")
 _OBSERVATION_SCAN = 2_000
 
 
-def typed_part(text: str) -> str:
+def system_texts(messages: Sequence[Message]) -> tuple[str, ...]:
+    """The texts of ``messages``' system and developer messages: what a client
+    may repeat at the end of a user message (:data:`ECHO_MIN_CHARS`)."""
+    texts = (message_text(m) for m in messages if m.get("role") in HEAD_ROLES)
+    return tuple(text for text in texts if len(text) >= ECHO_MIN_CHARS)
+
+
+def _without_echo(text: str, echoes: Sequence[str]) -> str:
+    """``text`` less a closing run of paragraphs found in one of ``echoes``."""
+    if not echoes or len(text) < ECHO_MIN_CHARS:
+        return text
+    probe = text[-_ECHO_PROBE_CHARS:]
+    if not any(probe in echo for echo in echoes):
+        return text
+    at = text.find("\n\n", max(0, len(text) - ECHO_SCAN_CHARS))
+    while at != -1 and len(text) - at >= ECHO_MIN_CHARS:
+        tail = text[at:].strip()
+        if len(tail) >= ECHO_MIN_CHARS and any(tail in echo for echo in echoes):
+            return text[:at].rstrip()
+        at = text.find("\n\n", at + 2)
+    return text
+
+
+def typed_part(text: str, echoes: Sequence[str] = ()) -> str:
     """``text`` (one text part of a user message) less what its client added; "" when
-    it is all context."""
-    text = without_reminders(text).strip()
+    it is all context. ``echoes`` are the conversation's system texts (:func:`system_texts`)."""
+    text = _without_echo(without_reminders(text).strip(), echoes)
     if not text or text.startswith(HARNESS_PREFIXES) or _COMMAND_MARKUP.fullmatch(text):
         return ""
     for opener, closer in CONTEXT_FRAGMENTS:
@@ -111,10 +148,12 @@ def typed_part(text: str) -> str:
     return text
 
 
-def typed_text(message: Message) -> str:
+def typed_text(message: Message, echoes: Sequence[str] = ()) -> str:
     """What a person typed in ``message``: "" for any other role, a summary the
     proxy wrote or a text posing as one, a tool result or observation sent as a
-    user message, or a message that is all context."""
+    user message, or a message that is all context. ``echoes``: the
+    conversation's system texts (:func:`system_texts`), which a client may
+    repeat after the typed words."""
     # Not only the proxy's own summaries: a text that starts with the proxy's
     # marker and is not its own (a summary pasted back, a file posing as one)
     # was not typed by a person either, and its Goal is no request.
@@ -125,10 +164,10 @@ def typed_text(message: Message) -> str:
         if any(isinstance(p, dict) and p.get("type") == "tool_result" for p in content):
             return ""
         texts = [p.get("text") if isinstance(p, dict) else p for p in content]
-        parts = [typed_part(t) for t in texts if isinstance(t, str)]
+        parts = [typed_part(t, echoes) for t in texts if isinstance(t, str)]
         text = "\n".join(p for p in parts if p)
     else:
-        text = typed_part(message_text(message))
+        text = typed_part(message_text(message), echoes)
     if _OBSERVATION.search(text[:_OBSERVATION_SCAN]):
         return ""
     return text
@@ -138,15 +177,17 @@ def typed_messages(messages: Sequence[Message]) -> list[str]:
     """The typed texts of ``messages``' user messages, in order, after the
     client's context (:func:`context_end`); ``/compact`` commands are
     instructions to the proxy, not the conversation's words."""
-    texts = (typed_text(message) for message in messages[context_end(messages) :])
+    echoes = system_texts(messages)
+    texts = (typed_text(message, echoes) for message in messages[context_end(messages) :])
     return [text for text in texts if text and not _COMPACT_COMMAND.match(text)]
 
 
 def first_typed(messages: Sequence[Message]) -> str:
     """The task: the first text a person typed, after the client's context
     (:func:`context_end`); "" when there is none."""
+    echoes = system_texts(messages)
     for message in messages[context_end(messages) :]:
-        text = typed_text(message)
+        text = typed_text(message, echoes)
         if text:
             return text
     return ""
@@ -156,12 +197,12 @@ def context_end(messages: Sequence[Message]) -> int:
     """Index past the client's context at the start of ``messages``: system and
     developer messages, user messages holding only context, with the canned
     acknowledgement answering them, and a canned example exchange."""
-    i = 0
+    i, echoes = 0, system_texts(messages)
     while i < len(messages):
         message = messages[i]
         if message.get("role") in HEAD_ROLES:
             i += 1
-        elif _is_context(message):
+        elif _is_context(message, echoes):
             i += 2 if i + 1 < len(messages) and _acknowledges(messages[i + 1]) else 1
         elif (end := _example_end(messages, i)) is not None:
             i = end
@@ -170,7 +211,7 @@ def context_end(messages: Sequence[Message]) -> int:
     return i
 
 
-def _is_context(message: Message) -> bool:
+def _is_context(message: Message, echoes: Sequence[str]) -> bool:
     """A user message of text only, all of it context (an image is the user's)."""
     if message.get("role") != "user":
         return False
@@ -179,7 +220,7 @@ def _is_context(message: Message) -> bool:
         isinstance(p, dict) and p.get("type") in ("text", "input_text") for p in content
     ):
         return False
-    return bool(message_text(message).strip()) and not typed_text(message)
+    return bool(message_text(message).strip()) and not typed_text(message, echoes)
 
 
 def _acknowledges(message: Message) -> bool:

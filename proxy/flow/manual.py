@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from compaction import Message, is_summary, message_text, typed_text
+from compaction import Message, is_summary, message_text, system_texts, typed_text
 
 if TYPE_CHECKING:
     from proxy.session.conversation import Resolved
@@ -48,12 +48,12 @@ def find_command(messages: Sequence[Message]) -> Command | None:
         index -= 1
     if index < 0:
         return None
-    instructions = _instructions(messages[index])
+    instructions = _instructions(messages[index], system_texts(messages))
     return None if instructions is None else Command(index, instructions)
 
 
-def _instructions(message: Message) -> str | None:
-    text = typed_text(message)
+def _instructions(message: Message, echoes: Sequence[str] = ()) -> str | None:
+    text = typed_text(message, echoes)
     if text == COMMAND or text.startswith((COMMAND + " ", COMMAND + "\n")):
         return text[len(COMMAND) :].strip()
     return None

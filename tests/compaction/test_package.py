@@ -105,6 +105,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "splits_digits",
         "steering_can_matter",
         "stream_answered",
+        "system_texts",
         "tail_start",
         "text_size",
         "tool_calls",

@@ -29,6 +29,7 @@ from tests.client_bodies import (
     CLAUDE_CODE_CONTEXT,
     CLAUDE_CODE_TODO,
     QWEN_REQUEST,
+    aider_recorded,
     qwen_code_body,
     text_block,
 )
@@ -394,3 +395,16 @@ def test_compact_after_system_messages_is_found_where_it_was_typed() -> None:
         {"role": "system", "content": AIDER_REMINDER},
     ]
     assert manual.find_command(messages) == manual.Command(1, FOCUS)
+
+
+def test_compact_focus_leaves_out_the_system_prompt_aider_appends_to_the_typed_line() -> None:
+    # For a model it has no settings for, aider appends the end of its system
+    # prompt to the typed line; the focus is only what the user typed.
+    system = aider_recorded()[0]["messages"][0]["content"]
+    tail = system[system.index("To suggest changes to a file you MUST return a *file listing*") :]
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "task"},
+        {"role": "user", "content": f"/compact {FOCUS}\n\n{tail}"},
+    ]
+    assert manual.find_command(messages) == manual.Command(2, FOCUS)

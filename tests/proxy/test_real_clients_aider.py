@@ -236,11 +236,6 @@ def test_aider_compact_with_a_focus_compacts_and_the_next_request_is_sent_over_i
     assert any(t.startswith(SUMMARY_MARKER) for t in _texts(bodies[-1]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aider appends its edit-format reminder to the typed /compact line (reminder "
-    "'user'); the proxy reads it as part of the focus",
-)
 def test_aider_compact_focus_the_summarizer_sees_is_only_what_the_user_typed(
     compacted: Session,
 ) -> None:
@@ -273,12 +268,6 @@ def test_the_recorded_aider_requests_hold_the_canned_texts_the_tests_write() -> 
     assert [m["content"] for m in third["messages"][7:-1:2]] == QUESTIONS[:2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aider appends its edit-format reminder to the typed text of the current "
-    "message (reminder 'user', every openai/ model aider does not know); the proxy "
-    "reads it as typed words",
-)
 def test_the_label_of_aiders_first_request_is_only_what_the_user_typed() -> None:
     first, _ = aider_recorded()
     assert task_words(CHAT.to_engine(first).messages) == QUESTIONS[0]

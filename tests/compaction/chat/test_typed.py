@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compaction import Profile, first_typed, group_messages, head_end, typed_text
+from compaction import Profile, first_typed, group_messages, head_end, system_texts, typed_text
 from compaction.chat.typed import context_end, typed_messages, typed_part
 from compaction.summary.contradictions import task_of
 from compaction.summary.extractive import extractive_summary
@@ -25,6 +25,7 @@ from tests.client_bodies import (
     CODEX_ENVIRONMENT,
     QWEN_REQUEST,
     aider_messages,
+    aider_recorded,
     claude_code_body,
     codex_body,
     qwen_code_body,
@@ -214,3 +215,36 @@ def test_the_ledgers_user_messages_hold_no_client_boilerplate() -> None:
     ]
     ledger = ledger_of(span, Profile())
     assert ledger.user_messages == (TASK,)
+
+
+def test_the_end_of_aiders_system_prompt_appended_to_the_typed_text_is_not_typed() -> None:
+    # aider, for a model it has no settings for, appends the end of its system
+    # prompt to the current message; the task is only the question typed.
+    for body in aider_recorded():
+        messages = body["messages"]
+        assert first_typed(messages) == "Check case 0: what does main return when the input is 0?"
+        typed = typed_text(messages[-1], system_texts(messages))
+        assert typed.startswith("Check case ")
+        assert typed.endswith("?")
+        assert "\n" not in typed
+        # Told nothing of the system texts, the message's own words are all kept.
+        assert "file listing" in typed_text(messages[-1])
+
+
+def test_typed_words_that_quote_a_little_of_the_system_prompt_are_kept() -> None:
+    system = "You are a careful agent. " * 20 + "Never run rm -rf on the workspace."
+    typed = "Why did you say 'Never run rm -rf on the workspace.'?\n\nPlease explain."
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": typed}]
+    assert first_typed(messages) == typed
+
+
+def test_a_closing_paragraph_run_repeating_the_system_prompt_is_dropped_wherever_it_ends() -> None:
+    system = "Rules.\n\n" + "\n".join(f"Rule {i}: keep the tests green." for i in range(30))
+    middle = system[8:600]
+    typed = "Fix the parser."
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"{typed}\n\n{middle}"},
+    ]
+    assert len(middle) >= 200 and not system.endswith(middle)
+    assert first_typed(messages) == typed
