@@ -81,7 +81,11 @@ def test_the_dashboard_shows_a_session_and_edits_its_summary(
     start_proxy: ProxyFactory, fake: tuple[FakeUpstream, str], tmp_path: Path
 ) -> None:
     upstream, _ = fake
-    url = start_proxy(models={"gpt-4o": {"context_window": 8192}})
+    # Nothing prepared in the background: a summary made after the page was
+    # read would be newer than the one edited, and the follow-up would use it.
+    url = start_proxy(
+        models={"gpt-4o": {"context_window": 8192}}, compaction={"precompute_share": 0}
+    )
     base = url.removesuffix("/v1")
     for n, task in enumerate(("Browser test: a short chat.", "Browser test: another one.")):
         _chat(url, agent_session(seed=30 + n, steps=40 + 20 * n, task=task))  # other rows
