@@ -538,7 +538,8 @@ def _finish(
     metrics.record_request(call.config.model, resolved.result, resolved.tokens_before)
     metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
     rereads = rereads_of(call, resolved)
-    metrics.record_rereads(call.config.model, rereads.by_tool())
+    if rereads.tools:  # most requests have none: nothing to count
+        metrics.record_rereads(call.config.model, rereads.by_tool())
     usage = tap.usage if tap is not None else None
     bill = account(call, resolved, usage, answered=upstream and status == 200)
     stage = resolved.stage
@@ -553,8 +554,8 @@ def _finish(
     }
     if error:
         fields["error"] = error
-    if rereads:
-        fields["rereads"] = rereads.count
+    if rereads.tools:
+        fields["rereads"] = len(rereads.tools)
     result = resolved.result
     if result.summarizer_calls and result.summarizer_used == "extractive":
         # The model was asked and its summary not used (refused by the
@@ -571,9 +572,13 @@ def _finish(
     if call.services.settings.server.log_content and call.messages:
         fields["content"] = message_text(call.messages[-1])[:2000]
     logger.info("chat", extra={"fields": fields})
-    if call.services.observed.recorder is not None:  # queued for the dashboard; never waits
-        record = request_record(call, resolved, status, ms, error=error, rereads=rereads, bill=bill)
-        call.services.observed.recorder.record(record)
+    recorder = call.services.observed.recorder
+    if recorder is not None:  # queued for the dashboard; never waits
+        labelled = (call.owner, resolved.session) in recorder.labelled
+        record = request_record(
+            call, resolved, status, ms, error=error, rereads=rereads, bill=bill, labelled=labelled
+        )
+        recorder.record(record)
 
 
 def _headers(call: Call, resolved: Resolved) -> dict[str, str]:

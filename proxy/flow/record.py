@@ -37,9 +37,11 @@ def request_record(
     error: str = "",
     rereads: Rereads = NO_REREADS,
     bill: Bill | None = None,
+    labelled: bool = False,
 ) -> RequestRecord:
     """The figures of one answered request (``status``: the upstream's, or the
-    proxy's), with what it cost (``bill``)."""
+    proxy's), with what it cost (``bill``); its task only when its session is
+    not ``labelled`` yet (a session keeps its first task)."""
     result = resolved.result
     return RequestRecord(
         session=resolved.session,
@@ -63,8 +65,8 @@ def request_record(
         summarizer_calls=call.tally.summarizer_calls,
         summarizer_tokens=call.tally.summarizer_tokens,
         checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
-        rereads=rereads.count,
-        task=task_words(call.messages),
+        rereads=len(rereads.tools),
+        task="" if labelled else task_words(call.messages),
         user_agent=call.user_agent[:USER_AGENT_CHARS],
         **(money(bill) if bill is not None else {}),
     )

@@ -357,10 +357,22 @@ class ModelKnowledge:
         :data:`PROVEN_WRITE_STEP`."""
         key = calibration_key(config)
         served = self._served.get(key, _NONE_SERVED)
+        if (
+            served is not _NONE_SERVED
+            and prompt_tokens <= served.proven
+            and (
+                served.working_limit is None
+                or served.working_limit >= max(served.proven, served.streamed)
+            )
+        ):
+            # Most answers prove no more than the last one did and raise no
+            # limit: the record is only moved to the most recently updated end
+            # (no row added, so none to trim), not copied unchanged.
+            del self._served[key]
+            self._served[key] = served
+            return
         proven = proven_floor(served.proven, prompt_tokens)
         if proven == served.proven:
-            # Most answers prove no more than the last one did: the record is
-            # kept as it is (now the most recently updated), not copied unchanged.
             self._keep(key, served)
         elif proven > served.proven_stored * (1 + PROVEN_WRITE_STEP):
             self._keep(key, dataclasses.replace(served, proven=proven, proven_stored=proven))

@@ -35,13 +35,21 @@ STOP_GRACE_SECONDS: Final = 5.0
 #: not one a request. A write is a thread hop and a transaction; at one per
 #: request it cost the chat path ~0.3 ms on the bench (the proxy on one core).
 GATHER_SECONDS: Final = 1.0
+#: Sessions remembered as labelled (their task written); past this the
+#: longest remembered is forgotten, and labelled again by its next request.
+LABELLED_SESSIONS: Final = 10_000
 
 
 class Recorder:
     """The bounded queue between the request path and the store."""
 
     def __init__(
-        self, store: FigureStore, *, queue_size: int = QUEUE_SIZE, gather: float = GATHER_SECONDS
+        self,
+        store: FigureStore,
+        *,
+        queue_size: int = QUEUE_SIZE,
+        gather: float = GATHER_SECONDS,
+        labelled_sessions: int = LABELLED_SESSIONS,
     ) -> None:
         self._store = store
         self._gather = gather
@@ -52,6 +60,11 @@ class Recorder:
         self.dropped = 0
         #: Figures handed to the store (whether it kept them is its business).
         self.written = 0
+        #: (owner, session) of the sessions whose task the store was handed: a
+        #: session keeps its first task (:func:`proxy.state.stores.fold`), so
+        #: the request path need not read its later requests' first words.
+        self.labelled: dict[tuple[str, str], None] = {}
+        self._labelled_sessions = labelled_sessions
 
     def record(self, record: RequestRecord) -> None:
         """Queue ``record`` for the writer; dropped (and counted) when the queue is full."""
@@ -100,6 +113,12 @@ class Recorder:
             try:
                 await self._store.record_requests(batch)
                 self.written += len(batch)
+                labelled = self.labelled
+                for record in batch:
+                    if record.task and not record.background:
+                        labelled[record.owner, record.session] = None
+                while len(labelled) > self._labelled_sessions:
+                    del labelled[next(iter(labelled))]
             except Exception:  # the resilient store degrades; anything else is logged
                 logger.warning("could not write %d per-request figure(s)", len(batch))
             finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -159,3 +160,41 @@ def test_chat_requests_are_answered_while_the_store_is_blocked() -> None:
             chat()
         assert store.batches == []  # nothing written yet: no request waited for it
         store.gate.set()
+
+
+async def test_the_sessions_remembered_as_labelled_are_bounded() -> None:
+    store = MemoryStore()
+    recorder = Recorder(store, gather=0, labelled_sessions=2)
+    recorder.start()
+    for n in range(3):
+        recorder.record(dataclasses.replace(record(n), task=f"Task {n}."))
+    recorder.record(dataclasses.replace(record(3), background=True, task="Ahead."))
+    recorder.record(record(4))  # no task: nothing to remember
+    await recorder.stop()
+    # The oldest went past the bound; a background figure labels nothing.
+    assert list(recorder.labelled) == [("", "s1"), ("", "s2")]
+
+
+def test_a_labelled_sessions_later_requests_are_recorded_without_reading_its_task() -> None:
+    # A session keeps the task of its first request (stores.fold): once the
+    # store was handed it, a later request of the session is recorded without
+    # its first words read again, and the session's label stays the same.
+    upstream = FakeUpstream()
+    store = BlockedStore()
+    store.gate.set()
+    settings = settings_for(models={"gpt-4o": {"context_window": 8192}})
+    with running(settings, RecordingTransport(app=upstream.app()), store=store) as proxy:
+        messages = agent_session(seed=9, steps=3, task="Recorder test: the label.")
+        for written in (1, 2):
+            response = proxy.http.post(
+                f"{proxy.url}/chat/completions", json={"model": "gpt-4o", "messages": messages}
+            )
+            assert response.status_code == 200
+            deadline = time.monotonic() + 10
+            while len(store.batches) < written and time.monotonic() < deadline:
+                time.sleep(0.05)  # the writer gathers for a second, then writes
+        sessions = proxy.http.portal.call(store.sessions)  # type: ignore[union-attr]
+    first, later = (batch[0] for batch in store.batches)
+    assert first.session == later.session
+    assert (first.task, later.task) == ("Recorder test: the label.", "")
+    assert [s.label for s in sessions] == ["Recorder test: the label."]
