@@ -72,7 +72,6 @@ from proxy.session.conversation import Resolved, compact_if_needed
 from proxy.state.logs import REQUESTS
 from proxy.state.stores import EMPTY_STREAM_STATUS
 from proxy.upstream.overflow import detect_overflow
-from proxy.upstream.traffic import count_answer
 from proxy.upstream.transport import UpstreamResponse
 
 logger = logging.getLogger(REQUESTS)
@@ -507,8 +506,7 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
     except BaseException:
         sent.end()
         raise
-    sent.answered()
-    response = count_answer(response, sent)
+    response = sent.answered(response)
     metrics.record_upstream("chat", time.perf_counter() - started, response.status)
     if response.status >= 400:
         call.tally.upstream_errors += 1

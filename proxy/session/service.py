@@ -107,10 +107,11 @@ class Conversations:
 
     async def sending(self, config: ModelConfig) -> Sending:
         """A user's request is about to be sent upstream: counted in flight until
-        its answer is over (:func:`proxy.upstream.traffic.count_answer`), and on a
+        its answer is over (:meth:`proxy.upstream.traffic.Sending.answered`), and on a
         one-slot upstream the background summaries to it cancelled first."""
-        key = calibration_key(config)
-        return await self.upstream.traffic.begin(key, single=self.single_slot(config))
+        key, traffic = calibration_key(config), self.upstream.traffic
+        single = traffic.single_slot(key, self.models.slots(config))  # as single_slot says
+        return await traffic.begin(key, single=single)
 
     def discover(self, config: ModelConfig, base: str, credentials: dict[str, str]) -> None:
         """Ask ``config``'s server for its window off the request path; what it

@@ -4,7 +4,7 @@ A server with one slot (llama.cpp's default) answers one request at a time:
 a background summary there makes the user's next request queue behind it.
 :class:`Traffic` counts the user requests in flight and the background
 summaries per upstream and model (by
-:func:`proxy.state.models.calibration_key`); :func:`count_answer` wraps an
+:func:`proxy.state.models.calibration_key`); :meth:`Sending.answered` wraps an
 answer so its end (its last byte relayed, not its headers) ends the count.
 """
 
@@ -101,18 +101,6 @@ class Traffic:
         self._requests[key] += 1
         return Sending(self, key, overlapped=bool(in_flight), ended=self._ended[key])
 
-    def _answered(self, sending: Sending) -> None:
-        if sending.overlapped and self._ended[sending.key] > sending.ended:
-            _count(self._overlaps, sending.key)
-
-    def _end(self, key: str) -> None:
-        self._requests[key] -= 1
-        if self._requests[key] <= 0:
-            del self._requests[key]
-            for waiter in self._quiet.pop(key, []):
-                if not waiter.done():
-                    waiter.set_result(None)
-
     async def quiet(self, key: str) -> None:
         """Until no user request to ``key``'s upstream is in flight."""
         while self._requests[key] > 0:
@@ -172,16 +160,30 @@ class Sending:
         self.ended = ended
         self._done = False
 
-    def answered(self) -> None:
+    def answered(self, response: UpstreamResponse) -> UpstreamResponse:
         """Its answer's headers are in: it queued behind a summary if one in
-        flight at its sending has ended since (see :class:`Traffic`)."""
-        self._traffic._answered(self)
+        flight at its sending has ended since (see :class:`Traffic`). The
+        answer is returned counted: its end (read to its end, released or
+        aborted — every answer is, a stream's once relayed) ends this
+        request's count, since a stream keeps a one-slot server busy until
+        its last byte, not just until its headers."""
+        traffic = self._traffic
+        if self.overlapped and traffic._ended[self.key] > self.ended:
+            _count(traffic._overlaps, self.key)
+        return _Counted(response, self)
 
     def end(self) -> None:
         """Its answer is over (read, relayed, or cut off). Idempotent."""
-        if not self._done:
-            self._done = True
-            self._traffic._end(self.key)
+        if self._done:
+            return
+        self._done = True
+        requests, key = self._traffic._requests, self.key
+        requests[key] -= 1
+        if requests[key] <= 0:
+            del requests[key]
+            for waiter in self._traffic._quiet.pop(key, []):
+                if not waiter.done():
+                    waiter.set_result(None)
 
 
 class _Summary:
@@ -205,13 +207,6 @@ def _count(counts: Counter[str], key: str) -> None:
 def _forget_oldest(rows: dict[str, Any]) -> None:
     while len(rows) > TRAFFIC_KEYS:
         del rows[next(iter(rows))]
-
-
-def count_answer(response: UpstreamResponse, sent: Sending) -> UpstreamResponse:
-    """``response``, whose end (read to its end, released or aborted — every
-    answer is, a stream's once relayed) ends ``sent``: a stream keeps a
-    one-slot server busy until its last byte, not just until its headers."""
-    return _Counted(response, sent)
 
 
 class _Counted(UpstreamResponse):
