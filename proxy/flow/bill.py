@@ -1,6 +1,6 @@
 """What one request cost the user, and what it would have cost without compaction.
 
-    bill = bill_of(call, resolved, tap.usage, answered=status == 200)
+    bill = account(call, resolved, tap.usage, answered=status == 200)
     log_fields.update(bill.fields())        # and the request's figures, its metrics
 
 Prices are the request's model profile's, for its API and the host its
@@ -47,17 +47,16 @@ class Bill:
     own: float = 0.0
     #: The estimated price of the client's request sent as it came (0 when unknown).
     without: float = 0.0
-
-    @property
-    def cost(self) -> float:
-        return self.own + self.summarizer_cost
+    #: ``own`` with the summarizer calls: what the request cost.
+    cost: float = 0.0
+    #: ``cost``, ``own`` and ``without`` in US dollars (``None``: no dollar price).
+    cost_dollars: float | None = None
+    own_dollars: float | None = None
+    without_dollars: float | None = None
 
     @property
     def priced(self) -> bool:
         return self.usage is not None
-
-    def dollars(self, cost: float) -> float | None:
-        return self.prices.dollars(cost)
 
     def fields(self) -> dict[str, object]:
         """The request log line's figures (those known)."""
@@ -72,7 +71,7 @@ class Bill:
             )
             if usage.server_compaction:
                 found["server_compaction_tokens"] = usage.server_compaction
-        if self.summarizer.tokens:
+        if self.summarizer.prompt or self.summarizer.output:
             found.update(
                 summarizer_prompt_tokens=self.summarizer.prompt,
                 summarizer_output_tokens=self.summarizer.output,
@@ -83,7 +82,7 @@ class Bill:
                 cost=round(self.cost, 1),
                 cost_without_compaction=round(self.without, 1),
             )
-            dollars, without = self.dollars(self.cost), self.dollars(self.without)
+            dollars, without = self.cost_dollars, self.without_dollars
             if dollars is not None and without is not None:
                 found.update(
                     cost_usd=round(dollars, 6), cost_without_compaction_usd=round(without, 6)
@@ -91,13 +90,15 @@ class Bill:
         return found
 
 
-def bill_of(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bool) -> Bill:
+def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bool) -> Bill:
     """The bill of a request whose answer reported ``usage``; ``answered``: the
-    upstream took it (a 200), so it extended the conversation's cache."""
+    upstream took it (a 200), so it extended the conversation's cache, and the
+    bill is counted in /metrics. Its summarizer calls were counted there as
+    they came back: only the answer's own cost is added."""
     tally = call.tally
     prices = call.prices()
     if not answered:
-        return Bill(prices, usage, tally.summarizer, tally.summarizer_cost)
+        return _bill(prices, usage, tally.summarizer, tally.summarizer_cost)
     client = math.ceil(
         resolved.tokens_before * call.services.conversations.models.ratio(call.config, call.owner)
     )
@@ -105,20 +106,56 @@ def bill_of(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bo
         call.owner, resolved.session, client, within=prices.cache_lifetime
     )
     if usage is None:
-        return Bill(prices, None, tally.summarizer, tally.summarizer_cost)
-    own = usage.cost(prices)
-    if call.unchanged(resolved):
-        without = own + tally.summarizer_cost  # what was sent is what came: no saving
+        bill = _bill(prices, None, tally.summarizer, tally.summarizer_cost)
     else:
-        without = prices.prompt(client, cached) + usage.output * prices.output
-    return Bill(prices, usage, tally.summarizer, tally.summarizer_cost, own, without)
+        own = usage.cost(prices)
+        if call.unchanged(resolved):
+            without = own + tally.summarizer_cost  # what was sent is what came: no saving
+        else:
+            without = prices.prompt(client, cached) + usage.output * prices.output
+        bill = _bill(prices, usage, tally.summarizer, tally.summarizer_cost, own, without)
+    own_dollars, without_dollars = bill.own_dollars, bill.without_dollars
+    dollars = (
+        (own_dollars, without_dollars)
+        if own_dollars is not None and without_dollars is not None
+        else None
+    )
+    call.services.observed.metrics.record_usage(
+        call.config.model, usage, bill.own, bill.without, dollars
+    )
+    return bill
 
 
 def untouched_bill(call: Call, usage: Usage | None) -> Bill:
     """A request forwarded byte for byte, outside compaction: it costs what it costs."""
     prices = call.prices()
     own = usage.cost(prices) if usage is not None else 0.0
-    return Bill(prices, usage, own=own, without=own)
+    return _bill(prices, usage, own=own, without=own)
+
+
+def _bill(
+    prices: Prices,
+    usage: Usage | None,
+    summarizer: Usage = NO_USAGE,
+    summarizer_cost: float = 0.0,
+    own: float = 0.0,
+    without: float = 0.0,
+) -> Bill:
+    """The bill, with its sums and dollars worked out once (the log line, the
+    metrics and the figures all read them)."""
+    cost = own + summarizer_cost
+    return Bill(
+        prices,
+        usage,
+        summarizer,
+        summarizer_cost,
+        own,
+        without,
+        cost,
+        prices.dollars(cost),
+        prices.dollars(own),
+        prices.dollars(without),
+    )
 
 
 def spent_headers(call: Call) -> dict[str, str]:

@@ -53,9 +53,9 @@ from proxy.edge.errors import (
     UpstreamUnreachable,
 )
 from proxy.flow import manual, recall
-from proxy.flow.bill import spent_headers, untouched_bill
+from proxy.flow.bill import account, spent_headers, untouched_bill
 from proxy.flow.read import Call, read_call
-from proxy.flow.record import account, cut_stream, empty_stream, request_record, rereads_of
+from proxy.flow.record import cut_stream, empty_stream, request_record, rereads_of
 from proxy.flow.send import (
     Cut,
     Relay,
@@ -122,7 +122,7 @@ async def _forward_untouched(call: Call, started: float) -> Response:
         # Once the client has the answer, as a compacted request is (see _forward).
         if status == 200:
             bill = untouched_bill(call, tap.usage)
-            dollars = bill.dollars(bill.own)
+            dollars = bill.own_dollars
             money = (dollars, dollars) if dollars is not None else None
             call.services.observed.metrics.record_usage(
                 call.config.model, tap.usage, bill.own, bill.own, money
@@ -533,8 +533,12 @@ def _finish(
     """
     ms = ((time.perf_counter() if ended is None else ended) - started) * 1000
     metrics = call.services.observed.metrics
-    metrics.record_request(call.config.model, resolved.result, resolved.tokens_before)
-    metrics.record_compaction(resolved.result, call.config.profile.summarizer == "llm")
+    metrics.record_request(
+        call.config.model,
+        resolved.result,
+        resolved.tokens_before,
+        llm_mode=call.config.profile.summarizer == "llm",
+    )
     rereads = rereads_of(call, resolved)
     if rereads.tools:  # most requests have none: nothing to count
         metrics.record_rereads(call.config.model, rereads.by_tool())

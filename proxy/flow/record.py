@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from compaction import NO_REREADS, Message, Rereads, count_rereads, first_typed
-from proxy.flow.bill import Bill, bill_of
+from proxy.flow.bill import Bill
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
 from proxy.state.stores import RequestRecord
-from proxy.upstream.usage import Usage
 
 #: A label's task: at most this many characters of the first request, cut
 #: between words. Enough to tell sessions apart, too little to be a transcript.
@@ -80,8 +79,8 @@ def money(bill: Bill) -> dict[str, Any]:
         "summarizer_output_tokens": bill.summarizer.output,
         "cost": bill.cost,
         "cost_without": bill.without,
-        "cost_dollars": bill.dollars(bill.cost),
-        "cost_without_dollars": bill.dollars(bill.without),
+        "cost_dollars": bill.cost_dollars,
+        "cost_without_dollars": bill.without_dollars,
     }
     if usage is not None:
         found.update(
@@ -140,17 +139,3 @@ def task_words(messages: Sequence[Message]) -> str:
         return words
     cut = words[:TASK_CHARS].rsplit(" ", 1)[0] or words[:TASK_CHARS]
     return cut + "…"
-
-
-def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bool) -> Bill:
-    """The request's bill (:func:`proxy.flow.bill.bill_of`), counted in /metrics
-    when the upstream answered it (a 200). Its summarizer calls were counted
-    there as they came back: only the answer's own cost is added here."""
-    bill = bill_of(call, resolved, usage, answered=answered)
-    if answered:
-        own, without = bill.dollars(bill.own), bill.dollars(bill.without)
-        dollars = (own, without) if own is not None and without is not None else None
-        call.services.observed.metrics.record_usage(
-            call.config.model, usage, bill.own, bill.without, dollars
-        )
-    return bill

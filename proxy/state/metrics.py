@@ -311,7 +311,16 @@ class Metrics:
         for tool, count in by_tool.items():
             self.rereads.labels(label, self.tool(tool)).inc(count)
 
-    def record_request(self, model: str, result: CompactionResult, tokens_before: int) -> None:
+    def record_request(
+        self, model: str, result: CompactionResult, tokens_before: int, *, llm_mode: bool
+    ) -> None:
+        """One request's sizes, and the compaction it made (not one reused from
+        the store; summarizer calls are counted as they are sent, by the
+        summarizer)."""
+        if result.stage not in ("none", "reused"):
+            self.compactions.labels(result.reason, result.stage).inc()
+            if llm_mode:
+                self.record_summary(result)
         key = (model, result.stage)
         children = self._per_request.get(key)
         if children is None:
@@ -378,15 +387,6 @@ class Metrics:
         self.cost.labels(label).inc(cost)
         if dollars is not None:
             self.cost_dollars.labels(label).inc(dollars)
-
-    def record_compaction(self, result: CompactionResult, llm_mode: bool) -> None:
-        """A compaction made for this request (not one reused from the store).
-        Summarizer calls are counted as they are sent, by the summarizer."""
-        if result.stage in ("none", "reused"):
-            return
-        self.compactions.labels(result.reason, result.stage).inc()
-        if llm_mode:
-            self.record_summary(result)
 
     def record_summary(self, result: CompactionResult) -> None:
         """A compaction that may have asked the llm summarizer: a failure only if
