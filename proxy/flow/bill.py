@@ -100,7 +100,8 @@ def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bo
     if not answered:
         return _bill(prices, usage, tally.summarizer, tally.summarizer_cost)
     client = math.ceil(
-        resolved.tokens_before * call.services.conversations.models.ratio(call.config, call.owner)
+        resolved.result.tokens_before
+        * call.services.conversations.models.ratio(call.config, call.owner)
     )
     cached = call.services.conversations.prompts.swap(
         call.owner, resolved.session, client, within=prices.cache_lifetime

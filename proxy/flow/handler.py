@@ -490,7 +490,7 @@ async def _send(call: Call, body: bytes) -> UpstreamResponse:
             response = await send(
                 call.services.upstream.transport,
                 "POST",
-                call.url,
+                call.base_url + call.dialect.path,
                 call.headers,
                 body,
                 upstream=call.base_url,
@@ -536,7 +536,7 @@ def _finish(
     metrics.record_request(
         call.config.model,
         resolved.result,
-        resolved.tokens_before,
+        resolved.result.tokens_before,
         llm_mode=call.config.profile.summarizer == "llm",
     )
     rereads = rereads_of(call, resolved)
@@ -544,12 +544,12 @@ def _finish(
         metrics.record_rereads(call.config.model, rereads.by_tool())
     usage = tap.usage if tap is not None else None
     bill = account(call, resolved, usage, answered=upstream and status == 200)
-    stage = resolved.stage
+    stage = resolved.result.stage
     fields: dict[str, object] = {
         "model": call.config.model or "-",
         "stage": stage,
         "reason": resolved.reason,
-        "tokens_before": resolved.tokens_before,
+        "tokens_before": resolved.result.tokens_before,
         "tokens_after": resolved.result.tokens_after,
         "upstream_status" if upstream else "status": status,
         "ms": round(ms, 1),

@@ -92,14 +92,8 @@ class Call:
     client_session: str | None = None
     #: Its client's ``User-Agent``, for its figures.
     user_agent: str = ""
-
-    @property
-    def base_url(self) -> str:
-        return self.dialect.route(self.config)[0]
-
-    @property
-    def url(self) -> str:
-        return f"{self.base_url}{self.dialect.path}"
+    #: The upstream its API goes to for its model (``Dialect.route``), found once.
+    base_url: str = ""
 
     @property
     def streamed(self) -> bool:
@@ -204,9 +198,10 @@ def _parse(
         services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
     )
     messages = without_commands(engine_messages, settled)
+    base_url, key_env = dialect.route(config)
     headers = upstream_headers(
         client_headers,
-        fallback_key=services.upstream.configured_key(dialect.route(config)[1]),
+        fallback_key=services.upstream.configured_key(key_env),
         fallback_header=dialect.key_header,
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
@@ -233,6 +228,7 @@ def _parse(
         untouchable=untouchable,
         client_session=client_session(client_headers),
         user_agent=next((v for k, v in client_headers if k.lower() == "user-agent"), ""),
+        base_url=base_url,
     )
 
 
@@ -271,7 +267,7 @@ async def read_call(
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
-    services.conversations.discover(read.config, dialect.route(read.config)[0], credentials)
+    services.conversations.discover(read.config, read.base_url, credentials)
     if read.original is not None or read.untouchable is not None:
         return read
     identified = await remember_reading(
