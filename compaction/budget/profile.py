@@ -41,7 +41,9 @@ DEFAULT_SAFETY_MARGIN = 0.02
 # Pruner thresholds (characters).
 DEFAULT_TOOL_RESULT_CHARS = 500
 DEFAULT_TOOL_ARGS_CHARS = 2_000
-DEFAULT_ASSISTANT_TEXT_CHARS = 2_000
+#: The agent's own reasoning is where its next turns' names and line numbers
+#: were written: cut only past this size (a tool output is briefed far sooner).
+DEFAULT_ASSISTANT_TEXT_CHARS = 8_000
 DEFAULT_ASSISTANT_KEEP_START = 800
 DEFAULT_ASSISTANT_KEEP_END = 400
 
@@ -51,7 +53,9 @@ DEFAULT_ASSISTANT_KEEP_END = 400
 DEFAULT_PRUNE_TARGET = 0.7
 #: The compaction plan (:mod:`compaction.budget.plan`) may pay this share more per
 #: turn than the deepest compaction would, to keep more of the conversation.
-DEFAULT_PLAN_SLACK = 0.5
+#: Chosen on the replay benchmark (docs/benchmarks.md#replay-what-whole-sessions-cost)
+#: together with the tail's share of the fill and the ledger's share.
+DEFAULT_PLAN_SLACK = 0.3
 
 #: With the llm summarizer, the summary the next compaction needs is prepared
 #: in the background once a request passes this share of its trigger, so that
@@ -69,8 +73,9 @@ DEFAULT_SUMMARY_MAX_TOKENS = 4_000
 DEFAULT_SUMMARY_TOOL_RESULT_CHARS = 2_000
 #: The ledger's share of the summary budget (its file lists aside): the errors,
 #: commands, identifiers and user messages it quotes verbatim
-#: (:mod:`compaction.summary.ledger`); the prose gets the rest.
-DEFAULT_LEDGER_SHARE = 0.6
+#: (:mod:`compaction.summary.ledger`); the prose gets the rest. The names and
+#: commands it quotes are what the agent's next turns use; prose mostly retells them.
+DEFAULT_LEDGER_SHARE = 0.8
 
 # Recall (compaction.chat.recall): the model reads back what compaction shortened.
 #: Rounds of recall calls answered for one request before the answer is taken as it is.

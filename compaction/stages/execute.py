@@ -67,8 +67,11 @@ NOTE_ROOM = 32
 NEWEST_FLOOR = 256
 #: A digest smaller than this says too little to be worth its place.
 DIGEST_FLOOR = 200
-#: Share of the plan's fill (beside the head) the verbatim tail may take.
-TAIL_SHARE_OF_FILL = 0.6
+#: Share of the plan's fill (beside the head) the verbatim tail may take: the
+#: newest outputs, whole, are what the next turns read from (more would leave
+#: the summary of the oldest span too little room: the request would end
+#: above the fill it was planned at).
+TAIL_SHARE_OF_FILL = 0.7
 
 
 @dataclass

@@ -105,7 +105,9 @@ def test_fixture_compacts_within_limit_at_every_window(path: Path) -> None:
             summaries = [m for m in out if message_text(m).startswith(SUMMARY_MARKER)]
             assert summaries, "condensed without a summary message"
             text = "\n".join(message_text(m) for m in summaries)
-            assert "## Goal" in text or "Goal" in text
+            # A conversation that is one long turn (a tau-bench dialogue) may keep
+            # its opener and condense only the turn's start: that note has no Goal.
+            assert "Goal" in text or "of the current turn, condensed" in text
             replaced = [m for m in messages if not any(m is o for o in out)]
             # A file edited in what was replaced is named by the summary, or by
             # the edit itself where the compaction kept it pruned after the summary.

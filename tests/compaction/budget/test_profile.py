@@ -58,7 +58,7 @@ def test_requested_output_reads_max_completion_tokens_first() -> None:
         ("threshold", 0),
         ("summary_ratio", 1.5),
         ("summarizer", "gpt"),
-        ("assistant_keep_start", 5000),
+        ("assistant_keep_start", 9000),
     ],
 )
 def test_invalid_profiles_are_rejected_naming_the_field(field: str, value: object) -> None:

@@ -311,7 +311,7 @@ def test_a_command_cut_short_in_the_ledger_names_the_agents_message_by_its_ref()
 
 
 def test_the_agents_text_cut_by_the_pruner_ends_with_the_ref_of_the_whole_message() -> None:
-    long_text = "Thinking it through. " + " ".join(f"step_{i}" for i in range(800))
+    long_text = "Thinking it through. " + " ".join(f"step_{i}" for i in range(1_500))
     messages = [system("s"), user("task"), assistant(long_text), user("go on")]
     once = prune(messages, 2, 3, PROFILE, salt=SALT).messages
     cut = message_text(once[2])

@@ -285,11 +285,21 @@ def test_assistant_text_parts_are_cut_one_by_one_and_images_kept() -> None:
     image = {"type": "image_url", "image_url": {"url": "https://x/img.png"}}
     message = {
         "role": "assistant",
-        "content": [{"type": "text", "text": "a" * 3_000}, image, {"type": "text", "text": "b"}],
+        "content": [{"type": "text", "text": "a" * 9_000}, image, {"type": "text", "text": "b"}],
     }
     parts = prune([message], 0, 1, PROFILE).messages[0]["content"]
     assert len(parts[0]["text"]) < 1_300
     assert parts[1] is image and parts[2] is message["content"][2]
+
+
+def test_an_agents_reasoning_of_a_few_thousand_characters_is_kept_whole() -> None:
+    """A coding agent's turn (a THOUGHT and its command) names the functions and
+    line numbers its next turns use, in the middle as often as at the ends: on
+    the replay benchmark cutting it past 2,000 characters lost those facts."""
+    thought = "THOUGHT: " + "the formset calls _construct_form at line 412. " * 120
+    assert 5_000 < len(thought) < Profile().assistant_text_chars
+    messages = [assistant(thought)]
+    assert prune(messages, 0, 1, Profile()).messages[0] is messages[0]
 
 
 def test_user_text_is_never_cut() -> None:
@@ -305,7 +315,7 @@ def _session() -> list[dict[str, Any]]:
         system(),
         user("Fix the bug " * 300),
         *tool_group("read_file", {"path": "a.py"}, "x" * 5_000),
-        assistant("thinking " * 500),
+        assistant("thinking " * 1_000),
         *tool_group("bash", {"command": "pytest " + "-k t " * 100}, "o\n" * 800, "p" * 700, "q"),
         user("and the docs"),
         *tool_group("read_file", {"path": "b.py"}, "y" * 5_000),

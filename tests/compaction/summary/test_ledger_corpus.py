@@ -199,8 +199,9 @@ def test_the_ledger_keeps_paths_errors_and_user_messages_of_what_it_replaces(
     if mode == "llm":
         # A turn prefix names its span's paths or errors to be taken, which prose
         # alone does not, and a span of a few short messages is not worth a model
-        # summary: those fall back to the extractive one.
-        assert row.llm_used >= row.fixtures * 0.8, "the prose summary was not taken"
+        # summary: those fall back to the extractive one (more of them since the
+        # verbatim tail takes 70 % of the fill: 39 of 51 here).
+        assert row.llm_used >= row.fixtures * 0.75, "the prose summary was not taken"
     assert row.paths.share >= PATH_SHARE
     # The oracle's error rule is not the engine's (it skips a unittest ``FAIL:``
     # line and reads on to an older one); with the few fixtures a 32k window
