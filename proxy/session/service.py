@@ -64,6 +64,10 @@ class Conversations:
         #: This process, as named in the events it writes.
         self.instance = uuid.uuid4().hex[:12]
         self._counters: dict[tuple[str, int, bool], TokenCounter] = {}
+        #: The counter of each model name (and image cost) seen lately: a name
+        #: is the client's to invent, so at most ``store.max_model_rows``.
+        self._model_counters: dict[tuple[str | None, int], TokenCounter] = {}
+        self._max_model_counters = settings.store.max_model_rows
 
     def model_config(self, model: str | None, owner: str = ANONYMOUS) -> ModelConfig:
         """The model's configuration with the windows stated for it and learned
@@ -79,12 +83,19 @@ class Conversations:
     def counter(self, config: ModelConfig) -> TokenCounter:
         """One counter (and so one token cache) per encoding, image cost and
         way of counting digits (:func:`compaction.tokens.splits_digits`)."""
-        model = config.model
-        key = (encoding_for_model(model), config.profile.image_tokens, splits_digits(model))
+        model, image_tokens = config.model, config.profile.image_tokens
+        counter = self._model_counters.get((model, image_tokens))
+        if counter is not None:  # a model's next request: its encoding was found
+            return counter
+        key = (encoding_for_model(model), image_tokens, splits_digits(model))
         counter = self._counters.get(key)
         if counter is None:
             counter = TokenCounter(encoding=key[0], image_tokens=key[1], digits_apart=key[2])
             self._counters[key] = counter
+        counters = self._model_counters
+        counters[model, image_tokens] = counter
+        while len(counters) > self._max_model_counters:
+            del counters[next(iter(counters))]
         return counter
 
     def warm(self) -> None:

@@ -262,7 +262,7 @@ class ModelKnowledge:
 
     def within_working_limit(self, config: ModelConfig) -> ModelConfig:
         """``config`` with its window held to the working limit, when that is smaller."""
-        limit = self.working_limit(config)
+        limit = self._served.get(calibration_key(config), _NONE_SERVED).working_limit
         if limit is None or limit >= config.profile.context_window:
             return config
         profile = dataclasses.replace(config.profile, context_window=limit)

@@ -267,3 +267,20 @@ def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None
     calls, stages = asyncio.run(run())
     assert stages[0] == "condensed" and stages[1:] == ["reused", "reused"], stages
     assert calls[0] >= 1 and calls[1:] == [calls[0], calls[0]]  # none after the first
+
+
+def test_the_counters_remembered_by_model_name_are_bounded() -> None:
+    # A model's name is the client's to invent: each is remembered with its
+    # counter, the oldest forgotten past store.max_model_rows; the counters
+    # themselves are one per encoding.
+    async def run() -> None:
+        settings = load_settings(None, store={"url": "memory://", "max_model_rows": 2})
+        upstream = Upstream(settings)
+        state = Conversations(settings, MemoryStore(), upstream, Observability())
+        await upstream.aclose()  # no request is sent: its pools are not needed
+        counters = [state.counter(state.model_config(f"gpt-4o-{n}")) for n in range(5)]
+        assert len({id(counter) for counter in counters}) == 1
+        assert [model for model, _ in state._model_counters] == ["gpt-4o-3", "gpt-4o-4"]
+        assert state.counter(state.model_config("gpt-4o-0")) is counters[0]
+
+    asyncio.run(run())
