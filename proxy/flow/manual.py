@@ -46,7 +46,9 @@ def find_command(messages: Sequence[Message]) -> Command | None:
     index = len(messages) - 1
     while index >= 0 and messages[index].get("role") in _AFTER_TURN:
         index -= 1
-    if index < 0:
+    if index < 0 or COMMAND not in message_text(messages[index]):
+        # What is typed is cut out of the message's text: a turn whose text has
+        # no command anywhere is not one, without finding what was typed.
         return None
     instructions = _instructions(messages[index], system_texts(messages))
     return None if instructions is None else Command(index, instructions)
