@@ -23,7 +23,11 @@ deeper compaction costs instead is context — the turns summarized or briefed
 away. So the plan spends a little money for context: it takes the largest
 fill whose cost per turn is within ``slack`` (:attr:`Profile.plan_slack`) of
 the cheapest fill's, between a floor that keeps a working set (a share of
-the trigger, and room for two turns) and ``prune_target`` × the trigger.
+the trigger, and room for two turns) and ``prune_target`` × the trigger —
+and no more than ``working_set`` tokens (:attr:`Profile.plan_working_set`)
+where the floor is lower: what an agent uses next (its newest outputs, its
+own recent turns) does not grow with the window, the cost of keeping it does,
+so a large window compacts deeper and more rarely.
 
 Three more things change the answer:
 
@@ -140,6 +144,7 @@ def depth(
     ceiling: float,
     slack: float,
     summary_price: float = 0.0,
+    working_set: int = 0,
 ) -> Depth:
     """The fill to compact to (see the module docstring).
 
@@ -147,7 +152,8 @@ def depth(
     overhead), ``ceiling`` the largest share of ``trigger`` a compaction may
     leave (``Profile.prune_target``), ``summary_price`` what one summary costs
     (0 for the extractive one), ``slack`` the share above the cheapest cost
-    per turn the plan may spend to keep more.
+    per turn the plan may spend to keep more, ``working_set`` the most tokens
+    it keeps where the floor is lower (0: no such bound).
     """
     g = max(pace.growth, 1)
     floor = max(FILL_FLOOR_SHARE * trigger, head + 2 * g)
@@ -161,6 +167,8 @@ def depth(
 
     cheapest = priced(floor)
     chosen = max((f for f in fills if priced(f) <= cheapest * (1 + slack)), default=floor)
+    if working_set > 0:
+        chosen = min(chosen, max(floor, working_set))
     fill = math.floor(min(chosen, trigger))
     return Depth(
         fill=fill,

@@ -56,6 +56,9 @@ DEFAULT_PRUNE_TARGET = 0.7
 #: Chosen on the replay benchmark (docs/benchmarks.md#replay-what-whole-sessions-cost)
 #: together with the tail's share of the fill and the ledger's share.
 DEFAULT_PLAN_SLACK = 0.3
+#: The most tokens the plan keeps where its floor is lower: an agent's working
+#: set, which does not grow with the window (chosen on the replay benchmark at 32k).
+DEFAULT_PLAN_WORKING_SET = 8_000
 
 #: With the llm summarizer, the summary the next compaction needs is prepared
 #: in the background once a request passes this share of its trigger, so that
@@ -269,6 +272,15 @@ class Profile:
             "to keep more of the conversation: 0 compacts as deep as is cheapest, "
             "prune_target caps the fill (docs/compaction.md#the-plan).",
             Bounds(ge=0, le=10),
+        ),
+    )
+    plan_working_set: int = field(
+        default=DEFAULT_PLAN_WORKING_SET,
+        metadata=_about(
+            "The most tokens a compaction plans to keep where its floor is lower: what an "
+            "agent uses next does not grow with the window, so a large one compacts deeper "
+            "and more rarely; 0: no such bound (docs/compaction.md#the-plan).",
+            NON_NEGATIVE,
         ),
     )
 

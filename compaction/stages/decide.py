@@ -428,6 +428,7 @@ def _depth(
         ceiling=profile.prune_target,
         slack=profile.plan_slack,
         summary_price=summary,
+        working_set=profile.plan_working_set,
     )
 
 

@@ -62,15 +62,37 @@ def test_the_slack_buys_a_fuller_compaction_within_the_floor_and_the_ceiling() -
     def planned(slack: float) -> int:
         pace = Pace(growth=600)
         chosen = depth(
-            trigger=20_000, head=2_000, pace=pace, prices=ANTHROPIC, ceiling=0.7, slack=slack
+            trigger=10_000, head=1_000, pace=pace, prices=ANTHROPIC, ceiling=0.7, slack=slack
         )
         assert chosen.cost <= chosen.cheapest * (1 + slack) + 1e-9
         return chosen.fill
 
     fills = [planned(slack) for slack in (0.0, 0.1, 0.5, 10.0)]
     assert fills == sorted(fills)
-    assert fills[0] == FILL_FLOOR_SHARE * 20_000
-    assert fills[-1] == 0.7 * 20_000
+    assert fills[0] == FILL_FLOOR_SHARE * 10_000
+    assert fills[-1] == 0.7 * 10_000
+
+
+def test_a_large_window_keeps_a_working_set_not_a_share_of_it() -> None:
+    """On the replay benchmark at 32k a fill of 0.55 of the limit cost more than
+    Claude Code-style's summary and kept no more of what the next turns used
+    than a fill of a working set's tokens."""
+
+    def planned(trigger: int) -> int:
+        return depth(
+            trigger=trigger,
+            head=1_000,
+            pace=Pace(600),
+            prices=ANTHROPIC,
+            ceiling=0.7,
+            slack=0.5,
+            working_set=Profile().plan_working_set,
+        ).fill
+
+    assert planned(11_000) > 0.5 * 11_000  # a small window: the slack's choice
+    assert planned(24_000) <= Profile().plan_working_set == 8_000
+    # Never below the floor: a share of the trigger and two turns beside the head.
+    assert planned(180_000) == FILL_FLOOR_SHARE * 180_000
 
 
 def test_the_floor_keeps_room_for_the_head_and_two_turns() -> None:

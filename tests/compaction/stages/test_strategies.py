@@ -87,7 +87,13 @@ def test_mask_never_calls_the_summarizer_and_truncates_when_masking_is_not_enoug
 def test_hybrid_stops_after_masking_when_that_is_enough() -> None:
     messages = agent_session(seed=3, steps=60, output_chars=4_000)
     # A plan that may fill up to prune_target: the masked request is enough.
-    profile = Profile(context_window=32_768, strategy="hybrid", summarizer="llm", plan_slack=10)
+    profile = Profile(
+        context_window=32_768,
+        strategy="hybrid",
+        summarizer="llm",
+        plan_slack=10,
+        plan_working_set=0,
+    )
     summarizer = RecordingSummarizer(SHIP_IT)
     result = _run(messages, profile, summarizer)
     assert result.stage == "masked" and summarizer.calls == 0
@@ -125,6 +131,7 @@ def test_a_masked_result_is_checkpointed_and_reused_byte_for_byte(strategy: str)
         strategy=strategy,  # type: ignore[arg-type]
         summarizer="extractive",
         plan_slack=10,  # a fill up to prune_target: masking is enough
+        plan_working_set=0,
     )
     request = {"model": "gpt-4o", "messages": messages}
     conversation = read_conversation(request, messages, COUNTER, profile.head_count)
