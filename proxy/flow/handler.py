@@ -586,7 +586,10 @@ def _finish(
 def _headers(call: Call, resolved: Resolved) -> dict[str, str]:
     """The response's ``x-compaction-*`` headers: what happened, what the
     summarizer calls cost (all that is known of the money when they are sent)."""
-    return {**resolved.headers(), **spent_headers(call)}
+    headers = resolved.headers()
+    if call.tally.summarizer_calls:  # most requests asked the summarizer nothing
+        headers.update(spent_headers(call))
+    return headers
 
 
 def _log_refusal(services: Services, call: Call | None, status: int, started: float) -> None:
