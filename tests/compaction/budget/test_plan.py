@@ -215,6 +215,25 @@ def test_a_model_summary_must_cost_less_than_the_reads_it_spares() -> None:
     assert not model_summary_pays(plan, plan.fill + 1_000, ANTHROPIC)
 
 
+def test_a_model_summary_must_leave_half_the_reads_it_spares_unspent() -> None:
+    # The extractive summary saves the same reads for nothing, and a session
+    # may end before the turns expected: a summary costing 60-100 % of them
+    # is not asked for.
+    plan = depth(
+        trigger=100_000,
+        head=2_000,
+        pace=Pace(1_000),
+        prices=ANTHROPIC,
+        ceiling=0.7,
+        slack=0.5,
+        summary_price=1,
+    )
+    saved = ANTHROPIC.cache_read * (100_000 - plan.fill) * plan.turns
+    for share, pays in ((0.4, True), (0.6, False), (0.9, False)):
+        priced = dataclasses.replace(plan, summary_price=int(share * saved))
+        assert model_summary_pays(priced, 100_000, ANTHROPIC) is pays, share
+
+
 def test_decide_asks_no_model_for_a_summary_that_does_not_pay() -> None:
     request, profile = _session(steps=90)
     small = dataclasses.replace(profile, summarizer="llm")
@@ -227,8 +246,9 @@ def test_decide_asks_no_model_for_a_summary_that_does_not_pay() -> None:
     assert any("a model's would cost more" in note for note in decision.notes)
     # A history far past the trigger (a long session resumed): the removal is
     # large, read on every turn until the next compaction, and the model pays.
-    whole = list(request["messages"])  # type: ignore[call-overload]
-    resumed = read_conversation(request, whole, COUNTER, small.head_count)
+    longer, _ = _session(steps=180)
+    whole = list(longer["messages"])  # type: ignore[call-overload]
+    resumed = read_conversation(longer, whole, COUNTER, small.head_count)
     decision = decide(resumed, small, calibrated_budget(small))
     assert decision.profile.summarizer == "llm"
 

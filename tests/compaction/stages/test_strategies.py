@@ -113,7 +113,10 @@ def test_hybrid_condenses_the_masked_middle_when_masking_is_not_enough() -> None
             *tool_group("bash", {"command": f"ls {i}"}, "y " * 1_000),
         ]
     summarizer = RecordingSummarizer(SHIP_IT)
-    profile = Profile(context_window=16_384, strategy="hybrid", summarizer="llm")
+    # Every summary asked of the model: what is tested is that hybrid condenses.
+    profile = Profile(
+        context_window=16_384, strategy="hybrid", summarizer="llm", summary_must_pay=False
+    )
     result = _run(messages, profile, summarizer)
     assert result.stage == "condensed" and summarizer.calls >= 1
     # Summary on the same request: its first stage pruned instead of masking.
