@@ -668,11 +668,16 @@ _LONG = [
 @pytest.mark.parametrize(
     ("stage", "profile"),
     [
-        # A plan free to fill up to prune_target: pruning alone is enough.
+        # A plan free to fill up to prune_target (no slack, no working-set
+        # bound): pruning alone is enough.
         (
             "pruned",
             Profile(
-                context_window=200_000, threshold=28_000, keep_recent_tokens=1_500, plan_slack=10
+                context_window=200_000,
+                threshold=28_000,
+                keep_recent_tokens=1_500,
+                plan_slack=10,
+                plan_working_set=0,
             ),
         ),
         ("masked", Profile(context_window=200_000, threshold=18_000, strategy="mask")),

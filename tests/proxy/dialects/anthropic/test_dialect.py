@@ -54,6 +54,11 @@ COUNTER = TokenCounter("gpt-4o")
 SCRIPTED = AnthropicUpstream()
 
 
+#: A plan free to fill up to prune_target (no slack, no working-set bound):
+#: the tests of what pruning keeps need a request that pruning alone fits.
+PRUNING: dict[str, Any] = {"plan_slack": 10, "plan_working_set": 0}
+
+
 def _compact(body: dict[str, Any], window: int, **profile: Any) -> tuple[Any, dict[str, Any]]:
     mapped = ANTHROPIC.to_engine(body)
     result = asyncio.run(
@@ -173,7 +178,7 @@ def test_a_pruned_session_keeps_signed_blocks_markers_and_flags() -> None:
     old = body["messages"][3]["content"]
     old.insert(1, {"type": "text", "text": "word " * 2_000, "cache_control": CACHE})
     old[-1]["input"] = {"path": "src/app.py", "content": "y" * 5_000}
-    result, out = _compact(body, 200_000, threshold=18_000, keep_recent_tokens=2_000)
+    result, out = _compact(body, 200_000, threshold=18_000, keep_recent_tokens=2_000, **PRUNING)
     assert result.stage == "pruned"
     assert pairing_problems(out["messages"]) == []
     assert SCRIPTED.refusal(out) is None  # signatures intact
@@ -313,7 +318,7 @@ def test_the_users_blocks_beside_a_pruned_result_reach_the_upstream() -> None:
         {"type": "text", "text": "<system-reminder>Todo list updated.</system-reminder>"},
     ]
     answer[1:] = beside
-    result, out = _compact(body, 200_000, threshold=18_000, keep_recent_tokens=2_000)
+    result, out = _compact(body, 200_000, threshold=18_000, keep_recent_tokens=2_000, **PRUNING)
     assert result.stage == "pruned"
     sent = next(m for m in out["messages"] if m["content"][-1] is beside[-1])
     assert sent["content"][0]["content"] == "[Read] m1.py (50,910 chars)"
