@@ -247,8 +247,14 @@ def riding_in(
     messages: Sequence[Message], groups: Sequence[Group], start: int, end: int
 ) -> list[int]:
     """The indices among ``messages[start:end]`` that a condensed span keeps verbatim
-    after its summary: the pinned messages, and every message of a group that
-    holds an opaque one (a group goes whole, so no result leaves its call)."""
+    after its summary: the pinned messages, hard truncation's notes, and every
+    message of a group that holds an opaque one (a group goes whole, so no result
+    leaves its call).
+
+    A truncation note stands for messages dropped whole, opaque ones among them
+    perhaps; a summary of the note would claim to stand for those. So the note
+    rides along: a checkpoint that truncated, applied to the next request and
+    condensed there, still says what was dropped rather than summarized."""
     start, end = max(start, 0), min(end, len(messages))
     out: list[int] = []
     first = max(bisect.bisect_right([g.start for g in groups], start) - 1, 0)
@@ -261,7 +267,7 @@ def riding_in(
         if any(is_opaque(messages[i]) for i in range(group.start, group.end)):
             out.extend(span)
         else:
-            out.extend(i for i in span if is_pinned(messages[i]))
+            out.extend(i for i in span if is_pinned(messages[i]) or is_truncation_note(messages[i]))
     return out
 
 

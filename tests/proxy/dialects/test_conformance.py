@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
 from compaction import (
@@ -608,6 +608,25 @@ def _through_a_checkpoint(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(steps=conversations, profile=profiles)
+# The first request truncates, dropping a tool search result (opaque) with a
+# note; the next one, built from that checkpoint, condenses: the note rides
+# along rather than being summarized as if the summary stood for what it dropped.
+@example(
+    steps=[
+        ("user", [("text", 3, False)]),
+        ("search", 1),
+        ("user", [("text", 1500, False), ("unknown", 3, False)]),
+        ("reply", 600, False),
+    ],
+    profile=Profile(
+        context_window=2048,
+        keep_recent_tokens=300,
+        head_count=0,
+        summarizer="extractive",
+        strategy="summary",
+        threshold=None,
+    ),
+)
 def test_the_next_request_over_a_stored_checkpoint_is_accounted_for_too(
     dialect: DialectName, steps: list[Any], profile: Profile
 ) -> None:
