@@ -33,6 +33,7 @@ from proxy.edge.access import viewer
 from proxy.edge.errors import BadRequest
 from proxy.flow.services import services_of
 from proxy.session import steering
+from proxy.session.service import Conversations
 from proxy.state.stores import to_dict
 from proxy.ui.views import read_overview, read_session
 
@@ -60,6 +61,15 @@ def _field(body: dict[str, Any], name: str, kind: type) -> Any:
     if value is not None and not isinstance(value, kind):
         raise BadRequest(f"'{name}' must be a {kind.__name__}.", param=name)
     return value
+
+
+async def _whose(request: Request, session: str, owner: str | None) -> tuple[Conversations, str]:
+    """The conversations and the owner of ``session`` the caller may address
+    (their own; for the admin, the one ``owner`` names or the id's only one)."""
+    services = services_of(request)
+    seen = viewer(request, services.settings.server.admin_key)
+    conversations = services.conversations
+    return conversations, await steering.steered_session(conversations, session, seen, owner)
 
 
 async def edit_checkpoint(checkpoint_id: str, request: Request) -> Response:
@@ -92,11 +102,9 @@ async def one_session(
     request: Request,
     owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
 ) -> Response:
-    services = services_of(request)
-    seen = viewer(request, services.settings.server.admin_key)
-    whose = await steering.steered_session(services.conversations, session, seen, owner)
+    conversations, whose = await _whose(request, session, owner)
     # One owner's session, even for the admin: another's of the same id is another.
-    view = await read_session(services.conversations.store, session, whose, whose)
+    view = await read_session(conversations.store, session, whose, whose)
     return _json(
         {
             "session": session,
@@ -114,13 +122,14 @@ async def change_settings(
     owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
 ) -> Response:
     services = services_of(request)
-    seen = viewer(request, services.settings.server.admin_key)
+    seen = viewer(request, services.settings.server.admin_key)  # the key before the body
     body = await _json_object(request)
     enabled = _field(body, "enabled", bool)
     instructions = _field(body, "instructions", str)
-    whose = await steering.steered_session(services.conversations, session, seen, owner)
+    conversations = services.conversations
+    whose = await steering.steered_session(conversations, session, seen, owner)
     changed = await steering.update_settings(
-        services.conversations, session, whose, enabled=enabled, instructions=instructions
+        conversations, session, whose, enabled=enabled, instructions=instructions
     )
     return _json(to_dict(changed))
 
@@ -130,10 +139,8 @@ async def compact_next(
     request: Request,
     owner: str | None = Query(None, max_length=MAX_OWNER_CHARS),
 ) -> Response:
-    services = services_of(request)
-    seen = viewer(request, services.settings.server.admin_key)
-    whose = await steering.steered_session(services.conversations, session, seen, owner)
-    steering.compact_now(services.conversations, session, whose)
+    conversations, whose = await _whose(request, session, owner)
+    steering.compact_now(conversations, session, whose)
     return _json({"session": session, "status": "pending"}, status=202)
 
 
