@@ -260,9 +260,9 @@ class Profile:
     summary_must_pay: bool = field(
         default=True,
         metadata=_about(
-            "With the llm summarizer, ask the model only where its summary costs less than "
-            "the cache reads the compaction saves until the next one; otherwise the "
-            "extractive summary is used (false: always ask the model)."
+            "With the llm summarizer, ask the model only where its summary costs no more "
+            "than half the cache reads the compaction saves until the next one; otherwise "
+            "the extractive summary is used (false: always ask the model)."
         ),
     )
     plan_slack: float = field(

@@ -178,7 +178,7 @@ def typed_messages(messages: Sequence[Message]) -> list[str]:
     client's context (:func:`context_end`); ``/compact`` commands are
     instructions to the proxy, not the conversation's words."""
     echoes = system_texts(messages)
-    texts = (typed_text(message, echoes) for message in messages[context_end(messages) :])
+    texts = (typed_text(message, echoes) for message in messages[context_end(messages, echoes) :])
     return [text for text in texts if text and not _COMPACT_COMMAND.match(text)]
 
 
@@ -186,18 +186,21 @@ def first_typed(messages: Sequence[Message]) -> str:
     """The task: the first text a person typed, after the client's context
     (:func:`context_end`); "" when there is none."""
     echoes = system_texts(messages)
-    for message in messages[context_end(messages) :]:
+    for message in messages[context_end(messages, echoes) :]:
         text = typed_text(message, echoes)
         if text:
             return text
     return ""
 
 
-def context_end(messages: Sequence[Message]) -> int:
+def context_end(messages: Sequence[Message], echoes: Sequence[str] | None = None) -> int:
     """Index past the client's context at the start of ``messages``: system and
     developer messages, user messages holding only context, with the canned
-    acknowledgement answering them, and a canned example exchange."""
-    i, echoes = 0, system_texts(messages)
+    acknowledgement answering them, and a canned example exchange. ``echoes``:
+    the conversation's system texts, when the caller has them already."""
+    i = 0
+    if echoes is None:
+        echoes = system_texts(messages)
     while i < len(messages):
         message = messages[i]
         if message.get("role") in HEAD_ROLES:
