@@ -9,9 +9,13 @@ gives on a good day, terse or in bold ``Name:`` lines, and must be taken.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from tests.conftest import assistant, system, tool_group, user
+from compaction import Profile
+from compaction.stages.condenser import CondenseResult, condense, find_middle
+from compaction.tokens.counter import TokenCounter
+from tests.conftest import RecordingSummarizer, assistant, system, tool_group, user
 
 Message = dict[str, Any]
 
@@ -298,3 +302,19 @@ BAD = {
     "credited requests": (CREDITED_REQUESTS, "credits the user with a request the user never"),
 }
 GOOD = {"terse": GOOD_TERSE, "plain": GOOD_PLAIN}
+
+
+def condensed(reply: str, messages: list[Message] | None = None) -> CondenseResult:
+    """``messages`` (the span by default) condensed between the head and the last
+    user message, by a model that answers ``reply``."""
+    messages = span() if messages is None else messages
+    tail = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    return asyncio.run(
+        condense(
+            messages,
+            find_middle(messages, 2, tail),
+            profile=Profile(summarizer="llm"),
+            counter=TokenCounter("gpt-4o"),
+            summarizer=RecordingSummarizer(reply),
+        )
+    )

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from compaction.budget.profile import Profile
 from compaction.chat.messages import message_text
 from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
-from compaction.stages.condenser import CondenseResult, condense, find_middle, summary_budget
+from compaction.stages.condenser import condense, find_middle, summary_budget
 from compaction.summary.checks import (
     Anchors,
     anchor_problem,
@@ -27,26 +27,13 @@ from compaction.summary.format import summary_body
 from compaction.summary.prompts import PROMPT_TAGS, TURN_PREFIX_SYSTEM_PROMPT, summary_problem
 from compaction.tokens.counter import TokenCounter
 from tests.compaction.summary import small_model_replies as replies
+from tests.compaction.summary.small_model_replies import condensed
 from tests.conftest import RecordingSummarizer, assistant, tool_group, user
 from tests.synthetic import agent_session, conversations
 
 Message = dict[str, Any]
 COUNTER = TokenCounter("gpt-4o")
 PROFILE = Profile(summarizer="llm")
-
-
-def condensed(reply: str, messages: list[Message] | None = None) -> CondenseResult:
-    messages = replies.span() if messages is None else messages
-    tail = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    return asyncio.run(
-        condense(
-            messages,
-            find_middle(messages, 2, tail),
-            profile=PROFILE,
-            counter=COUNTER,
-            summarizer=RecordingSummarizer(reply),
-        )
-    )
 
 
 # --- the small models' replies, through condense --------------------------------

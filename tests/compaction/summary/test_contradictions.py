@@ -7,7 +7,6 @@ extractive summary, the fallback, never contradicts them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 from compaction.budget.profile import Profile
 from compaction.chat.messages import message_text
 from compaction.chat.own import is_summary
-from compaction.stages.condenser import CondenseResult, condense, find_middle, summary_budget
+from compaction.stages.condenser import summary_budget
 from compaction.summary.contradictions import (
     SpanFacts,
     contradiction_problem,
@@ -37,7 +36,8 @@ from compaction.summary.files import FileLists, collect_files
 from compaction.summary.format import summary_body
 from compaction.tokens.counter import TokenCounter
 from tests.compaction.summary import small_model_replies as replies
-from tests.conftest import RecordingSummarizer, assistant, user
+from tests.compaction.summary.small_model_replies import condensed
+from tests.conftest import assistant, user
 from tests.synthetic import agent_session, conversations
 
 Message = dict[str, Any]
@@ -57,19 +57,6 @@ def read_only_span() -> list[Message]:
         if m["role"] == "assistant" and "edit_file" in str(m.get("tool_calls"))
     )
     return [*messages[:edit], *messages[edit + 2 :]]
-
-
-def condensed(reply: str, messages: list[Message]) -> CondenseResult:
-    tail = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    return asyncio.run(
-        condense(
-            messages,
-            find_middle(messages, 2, tail),
-            profile=PROFILE,
-            counter=COUNTER,
-            summarizer=RecordingSummarizer(reply),
-        )
-    )
 
 
 # --- through condense -------------------------------------------------------------
