@@ -385,12 +385,14 @@ def typed_messages(messages: Sequence[Message]) -> list[str]:
     """Every message the user typed, in order (whitespace collapsed; empty ones left out)."""
     typed = []
     for message in messages:
+        if message.get("role") != "user" or _observation(message):
+            continue
         # A fixture is text: a summary in it is known by its marker, as the
         # proxy's own would be (the proxy itself trusts only what it stored).
-        summary = message_text(message).startswith(SUMMARY_MARKER)
-        if message.get("role") != "user" or summary or _observation(message):
+        raw = message_text(message)
+        if raw.startswith(SUMMARY_MARKER):
             continue
-        text = collapse(_REMINDER.sub(" ", message_text(message)))
+        text = collapse(_REMINDER.sub(" ", raw))
         if text:
             typed.append(text)
     return typed

@@ -355,11 +355,6 @@ def _not_smaller(run: _Condensing, summary: Message, span: _Span) -> bool:
     return run.tokens([summary]) >= run.tokens(span.originals)
 
 
-def _task(head: Sequence[Message]) -> str:
-    """The head's first typed words: the task, read for the identifiers it names."""
-    return first_typed(head)
-
-
 @dataclass(frozen=True)
 class _Span:
     """Messages ``[start, end)`` as condensed, and the same ones before pruning."""
@@ -514,7 +509,9 @@ class _Condensing:
         """The span's ledger: computed once per summary, from the originals (not the
         pruned briefs), with the ledgers of earlier summaries in the span folded in,
         and for a main summary the errors printed after it by messages kept pruned."""
-        ledger = ledger_of(whole.originals, self.profile, task=_task(self.head), salt=self.salt)
+        ledger = ledger_of(
+            whole.originals, self.profile, task=first_typed(self.head), salt=self.salt
+        )
         if self.later_errors and not turn_prefix:
             ledger = ledger.merge(Ledger(errors=self.later_errors))
         return ledger

@@ -431,7 +431,8 @@ def _plan_room(
     if tail <= head:
         return None
     if leftover >= minimum:
-        wanted = summary_budget(sum(counts[head:tail]) + sum(counts[tail:]) - kept(tail), profile)
+        # What the summary stands for: all after the head but what stays (room - leftover).
+        wanted = summary_budget(sum(counts[head:]) - (room - leftover), profile)
         ceiling = max(minimum, min(wanted, int(leftover * SUMMARY_ROOM_SHARE)))
         return _Room(tail, leftover, _with_ceiling(profile, ceiling), llm=True)
     # The tail is the newest group alone now, and no model is asked.

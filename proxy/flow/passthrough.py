@@ -23,6 +23,7 @@ from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
 from proxy.edge.disconnect import ClientWatch, client_left
+from proxy.edge.errors import anthropic_path
 from proxy.edge.paths import forward_url, raw_path_of
 from proxy.flow.send import Relay, send, upstream_headers
 from proxy.flow.services import Services
@@ -42,7 +43,7 @@ async def forward(services: Services, path: str, request: Request) -> Response:
     """``request`` to ``/v1/{path}`` at the upstream, relayed back."""
     # Anthropic's other endpoints (/v1/messages/count_tokens, /batches)
     # go where its messages go, with its key; everything else to base_url.
-    anthropic = path == "messages" or path.startswith("messages/")
+    anthropic = anthropic_path(f"/v1/{path}")
     conversations, upstream = services.conversations, services.upstream
     config = conversations.model_config(None)
     # Built from the path as received, not the decoded ``path``: ``%2e%2e`` must not

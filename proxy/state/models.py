@@ -143,9 +143,6 @@ class Known:
         return max(self.proven, self.streamed)
 
 
-NOTHING = Known()
-
-
 @dataclass(frozen=True)
 class _Served:
     """What the server did or stated for one upstream and model."""
@@ -219,7 +216,7 @@ class ModelKnowledge:
         return iter(list(self._served))
 
     def get(self, key: str, owner: str = ANONYMOUS) -> Known:
-        """What ``owner`` knows under ``key`` (:data:`NOTHING` when nothing is known)."""
+        """What ``owner`` knows under ``key`` (an empty :class:`Known` when nothing is known)."""
         served = self._served.get(key, _NONE_SERVED)
         own = self._own.get(key, {}).get(owner, _NONE_OWN)
         agreed = self._agreement(key)

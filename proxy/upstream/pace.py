@@ -116,9 +116,5 @@ class Paces:
             del self._paces[next(iter(self._paces))]
         return pace
 
-    def known(self, key: str) -> Pace | None:
-        """``key``'s pace if it was ever measured, without making one."""
-        return self._paces.get(key)
-
 
 __all__ = ["MARGIN", "MAX_DEADLINE", "PACE_KEYS", "SAMPLES", "Pace", "Paces", "Sample"]

@@ -152,7 +152,8 @@ class UpstreamSummarizer:
     async def __call__(self, messages: list[Message], max_tokens: int) -> str:
         sent = [clean(m) for m in messages]
         body = self._dialect.summary_request(self._model, sent, max_tokens)
-        size = len(orjson.dumps(body))
+        data = orjson.dumps(body)
+        size = len(data)
         pace = self._pace
         turn = pace.one_at_a_time if self._one_at_a_time and pace else contextlib.nullcontext()
         async with turn:
@@ -160,7 +161,7 @@ class UpstreamSummarizer:
             timer = asyncio.timeout(deadline)
             try:
                 async with timer:
-                    return await self._ask(sent, body)
+                    return await self._ask(sent, body, data)
             except TimeoutError as exc:
                 if not timer.expired():
                     raise
@@ -170,11 +171,11 @@ class UpstreamSummarizer:
                     f"summarizer timed out: no whole reply within {deadline:g} s"
                 ) from exc
 
-    async def _ask(self, sent: list[Message], body: dict[str, Any]) -> str:
-        status, reply = await self._post(body)
+    async def _ask(self, sent: list[Message], body: dict[str, Any], data: bytes) -> str:
+        status, reply = await self._post(data)
         retry = self._dialect.summary_retry(body, status, reply) if status != 200 else None
         if retry is not None:  # once: a second refusal is the answer
-            status, reply = await self._post(retry)
+            status, reply = await self._post(orjson.dumps(retry))
         if status != 200:
             text = reply[:300].decode("utf-8", "replace")
             raise SummarizationError(f"summarizer upstream answered {status}: {text}")
@@ -210,11 +211,10 @@ class UpstreamSummarizer:
         if self._on_spent is not None:
             self._on_spent(used, cost)
 
-    async def _post(self, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def _post(self, data: bytes) -> tuple[int, bytes]:
         self.calls += 1
         if self._on_call is not None:
             self._on_call()
-        data = orjson.dumps(body)
         started = self._clock()
         try:
             response = await self._transport.request("POST", self._url, self._headers, data)
