@@ -157,6 +157,12 @@ class _Served:
     #: The smallest streamed prompt an empty stream was taken for an overflow at.
     refused: int | None = None
 
+    @property
+    def answered(self) -> int:
+        """The largest prompt answered, by the upstream's ``usage`` or by our
+        estimate of a stream (:attr:`Known.answered`)."""
+        return max(self.proven, self.streamed)
+
 
 @dataclass(frozen=True)
 class _Own:
@@ -248,8 +254,7 @@ class ModelKnowledge:
 
     def answered(self, config: ModelConfig) -> int:
         """The largest prompt this upstream and model answered (:attr:`Known.answered`)."""
-        served = self._served.get(calibration_key(config), _NONE_SERVED)
-        return max(served.proven, served.streamed)
+        return self._served.get(calibration_key(config), _NONE_SERVED).answered
 
     def ratio(self, config: ModelConfig, owner: str = ANONYMOUS) -> float:
         """``owner``'s calibration ratio for this model's upstream (1.0 until
@@ -357,6 +362,7 @@ class ModelKnowledge:
         if (
             served is not _NONE_SERVED
             and prompt_tokens <= served.proven
+            # served.answered, read in place: this runs on every answer.
             and (
                 served.working_limit is None
                 or served.working_limit >= max(served.proven, served.streamed)
@@ -396,7 +402,7 @@ class ModelKnowledge:
         key = calibration_key(config)
         served = self._served.get(key, _NONE_SERVED)
         current = served.working_limit
-        answered = max(served.proven, served.streamed)
+        answered = served.answered
         lesson = empty_stream_lesson(EmptyStream(tokens=tokens, answered=answered, limit=current))
         if lesson.overflow and (served.refused is None or tokens < served.refused):
             served = dataclasses.replace(served, refused=tokens)
@@ -457,7 +463,7 @@ class ModelKnowledge:
 
     def _raise_working_limit(self, key: str) -> None:
         served = self._served.get(key, _NONE_SERVED)
-        answered = max(served.proven, served.streamed)
+        answered = served.answered
         raised = working_limit_after_answer(served.working_limit, answered)
         if raised is not None and raised != served.working_limit:
             self._keep(key, dataclasses.replace(served, working_limit=raised))
