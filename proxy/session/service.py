@@ -11,7 +11,6 @@ it records to. Built once in the app's lifespan; there are no module globals.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 
 from compaction import ReadingCache, TokenCounter, encoding_for_model, load_encoding, splits_digits
@@ -108,8 +107,7 @@ class Conversations:
 
     def summary_pace(self, config: ModelConfig) -> Pace:
         """How fast ``config``'s upstream writes summaries with its summary model."""
-        summarizing = dataclasses.replace(config, model=config.summary_model)
-        return self.upstream.paces.of(calibration_key(summarizing))
+        return self.upstream.paces.of(calibration_key(config, config.summary_model))
 
     def single_slot(self, config: ModelConfig) -> bool:
         """Whether ``config``'s upstream serves one request at a time, as it states

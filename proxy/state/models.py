@@ -95,10 +95,11 @@ OWNER_PREFIX = "owner\x1f"
 ANONYMOUS = owner_digest("")
 
 
-def calibration_key(config: ModelConfig) -> str:
+def calibration_key(config: ModelConfig, model: str | None = None) -> str:
     """Everything is learned per upstream and model: one model name may be
-    served by different upstreams (and tokenizers) through per-model settings."""
-    return f"{config.upstream}\x1f{config.model}"
+    served by different upstreams (and tokenizers) through per-model settings.
+    ``model``: another model of the same upstream (its summary model)."""
+    return f"{config.upstream}\x1f{model or config.model}"
 
 
 def server_key(key: str) -> str:
