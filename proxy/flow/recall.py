@@ -57,7 +57,7 @@ from proxy.dialects.recall import RecallCall, RecallStream, RecallSurface, Usage
 from proxy.edge.errors import ProxyError
 from proxy.flow.read import Call
 from proxy.flow.record import cut_stream
-from proxy.flow.send import read_whole, relay_bytes, shown_url
+from proxy.flow.send import dropped_event, log_broken, log_cut, read_whole, relay_bytes, shown_url
 from proxy.flow.services import Services
 from proxy.flow.stream_end import StreamEnd
 from proxy.flow.usage import UsageTap
@@ -507,13 +507,8 @@ class RecallRelay(Response):
             try:
                 chunk = await upstream.next_chunk()
             except BodyLost as exc:
-                logger.warning(
-                    "upstream stream broke: %s",
-                    exc,
-                    extra={"fields": {"upstream": shown_url(upstream.url)}},
-                )
-                message = "The upstream connection was lost mid-stream."
-                event = self.call.dialect.error_event(message, "upstream_dropped")
+                log_broken(exc, upstream.url)
+                event = dropped_event(self.call.dialect, lost=True)
                 await send({"type": "http.response.body", "body": event, "more_body": True})
                 return "broken"
             if chunk is None:
@@ -540,10 +535,8 @@ class RecallRelay(Response):
         error event (what was relayed of it cannot be taken back, and a
         round cut short cannot be answered)."""
         cut_stream(self.call)
-        fields = {"upstream": shown_url(self.upstream.url), "api": self.call.dialect.name}
-        logger.warning("upstream stream ended before its end", extra={"fields": fields})
-        message = "The upstream ended the stream before its end."
-        event = self.call.dialect.error_event(message, "upstream_dropped")
+        log_cut(self.upstream.url, self.call.dialect.name)
+        event = dropped_event(self.call.dialect, lost=False)
         await send({"type": "http.response.body", "body": event, "more_body": True})
 
     async def _error(self, send: Send, message: str, code: str = "recall_failed") -> None:

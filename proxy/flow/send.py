@@ -53,6 +53,29 @@ def shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def dropped_event(dialect: Dialect, *, lost: bool) -> bytes:
+    """The error event that ends a client's stream the upstream's stopped short:
+    its connection ``lost``, or closed cleanly before its API's end."""
+    message = (
+        "The upstream connection was lost mid-stream."
+        if lost
+        else "The upstream ended the stream before its end."
+    )
+    return dialect.error_event(message, "upstream_dropped")
+
+
+def log_broken(exc: BodyLost, url: str) -> None:
+    logger.warning("upstream stream broke: %s", exc, extra={"fields": {"upstream": shown_url(url)}})
+
+
+def log_cut(url: str, api: str, then: str | None = None) -> None:
+    """A stream that closed before its API's end, logged (``then``: what was done)."""
+    fields = {"upstream": shown_url(url), "api": api}
+    if then is not None:
+        fields["then"] = then
+    logger.warning("upstream stream ended before its end", extra={"fields": fields})
+
+
 def _log_failure(error: ProxyError, upstream: str, what: str) -> None:
     fields = {"status": error.status, "upstream": upstream, "code": error.code}
     logger.warning("%s", what, extra={"fields": fields})
@@ -345,8 +368,7 @@ class Relay(Response):
                 if again is not None:
                     return again
                 await flush()
-                message = "The upstream ended the stream before its end."
-                event = self.dialect.error_event(message, "upstream_dropped")
+                event = dropped_event(self.dialect, lost=False)
                 await send({"type": "http.response.body", "body": event, "more_body": False})
                 return None
             await flush()
@@ -380,24 +402,18 @@ class Relay(Response):
         assert self.cut is not None
         again = self.cut.again if unseen and not gone else None
         self.cut.count()
-        fields = {"upstream": shown_url(self.upstream.url), "api": self.dialect.name}
-        fields["then"] = "asked again" if again is not None else "error event"
-        logger.warning("upstream stream ended before its end", extra={"fields": fields})
+        then = "asked again" if again is not None else "error event"
+        log_cut(self.upstream.url, self.dialect.name, then)
         return again
 
     async def _broken(self, exc: BodyLost, send: Send) -> None:
-        logger.warning(
-            "upstream stream broke: %s",
-            exc,
-            extra={"fields": {"upstream": shown_url(self.upstream.url)}},
-        )
+        log_broken(exc, self.upstream.url)
         if self.upstream.length is None and (self.upstream.header("content-type") or "").startswith(
             "text/event-stream"
         ):
             # The status went out already; an SSE client is told why its
             # stream stops before the connection is cut.
-            message = "The upstream connection was lost mid-stream."
-            event = self.dialect.error_event(message, "upstream_dropped")
+            event = dropped_event(self.dialect, lost=True)
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
 
