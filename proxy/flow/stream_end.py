@@ -69,9 +69,9 @@ ENDINGS: Final[dict[str, Ending]] = {
 class StreamEnd:
     """Watches one stream of ``api`` (see the module doc)."""
 
-    def __init__(self, ending: Ending, chat: bool = False) -> None:
+    def __init__(self, ending: Ending) -> None:
         self._ending = ending
-        self._chat = chat
+        self._chat = ending is ENDINGS[_CHAT]
         self._splitter = sse.EventSplitter()
         self.said = False
         self.ended = False
@@ -80,7 +80,7 @@ class StreamEnd:
     def of(cls, api: str) -> StreamEnd | None:
         """A watcher for a stream of ``api``; ``None`` for an API it does not know."""
         ending = ENDINGS.get(api)
-        return cls(ending, chat=api == _CHAT) if ending is not None else None
+        return cls(ending) if ending is not None else None
 
     def feed(self, chunk: bytes) -> None:
         for event in self._splitter.feed(chunk):
