@@ -12,7 +12,8 @@ module is the one place that knows the rest by its shape:
   instructions …</INSTRUCTIONS>``, ``<skill>``, ``<turn_aborted>``; Claude
   Code's ``<local-command-stdout>`` and its ``<command-name>`` record of a
   slash command, whose expansion is the text that follows);
-* texts a harness sends on its own behalf, known by their opening words: file
+* texts a harness sends on its own behalf, known whole (Claude Code's "Tool
+  loaded." beside a tool search's result) or by their opening words: file
   listings it re-sends (aider's repository map and chat files, qwen-code's
   list of files read before its own compaction), its warnings and its format
   errors ("Please always provide EXACTLY ONE action…", "I didn't see any
@@ -73,6 +74,10 @@ HARNESS_PREFIXES: Final = (
     "Warning: The maximum number of unified exec processes you can keep open is",
     "Warning: apply_patch was requested via ",
 )
+#: Whole texts a harness puts beside a tool's result on its own behalf (Claude
+#: Code 2.1.197 adds "Tool loaded." next to a ``ToolSearch`` result): matched
+#: whole, as a person may well start a message with the same words.
+HARNESS_TEXTS: Final = frozenset({"Tool loaded."})
 #: What a client's assistant turn says to acknowledge context it sent itself.
 ACKNOWLEDGEMENTS: Final = frozenset(
     {
@@ -140,7 +145,12 @@ def typed_part(text: str, echoes: Sequence[str] = ()) -> str:
     """``text`` (one text part of a user message) less what its client added; "" when
     it is all context. ``echoes`` are the conversation's system texts (:func:`system_texts`)."""
     text = _without_echo(without_reminders(text).strip(), echoes)
-    if not text or text.startswith(HARNESS_PREFIXES) or _COMMAND_MARKUP.fullmatch(text):
+    if (
+        not text
+        or text in HARNESS_TEXTS
+        or text.startswith(HARNESS_PREFIXES)
+        or _COMMAND_MARKUP.fullmatch(text)
+    ):
         return ""
     for opener, closer in CONTEXT_FRAGMENTS:
         if text.startswith(opener) and text.endswith(closer):

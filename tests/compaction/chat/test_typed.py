@@ -40,6 +40,10 @@ needs_qwen = pytest.mark.skipif(
 )
 
 
+def _call(name: str) -> dict[str, Any]:
+    return {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
 def _head(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages[: head_end(messages, group_messages(messages), Profile().head_count)]
 
@@ -85,11 +89,31 @@ def test_codexs_agents_md_and_environment_messages_are_not_typed() -> None:
         "<local-command-stdout>Compacted</local-command-stdout>",
         "<command-message>init is analyzing</command-message>\n<command-name>/init</command-name>",
         "<command-name>/model</command-name>\n<command-args>opus</command-args>",
+        "Tool loaded.",
     ],
 )
 def test_client_boilerplate_is_not_typed(text: str) -> None:
     assert typed_part(text) == ""
     assert typed_text({"role": "user", "content": text}) == ""
+
+
+def test_words_a_harness_sends_whole_are_typed_when_they_open_a_longer_message() -> None:
+    text = "Tool loaded. Now use it to fetch the changelog."
+    assert typed_text({"role": "user", "content": text}) == text
+
+
+def test_claude_codes_tool_loaded_note_beside_a_tool_search_result_is_no_request() -> None:
+    # As the Anthropic dialect hands it to the engine: the result, then the
+    # text block that rode beside it as a user message of its own.
+    span: list[dict[str, Any]] = [
+        {"role": "user", "content": TASK},
+        {"role": "assistant", "content": "", "tool_calls": [_call("ToolSearch")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "WebFetch"},
+        {"role": "user", "content": [{"type": "text", "text": "Tool loaded."}]},
+        {"role": "assistant", "content": "Fetching it now."},
+    ]
+    assert ledger_of(span, Profile()).user_messages == (TASK,)
+    assert typed_messages(span) == [TASK]
 
 
 def test_a_fragment_tag_inside_typed_words_keeps_the_words() -> None:
