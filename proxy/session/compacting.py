@@ -44,7 +44,7 @@ from compaction import (
     text_size,
 )
 from config import ModelConfig
-from proxy.state.stores import CheckpointStore, Event, EventType
+from proxy.state.stores import CheckpointLookup, Event, EventType
 
 if TYPE_CHECKING:
     from proxy.session.service import Conversations
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
 
-async def look_up(store: CheckpointStore, conversation: Conversation) -> dict[str, Checkpoint]:
+async def look_up(store: CheckpointLookup, conversation: Conversation) -> dict[str, Checkpoint]:
     """The store's answer for ``conversation``: the checkpoints on its chain."""
     chain = conversation.chain
     return await store.lookup(chain) if chain else {}

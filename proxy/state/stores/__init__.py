@@ -15,7 +15,7 @@ ratios live.
 * ``memory://`` — this process only (tests).
 
 :class:`Store` is one protocol per concern (:mod:`proxy.state.stores.protocols`):
-``CheckpointStore``, ``EventStore``, ``LivenessStore``, ``LockStore``,
+``CheckpointLookup``, ``CheckpointStore``, ``EventStore``, ``LivenessStore``, ``LockStore``,
 ``WindowStore``, ``CalibrationStore``, ``FigureStore``, ``SettingsStore`` and
 ``UpkeepStore``; a consumer types against the ones it uses. Every backend
 passes the same contract suite (``tests/proxy/state/stores``).
@@ -50,6 +50,7 @@ from proxy.state.stores.health import HealthReport, StoreHealth
 from proxy.state.stores.memory import MemoryStore
 from proxy.state.stores.protocols import (
     CalibrationStore,
+    CheckpointLookup,
     CheckpointStore,
     EventStore,
     FigureStore,
@@ -149,6 +150,7 @@ __all__ = [
     "INTERRUPTED",
     "OPEN_EVENT_TYPES",
     "CalibrationStore",
+    "CheckpointLookup",
     "CheckpointStore",
     "Event",
     "EventStore",

@@ -78,6 +78,9 @@ class MemoryStore:
     ) -> None:
         self._by_hash: OrderedDict[str, Checkpoint] = OrderedDict()
         self._by_id: dict[str, tuple[Checkpoint, str]] = {}  #: with its owner
+        #: (owner, session) of every checkpoint kept; ``None`` once one was
+        #: dropped, until asked again (see :meth:`holds_checkpoints_now`).
+        self._held: set[tuple[str, str]] | None = set()
         self._originals: OrderedDict[str, tuple[float, list[Message]]] = OrderedDict()
         self._events: deque[Event] = deque(maxlen=max_events)
         self._open: dict[str, Event] = {}  #: latest event of unfinished compactions
@@ -108,6 +111,15 @@ class MemoryStore:
                 found[value] = checkpoint
         return found
 
+    async def holds_checkpoints(self, owner: str, session: str) -> bool:
+        return self.holds_checkpoints_now(owner, session)
+
+    def holds_checkpoints_now(self, owner: str, session: str) -> bool:
+        held = self._held
+        if held is None:  # some were dropped: found again from those kept
+            held = self._held = {(who, cp.session) for cp, who in self._by_id.values()}
+        return (owner, session) in held
+
     async def put(
         self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
     ) -> None:
@@ -118,12 +130,15 @@ class MemoryStore:
             self._by_id.pop(replaced.id, None)
         self._by_hash[checkpoint.end_hash] = checkpoint
         self._by_id[checkpoint.id] = (checkpoint, owner)
+        if self._held is not None:
+            self._held.add((owner, checkpoint.session))
         if originals is not None and self._store_originals:
             self._originals[checkpoint.id] = (checkpoint.created_at, list(originals))
             self._originals.move_to_end(checkpoint.id)
         while len(self._by_hash) > self._capacity:
             _, evicted = self._by_hash.popitem(last=False)
             self._by_id.pop(evicted.id, None)
+            self._held = None
         while len(self._originals) > self._capacity:
             self._originals.popitem(last=False)
 
@@ -254,6 +269,7 @@ class MemoryStore:
         for checkpoint in old:
             del self._by_hash[checkpoint.end_hash]
             self._by_id.pop(checkpoint.id, None)
+            self._held = None
         dropped = [key for key, (created, _) in self._originals.items() if created < cutoff]
         for key in dropped:
             del self._originals[key]

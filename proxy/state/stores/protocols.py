@@ -47,9 +47,10 @@ from proxy.state.stores.figures import (
 
 
 @runtime_checkable
-class CheckpointStore(Protocol):
-    """Checkpoints, found by the chain hash at the end of the span they cover,
-    and the originals each replaced, as their owner's (:mod:`~proxy.state.stores.base`)."""
+class CheckpointLookup(Protocol):
+    """Whether any stored checkpoint may apply to a request, asked on every one:
+    by the chain hashes of its conversation, or — for a request too small to
+    compact — by its session alone."""
 
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
         """The checkpoints stored under any of ``hashes``, in one round trip."""
@@ -65,6 +66,25 @@ class CheckpointStore(Protocol):
         caller's thread. It must never answer wrong: when in doubt, ``None``.
         """
         ...
+
+    async def holds_checkpoints(self, owner: str, session: str) -> bool:
+        """Whether any checkpoint of ``owner``'s ``session`` (:attr:`Checkpoint.session`)
+        is stored: when none is, none can apply to its next request, and a
+        request too small to compact is forwarded without reading its chain.
+        It may err towards ``True`` (a checkpoint dropped since may still count),
+        never towards ``False``."""
+        ...
+
+    def holds_checkpoints_now(self, owner: str, session: str) -> bool | None:
+        """What :meth:`holds_checkpoints` would answer, when the store knows it
+        without any I/O or wait (as :meth:`lookup_now`); ``None`` when it must be asked."""
+        ...
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Checkpoints, found by the chain hash at the end of the span they cover,
+    and the originals each replaced, as their owner's (:mod:`~proxy.state.stores.base`)."""
 
     async def put(
         self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
@@ -245,6 +265,7 @@ class UpkeepStore(Protocol):
 
 @runtime_checkable
 class Store(
+    CheckpointLookup,
     CheckpointStore,
     EventStore,
     LivenessStore,

@@ -213,8 +213,8 @@ class ResilientStore:
 
     The class body is the policy, one line per operation: :func:`_degrades` with
     the answer a request can live with, or :func:`_must_answer` for a caller
-    that must know. The few with a rule of their own (``lookup``, ``put``, ``heartbeat``,
-    ``set_calibration``, ``lock``) are written out below them.
+    that must know. The few with a rule of their own (``lookup``, ``holds_checkpoints``,
+    ``put``, ``heartbeat``, ``set_calibration``, ``lock``) are written out below them.
     """
 
     # -- the request path: degrade -------------------------------------------
@@ -383,6 +383,23 @@ class ResilientStore:
             return None
         try:
             return self._store.lookup_now(hashes)
+        except Exception:
+            return None
+
+    async def holds_checkpoints(self, owner: str, session: str) -> bool:
+        # As lookup: at once when the backend knows; a store that cannot say
+        # holds none, as its lookup would find none.
+        known = self.holds_checkpoints_now(owner, session)
+        if known is not None:
+            return known
+        call = partial(self._store.holds_checkpoints, owner, session)
+        return await self._soft("holds_checkpoints", bool, call, "read")
+
+    def holds_checkpoints_now(self, owner: str, session: str) -> bool | None:
+        if self._putting:  # as lookup_now
+            return None
+        try:
+            return self._store.holds_checkpoints_now(owner, session)
         except Exception:
             return None
 

@@ -191,6 +191,15 @@ class RedisStore:
         # they did: every lookup is a round trip.
         return {} if not hashes else None
 
+    def _held_key(self, owner: str, session: str) -> str:
+        return self._key("held", f"{owner}\x1f{session}")
+
+    async def holds_checkpoints(self, owner: str, session: str) -> bool:
+        return bool(await awaited(self._client.exists(self._held_key(owner, session))))
+
+    def holds_checkpoints_now(self, owner: str, session: str) -> bool | None:
+        return None  # replicas write it with nothing to tell this one: a round trip
+
     async def put(
         self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
     ) -> None:
@@ -200,6 +209,8 @@ class RedisStore:
             pipe.set(self._key("cp", checkpoint.end_hash), raw, px=ttl, get=True)
             pipe.set(self._key("ckpt", checkpoint.id), raw, px=ttl)
             pipe.set(self._key("owner", checkpoint.id), owner, px=ttl)
+            # Lives as long as the session's newest checkpoint: see holds_checkpoints.
+            pipe.set(self._held_key(owner, checkpoint.session), b"1", px=ttl)
             if originals is not None and self._store_originals:
                 pipe.set(self._key("orig", checkpoint.id), codec.dump_messages(originals), px=ttl)
             replies = await pipe.execute()

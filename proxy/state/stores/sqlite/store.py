@@ -81,6 +81,9 @@ class SQLiteStore:
         #: since are dropped at the next reload), and the ``data_version`` it
         #: was read at; touched by the worker only. See :meth:`_known_ends`.
         self._ends: set[str] | None = None
+        #: (owner, session) of every checkpoint in the file, read with
+        #: :attr:`_ends` (see :meth:`holds_checkpoints_now`).
+        self._held: set[tuple[str, str]] | None = None
         self._ends_version = -1
         #: The watching connection's ``data_version`` read just before the
         #: worker last re-checked :attr:`_ends`, and this process's writes
@@ -145,6 +148,27 @@ class SQLiteStore:
         self._checked_at = seen
         return found
 
+    def holds_checkpoints_now(self, owner: str, session: str) -> bool | None:
+        """Answered from :attr:`_held` under :meth:`lookup_now`'s rule: only when
+        nothing was committed since the worker last brought it up to date."""
+        held, checked_at = self._held, self._checked_at
+        if held is None or checked_at is None or self._putting:
+            return None
+        if self._worker.version() != checked_at:
+            return None
+        return (owner, session) in held
+
+    async def holds_checkpoints(self, owner: str, session: str) -> bool:
+        seen = self._worker.version()
+
+        def work(connection: sqlite3.Connection) -> bool:
+            self._known_ends(connection)
+            return self._held is not None and (owner, session) in self._held
+
+        held = await self._run(work)
+        self._checked_at = seen
+        return held
+
     def _known_ends(self, connection: sqlite3.Connection) -> set[str]:
         """The end hashes in the file, re-read only when another connection wrote.
 
@@ -156,7 +180,10 @@ class SQLiteStore:
         """
         version: int = connection.execute("PRAGMA data_version").fetchone()[0]
         if self._ends is None or version != self._ends_version:
-            self._ends = {row[0] for row in connection.execute("SELECT end_hash FROM checkpoints")}
+            rows = connection.execute("SELECT end_hash, owner, session FROM checkpoints").fetchall()
+            # Both replaced, never changed in place: the loop reads them meanwhile.
+            self._held = {(owner, session) for _, owner, session in rows}
+            self._ends = {row[0] for row in rows}
             self._ends_version = version
         return self._ends
 
@@ -196,6 +223,8 @@ class SQLiteStore:
             transaction(connection, write)
             if self._ends is not None:
                 self._ends.add(checkpoint.end_hash)
+            if self._held is not None:
+                self._held.add((owner, checkpoint.session))
 
         self._putting += 1
         try:
@@ -502,7 +531,7 @@ class SQLiteStore:
                     connection.execute(f"DELETE FROM {table} WHERE updated_at < ?", (cutoff,))
                 return dropped
 
-            self._ends = None  # re-read without the purged ones at the next lookup
+            self._ends = self._held = None  # re-read without the purged ones at the next lookup
             return transaction(connection, write)
 
         return await self._run(work)

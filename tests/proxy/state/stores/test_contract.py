@@ -644,3 +644,43 @@ async def test_an_answer_given_at_once_is_always_the_lookups_answer(backend: Bac
     assert first.lookup_now(fresh) in (None, {"y": mine})
     assert await first.lookup(fresh) == {"y": mine}
     assert first.lookup_now([]) == {}
+
+
+async def test_a_session_holds_checkpoints_once_one_is_put_for_its_owner(backend: Backend) -> None:
+    """What lets a small request skip its chain: no checkpoint of its session
+    is stored. Whatever is answered at once is what asking answers, also right
+    after another store on the same place wrote and while a write is under way."""
+    first = backend.open()
+    other = backend.open() if backend.shared else first
+
+    async def held(owner: str, session: str) -> bool:
+        now = first.holds_checkpoints_now(owner, session)
+        asked = await first.holds_checkpoints(owner, session)
+        assert now is None or now == asked
+        return asked
+
+    assert not await held("alice", "s1")
+    assert not await held("alice", "s1")  # the steady state of a session never compacted
+    await other.put(checkpoint(session="s1"), ORIGINALS, owner="alice")
+    assert await held("alice", "s1")
+    assert not await held("bob", "s1")  # another owner's session of the same name
+    assert not await held("alice", "s2")
+
+    writing = asyncio.create_task(first.put(checkpoint("h2", session="s2"), owner="alice"))
+    await asyncio.sleep(0)  # the write has begun, not ended
+    assert first.holds_checkpoints_now("alice", "s2") in (None, True)
+    await writing
+    assert await held("alice", "s2")
+
+
+async def test_purged_checkpoints_no_longer_hold_their_session(backend: Backend) -> None:
+    if backend.kind == "redis":
+        pytest.skip("Redis lets its keys expire on their own")
+    store = backend.open(retention_seconds=DAY)
+    now = time.time()
+    await store.put(checkpoint("old", created_at=now - 3 * DAY), owner="alice")
+    await store.put(checkpoint("new", session="s2", created_at=now), owner="alice")
+    assert await store.holds_checkpoints("alice", "s1")
+    await store.purge(now=now)
+    assert not await store.holds_checkpoints("alice", "s1")
+    assert await store.holds_checkpoints("alice", "s2")

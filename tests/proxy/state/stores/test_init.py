@@ -29,6 +29,7 @@ def test_public_surface_is_pinned() -> None:
         "INTERRUPTED",
         "OPEN_EVENT_TYPES",
         "CalibrationStore",
+        "CheckpointLookup",
         "CheckpointStore",
         "Event",
         "EventStore",
