@@ -11,6 +11,15 @@ model reaches for it is what is measured. The case is only kept when the
 proxy's own preview shows the output as a brief with its ``[ref: …]`` and
 without the line (so the model cannot answer from what it sees).
 
+A case comes in one of two clients' words (``client``): ``mini-swe-agent``,
+as the run was recorded — a system prompt that asks for a ``bash`` block in
+the text, which weighs against any tool call — or ``qwen-code``, the same
+run as a tool-calling agent would send it: the opening of qwen-code's real
+system prompt and its "Using Your Tools" rules, its real ``run_shell_command``
+and ``read_file`` schemas (``../shared/fixtures/clients``), each ``bash`` call
+made a ``run_shell_command`` call, and the task without mini-swe-agent's
+format instructions.
+
 A **summary case** is a whole run, longer than pruning can bring under the
 window, so the proxy asks its summarizer.
 """
@@ -92,13 +101,58 @@ def _cut(messages: list[dict[str, Any]], window: int) -> list[dict[str, Any]] | 
     return None
 
 
+#: The clients a recall case can be sent as (see the module's docstring).
+CLIENTS = ("mini-swe-agent", "qwen-code")
+#: qwen-code's tools a case declares: a shell, and the file reader it asks for.
+_QWEN_TOOLS = ("run_shell_command", "read_file")
+
+
+def _qwen_system(prompt: str) -> str:
+    """qwen-code's opening paragraph and its tool rules: the whole prompt
+    (about 7,000 tokens) would not leave an 8k window room for a conversation."""
+    opening = prompt[: prompt.index("# Core Mandates")].rstrip()
+    rules = prompt[prompt.index("## Using Your Tools") : prompt.index("- **Tool Fallback:**")]
+    return f"{opening}\n\n{rules.rstrip()}"
+
+
+def _as_qwen_code(messages: list[dict[str, Any]], clients: Path) -> dict[str, Any]:
+    """``messages`` as qwen-code would send them: its system prompt and tools,
+    ``bash`` calls made ``run_shell_command`` calls, the task alone."""
+    request = json.loads((clients / "qwen-code-request.json").read_text())
+    schemas = json.loads((clients / "qwen-code-tools.json").read_text())
+    tools = [t for name in _QWEN_TOOLS for t in schemas if t["function"]["name"] == name]
+    system = {"role": "system", "content": _qwen_system(request["messages"][0]["content"])}
+    out: list[dict[str, Any]] = [system]
+    for message in messages[1:]:
+        text = message.get("content")
+        if message.get("role") == "user" and isinstance(text, str) and "</pr_description>" in text:
+            message = {**message, "content": text[: text.index("</pr_description>")]
+                       .replace("<pr_description>", "").strip()}  # fmt: skip
+        if message.get("role") == "assistant" and isinstance(text, str):
+            message = {**message, "content": text.removeprefix("THOUGHT: ")}
+        if tool_calls(message):
+            message = {**message, "tool_calls": [_shell_call(c) for c in tool_calls(message)]}
+        out.append(message)
+    return {"messages": out, "tools": tools}
+
+
+def _shell_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function", {})
+    if function.get("name") != "bash":
+        return call
+    return {**call, "function": {**function, "name": "run_shell_command"}}
+
+
 def fixtures(folder: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     for path in sorted((folder / "mini-swe-agent").glob("*.json")):
         yield path.stem, json.loads(path.read_text())
 
 
-def recall_cases(folder: Path, model: str, window: int, max_tokens: int) -> Iterator[RecallCase]:
-    """Candidate recall cases, in the fixtures' order (the preview keeps or drops each)."""
+def recall_cases(
+    folder: Path, model: str, window: int, max_tokens: int, client: str = "mini-swe-agent"
+) -> Iterator[RecallCase]:
+    """Candidate recall cases, in the fixtures' order (the preview keeps or drops each),
+    in ``client``'s words (one of :data:`CLIENTS`)."""
     for name, request in fixtures(folder):
         messages = _cut(request["messages"], window)
         if messages is None:
@@ -108,10 +162,13 @@ def recall_cases(folder: Path, model: str, window: int, max_tokens: int) -> Iter
             continue
         fact, call_id = found
         command = _command_of(messages, call_id)
+        sent = {"messages": messages, "tools": request.get("tools", [])}
+        if client == "qwen-code":
+            sent = _as_qwen_code(messages, folder / "clients")
         body = {
             "model": model,
-            "messages": [*messages, {"role": "user", "content": question(fact, command)}],
-            "tools": request.get("tools", []),
+            "messages": [*sent["messages"], {"role": "user", "content": question(fact, command)}],
+            "tools": sent["tools"],
             "max_tokens": max_tokens,
             "temperature": 0,
         }

@@ -1,6 +1,7 @@
 """Recall and summaries measured with a real small model on a local server.
 
     .venv/bin/python -m tests.local_model.run [--models 0.5b,1.5b] [--cases 4] [--summaries 2]
+        [--client mini-swe-agent|qwen-code]
 
 ``make local-model-eval`` runs it (never ``make test`` nor CI): it builds
 llama.cpp's ``llama-server`` into ``.local-model/bin`` (:mod:`tests.local_model.server`;
@@ -44,7 +45,7 @@ from compaction import message_text, tool_calls
 from evaluation.facts import collapse
 from tests.bench.processes import ROOT, Server, free_port, proxy_command, start
 from tests.local_model import server
-from tests.local_model.cases import RecallCase, briefed, recall_cases, summary_cases
+from tests.local_model.cases import CLIENTS, RecallCase, briefed, recall_cases, summary_cases
 from tests.local_model.weights import MODELS, Weights, fetch, fetch_user, user_model
 
 WINDOW = 8_192
@@ -172,7 +173,8 @@ def measure(
     with _running(upstream), httpx.Client(timeout=REQUEST_SECONDS) as client:
         with _running(_proxy(upstream, logs, weights, "extractive")) as proxy:
             outcomes: list[RecallOutcome] = []
-            for case in recall_cases(args.fixtures, weights.name, WINDOW, args.max_tokens):
+            cases = recall_cases(args.fixtures, weights.name, WINDOW, args.max_tokens, args.client)
+            for case in cases:
                 if len(outcomes) == args.cases:
                     break
                 started = time.monotonic()
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=4, help="recall cases per model")
     parser.add_argument("--summaries", type=int, default=2, help="summary cases per model")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--client", choices=CLIENTS, default=CLIENTS[0], help="whose words a recall case is in"
+    )
     parser.add_argument("--dir", type=Path, default=ROOT / ".local-model")
     parser.add_argument("--fixtures", type=Path, default=ROOT.parent / "shared" / "fixtures")
     parser.add_argument(
