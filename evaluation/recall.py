@@ -18,7 +18,7 @@ summary's file list): a model can only ask for a ref it reads — and calls the
 tool for the lines around the fact (:data:`AROUND` either side); when the
 answer's note says more lines follow and the fact has not come back yet, it
 calls again from there, up to the model's ``recall_rounds``. Each call is
-answered by the proxy's own code (:class:`proxy.flow.recall.Rounds`: the same
+answered by the proxy's own code (:class:`proxy.recall.Rounds`: the same
 lookup in the request's originals, slice, and token budget per request), and
 the fact counts as recovered when the answers hold it. The oracle is the one
 thing a real model lacks: it knows which ref and which line it needs; so the
@@ -71,7 +71,7 @@ from proxy.dialects.anthropic.recall import ANTHROPIC_RECALL
 from proxy.dialects.chat.recall import CHAT_RECALL
 from proxy.dialects.recall import RecallCall, RecallSurface
 from proxy.dialects.responses.recall import RESPONSES_RECALL
-from proxy.flow.recall import Plan, Rounds
+from proxy.recall import Plan, Rounds
 
 #: The windows recall is measured at: the small ones, where compaction removes most.
 RECALL_WINDOWS = (8_192, 16_384)

@@ -2,7 +2,7 @@
 
 Once compaction has shortened a conversation, the proxy adds one tool,
 ``compaction_recall`` (:mod:`compaction.recall`), to a request that declares
-tools, and answers the model's calls to it itself (:mod:`proxy.flow.recall`).
+tools, and answers the model's calls to it itself (:mod:`proxy.recall`).
 The loop is the same for every API; what differs — how a tool is declared,
 where a call sits in an answer, how its result is written, how a stream is
 continued over several upstream answers — is each dialect's

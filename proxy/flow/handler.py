@@ -56,16 +56,7 @@ from proxy.flow import manual, recall
 from proxy.flow.bill import account, spent_headers, untouched_bill
 from proxy.flow.read import Call, read_call
 from proxy.flow.record import cut_stream, empty_stream, request_record, rereads_of
-from proxy.flow.send import (
-    Cut,
-    Relay,
-    Then,
-    read_whole,
-    relay_bytes,
-    relayed_headers,
-    send,
-    shown_url,
-)
+from proxy.flow.send import Cut, Relay, read_whole, relay_bytes, send, shown_url
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, compact_if_needed
@@ -168,7 +159,7 @@ async def _forward(call: Call, started: float) -> Response:
             _finish, call, resolved, upstream.status, started, ended=time.perf_counter(), tap=tap
         )
         if recalling is not None and upstream.status == 200:
-            return await _recall(call, resolved, upstream, recalling, tap, finish)
+            return _recall(call, resolved, upstream, recalling, tap, finish)
         return Relay(
             upstream,
             _headers(call, resolved),
@@ -201,7 +192,7 @@ def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None
     return orjson.dumps(body if plan is None else plan.body), plan
 
 
-async def _recall(
+def _recall(
     call: Call,
     resolved: Resolved,
     upstream: UpstreamResponse,
@@ -210,24 +201,13 @@ async def _recall(
     finish: Callable[[], None],
 ) -> Response:
     """The answer of a request sent with the recall tool: its calls answered by
-    the proxy, the upstream asked again, the client given the last answer;
-    ``finish`` once it is over (the usage counted is the first round's)."""
-    rounds = recall.rounds_of(call, plan)
-    headers = {**_headers(call, resolved), "x-compaction-recall-tokens": str(plan.extra_tokens)}
-
-    async def again(body: bytes) -> UpstreamResponse:
-        return await _send(call, body)
-
-    if call.streamed:
-        relayed = relayed_headers(upstream, headers)
-        return Then(
-            recall.RecallRelay(call, rounds, upstream, again, relayed, tap, resolved), finish
-        )
-    try:
-        return await recall.whole(call, rounds, upstream, again, headers, tap)
-    finally:
-        await rounds.report(call, resolved)
-        finish()
+    the proxy, the upstream asked again, the client given the last answer
+    through the one relay; ``finish`` once the client has it (the usage
+    counted is the first round's)."""
+    send_again = functools.partial(_send, call)
+    return recall.relay(
+        call, resolved, upstream, plan, tap, _headers(call, resolved), finish, send_again
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,11 +15,11 @@ import uuid
 
 from compaction import ReadingCache, TokenCounter, encoding_for_model, load_encoding, splits_digits
 from config import ModelConfig, ModelResolver, Settings
+from proxy.recall.memory import RecallMemory
 from proxy.session.background import Background
 from proxy.state.models import ANONYMOUS, ModelKnowledge, calibration_key
 from proxy.state.observability import Observability
 from proxy.state.prompts import LastPrompts
-from proxy.state.recalls import RecallMemory
 from proxy.state.stores import Store
 from proxy.upstream.pace import Pace
 from proxy.upstream.service import Upstream

@@ -25,7 +25,18 @@ PROXY = ROOT / "proxy"
 
 #: What the top level of proxy/ may hold besides the stage folders.
 TOP_LEVEL_MODULES = {"__init__.py", "app.py"}
-STAGES = {"edge", "flow", "session", "dialects", "upstream", "state", "api", "ui", "cli"}
+STAGES = {
+    "edge",
+    "flow",
+    "session",
+    "recall",
+    "dialects",
+    "upstream",
+    "state",
+    "api",
+    "ui",
+    "cli",
+}
 #: The folders of proxy/ from the top (what starts the process) to the bottom
 #: (what every layer builds on); folders in one tier never import each other.
 IMPORT_ORDER: tuple[frozenset[str], ...] = (
@@ -36,6 +47,9 @@ IMPORT_ORDER: tuple[frozenset[str], ...] = (
     frozenset({"ui"}),
     frozenset({"flow"}),
     frozenset({"session"}),
+    # Recall's memory is the Conversations service's; its rounds ask the
+    # upstream, report through state and answer in each dialect's shape.
+    frozenset({"recall"}),
     frozenset({"state"}),
     frozenset({"upstream"}),
     frozenset({"dialects"}),

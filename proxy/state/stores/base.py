@@ -44,7 +44,7 @@ EventType = Literal[
     # one at a time. The error field says which; nothing is retried.
     "compaction.superseded",
     "checkpoint.edited",
-    # The model read back content a compaction removed (proxy/flow/recall.py);
+    # The model read back content a compaction removed (proxy/recall/);
     # the notes count the calls by outcome.
     "context.recalled",
 ]

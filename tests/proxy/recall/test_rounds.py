@@ -27,7 +27,7 @@ import pytest
 from config import load_settings
 from proxy.app import create_app
 from proxy.edge.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.flow.recall import RecallFailed, RecallLimit
+from proxy.recall import RecallFailed, RecallLimit
 from tests.proxy.recall_upstream import PREAMBLE, TOOL, RecallUpstream
 from tests.proxy.servers import serve_in_thread
 
@@ -464,7 +464,7 @@ def test_a_refused_follow_up_reaches_the_client_as_an_error_that_names_no_hidden
 
 
 def test_the_docs_name_the_error_codes_recall_really_sends() -> None:
-    text = Path(__file__).parents[2].joinpath("docs", "recall.md").read_text()
+    text = Path(__file__).parents[3].joinpath("docs", "recall.md").read_text()
     section = text.split("## When recall cannot finish", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
     sent = {RecallLimit.code, RecallFailed.code, UpstreamUnreachable.code, UpstreamTimeout.code}

@@ -1,7 +1,7 @@
 """What a conversation recalled, put back on its next turns.
 
 When the model recalls removed content, the proxy answers the call itself and
-asks again (:mod:`proxy.flow.recall`); the client never sees that exchange, so
+asks again (:mod:`proxy.recall.loop`); the client never sees that exchange, so
 its next request does not hold it. Sent without it, the model would not know
 it had already read the original — and would ask again — and the request would
 no longer extend the bytes the provider cached. So each exchange is kept here

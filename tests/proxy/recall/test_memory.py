@@ -1,10 +1,10 @@
-"""What a conversation recalled, put back on its next turns (proxy.state.recalls)."""
+"""What a conversation recalled, put back on its next turns (proxy.recall.memory)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from proxy.state.recalls import RecallMemory
+from proxy.recall.memory import RecallMemory
 
 QUESTION = {"role": "user", "content": [{"type": "text", "text": "Fix app.py"}]}
 CALL = {

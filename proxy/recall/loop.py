@@ -1,0 +1,124 @@
+"""The loop that answers the model's recall calls: the rounds of one answer,
+as the relay reads them.
+
+The relay (:class:`proxy.flow.send.Relay`) gives the client one answer;
+this is where that answer's rounds come from. A round that calls
+``compaction_recall`` is answered here (:class:`~proxy.recall.rounds.Rounds`)
+and the upstream asked again; the client gets the last answer:
+
+* whole (:meth:`RecallLoop.next_answer`): each round is read, answered and
+  asked again until an answer makes no recall, which is given with the
+  rounds' usage summed;
+* streamed: every round's events pass through the dialect's
+  :class:`~proxy.dialects.recall.RecallStream` (:meth:`RecallLoop.feed`), which
+  holds back only the events of a recall call; once a round has ended
+  (:meth:`RecallLoop.next_round`), the next one continues the same client
+  stream.
+
+A bound crossed or a round refused is raised as the proxy's error
+(:class:`~proxy.recall.rounds.RecallLimit`, ``RecallFailed``, an unreachable
+upstream); the relay answers it in the API's shape, a whole answer's error or
+a stream's error event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+
+from proxy.recall.memory import RecallMemory
+from proxy.recall.rounds import PAST_LIMIT, RecallLimit, Rounds
+from proxy.upstream.transport import UpstreamResponse
+
+#: Sends one follow-up request upstream; its answer, once its head is in (a
+#: refusal is raised, never returned).
+Ask = Callable[[bytes], Awaitable[UpstreamResponse]]
+
+
+class Tap(Protocol):
+    """Reads the first round's usage as it passes (:class:`proxy.flow.usage.UsageTap`)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RecallLoop:
+    """The rounds of one answer sent with the recall tool (see the module doc).
+
+    ``tap`` sees the first round only: the usage the request's bill and the
+    upstream's ratio are read from is that of what the client's request sent.
+    """
+
+    def __init__(
+        self, rounds: Rounds, ask: Ask, tap: Tap, memory: RecallMemory, *, streamed: bool
+    ) -> None:
+        self.rounds = rounds
+        #: Whether the client reads the rounds as one stream, or a whole answer.
+        self.streamed = streamed
+        self._ask = ask
+        self._tap: Tap | None = tap
+        self._memory = memory
+        self._stream = rounds.plan.surface.stream()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The current round's next chunk; the bytes to relay now."""
+        if self._tap is not None:
+            self._tap.feed(chunk)
+        return self._stream.feed(chunk)
+
+    def end(self) -> bytes:
+        """The current round's stream ended; what it still holds to relay."""
+        if self._tap is not None:
+            self._tap.close()
+            self._tap = None
+        return self._stream.end()
+
+    async def next_round(self) -> UpstreamResponse | None:
+        """After a round's stream ended as its API ends one: the next round,
+        or ``None`` when the client's answer is whole."""
+        rounds, stream = self.rounds, self._stream
+        rounds.count("dropped", stream.dropped)
+        if not stream.recalled:
+            rounds.remember(self._memory)
+            return None
+        answer = stream.answer()
+        calls = rounds.plan.surface.calls(answer)
+        if rounds.exhausted or not calls:
+            rounds.count("limit", len(calls))
+            raise RecallLimit(PAST_LIMIT)
+        upstream = await self._ask(rounds.follow(answer, calls))
+        stream.next_round()
+        return upstream
+
+    async def next_answer(self, body: bytes) -> UpstreamResponse | bytes:
+        """After a whole round, ``body``: the next round, or the client's answer."""
+        if self._tap is not None:
+            self._tap.feed(body)
+            self._tap.close()
+            self._tap = None
+        rounds, surface = self.rounds, self.rounds.plan.surface
+        answer = _json(body)
+        calls = surface.calls(answer) if answer is not None else []
+        if answer is None or not calls:
+            rounds.remember(self._memory)
+            if answer is None or not rounds.answered:
+                return body
+            return orjson.dumps(surface.final(answer, rounds.earlier))
+        if rounds.exhausted:
+            rounds.count("limit", len(calls))
+            raise RecallLimit(PAST_LIMIT)
+        return await self._ask(rounds.follow(answer, calls))
+
+
+def _json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+__all__ = ["Ask", "RecallLoop", "Tap"]

@@ -1,0 +1,148 @@
+"""An answer sent with the recall tool goes through the one relay a plain
+answer takes: its bookkeeping — the request's log line, the metrics, the
+recall's own line — is written once the client has the whole answer, and a
+client that leaves mid-answer is logged as on the plain path.
+
+The app runs in-process in front of the scripted recalling model
+(:class:`~tests.proxy.recall_upstream.RecallUpstream`) and is driven through
+raw ASGI, so what the client was sent at each moment is seen message by
+message."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+import pytest
+from starlette.types import ASGIApp, Message
+
+from proxy.app import create_app
+from proxy.state.logs import REQUESTS
+from tests.proxy.flow.test_after_answer import _chat_lines, _metrics_body, _running
+from tests.proxy.inprocess import RecordingTransport, http_scope, settings_for
+from tests.proxy.recall.test_rounds import chat_request
+from tests.proxy.recall_upstream import RecallUpstream
+
+ANSWERED = b'compaction_proxy_recalls_total{api="chat",outcome="answered"} 1.0'
+
+
+def _app(upstream: RecallUpstream) -> tuple[ASGIApp, RecordingTransport]:
+    transport = RecordingTransport(app=upstream.app())
+    settings = settings_for(
+        compaction={"threshold": 2000, "keep_recent_tokens": 300, "summarizer": "extractive"}
+    )
+    return create_app(settings, transport=transport), transport
+
+
+async def _ask(
+    app: ASGIApp, body: bytes, *, leave_after: int | None = None, on_send: Any = None
+) -> list[Message]:
+    """One chat request through ``app``; every message it sent. The client
+    stays to the end, or — ``leave_after`` — disconnects once it has that many
+    body messages."""
+    path = "/v1/chat/completions"
+    headers = [
+        (b"host", b"127.0.0.1"),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"authorization", b"Bearer sk-alice"),
+    ]
+    scope = http_scope("POST", path, headers, server=("127.0.0.1", 8080))
+    delivered = False
+    left = asyncio.Event()
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if left.is_set():
+            return  # what uvicorn does with what is sent to a client that left
+        sent.append(message)
+        if on_send is not None:
+            on_send(message)
+        bodies = sum(1 for m in sent if m["type"] == "http.response.body")
+        if leave_after is not None and bodies >= leave_after:
+            left.set()
+            await asyncio.sleep(0.01)  # the server notices as a real one would
+
+    await app(scope, receive, send)
+    return sent
+
+
+def _recall_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == REQUESTS and r.getMessage() == "recall"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_recalling_answers_bookkeeping_comes_once_the_client_has_it_before_anything_else(
+    caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    upstream = RecallUpstream()
+    app, _ = _app(upstream)
+    body = orjson.dumps({**chat_request(), "stream": stream})
+    logged_when_answered: list[int] = []
+
+    def on_send(message: Message) -> None:
+        if message["type"] == "http.response.body" and not logged_when_answered:
+            logged_when_answered.append(len(_chat_lines(caplog)) + len(_recall_lines(caplog)))
+
+    async def run() -> tuple[list[Message], bytes]:
+        async with _running(app):
+            sent = await _ask(app, body, on_send=on_send)
+            metrics = await _ask_metrics(app)
+            return sent, metrics
+
+    sent, exposition = asyncio.run(run())
+    assert b"# the needle" in b"".join(m.get("body", b"") for m in sent)  # the recalled line
+    assert len(upstream.turns()) == 2  # the model recalled, and was asked again
+    # Nothing was logged when the client's first answer bytes went out; the
+    # very next request finds the request and its recall counted.
+    assert logged_when_answered == [0]
+    assert (len(_chat_lines(caplog)), len(_recall_lines(caplog))) == (1, 1)
+    assert ANSWERED in exposition
+
+
+async def _ask_metrics(app: ASGIApp) -> bytes:
+    from tests.proxy.flow.test_after_answer import _call
+
+    return _metrics_body(await _call(app, "GET", "/metrics"))
+
+
+def _plain(body: dict[str, Any]) -> dict[str, Any]:
+    """The same request, with no tools: it goes upstream without the recall tool."""
+    return {k: v for k, v in body.items() if k != "tools"}
+
+
+@pytest.mark.parametrize("recalling", [False, True], ids=["plain", "recall"])
+def test_a_client_that_leaves_mid_stream_is_logged_alike_with_or_without_recall(
+    caplog: pytest.LogCaptureFixture, recalling: bool
+) -> None:
+    caplog.set_level(logging.INFO)
+    upstream = RecallUpstream()
+    app, transport = _app(upstream)
+    request = chat_request() if recalling else _plain(chat_request())
+    body = orjson.dumps({**request, "stream": True})
+
+    async def run() -> list[Message]:
+        async with _running(app):
+            return await _ask(app, body, leave_after=1)
+
+    sent = asyncio.run(run())
+    assert sent[0]["status"] == 200
+    assert sent[-1].get("more_body") is not False  # never a clean end
+    # One line for the request, as it was answered; nothing says the upstream
+    # broke: it was the client that left.
+    (line,) = _chat_lines(caplog)
+    assert line.fields["upstream_status"] == 200  # type: ignore[attr-defined]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
+    assert all(response.aborted or response._ended for response in transport.responses)
