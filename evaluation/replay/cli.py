@@ -26,7 +26,7 @@ import orjson
 from compaction import load_encoding
 from evaluation.replay.baselines import BASELINES, input_limit
 from evaluation.replay.cache import SegmentTokens
-from evaluation.replay.report import Row, as_json, markdown, rows
+from evaluation.replay.report import Row, as_json, markdown, rows, unused_lines
 from evaluation.replay.run import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GAP,
@@ -195,6 +195,7 @@ def _text(
         for r in runs
         if r.summary_fallbacks
     ]
+    notes += unused_lines(table)
     skipped = {r.window: r.skipped for r in runs if r.skipped}
     notes += [
         f"{window:,}: {count} sessions left out (their head alone is above the input limit)"

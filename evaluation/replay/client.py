@@ -53,8 +53,11 @@ async def replay_session(
     key: str,
     gap: float,
     settle: Callable[[], Awaitable[None]] | None = None,
+    sending: Callable[[], None] | None = None,
 ) -> Replayed:
-    """Send every cut point of ``session`` in order; what the proxy answered."""
+    """Send every cut point of ``session`` in order; what the proxy answered.
+    ``sending`` is called before each request (the upstream then tells a
+    summary asked on its path from one prepared ahead)."""
     replayed = Replayed()
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=REQUEST_SECONDS)
@@ -64,6 +67,8 @@ async def replay_session(
             "stream": False,
             REPLAY_FIELD: replay_marker(k, step, step * gap),
         }
+        if sending is not None:
+            sending()
         async with client.post(
             f"{base_url}/chat/completions",
             data=orjson.dumps(body),

@@ -9,7 +9,9 @@ same way, so every strategy is priced by the same rules::
                   read less than the previous chat call of the session sent
                   (the new prompt does not extend the previous one)
     summary call  the same cache (an identical summary prompt asked again reads
-                  it whole); ``repeat`` when the session asked it before
+                  it whole); ``repeat`` when the session asked it before;
+                  ``used`` once its reply is found in a later chat prompt of
+                  the session (:meth:`Recorder.chat` looks for it)
     cost          cached × cache_read + written × cache_write + output × output
                   (:meth:`compaction.pricing.Prices.cost`; every prompt token not
                   read from the cache is written to it)
@@ -17,6 +19,7 @@ same way, so every strategy is priced by the same rules::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +29,10 @@ from compaction import Prices
 from evaluation.replay.cache import PromptCache
 
 CallKind = Literal["chat", "summary"]
+#: What a summary call was for: a span's summary or a turn prefix's note, asked
+#: while the session's request waited (``request``) or between requests
+#: (``background``: a compaction prepared ahead of need).
+SummaryKind = Literal["main", "turn-prefix"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,10 @@ class Call:
     repeat: bool = False  #: a summary prompt the session had asked before
     stage: str = ""  #: the proxy's ``x-compaction-stage`` (chat calls through it)
     facts: FactScore | None = None
+    summary_kind: SummaryKind | None = None  #: a summary call's purpose
+    background: bool = False  #: a summary call asked between the session's requests
+    #: A summary call whose reply a later chat prompt of the session carried.
+    used: bool = False
 
     @property
     def written(self) -> int:
@@ -73,6 +84,9 @@ class Recorder:
         self.calls: list[Call] = []
         self._previous: dict[str, int] = {}
         self._asked: dict[str, set[bytes]] = {}
+        #: Per session: the replies of its summary calls not yet seen in a
+        #: prompt, by the call's index in :attr:`calls`.
+        self._pending: dict[str, dict[int, str]] = {}
 
     def chat(
         self,
@@ -85,7 +99,11 @@ class Recorder:
         *,
         stage: str = "",
         facts: FactScore | None = None,
+        text: str = "",
     ) -> Call:
+        """A chat call; ``text`` is what its prompt says (its messages' text), in
+        which the session's summaries not yet used are looked for."""
+        self._mark_used(session, text)
         read = self.cache.read(session, segments, time)
         previous = self._previous.get(session)
         self._previous[session] = read.tokens
@@ -106,14 +124,58 @@ class Recorder:
         self.calls.append(call)
         return call
 
-    def summary(self, session: str, time: float, segments: Sequence[str], output: int) -> Call:
+    def summary(
+        self,
+        session: str,
+        time: float,
+        segments: Sequence[str],
+        output: int,
+        *,
+        reply: str = "",
+        kind: SummaryKind = "main",
+        background: bool = False,
+    ) -> Call:
+        """A summary call that answered ``reply``, looked for in the session's
+        later chat prompts: found, the call is ``used``. Without a reply it is
+        not looked for and counts as used (a baseline's summary, which its
+        next prompt carries by construction)."""
         read = self.cache.read(session, segments, time)
         digest = hashlib.blake2b("\x00".join(segments).encode(), digest_size=16).digest()
         asked = self._asked.setdefault(session, set())
         repeat = digest in asked
         asked.add(digest)
         call = Call(
-            session, "summary", -1, -1, time, read.tokens, read.cached, output, repeat=repeat
+            session,
+            "summary",
+            -1,
+            -1,
+            time,
+            read.tokens,
+            read.cached,
+            output,
+            repeat=repeat,
+            summary_kind=kind,
+            background=background,
+            used=not reply.strip(),
         )
+        if reply.strip():
+            self._pending.setdefault(session, {})[len(self.calls)] = reply.strip()
         self.calls.append(call)
         return call
+
+    def unused(self, session: str) -> bool:
+        """Whether a summary of ``session`` is still to be found in a prompt."""
+        return bool(self._pending.get(session))
+
+    def _mark_used(self, session: str, text: str) -> None:
+        """The session's summaries whose reply ``text`` carries are used. A reply is
+        looked for whole: the proxy puts a summary's body into the prompt as the
+        model wrote it (its checks accept or refuse a reply, never edit it), so a
+        reply not found was refused, superseded, or never applied."""
+        pending = self._pending.get(session)
+        if not pending or not text:
+            return
+        for index, reply in list(pending.items()):
+            if reply in text:
+                self.calls[index] = dataclasses.replace(self.calls[index], used=True)
+                del pending[index]

@@ -223,7 +223,13 @@ async def proxy_run(
             async def one(session: Session, key: str) -> None:
                 async with gate:
                     replayed = await replay_session(
-                        client, proxy.base_url, session, key, options.gap, settle
+                        client,
+                        proxy.base_url,
+                        session,
+                        key,
+                        options.gap,
+                        settle,
+                        functools.partial(upstream.expect, session.name),
                     )
                 stages.update({(session.name, k): s for k, s in replayed.stages.items()})
                 failures.extend(f"{session.name} {line}" for line in replayed.failures)

@@ -58,14 +58,20 @@ def stand_in_reply(
 ) -> str:
     """The summary the stand-in model writes for the prompt ``messages``, within
     ``max_tokens`` as ``count`` counts."""
-    system = next((message_text(m) for m in messages if m.get("role") == "system"), "")
     prompt = "\n\n".join(message_text(m) for m in messages if m.get("role") != "system")
     previous = re.findall(_BLOCK.format(tag="previous-summary"), prompt, re.DOTALL)
     found = re.search(_BLOCK.format(tag="conversation"), prompt, re.DOTALL)
     transcript = _read(found.group(1) if found else prompt)
-    if "## Done So Far" in system:
+    if turn_prefix_prompt(messages):
         return _fit(_turn_note(transcript), max_tokens, count)
     return _fit(_summary(transcript, previous), max_tokens, count)
+
+
+def turn_prefix_prompt(messages: Sequence[Message]) -> bool:
+    """Whether the summary prompt ``messages`` asks for a turn prefix's note (its
+    system prompt asks for ``## Done So Far``), not a span's summary."""
+    system = next((message_text(m) for m in messages if m.get("role") == "system"), "")
+    return "## Done So Far" in system
 
 
 def _read(text: str) -> _Transcript:

@@ -14,7 +14,9 @@ forwards as a field it does not own::
                     usage, and a record priced at virtual time t
     summary call  no marker (the proxy's own request)
                   → the stand-in model's summary (:mod:`evaluation.replay.standin`),
-                    within max_tokens, billed at the session's latest virtual time
+                    within max_tokens, billed at the session's latest virtual time;
+                    ``background`` when the session's client had no request
+                    waiting for its chat call (:meth:`LoopbackUpstream.expect`)
 
 Every reply carries OpenAI's usage: ``prompt_tokens``, ``completion_tokens``
 and ``prompt_tokens_details.cached_tokens``. Anything else (a model listing, a
@@ -36,9 +38,9 @@ from aiohttp import web
 
 from compaction import Message
 from evaluation.replay.cache import SegmentTokens
-from evaluation.replay.prompts import message_segment, prompt_segments
+from evaluation.replay.prompts import message_segment, prompt_segments, sent_text
 from evaluation.replay.records import FactScore, Recorder
-from evaluation.replay.standin import stand_in_reply
+from evaluation.replay.standin import stand_in_reply, turn_prefix_prompt
 
 #: The body field of the replay client's requests that the proxy forwards as it is.
 REPLAY_FIELD: Final = "metadata"
@@ -73,6 +75,8 @@ class LoopbackUpstream:
         self._tokens = tokens
         self._scripts: dict[str, Script] = {}
         self._latest: dict[str, float] = {}
+        #: Sessions whose client sent a request whose chat call has not come yet.
+        self._waiting: set[str] = set()
         self.refused = 0
         self.summaries_in_flight = 0
         #: Wall-clock seconds spent pricing and scoring calls (the replay's own cost).
@@ -83,6 +87,11 @@ class LoopbackUpstream:
     def register(self, key: str, script: Script) -> None:
         """Calls presenting ``Bearer <key>`` belong to ``script``'s session."""
         self._scripts[key] = script
+
+    def expect(self, session: str) -> None:
+        """``session``'s client sent a request: summary calls until its chat call
+        comes are on that request's path; any other is a preparation ahead."""
+        self._waiting.add(session)
 
     async def start(self) -> str:
         """Serve on a free loopback port; the base URL (with ``/v1``)."""
@@ -129,12 +138,14 @@ class LoopbackUpstream:
         started = wallclock.perf_counter()
         turn, step, at = int(marker["turn"]), int(marker["step"]), float(marker["time"])
         self._latest[script.session] = max(at, self._latest.get(script.session, 0.0))
+        self._waiting.discard(script.session)
         answer = script.messages[turn]
         messages = list(body.get("messages") or ())
         facts = script.scorer(turn, messages) if script.scorer is not None else None
         output = self._tokens.count(message_segment(answer))
+        text = sent_text(messages) if self.recorder.unused(script.session) else ""
         call = self.recorder.chat(
-            script.session, turn, step, at, prompt_segments(body), output, facts=facts
+            script.session, turn, step, at, prompt_segments(body), output, facts=facts, text=text
         )
         self.busy_seconds += wallclock.perf_counter() - started
         reply: Message = {
@@ -151,7 +162,15 @@ class LoopbackUpstream:
         text = stand_in_reply(messages, limit, self._tokens.count)
         output = self._tokens.count(text)
         at = self._latest.get(script.session, 0.0)
-        call = self.recorder.summary(script.session, at, prompt_segments(body), output)
+        call = self.recorder.summary(
+            script.session,
+            at,
+            prompt_segments(body),
+            output,
+            reply=text,
+            kind="turn-prefix" if turn_prefix_prompt(messages) else "main",
+            background=script.session not in self._waiting,
+        )
         self.busy_seconds += wallclock.perf_counter() - started
         return {"role": "assistant", "content": text}, call.tokens, call.cached, call.output
 

@@ -133,3 +133,21 @@ def test_the_recorder_marks_a_broken_prefix_and_a_repeated_summary_prompt(
     assert (asked.repeat, again.repeat) == (False, True)
     assert again.cached == again.tokens
     assert recorder.calls == [first, extended, rewritten, asked, again]
+
+
+def test_a_summary_is_used_once_a_later_prompt_of_its_session_carries_its_reply(
+    tokens: SegmentTokens,
+) -> None:
+    recorder = Recorder(PromptCache(tokens, lifetime=300))
+    reply = "## Goal\n- fix parse_window_header"
+    recorder.summary("s", 0.0, [A], output=20, reply=reply)
+    recorder.summary("s", 0.0, [B], output=20, reply="## Goal\n- something else")
+    recorder.summary("t", 0.0, [A], output=20, reply=reply)
+    recorder.summary("s", 0.0, [C], output=20)  # a baseline's: not looked for
+    assert [c.used for c in recorder.calls] == [False, False, False, True]
+    prompt = f"[CONTEXT CONDENSED]\nSummary of 4 earlier messages\n\n{reply}\n\n<read-files>"
+    recorder.chat("s", 4, 1, 30.0, [A, B], output=5, text=prompt)
+    assert [c.used for c in recorder.calls[:4]] == [True, False, False, True]
+    assert recorder.unused("s") and recorder.unused("t")
+    recorder.chat("s", 6, 2, 60.0, [A, B, C], output=5, text=prompt + "\n## Goal\n- something else")
+    assert not recorder.unused("s")

@@ -79,6 +79,9 @@ def test_the_llm_summarizer_is_asked_and_billed_to_the_session(runs: list[Run]) 
     assert summaries
     assert {c.session for c in summaries} <= set(SESSIONS)
     assert all(c.output > 0 for c in summaries)
+    # The proxy puts the model's reply in the prompt as written: the upstream finds it.
+    assert any(c.used for c in summaries)
+    assert all(c.summary_kind in ("main", "turn-prefix") for c in summaries)
     assert not [c for c in by_name(runs, "proxy (extractive)").calls if c.kind == "summary"]
 
 
