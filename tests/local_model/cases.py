@@ -75,17 +75,19 @@ def question(fact: OutputFact, command: str) -> str:
     )
 
 
-def _read_fact(messages: list[dict[str, Any]]) -> tuple[OutputFact, str] | None:
-    """The first file read's fact in the first half of ``messages``, and its call's id."""
-    half = messages[: len(messages) // 2]
-    facts = [f for f in draw_output_facts(half) if f.kind == "read"]
-    for fact in facts:
-        for message in half:
+def _read_facts(messages: list[dict[str, Any]]) -> Iterator[tuple[OutputFact, str]]:
+    """The file reads' facts in the first three quarters of ``messages``, newest
+    first (the commands a summary's ledger lists with their refs are its span's
+    latest), each with its call's id."""
+    early = messages[: len(messages) * 3 // 4]
+    facts = [f for f in draw_output_facts(early) if f.kind == "read"]
+    for fact in reversed(facts):
+        for message in early:
             if message.get("role") == "tool" and message_text(message) == fact.output:
                 call_id = message.get("tool_call_id")
                 if isinstance(call_id, str):
-                    return fact, call_id
-    return None
+                    yield fact, call_id
+                    break
 
 
 def _chars(messages: list[dict[str, Any]]) -> int:
@@ -157,41 +159,52 @@ def recall_cases(
         messages = _cut(request["messages"], window)
         if messages is None:
             continue
-        found = _read_fact(messages)
-        if found is None:
-            continue
-        fact, call_id = found
-        command = _command_of(messages, call_id)
-        sent = {"messages": messages, "tools": request.get("tools", [])}
-        if client == "qwen-code":
-            sent = _as_qwen_code(messages, folder / "clients")
-        body = {
-            "model": model,
-            "messages": [*sent["messages"], {"role": "user", "content": question(fact, command)}],
-            "tools": sent["tools"],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        }
-        yield RecallCase(name, body, fact, call_id, command)
+        for fact, call_id in _read_facts(messages):
+            command = _command_of(messages, call_id)
+            sent = {"messages": messages, "tools": request.get("tools", [])}
+            if client == "qwen-code":
+                sent = _as_qwen_code(messages, folder / "clients")
+            question_turn = {"role": "user", "content": question(fact, command)}
+            body = {
+                "model": model,
+                "messages": [*sent["messages"], question_turn],
+                "tools": sent["tools"],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            }
+            yield RecallCase(name, body, fact, call_id, command)
 
 
 def briefed(case: RecallCase, sent: list[dict[str, Any]]) -> bool:
-    """The compacted request no longer shows the line, and shows a ref for its
-    output: the output's brief, or a summary's ledger line naming its command
-    or its file (the read-files list's ref is of the newest output showing the
-    file, which may be another range of it)."""
+    """The compacted request no longer shows the line, and shows the ref of its
+    output where a model can find it: the output's brief, the summary's ledger
+    line naming its command, or the read-files line of a file no later command
+    names (that line's ref is of the newest output showing the file; after a
+    later read or edit of it, no model could recall the line by it)."""
     texts = [message_text(m) for m in sent]
     if any(case.fact.needle in collapse(text) for text in texts):
         return False
     for message, text in zip(sent, texts, strict=True):
         if message.get("role") == "tool" and message.get("tool_call_id") == case.call_id:
             return "[ref: " in text
-    names = [case.command[:60], *_paths(case.command)]
+    names = [case.command[:60], *_last_named(case)]
     return any(
         "[ref: " in line and any(name in line for name in names)
         for text in texts
         for line in text.splitlines()
     )
+
+
+def _last_named(case: RecallCase) -> list[str]:
+    """The file paths ``case.command`` names that no later command of the case names."""
+    later: list[str] = []
+    seen = False
+    for message in case.body["messages"]:
+        for call in tool_calls(message):
+            if seen:
+                later.append(call.get("function", {}).get("arguments", ""))
+            seen = seen or call.get("id") == case.call_id
+    return [path for path in _paths(case.command) if not any(path in c for c in later)]
 
 
 def _paths(command: str) -> list[str]:

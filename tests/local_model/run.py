@@ -177,6 +177,8 @@ def measure(
             for case in cases:
                 if len(outcomes) == args.cases:
                     break
+                if any(o.case == case.name for o in outcomes):
+                    continue  # one read of each run
                 started = time.monotonic()
                 outcome = run_recall(client, proxy, case)
                 if outcome is None:
