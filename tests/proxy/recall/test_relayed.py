@@ -37,11 +37,16 @@ def _app(upstream: RecallUpstream) -> tuple[ASGIApp, RecordingTransport]:
 
 
 async def _ask(
-    app: ASGIApp, body: bytes, *, leave_after: int | None = None, on_send: Any = None
+    app: ASGIApp,
+    body: bytes,
+    *,
+    leave_after: int | None = None,
+    leave_when: asyncio.Event | None = None,
+    on_send: Any = None,
 ) -> list[Message]:
     """One chat request through ``app``; every message it sent. The client
-    stays to the end, or — ``leave_after`` — disconnects once it has that many
-    body messages."""
+    stays to the end, or disconnects once it has ``leave_after`` body
+    messages, or once ``leave_when`` is set."""
     path = "/v1/chat/completions"
     headers = [
         (b"host", b"127.0.0.1"),
@@ -59,6 +64,9 @@ async def _ask(
         if not delivered:
             delivered = True
             return {"type": "http.request", "body": body, "more_body": False}
+        if leave_when is not None:
+            await leave_when.wait()
+            left.set()
         await left.wait()
         return {"type": "http.disconnect"}
 
@@ -146,3 +154,45 @@ def test_a_client_that_leaves_mid_stream_is_logged_alike_with_or_without_recall(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == []
     assert all(response.aborted or response._ended for response in transport.responses)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_client_that_leaves_while_the_next_round_is_asked_cancels_it_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    model = RecallUpstream().app()
+    asked_again = asyncio.Event()
+    cancelled: list[bool] = []
+    calls: list[Any] = []
+
+    async def upstream(scope: Any, receive: Any, send: Any) -> None:
+        """The model recalls; the follow-up it is asked never gets an answer."""
+        if scope["type"] != "http" or not calls:
+            calls.append(scope)
+            await model(scope, receive, send)
+            return
+        asked_again.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    transport = RecordingTransport(app=upstream)
+    settings = settings_for(
+        compaction={"threshold": 2000, "keep_recent_tokens": 300, "summarizer": "extractive"}
+    )
+    app = create_app(settings, transport=transport)
+    body = orjson.dumps({**chat_request(), "stream": stream})
+
+    async def run() -> list[Message]:
+        async with _running(app):
+            return await _ask(app, body, leave_when=asked_again)
+
+    sent = asyncio.run(run())
+    assert len(transport.requests) == 2 and cancelled == [True]
+    # Nothing of a whole answer went out; a stream got what came before.
+    assert [m for m in sent if m["type"] == "http.response.body" and not m.get("more_body")] == []
+    (line,) = _chat_lines(caplog)
+    assert line.fields["upstream_status"] == 200  # type: ignore[attr-defined]
