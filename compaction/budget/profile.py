@@ -63,7 +63,8 @@ DEFAULT_PLAN_WORKING_SET = 8_000
 #: With the llm summarizer, the summary the next compaction needs is prepared
 #: in the background once a request passes this share of its trigger, so that
 #: the turn crossing the trigger does not wait for a model (docs/compaction.md,
-#: "The `llm` summarizer").
+#: "The `llm` summarizer") — until the summary's time and the session's pace
+#: are measured: then as many turns before the trigger as a summary takes.
 DEFAULT_PRECOMPUTE_SHARE = 0.8
 
 #: How the middle is made smaller (see :mod:`compaction.stages.strategies`).
@@ -288,7 +289,9 @@ class Profile:
         default=DEFAULT_PRECOMPUTE_SHARE,
         metadata=_about(
             "With the llm summarizer, the next summary is prepared in the background once a "
-            "request passes this share of the trigger; 0 turns that off.",
+            "request passes this share of the trigger, until a summary's time and the "
+            "session's pace are measured (then as many turns before the trigger as a summary "
+            "takes); 0 turns that off.",
             Bounds(ge=0, lt=1),
         ),
     )

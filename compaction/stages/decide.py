@@ -435,20 +435,24 @@ def _depth(
 def _near(
     conversation: Conversation, tokens: int, profile: Profile, budget: Budget, pace: Pace | None
 ) -> bool:
-    """Whether the compaction the trigger will need is to be prepared now: past
-    ``precompute_share`` of the trigger, or, where the time a summary takes
-    and the session's pace are known, once the trigger is no more turns away
-    than the summary needs (:func:`compaction.budget.plan.lead_turns`) — a fixed
-    share is a few turns, too few for a slow summarizer and a fast agent."""
-    if tokens > profile.precompute_share * budget.trigger:
-        return True
+    """Whether the compaction the trigger will need is to be prepared now.
+
+    Where the time a summary takes and the session's pace are known, once the
+    trigger is no more turns away than the summary needs
+    (:func:`compaction.budget.plan.lead_turns`), and not before: a preparation
+    is a bet that the session reaches the trigger with this span, and one made
+    earlier than needed is lost whenever the session ends first. A fixed share
+    of the trigger is too late for a slow summarizer and a fast agent, and at a
+    large window many turns too early (past 80 % of a 200k trigger, some 40k
+    tokens of turns are still to come). Until both are measured, past
+    ``precompute_share`` of the trigger."""
     lead = lead_turns(pace)
-    if lead is None or pace is None:
-        return False
-    growth = pace.growth
-    if growth <= 0:
+    growth = 0 if lead is None or pace is None else pace.growth
+    if lead is not None and growth <= 0:
         growth = growth_of(conversation.messages, conversation.counts, conversation.head)
-    return growth > 0 and tokens + lead * growth >= budget.trigger
+    if lead is None or growth <= 0:
+        return tokens > profile.precompute_share * budget.trigger
+    return tokens + lead * growth >= budget.trigger
 
 
 def ahead(conversation: Conversation, decision: Decision) -> Decision:

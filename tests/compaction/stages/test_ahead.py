@@ -258,3 +258,26 @@ def test_a_slow_summary_at_a_fast_pace_is_prepared_as_many_turns_ahead_as_it_tak
     assert not prepares(Pace(0, idle=turn)) and not prepares(None)
     assert lead_turns(Pace(0, idle=0.4, summary=4.0)) == 11  # ten turns, and the one it starts in
     assert lead_turns(Pace(0, idle=None, summary=4.0)) is None
+
+
+def test_a_measured_pace_prepares_no_earlier_than_the_summary_needs() -> None:
+    # Past precompute_share but many turns from the trigger: with the summary's
+    # time and the session's pace measured, a summary that takes one turn is
+    # not prepared yet (the session may end before it is needed); one turn
+    # before the trigger it is. Unmeasured, the share alone decides.
+    messages = _grown_to(0.8)
+    conversation = _conversation(messages)
+    tokens = decide(conversation, PROFILE, BUDGET).tokens
+    growth = growth_of(conversation.messages, conversation.counts, conversation.head)
+    assert (BUDGET.trigger - tokens) / growth > 3
+
+    def prepares(messages: list[dict[str, Any]], pace: Pace | None) -> bool:
+        return decide(_conversation(messages), PROFILE, BUDGET, pace=pace).prepare
+
+    quick = Pace(0, idle=30.0, summary=4.0)  # a summary within the turn: two turns ahead
+    assert lead_turns(quick) == 2
+    assert prepares(messages, None) and prepares(messages, Pace(0, idle=30.0))
+    assert not prepares(messages, quick)
+    while decide(_conversation(messages), PROFILE, BUDGET).tokens + 2 * growth < BUDGET.trigger:
+        messages = [*messages, *_step(len(messages))]
+    assert prepares(messages, quick)

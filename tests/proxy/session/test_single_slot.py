@@ -164,9 +164,10 @@ def _until(proxy: InProcessProxy, condition: Callable[[], bool], what: str) -> N
 
 
 def _post(
-    proxy: InProcessProxy, seed: int, steps: int = 20, stream: bool = False
+    proxy: InProcessProxy, seed: int, steps: int = 20, stream: bool = False, task: str | None = None
 ) -> httpx.Response:
-    body = {"model": MODEL, "messages": agent_session(seed=seed, steps=steps), "stream": stream}
+    messages = agent_session(seed=seed, steps=steps, task=task)
+    body = {"model": MODEL, "messages": messages, "stream": stream}
     return proxy.http.post("/v1/chat/completions", json=body)
 
 
@@ -326,7 +327,9 @@ def test_a_server_seen_queueing_requests_behind_summaries_is_treated_as_one_slot
     assert _state(proxy).models.get(key).slots is None  # the server states nothing
     for n in range(SINGLE_SLOT_OVERLAPS):
         assert not traffic.single_slot(key, None)
-        assert _post(proxy, seed=10 + n).status_code == 200
+        # A session of its own each time: one whose pace is measured is
+        # prepared only as many turns before its trigger as a summary takes.
+        assert _post(proxy, seed=10 + n, task=f"Fix test {n}.").status_code == 200
         _until(proxy, lambda: one_slot.summaries_open >= 1, "a preparation asks its summary")
         # A user request sent while the summary is in flight, answered only
         # after it ended: it queued behind the summary.
