@@ -9,7 +9,7 @@ disconnects, which closes the upstream connection.
 Most answers arrive well within a second, so the watch costs nothing until
 then: only a request still waiting after :data:`ARM_AFTER` seconds gets a
 task that listens for the disconnect. Once the answer's headers are in, the
-relay watches on its own (see ``proxy.flow.send.Relay``).
+relay watches on its own (see ``proxy.flow.relay.Relay``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
     read.py      the body → a Call (dialect, model settings, the conversation)
     handler.py   read → decide → compact → send → relay | overflow → record
     manual.py    ``/compact [instructions]`` and its reply
-    send.py      headers for the upstream, sending, the one relay of every answer
+    send.py      headers for the upstream, sending, the transport's errors made ours
+    relay/       the one relay of every answer (plain or in recall rounds), stream ends
     recall.py    a request handed to proxy.recall: its plan, and its rounds to the relay
     overflow.py  recognizing "the prompt is too long" in any provider's words
     usage.py     the upstream's own token count, read off the answer as it passes

@@ -56,7 +56,8 @@ from proxy.flow import manual, recall
 from proxy.flow.bill import account, spent_headers, untouched_bill
 from proxy.flow.read import Call, read_call
 from proxy.flow.record import cut_stream, empty_stream, request_record, rereads_of
-from proxy.flow.send import Cut, Relay, read_whole, relay_bytes, send, shown_url
+from proxy.flow.relay import Cut, Relay
+from proxy.flow.send import read_whole, relay_bytes, send, shown_url
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, compact_if_needed

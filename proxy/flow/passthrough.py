@@ -25,7 +25,8 @@ from proxy.edge.access import owner_of
 from proxy.edge.disconnect import ClientWatch, client_left
 from proxy.edge.errors import anthropic_path
 from proxy.edge.paths import forward_url, raw_path_of
-from proxy.flow.send import Relay, send, upstream_headers
+from proxy.flow.relay import Relay
+from proxy.flow.send import send, upstream_headers
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import identify

@@ -19,7 +19,8 @@ import orjson
 
 from proxy.flow.read import Call
 from proxy.flow.record import cut_stream
-from proxy.flow.send import Cut, Relay, shown_url
+from proxy.flow.relay import Cut, Relay
+from proxy.flow.send import shown_url
 from proxy.flow.usage import UsageTap
 from proxy.recall import Plan, RecallFailed, RecallLoop, Rounds, counted_tool
 from proxy.recall import plan as recall_plan

@@ -13,7 +13,7 @@ model does not ask again and the bytes sent extend those sent before.
 * ``plan.py`` — whether a request goes with the tool, and the room its rounds have;
 * ``rounds.py`` — each call answered, the next round's request, the bounds;
 * ``loop.py`` — the rounds of one answer as the relay reads them
-  (:class:`proxy.flow.send.Relay`);
+  (:class:`proxy.flow.relay.Relay`);
 * ``memory.py`` — the exchanges kept for the conversation's next turns.
 
 What differs per API — the tool's shape, where its calls sit, how a stream is

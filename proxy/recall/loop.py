@@ -1,7 +1,7 @@
 """The loop that answers the model's recall calls: the rounds of one answer,
 as the relay reads them.
 
-The relay (:class:`proxy.flow.send.Relay`) gives the client one answer;
+The relay (:class:`proxy.flow.relay.Relay`) gives the client one answer;
 this is where that answer's rounds come from. A round that calls
 ``compaction_recall`` is answered here (:class:`~proxy.recall.rounds.Rounds`)
 and the upstream asked again; the client gets the last answer:

@@ -18,14 +18,25 @@ as they are relayed and answers two questions:
 One table says it per API (:data:`ENDINGS`). An event is parsed only until the
 stream has said something; after that only an event whose bytes hold one of
 the last events' names is.
+
+What the relay does with a stream that stops short — closed before its end
+(:class:`Cut`) or its connection lost — is here too: the log lines, and the
+error event that tells the client (:func:`dropped_event`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from proxy.dialects import sse
+from proxy.dialects.base import Dialect
+from proxy.flow.send import shown_url
+from proxy.upstream.transport import BodyLost, UpstreamResponse
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,4 +144,42 @@ def _chat_kind(data: bytes, payload: dict[str, Any] | None) -> str:
     return "opening"
 
 
-__all__ = ["ENDINGS", "Ending", "StreamEnd"]
+@dataclass(frozen=True)
+class Cut:
+    """What a :class:`~proxy.flow.relay.Relay` does with an event stream that closes before its
+    API's end (:class:`StreamEnd`): an upstream error, whatever the
+    connection said. It is counted, logged, and — when not one byte of it
+    reached the client (it said nothing past its opening events) — asked
+    once more; otherwise the client's stream ends with the API's error event,
+    code ``upstream_dropped`` (an SDK raises it as the error it is)."""
+
+    #: Counts it as the upstream error it is.
+    count: Callable[[], None]
+    #: Sends the same request once more; ``None``: no second try.
+    again: Callable[[], Awaitable[UpstreamResponse]] | None = None
+
+
+def dropped_event(dialect: Dialect, *, lost: bool) -> bytes:
+    """The error event that ends a client's stream the upstream's stopped short:
+    its connection ``lost``, or closed cleanly before its API's end."""
+    message = (
+        "The upstream connection was lost mid-stream."
+        if lost
+        else "The upstream ended the stream before its end."
+    )
+    return dialect.error_event(message, "upstream_dropped")
+
+
+def log_broken(exc: BodyLost, url: str) -> None:
+    logger.warning("upstream stream broke: %s", exc, extra={"fields": {"upstream": shown_url(url)}})
+
+
+def log_cut(url: str, api: str, then: str | None = None) -> None:
+    """A stream that closed before its API's end, logged (``then``: what was done)."""
+    fields = {"upstream": shown_url(url), "api": api}
+    if then is not None:
+        fields["then"] = then
+    logger.warning("upstream stream ended before its end", extra={"fields": fields})
+
+
+__all__ = ["ENDINGS", "Cut", "Ending", "StreamEnd", "dropped_event", "log_broken", "log_cut"]

@@ -1,10 +1,10 @@
-"""proxy.flow.stream_end: whether a stream said something, and ended as its API ends one."""
+"""proxy.flow.relay.stream_end: whether a stream said something, and ended as its API ends one."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.flow.stream_end import ENDINGS, StreamEnd
+from proxy.flow.relay.stream_end import ENDINGS, StreamEnd
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 TEXT = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
