@@ -37,8 +37,7 @@ import dataclasses
 import hashlib
 import logging
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from compaction import (
     Budget,
@@ -51,16 +50,17 @@ from compaction import (
     Reason,
     Steering,
     Summarizer,
-    calibrated_budget,
     forwarded,
     read_conversation,
     read_conversation_async,
-    requested_output_tokens,
     steering_can_matter,
 )
 from config import ModelConfig
 from proxy.session import steering
 from proxy.session.ahead import prepare_ahead, prepares_ahead, span_key
+from proxy.session.asked import Ask as Ask  # imported from here by the request path
+from proxy.session.asked import Asked, request_budget, usable_reading
+from proxy.session.asked import Resolved as Resolved
 from proxy.session.compacting import (
     Basis,
     Emitter,
@@ -72,55 +72,9 @@ from proxy.session.compacting import (
 )
 from proxy.session.naming import session_name
 from proxy.session.service import Conversations
+from proxy.session.untouched import as_sent
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What to forward for one request, and what happened on the way (:func:`compact_if_needed`)."""
-
-    messages: list[Message]
-    #: True when ``messages`` is exactly what the client sent.
-    untouched: bool
-    result: CompactionResult
-    checkpoint: Checkpoint | None  #: made or used
-    session: str  #: which conversation (:attr:`compaction.Conversation.session`)
-    #: The checkpoint this request's compaction made (``None`` when it made none).
-    made: Checkpoint | None = None
-    #: The stored checkpoint the compaction started from (its summary folded in).
-    base: Checkpoint | None = None
-
-    @property
-    def stage(self) -> str:
-        return self.result.stage
-
-    @property
-    def tokens_before(self) -> int:
-        return self.result.tokens_before
-
-    @property
-    def reason(self) -> str:
-        """Why it was compacted: ``none`` for a request merely forwarded. A
-        manual compaction says so even when it found nothing to do."""
-        result = self.result
-        if result.stage not in ("none", "reused") or result.reason == "manual":
-            return result.reason
-        return "none"
-
-    def headers(self) -> dict[str, str]:
-        result = self.result
-        headers = {
-            "x-compaction-stage": result.stage,
-            "x-compaction-reason": self.reason,
-            "x-compaction-tokens-before": str(result.tokens_before),
-            "x-compaction-tokens-after": str(result.tokens_after),
-        }
-        if self.checkpoint is not None:
-            headers["x-compaction-id"] = self.checkpoint.id
-        if result.precomputed is not None:
-            headers["x-compaction-precomputed"] = result.precomputed
-        return headers
 
 
 def scope_of(config: ModelConfig, credential: str | None, api: str = "chat") -> bytes:
@@ -163,39 +117,6 @@ def identify(
     )
 
 
-class Asked(Protocol):
-    """One request's conversation, as :func:`compact_if_needed` reads it (the handler's
-    :class:`proxy.flow.read.Call` is one)."""
-
-    @property
-    def body(self) -> Mapping[str, Any]: ...  # every field but the messages, for counting
-    @property
-    def messages(self) -> list[Message]: ...  # the client's (``/compact`` exchanges removed)
-    @property
-    def config(self) -> ModelConfig: ...
-    @property
-    def scope(self) -> bytes: ...  # :func:`scope_of` the request
-    @property
-    def owner(self) -> str: ...  # whose events and checkpoint (proxy.edge.access.owner_of)
-    @property
-    def identified(self) -> Conversation | None: ...  # :func:`identify` of the messages
-    @property
-    def client_session(self) -> str | None: ...  # proxy.session.naming.client_session
-
-
-@dataclass(frozen=True)
-class Ask:
-    """A conversation to :func:`compact_if_needed`, for callers without a request of their own."""
-
-    body: Mapping[str, Any]
-    messages: list[Message]
-    config: ModelConfig
-    scope: bytes = b""
-    owner: str = ""
-    identified: Conversation | None = None
-    client_session: str | None = None
-
-
 async def compact_if_needed(
     conversations: Conversations,
     asked: Asked,
@@ -219,14 +140,16 @@ async def compact_if_needed(
     :func:`compaction.execute` raises.
     """
     config = asked.config
+    if budget is None and reason == "threshold" and store:
+        # Most requests: far under the trigger, nothing stored for them.
+        as_it_came = await as_sent(conversations, asked, held_back=held_back)
+        if as_it_came is not None:
+            return as_it_came
     conversation = await _conversation(conversations, asked)
     if budget is None:
-        budget = calibrated_budget(
-            config.profile,
-            requested_output_tokens(asked.body),
-            conversations.models.ratio(config, asked.owner),
-        )
-    budget = budget.holding_back(held_back)
+        budget = request_budget(conversations, asked, held_back)
+    else:
+        budget = budget.holding_back(held_back)
     stored, steering_of = await _stored_and_steering(
         conversations, asked, conversation, budget, reason, preview=not store
     )
@@ -323,14 +246,8 @@ async def _conversation(conversations: Conversations, asked: Asked) -> Conversat
     """``asked.identified`` when it was read for this model and scope, else read
     now; named for its session (:func:`proxy.session.naming.session_name`)."""
     profile, counter = asked.config.profile, conversations.counter(asked.config)
-    conversation = asked.identified
-    if (
-        conversation is None
-        or conversation.messages is not asked.messages
-        or conversation.head_count != profile.head_count
-        or conversation.counter is not counter
-        or conversation.scope != asked.scope
-    ):
+    conversation = usable_reading(conversations, asked)
+    if conversation is None:
         conversation = await read_conversation_async(
             asked.body,
             asked.messages,

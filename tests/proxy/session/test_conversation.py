@@ -68,10 +68,10 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
     assert len(ids) == 1
 
 
-def _poor_checkpoint(messages: list[dict[str, Any]], covered: int) -> Any:
+def _poor_checkpoint(messages: list[dict[str, Any]], covered: int, session: str = "s") -> Any:
     summary = {"role": "user", "content": f"{SUMMARY_MARKER}\n## Goal\nstill big"}
     return Checkpoint(
-        session="s",
+        session=session,
         end_hash=chain_hashes(messages, 2)[covered - 1],
         covered=covered,
         replacement=(summary,),
@@ -160,7 +160,10 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
         state, config = _state()
         messages = agent_session(seed=56, steps=6, output_chars=400)
         starts = [g.start for g in group_messages(messages) if 2 < g.start < len(messages) - 2]
-        checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2)
+        # Of the conversation's own session, as every checkpoint the proxy makes:
+        # a small request is looked up by its session first (proxy.session.untouched).
+        session = session_key(messages)
+        checkpoint = _poor_checkpoint(messages, covered=starts[-1] - 2, session=session)
         assert checkpoint is not None
         await state.store.put(checkpoint)
         later = [*messages, {"role": "user", "content": "and now?"}]

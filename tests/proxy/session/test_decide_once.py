@@ -7,13 +7,21 @@ proxy.session.compacting calls, wrapped by a recorder."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 import proxy.session.compacting
-from compaction import Decision, Steering, calibrated_budget, decide, session_key
+from compaction import (
+    Checkpoint,
+    Decision,
+    Steering,
+    TokenCounter,
+    calibrated_budget,
+    decide,
+    session_key,
+)
 from config import load_settings
 from proxy.session.compacting import Basis, Job, look_up
 from proxy.session.conversation import Ask, compact_if_needed, identify
@@ -67,13 +75,51 @@ def _next_turn(messages: list[dict[str, Any]], text: str = "Next?") -> list[dict
     return [*messages, {"role": "assistant", "content": "Done."}, {"role": "user", "content": text}]
 
 
+class CountingLookups(MemoryStore):
+    """A memory store counting the lookups of checkpoint chains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookups = 0
+
+    async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        self.lookups += 1
+        return await super().lookup(hashes)
+
+    def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
+        self.lookups += 1
+        return super().lookup_now(hashes)
+
+
 def test_a_forwarded_request_is_decided_once(
     start_app: AppFactory, decisions: RecordingDecide
 ) -> None:
     proxy = start_app(models=MODELS)
-    headers = _chat(proxy, agent_session(seed=1, steps=3, task="Decide once: forward."))
+    # Under its trigger (about 6,000 tokens), but past the third of it below
+    # which the decision cannot be anything but a forward (proxy.session.untouched).
+    messages = agent_session(seed=1, steps=6, task="Decide once: forward.")
+    headers = _chat(proxy, messages)
     assert headers["x-compaction-stage"] == "none"
+    assert 2_100 < int(headers["x-compaction-tokens-before"]) < 6_000
     assert decisions.taken() == ["threshold"]
+
+
+def test_a_small_request_is_forwarded_with_no_decision_and_no_lookup_of_its_chain(
+    start_app: AppFactory, decisions: RecordingDecide
+) -> None:
+    store = CountingLookups()
+    proxy = start_app(models=MODELS, store=store)
+    messages = agent_session(seed=1, steps=3, task="Decide never: forward.")
+    for turn in range(2):  # its first request, then its next turn
+        headers = _chat(proxy, messages)
+        assert headers["x-compaction-stage"] == "none"
+        assert headers["x-compaction-reason"] == "none"
+        counted = TokenCounter("gpt-4o").count_request({"messages": messages})
+        assert int(headers["x-compaction-tokens-before"]) == counted
+        assert int(headers["x-compaction-tokens-after"]) == counted
+        messages = _next_turn(messages, f"Turn {turn}?")
+    assert decisions.taken() == []
+    assert store.lookups == 0
 
 
 def test_a_compacted_request_and_the_next_over_its_checkpoint_are_decided_once_each(

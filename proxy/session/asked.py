@@ -1,0 +1,133 @@
+"""One request's conversation as the session layer is asked it (:class:`Asked`)
+and what it answers (:class:`Resolved`): the full way
+(:func:`proxy.session.conversation.compact_if_needed`) and the short one
+(:func:`proxy.session.untouched.as_sent`) alike, and what both work out the
+same way — the request's budget, and the reading of a large body made ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from compaction import (
+    Budget,
+    Checkpoint,
+    CompactionResult,
+    Conversation,
+    Message,
+    calibrated_budget,
+    requested_output_tokens,
+)
+from config import ModelConfig
+from proxy.session.service import Conversations
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What to forward for one request, and what happened on the way."""
+
+    messages: list[Message]
+    #: True when ``messages`` is exactly what the client sent.
+    untouched: bool
+    result: CompactionResult
+    checkpoint: Checkpoint | None  #: made or used
+    session: str  #: which conversation (:attr:`compaction.Conversation.session`)
+    #: The checkpoint this request's compaction made (``None`` when it made none).
+    made: Checkpoint | None = None
+    #: The stored checkpoint the compaction started from (its summary folded in).
+    base: Checkpoint | None = None
+
+    @property
+    def stage(self) -> str:
+        return self.result.stage
+
+    @property
+    def tokens_before(self) -> int:
+        return self.result.tokens_before
+
+    @property
+    def reason(self) -> str:
+        """Why it was compacted: ``none`` for a request merely forwarded. A
+        manual compaction says so even when it found nothing to do."""
+        result = self.result
+        if result.stage not in ("none", "reused") or result.reason == "manual":
+            return result.reason
+        return "none"
+
+    def headers(self) -> dict[str, str]:
+        result = self.result
+        headers = {
+            "x-compaction-stage": result.stage,
+            "x-compaction-reason": self.reason,
+            "x-compaction-tokens-before": str(result.tokens_before),
+            "x-compaction-tokens-after": str(result.tokens_after),
+        }
+        if self.checkpoint is not None:
+            headers["x-compaction-id"] = self.checkpoint.id
+        if result.precomputed is not None:
+            headers["x-compaction-precomputed"] = result.precomputed
+        return headers
+
+
+class Asked(Protocol):
+    """One request's conversation, as the session layer reads it (the handler's
+    :class:`proxy.flow.read.Call` is one)."""
+
+    @property
+    def body(self) -> Mapping[str, Any]: ...  # every field but the messages, for counting
+    @property
+    def messages(self) -> list[Message]: ...  # the client's (``/compact`` exchanges removed)
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def scope(self) -> bytes: ...  # :func:`~proxy.session.conversation.scope_of` the request
+    @property
+    def owner(self) -> str: ...  # whose events and checkpoint (proxy.edge.access.owner_of)
+    @property
+    def identified(
+        self,
+    ) -> Conversation | None: ...  # :func:`~proxy.session.conversation.identify` of the messages
+    @property
+    def client_session(self) -> str | None: ...  # proxy.session.naming.client_session
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A conversation to compact, for callers without a request of their own."""
+
+    body: Mapping[str, Any]
+    messages: list[Message]
+    config: ModelConfig
+    scope: bytes = b""
+    owner: str = ""
+    identified: Conversation | None = None
+    client_session: str | None = None
+
+
+def request_budget(conversations: Conversations, asked: Asked, held_back: int = 0) -> Budget:
+    """The request's budget: calibrated to its upstream's ratio for its owner,
+    ``held_back`` tokens kept for what joins it once compacted."""
+    config = asked.config
+    budget = calibrated_budget(
+        config.profile,
+        requested_output_tokens(asked.body),
+        conversations.models.ratio(config, asked.owner),
+    )
+    return budget.holding_back(held_back)
+
+
+def usable_reading(conversations: Conversations, asked: Asked) -> Conversation | None:
+    """``asked.identified`` when it was read from these messages for this model
+    and scope (a large body, read ahead or against its previous request)."""
+    conversation = asked.identified
+    if (
+        conversation is None
+        or conversation.messages is not asked.messages
+        or conversation.head_count != asked.config.profile.head_count
+        or conversation.counter is not conversations.counter(asked.config)
+        or conversation.scope != asked.scope
+    ):
+        return None
+    return conversation
