@@ -258,8 +258,11 @@ def identifiers_in(text: str) -> list[str]:
     return list(dict.fromkeys(kept))
 
 
+#: A file is not followed by ``.`` and a letter: ``os.path.basename`` and
+#: ``django.utils.translation`` are dotted names, not the files ``os.path`` and
+#: ``django.utils`` (whose "extensions" are short words).
 _NAME = re.compile(
-    r"(?<![\w/.-])(?:[\w.-]*/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4}(?::\d{1,6})?(?![\w/])"  # a file
+    r"(?<![\w/.-])(?:[\w.-]*/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4}(?::\d{1,6})?(?![\w/]|\.\w)"
     r"|(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+"  # a dotted name
     r"|(?<![\w.])[A-Za-z_]\w{3,}"  # a word, kept if snake_case or CamelCase
 )
@@ -278,7 +281,9 @@ def _names_used(message: Message) -> list[str]:
     found: list[str] = []
     for text in parts:
         for match in _NAME.finditer(text):
-            name = match.group(0).strip("._-")
+            # Sentence punctuation off the ends, never an underscore: ``_private``
+            # and ``__init__.py`` are names as written (stripped, they name nothing).
+            name = match.group(0).strip(".-")
             if 4 <= len(name) <= _NAME_CHARS and (
                 "_" in name or "." in name or "/" in name or _CAMEL.search(name)
             ):

@@ -81,6 +81,25 @@ def test_a_span_ledger_holds_its_errors_commands_identifiers_and_typed_messages(
     )
 
 
+def test_the_agents_names_are_quoted_as_written() -> None:
+    turn = {
+        "role": "assistant",
+        "content": "I'll call os.path.basename in _is_ignored_file, defined in "
+        "pylint/lint/__init__.py, and from django.utils.translation.trans_real import "
+        "get_language_from_path; see setup.py. Then src/app.py:12 again.",
+    }
+    names = ledger_of([turn], PROFILE).identifiers
+    assert names == (
+        "os.path.basename",
+        "_is_ignored_file",
+        "pylint/lint/__init__.py",
+        "django.utils.translation.trans_real",
+        "get_language_from_path",
+        "setup.py",
+        "src/app.py:12",
+    )
+
+
 def test_test_runner_tallies_with_failures_are_error_lines_and_clean_runs_are_not() -> None:
     text = "3 failed, 68 passed, 1 xfailed in 4.74s\n=== 1 passed, 2 errors in 0.1s ===\n"
     assert error_lines(text + "5 passed in 1.02s\n") == text.splitlines()
