@@ -86,7 +86,7 @@ async def handle_chat(
         call = await read_call(request, services, dialect, watch=watch)
         if call.untouchable is not None:
             return await _forward_untouched(call, started)
-        command = manual.find_command(call.messages)
+        command = manual.find_command(call.messages) if manual.may_hold_command(call.raw) else None
         if command is not None:
             return await _manual(call, command, started)
         return await _forward(call, started)

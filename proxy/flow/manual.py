@@ -15,6 +15,7 @@ else, so the model never sees them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,6 +32,18 @@ REPLY_PREFIXES = ("Context compacted:", "Nothing to compact:")
 
 #: Roles a client may send after the user's turn without it ending the turn.
 _AFTER_TURN = frozenset({"system", "developer"})
+
+
+#: A JSON string may spell a letter ``\u00XX`` (an ASCII letter is 0x41–0x7a):
+#: bytes that do so may hide the word from :func:`may_hold_command`'s search.
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7]")
+
+
+def may_hold_command(raw: bytes) -> bool:
+    """Whether a request's bytes may hold a ``/compact`` command or an exchange
+    one left (:data:`REPLY_PREFIXES`): never ``False`` for one that does. Most
+    bodies hold neither word, and are not read for them message by message."""
+    return b"compact" in raw or _ESCAPED_LETTER.search(raw) is not None
 
 
 @dataclass(frozen=True)

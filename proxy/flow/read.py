@@ -27,6 +27,7 @@ from proxy.edge.access import owner_of
 from proxy.edge.body import check_model, deep_nesting_refused, read_body
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.headers import AUTH_HEADERS
+from proxy.flow import manual
 from proxy.flow.continued import continued, remember_reading, without_commands
 from proxy.flow.send import upstream_headers
 from proxy.flow.services import Services
@@ -197,7 +198,11 @@ def _parse(
     config = with_client_window(
         services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
     )
-    messages = without_commands(engine_messages, settled)
+    messages = (
+        without_commands(engine_messages, settled)
+        if manual.may_hold_command(raw)
+        else engine_messages
+    )
     base_url, key_env = dialect.route(config)
     headers = upstream_headers(
         client_headers,
