@@ -10,7 +10,13 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.flow.manual import REPLY_PREFIXES, find_command, may_hold_command, strip_commands
+from proxy.flow.manual import (
+    REPLY_PREFIXES,
+    SEARCHED_BYTES,
+    find_command,
+    may_hold_command,
+    strip_commands,
+)
 
 
 def _escaped(text: str, escape: list[bool]) -> str:
@@ -48,3 +54,8 @@ def test_a_body_without_the_word_is_not_read_for_a_command() -> None:
     body: dict[str, Any] = {"messages": [{"role": "user", "content": "Compose a reply é"}]}
     assert not may_hold_command(orjson.dumps(body))
     assert not may_hold_command(json.dumps(body).encode())  # \u00e9: no letter of the word
+
+
+def test_a_large_body_is_read_for_a_command_without_a_search_of_its_bytes() -> None:
+    body = {"messages": [{"role": "user", "content": "x" * SEARCHED_BYTES}]}
+    assert may_hold_command(orjson.dumps(body))
