@@ -28,8 +28,7 @@ from proxy.session.service import Conversations
 class Resolved:
     """What to forward for one request, and what happened on the way."""
 
-    messages: list[Message]
-    #: True when ``messages`` is exactly what the client sent.
+    #: True when :attr:`messages` is exactly what the client sent.
     untouched: bool
     result: CompactionResult
     checkpoint: Checkpoint | None  #: made or used
@@ -38,6 +37,12 @@ class Resolved:
     made: Checkpoint | None = None
     #: The stored checkpoint the compaction started from (its summary folded in).
     base: Checkpoint | None = None
+
+    @property
+    def messages(self) -> list[Message]:
+        """What to forward: the result's, not a field of its own (one copy of
+        the request's data fewer on its way upstream)."""
+        return self.result.messages
 
     @property
     def stage(self) -> str:

@@ -170,9 +170,7 @@ async def compact_if_needed(
     if not store:  # the preview: run everything, remember nothing
         result = await run_plan(job, decision)
         untouched = _untouched(conversation, result)
-        return Resolved(
-            result.messages, untouched, result, decision.checkpoint, conversation.session
-        )
+        return Resolved(untouched, result, decision.checkpoint, conversation.session)
     if decision.action == "forward":
         if decision.prepare and summarizer is not None:
             span = span_key(conversation, decision.checkpoint)
@@ -265,9 +263,7 @@ async def _conversation(conversations: Conversations, asked: Asked) -> Conversat
 def _forward(conversation: Conversation, decision: Decision) -> Resolved:
     """A request forwarded as it is, or over its stored compaction: no lock, no write."""
     result = forwarded(conversation, decision)
-    return Resolved(
-        result.messages, decision.untouched, result, decision.checkpoint, conversation.session
-    )
+    return Resolved(decision.untouched, result, decision.checkpoint, conversation.session)
 
 
 def _untouched(conversation: Conversation, result: CompactionResult) -> bool:
@@ -304,7 +300,6 @@ async def _run(job: Job, decision: Decision) -> Resolved:
         notes=event_notes(result),
     )
     return Resolved(
-        messages=result.messages,
         untouched=_untouched(conversation, result),
         result=result,
         checkpoint=made or decision.checkpoint,

@@ -88,7 +88,7 @@ async def as_sent(
         trigger=budget.trigger,
         messages_before=len(messages),
     )
-    return Resolved(messages, True, result, None, session)
+    return Resolved(True, result, None, session)
 
 
 def _ahead_share(conversations: Conversations, asked: Asked, session: str) -> float:
