@@ -359,7 +359,9 @@ async def _unless_gone(asking: Awaitable[_T], watcher: asyncio.Future[None]) -> 
     finally:
         if not task.done():
             task.cancel()
-    if not task.done() or task.cancelled():
+            # Its request closed (and counted out) before the relay goes on.
+            await asyncio.wait((task,))
+    if task.cancelled():
         return None
     return task.result()
 
