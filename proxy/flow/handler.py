@@ -24,7 +24,6 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
 
 import orjson
 from starlette.requests import Request
@@ -160,7 +159,11 @@ async def _forward(call: Call, started: float) -> Response:
             _finish, call, resolved, upstream.status, started, ended=time.perf_counter(), tap=tap
         )
         if recalling is not None and upstream.status == 200:
-            return _recall(call, resolved, upstream, recalling, tap, finish)
+            # Its calls answered by the proxy, the upstream asked again, the
+            # client given the last answer through the one relay.
+            again = functools.partial(_send, call)
+            headers = _headers(call, resolved)
+            return recall.relay(call, resolved, upstream, recalling, tap, headers, finish, again)
         return Relay(
             upstream,
             _headers(call, resolved),
@@ -191,24 +194,6 @@ def _outgoing(call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None
     body = call.outgoing(resolved)
     plan = recall.plan(call, resolved, body)
     return orjson.dumps(body if plan is None else plan.body), plan
-
-
-def _recall(
-    call: Call,
-    resolved: Resolved,
-    upstream: UpstreamResponse,
-    plan: recall.Plan,
-    tap: UsageTap,
-    finish: Callable[[], None],
-) -> Response:
-    """The answer of a request sent with the recall tool: its calls answered by
-    the proxy, the upstream asked again, the client given the last answer
-    through the one relay; ``finish`` once the client has it (the usage
-    counted is the first round's)."""
-    send_again = functools.partial(_send, call)
-    return recall.relay(
-        call, resolved, upstream, plan, tap, _headers(call, resolved), finish, send_again
-    )
 
 
 @dataclasses.dataclass(frozen=True)
