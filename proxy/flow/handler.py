@@ -163,7 +163,10 @@ async def _forward(call: Call, started: float) -> Response:
             # client given the last answer through the one relay.
             again = functools.partial(_send, call)
             headers = _headers(call, resolved)
-            return recall.relay(call, resolved, upstream, recalling, tap, headers, finish, again)
+            cut = _cut(call, sent)
+            return recall.relay(
+                call, resolved, upstream, recalling, tap, headers, finish, again, cut
+            )
         return Relay(
             upstream,
             _headers(call, resolved),

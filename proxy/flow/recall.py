@@ -9,7 +9,6 @@ client has its answer. docs/recall.md is the user's account.
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,7 +17,6 @@ from typing import Any
 import orjson
 
 from proxy.flow.read import Call
-from proxy.flow.record import cut_stream
 from proxy.flow.relay import Cut, Relay
 from proxy.flow.send import shown_url
 from proxy.flow.usage import UsageTap
@@ -84,11 +82,14 @@ def relay(
     headers: Mapping[str, str],
     finish: Callable[[], None],
     send: Callable[[bytes], Awaitable[UpstreamResponse]],
+    cut: Cut,
 ) -> Relay:
     """The answer of a request sent with the recall tool, relayed as one over
     its rounds (:class:`proxy.recall.RecallLoop`); ``send`` asks the upstream
     a follow-up, ``finish`` is the request's bookkeeping — both it and the
-    recall's report run once the client has the answer."""
+    recall's report run once the client has the answer. ``cut`` is what a
+    plain answer's stream would do when it closes before its end: a first
+    round that said nothing yet is asked again unseen; a later one cannot be."""
     conversations = call.services.conversations
     rounds = Rounds(plan=plan, counter=conversations.counter(call.config), body=plan.body)
 
@@ -105,9 +106,6 @@ def relay(
 
     loop = RecallLoop(rounds, follow_up, tap, conversations.recalls, streamed=call.streamed)
     recall_headers = {**headers, "x-compaction-recall-tokens": str(plan.extra_tokens)}
-    # A round cut short is counted, never asked again: what the client saw of
-    # the rounds before it cannot be taken back.
-    cut = Cut(functools.partial(cut_stream, call))
     return Relay(upstream, recall_headers, None, call.dialect, after, cut, rounds=loop)
 
 

@@ -71,14 +71,19 @@ class RecallLoop:
 
     def end(self) -> bytes:
         """The current round's stream ended; what it still holds to relay."""
-        if self._tap is not None:
-            self._tap.close()
-            self._tap = None
         return self._stream.end()
+
+    def restart(self) -> None:
+        """The first round is asked again, its stream having said nothing: the
+        next chunks are its answer's, read from the start."""
+        self._stream = self.rounds.plan.surface.stream()
 
     async def next_round(self) -> UpstreamResponse | None:
         """After a round's stream ended as its API ends one: the next round,
         or ``None`` when the client's answer is whole."""
+        if self._tap is not None:
+            self._tap.close()
+            self._tap = None
         rounds, stream = self.rounds, self._stream
         rounds.count("dropped", stream.dropped)
         if not stream.recalled:

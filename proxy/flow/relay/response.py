@@ -61,6 +61,10 @@ class RoundSource(Protocol):
         """After a whole round, ``body``: the next round, or the client's answer."""
         ...
 
+    def restart(self) -> None:
+        """The first round is asked again (its stream said nothing): read it afresh."""
+        ...
+
 
 class Relay(Response):
     """The upstream's answer relayed: a small one whole, any other as it arrives.
@@ -145,7 +149,10 @@ class Relay(Response):
                 upstream.abort()
                 after, self._after = self._after, None
                 cut = Cut(self.cut.count) if self.cut is not None else None
-                relay = Relay(await again(), self._extra, self.tap, self.dialect, after, cut)
+                if rounds is not None:
+                    rounds.restart()
+                answer = await again()
+                relay = Relay(answer, self._extra, self.tap, self.dialect, after, cut, rounds)
                 await relay(scope, receive, send)
         finally:
             self.upstream.abort()  # nothing when the body was read to its end
@@ -256,6 +263,7 @@ class Relay(Response):
                 if rounds is not None and not gone.is_set():
                     following = await self._next_round(rounds, send, watcher, flush)
                     if following is not None:
+                        await flush()  # a later round is never asked again unseen
                         upstream = self.upstream = following
                         watch = StreamEnd.of(self.dialect.name)
                         continue

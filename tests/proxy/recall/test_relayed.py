@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message
 from proxy.app import create_app
 from proxy.state.logs import REQUESTS
 from tests.proxy.flow.test_after_answer import _chat_lines, _metrics_body, _running
-from tests.proxy.inprocess import RecordingTransport, http_scope, settings_for
+from tests.proxy.inprocess import RecordingTransport, http_scope, settings_for, sse_reply
 from tests.proxy.recall.test_rounds import chat_request
 from tests.proxy.recall_upstream import RecallUpstream
 
@@ -196,3 +196,31 @@ def test_a_client_that_leaves_while_the_next_round_is_asked_cancels_it_and_is_lo
     assert [m for m in sent if m["type"] == "http.response.body" and not m.get("more_body")] == []
     (line,) = _chat_lines(caplog)
     assert line.fields["upstream_status"] == 200  # type: ignore[attr-defined]
+
+
+def test_a_recalling_stream_that_closes_before_saying_anything_is_asked_again_as_a_plain_one_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    upstream = RecallUpstream()
+    app, transport = _app(upstream)
+    opening = {"id": "c0", "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+    transport.script(sse_reply(opening, done=False))  # the first answer: a role, then nothing
+    body = orjson.dumps({**chat_request(), "stream": True})
+
+    async def run() -> tuple[list[Message], bytes]:
+        async with _running(app):
+            sent = await _ask(app, body)
+            return sent, await _ask_metrics(app)
+
+    sent, exposition = asyncio.run(run())
+    relayed = b"".join(m.get("body", b"") for m in sent)
+    # Asked again unseen, then recalled and asked once more: one whole answer.
+    assert len(transport.requests) == 3
+    assert transport.requests[0].body == transport.requests[1].body
+    assert b"# the needle" in relayed and relayed.endswith(b"data: [DONE]\n\n")
+    assert b'"c0"' not in relayed and b"upstream_dropped" not in relayed
+    assert b'compaction_proxy_upstream_errors_total{kind="cut"} 1.0' in exposition
+    assert ANSWERED in exposition
+    cuts = [r for r in caplog.records if r.getMessage() == "upstream stream ended before its end"]
+    assert [r.fields["then"] for r in cuts] == ["asked again"]  # type: ignore[attr-defined]
