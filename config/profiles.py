@@ -9,6 +9,8 @@ passes them in. Precedence, strongest first::
                      built-in table > [compaction]; a learned window larger
                      than the server's stated one does not replace it (the
                      smaller of two statements of the server is the safe one)
+    recall           [models."…"] > off for a model measured never to call the
+                     recall tool (:mod:`config.recall_table`) > [compaction]
     other fields     [models."…"] > [compaction]
     summary_model    [models."…"] > [compaction].summary_model > the model itself
     upstream         [models."…"].upstream > [upstream].base_url
@@ -36,6 +38,7 @@ from typing import Literal
 
 from compaction import Profile
 from config.model_table import MAX_NAME_CHARS, builtin_context_window
+from config.recall_table import never_recalls
 from config.settings import ModelOverride, Settings
 
 WindowSource = Literal[
@@ -158,6 +161,8 @@ def _resolve(settings: Settings, model: str) -> ModelConfig:
     elif (window := builtin_context_window(model)) is not None:
         changes["context_window"] = window
         source = "table"
+    if "recall" not in changes and never_recalls(model):
+        changes["recall"] = False
     return ModelConfig(
         model=model,
         profile=settings.compaction.to_profile(**changes),
