@@ -62,7 +62,13 @@ from compaction.summary.contradictions import SpanFacts, contradiction_problem, 
 from compaction.summary.extractive import extractive_summary
 from compaction.summary.files import FileLists, render_file_lists
 from compaction.summary.format import summary_body, summary_message
-from compaction.summary.ledger import Ledger, errors_in, ledger_of, render_ledger
+from compaction.summary.ledger import (
+    Ledger,
+    errors_in,
+    ledger_of,
+    names_cut_by_pruning,
+    render_ledger,
+)
 from compaction.summary.prompts import (
     serialize_messages,
     stands_for,
@@ -204,7 +210,8 @@ async def condense(
     naming a tool output the ref of that output (:mod:`compaction.chat.recall`).
     ``kept_after`` are the originals of messages kept after the span only as
     the pruner left them (their outputs briefed): the error lines they printed
-    join the summary's ledger, the one place that quotes them whole.
+    join the summary's ledger, the one place that quotes them whole, and so do
+    the names of the agent's turns among them whose text the pruner cut.
     """
     originals = _checked_originals(messages, originals)
     if middle.head_end >= middle.tail_start:
@@ -221,6 +228,7 @@ async def condense(
         list(messages[: middle.head_end]),
         salt=salt if profile.recall else "",
         later_errors=tuple(errors_in(kept_after)),
+        later_names=tuple(names_cut_by_pruning(kept_after, profile)),
     )
     caps = _caps(run, messages, middle, prefix, cap)
     main_summary, prefix_summary = await _summaries(run, messages, middle, (main, prefix), caps)
@@ -439,6 +447,9 @@ class _Condensing:
     salt: str = ""
     #: Error lines printed after the span, by messages kept pruned (see condense).
     later_errors: tuple[str, ...] = ()
+    #: The names of the agent's turns kept after the span with their text cut
+    #: by the pruner (:func:`compaction.summary.ledger.names_cut_by_pruning`).
+    later_names: tuple[str, ...] = ()
     calls: int = 0
     fell_back: bool = False
     notes: list[str] = field(default_factory=list)
@@ -508,12 +519,15 @@ class _Condensing:
     def _ledger(self, whole: _Span, *, turn_prefix: bool) -> Ledger:
         """The span's ledger: computed once per summary, from the originals (not the
         pruned briefs), with the ledgers of earlier summaries in the span folded in,
-        and for a main summary the errors printed after it by messages kept pruned."""
+        and for a main summary the errors printed after it by messages kept pruned
+        and the names of the agent's turns there whose text was cut."""
         ledger = ledger_of(
             whole.originals, self.profile, task=first_typed(self.head), salt=self.salt
         )
         if self.later_errors and not turn_prefix:
             ledger = ledger.merge(Ledger(errors=self.later_errors))
+        if self.later_names and not turn_prefix:
+            ledger = ledger.merge(Ledger(identifiers=self.later_names))
         return ledger
 
     def _problem(

@@ -291,6 +291,37 @@ def _names_used(message: Message) -> list[str]:
     return list(dict.fromkeys(found))[:NAMES_PER_TURN]
 
 
+def names_cut_by_pruning(messages: Sequence[Message], profile: Profile) -> list[str]:
+    """The names used by the agent's turns among ``messages`` whose text the
+    pruner cuts (a text longer than ``profile.assistant_text_chars`` keeps only
+    its start and end). Kept after a summary only as the pruner left them,
+    such turns have lost their middle, and the summary's ledger is the one
+    place left to name what they worked with."""
+    found: list[str] = []
+    for message in messages:
+        if _cut_by_pruning(message, profile.assistant_text_chars):
+            found.extend(_names_used(message))
+    return found
+
+
+def _cut_by_pruning(message: Message, limit: int) -> bool:
+    """Whether the pruner cuts ``message``'s text: an assistant message's
+    content, or one of its text parts, is longer than ``limit``."""
+    if message.get("role") != "assistant":
+        return False
+    content = message.get("content")
+    if isinstance(content, str):
+        return len(content) > limit
+    if isinstance(content, list):
+        return any(
+            isinstance(part, dict)
+            and isinstance(part.get("text"), str)
+            and len(part["text"]) > limit
+            for part in content
+        )
+    return False
+
+
 # --- rendering and parsing -------------------------------------------------------
 
 
@@ -412,6 +443,7 @@ __all__ = [
     "identifiers_in",
     "ledger_of",
     "ledger_text",
+    "names_cut_by_pruning",
     "parse_ledger",
     "render_ledger",
     "strip_ledger",

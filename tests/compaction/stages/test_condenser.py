@@ -624,3 +624,24 @@ def test_a_summary_with_room_for_nothing_is_not_written() -> None:
         asyncio.run(
             condense(messages, plan, profile=profile, counter=COUNTER, summarizer=None, cap=header)
         )
+
+
+def test_the_ledger_names_what_a_cut_turn_kept_after_the_summary_used() -> None:
+    # A turn kept after the span only as the pruner left it (its long text
+    # cut in the middle) has its names in the summary's ledger.
+    messages = conversation()
+    reasoning = "I see os.path.basename in _is_ignored_file. " + "Thinking it over. " * 600
+    kept = [assistant(reasoning)]
+    condensed = asyncio.run(
+        condense(
+            messages,
+            find_middle(messages, 2, last_user(messages)),
+            profile=Profile(summarizer="extractive"),
+            counter=COUNTER,
+            summarizer=None,
+            kept_after=kept,
+        )
+    )
+    text = message_text(condensed.summary)
+    assert "<identifiers>" in text
+    assert "os.path.basename" in text and "_is_ignored_file" in text

@@ -17,6 +17,7 @@ from compaction.summary.ledger import (
     Ledger,
     identifiers_in,
     ledger_of,
+    names_cut_by_pruning,
     parse_ledger,
     render_ledger,
     strip_ledger,
@@ -322,3 +323,25 @@ def test_the_summary_carries_the_ledger_within_its_share_of_the_budget() -> None
 def test_a_ledger_share_of_zero_keeps_the_file_lists_only() -> None:
     text = _summary_of(Profile(context_window=4_096, tool_result_chars=1_000_000, ledger_share=0.0))
     assert "<errors>" not in text and "<user-messages>" not in text
+
+
+def test_the_names_of_a_turn_the_pruner_cuts_are_named_by_the_ledger() -> None:
+    long = {
+        "role": "assistant",
+        "content": "Looking at self.assertEqual(response.content) in tests.i18n.sampleproject. "
+        + "More reasoning. " * 600,
+    }
+    short = {"role": "assistant", "content": "Then check parse_window_header."}
+    parts = {"role": "assistant", "content": [{"type": "text", "text": long["content"]}]}
+    output = {"role": "tool", "tool_call_id": "c1", "content": "x_y_z " * 2_000}
+    assert len(long["content"]) > PROFILE.assistant_text_chars
+    names = names_cut_by_pruning([long, short, parts, output], PROFILE)
+    assert (
+        names
+        == [
+            "self.assertEqual",
+            "response.content",
+            "tests.i18n.sampleproject",
+        ]
+        * 2
+    )
