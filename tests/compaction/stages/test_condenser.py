@@ -62,6 +62,7 @@ def run(
     fake: RecordingSummarizer | None = None,
     instructions: str | None = None,
     mode: SummarizerMode = "llm",
+    kept_after: Sequence[Message] = (),
     **profile: Any,
 ) -> CondenseResult:
     return asyncio.run(
@@ -72,6 +73,7 @@ def run(
             counter=COUNTER,
             summarizer=fake,
             instructions=instructions,
+            kept_after=kept_after,
         )
     )
 
@@ -631,17 +633,8 @@ def test_the_ledger_names_what_a_cut_turn_kept_after_the_summary_used() -> None:
     # cut in the middle) has its names in the summary's ledger.
     messages = conversation()
     reasoning = "I see os.path.basename in _is_ignored_file. " + "Thinking it over. " * 600
-    kept = [assistant(reasoning)]
-    condensed = asyncio.run(
-        condense(
-            messages,
-            find_middle(messages, 2, last_user(messages)),
-            profile=Profile(summarizer="extractive"),
-            counter=COUNTER,
-            summarizer=None,
-            kept_after=kept,
-        )
-    )
+    middle = find_middle(messages, 2, last_user(messages))
+    condensed = run(messages, middle, mode="extractive", kept_after=[assistant(reasoning)])
     text = message_text(condensed.summary)
     assert "<identifiers>" in text
     assert "os.path.basename" in text and "_is_ignored_file" in text
