@@ -60,6 +60,7 @@ from proxy.flow.send import read_whole, relay_bytes, send, shown_url
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, compact_if_needed
+from proxy.session.untouched import as_sent
 from proxy.state.logs import REQUESTS
 from proxy.state.stores import EMPTY_STREAM_STATUS
 from proxy.upstream.overflow import detect_overflow
@@ -359,12 +360,20 @@ async def _compact_for(
     instructions: str | None = None,
     store: bool = True,
 ) -> Resolved:
-    """The request's conversation as it is to be sent: decided once, compacted
-    if needed (:func:`proxy.session.conversation.compact_if_needed`), the engine's
-    refusals turned into the client's errors."""
+    """The request's conversation as it is to be sent: as it came when it is far
+    under its trigger (:func:`proxy.session.untouched.as_sent`, most requests:
+    no summarizer is built for them), else decided once and compacted if
+    needed (:func:`proxy.session.conversation.compact_if_needed`), the
+    engine's refusals turned into the client's errors."""
+    held_back = recall.tool_tokens(call)
+    if reason == "threshold" and budget is None and store:
+        with deep_nesting_refused():  # messages nested deeper than orjson writes
+            as_it_came = await as_sent(call.services.conversations, call, held_back=held_back)
+        if as_it_came is not None:
+            return as_it_came
     summarizer = call.summarizer() if call.config.profile.summarizer == "llm" else None
     try:
-        with deep_nesting_refused():  # messages nested deeper than orjson writes
+        with deep_nesting_refused():
             return await compact_if_needed(
                 call.services.conversations,
                 call,
@@ -372,7 +381,7 @@ async def _compact_for(
                 reason=reason,
                 instructions=instructions,
                 budget=budget,
-                held_back=recall.tool_tokens(call),
+                held_back=held_back,
                 prices=call.prices(),
                 store=store,
             )

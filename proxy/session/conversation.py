@@ -72,7 +72,6 @@ from proxy.session.compacting import (
 )
 from proxy.session.naming import session_name
 from proxy.session.service import Conversations
-from proxy.session.untouched import as_sent
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
 
@@ -140,11 +139,6 @@ async def compact_if_needed(
     :func:`compaction.execute` raises.
     """
     config = asked.config
-    if budget is None and reason == "threshold" and store:
-        # Most requests: far under the trigger, nothing stored for them.
-        as_it_came = await as_sent(conversations, asked, held_back=held_back)
-        if as_it_came is not None:
-            return as_it_came
     conversation = await _conversation(conversations, asked)
     if budget is None:
         budget = request_budget(conversations, asked, held_back)

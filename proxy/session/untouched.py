@@ -26,11 +26,13 @@ gives that answer from what is cheap to know, and only when every input of
   made on a small conversation is applied to its later requests;
 * **no "compact now"** waiting in this process, for any session.
 
-A ``/compact`` command in the request is the handler's to find first (a
-byte search, :func:`proxy.flow.manual.may_hold_command`). Anything else goes
-the full way. What this returns is what that would have returned: the same
-:class:`~proxy.session.conversation.Resolved`, so the headers, the log line,
-the metrics, the bill and the dashboard say the same (docs/architecture.md,
+The request path asks it first (``proxy.flow.handler._compact_for``), before
+it builds a summarizer or prices a plan; a ``/compact`` command in the
+request is the handler's to find before that (a byte search,
+:func:`proxy.flow.manual.may_hold_command`). Anything else goes the full
+way. What this returns is what that would have returned: the same
+:class:`~proxy.session.asked.Resolved`, so the headers, the log line, the
+metrics, the bill and the dashboard say the same (docs/architecture.md,
 "One request's trip").
 """
 

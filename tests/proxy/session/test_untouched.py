@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compaction import TokenCounter, session_key
 from config import load_settings
+from proxy.flow.read import Call
 from proxy.session.asked import Ask, request_budget
 from proxy.session.conversation import compact_if_needed
 from proxy.session.service import Conversations
@@ -133,3 +135,24 @@ def test_a_small_conversation_compacted_by_hand_is_forwarded_over_its_checkpoint
     assert answer.headers["x-compaction-stage"] == "reused"
     assert answer.headers["x-compaction-id"] == made
     assert session_key(later) == session_key(messages)
+
+
+def test_a_small_request_builds_no_summarizer(
+    start_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The llm summarizer (the default) is built only for a request that goes
+    the full way: a small one is answered before it would be."""
+    built: list[Call] = []
+    summarizer = Call.summarizer
+
+    def recording(call: Call) -> Any:
+        built.append(call)
+        return summarizer(call)
+
+    monkeypatch.setattr(Call, "summarizer", recording)
+    proxy = start_app(models={"gpt-4o": {"context_window": 128_000, "summarizer": "llm"}})
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello?"}]}
+    answer = proxy.http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-compaction-stage"] == "none"
+    assert built == []
