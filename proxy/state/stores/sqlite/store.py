@@ -16,6 +16,7 @@ compactions of another instance are closed only at start-up
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from proxy.state.stores.base import (
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     Event,
+    StoreError,
     checked_ratio,
     interrupted,
 )
@@ -159,15 +161,15 @@ class SQLiteStore:
         return (owner, session) in held
 
     async def holds_checkpoints(self, owner: str, session: str) -> bool:
-        seen = self._worker.version()
+        await self._brought_up_to_date()
+        return self._held is not None and (owner, session) in self._held
 
-        def work(connection: sqlite3.Connection) -> bool:
-            self._known_ends(connection)
-            return self._held is not None and (owner, session) in self._held
-
-        held = await self._run(work)
+    async def _brought_up_to_date(self) -> None:
+        """:attr:`_ends` and :attr:`_held` read again if anything was committed
+        since, and known current as of now (:meth:`lookup_now`'s rule)."""
+        seen = self._worker.version()  # before the worker looks: a commit after shows
+        await self._run(self._known_ends)
         self._checked_at = seen
-        return held
 
     def _known_ends(self, connection: sqlite3.Connection) -> set[str]:
         """The end hashes in the file, re-read only when another connection wrote.
@@ -423,6 +425,12 @@ class SQLiteStore:
             transaction(connection, write)
 
         await self._run(work)
+        # The figures are this process's own commit, once a second: what the
+        # loop knows of the checkpoints is brought up to date here, off the
+        # request path, not by the next request's trip to the thread (which
+        # is what happens still if this fails: the figures are written).
+        with contextlib.suppress(StoreError, sqlite3.Error):
+            await self._brought_up_to_date()
 
     async def requests(
         self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
