@@ -15,7 +15,9 @@ every summary after the prose:
   again), each with its exit status when known;
 * ``<identifiers>`` — issue and ticket ids, URLs and branch names named by the
   task or by the user, and the names the agent's own turns used: files (with
-  a line, ``path:123``), dotted, ``snake_case`` and ``CamelCase`` names;
+  a line, ``path:123``), dotted, ``snake_case`` and ``CamelCase`` names as
+  written; with a main summary, also those of the agent's turns kept after
+  the span whose text the pruner cut (:func:`names_cut_by_pruning`);
 * ``<user-messages>`` — every message the user typed in the span, verbatim
   up to :data:`USER_MESSAGE_CHARS`, less what its client added
   (:func:`compaction.chat.typed.typed_messages`: tool observations sent as user
