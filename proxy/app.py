@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from compaction import ReadingCache
@@ -50,6 +51,8 @@ from proxy.upstream.transport import Transport
 
 logger = logging.getLogger("compaction_proxy")
 requests_log = logging.getLogger(REQUESTS)
+#: The status of a request whose client left before sending it whole (nginx's).
+CLIENT_CLOSED_REQUEST = 499
 
 #: Seconds the compactions still being prepared in the background get to
 #: finish at shutdown (after the requests drained), before they are cancelled.
@@ -237,6 +240,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(error, path=request.url.path)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # The client hung up before its body was whole (a cancelled request, a
+    # closed laptop): an everyday event, not the proxy's error. The answer
+    # reaches nobody; its status is nginx's "client closed request" for the
+    # access log.
+    requests_log.info("request", extra={"fields": {"path": request.url.path, "client": "gone"}})
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
 async def _store_unavailable(request: Request, exc: Exception) -> Response:
     return error_response(
         ServiceUnavailable("The compaction store is not answering; try again later.")
@@ -249,6 +261,7 @@ EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Any]] = {
     RequestValidationError: _invalid_parameters,
     StarletteHTTPException: _http_error,
     StoreUnavailable: _store_unavailable,
+    ClientDisconnect: _client_gone,
 }
 #: The routes FastAPI serves beside /v1/compaction/* and /ui; the pass-through
 #: last, since it catches every other /v1 path.
@@ -371,6 +384,10 @@ class ChatRoute:
             # answer; the upstream connection is closed, nobody to answer.
             if not client_left(watch):
                 raise
+            requests_log.info("chat", extra={"fields": {"client": "gone"}})
+            return
+        except ClientDisconnect:
+            # The client hung up before its body was whole: nobody to answer.
             requests_log.info("chat", extra={"fields": {"client": "gone"}})
             return
         except ProxyError as exc:

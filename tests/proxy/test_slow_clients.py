@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import select
 import socket
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 
 from config import load_settings
@@ -239,3 +241,48 @@ def test_an_http_1_0_client_gets_its_stream_unchunked_and_ended_by_the_close() -
     assert stream.rstrip().endswith(b"data: [DONE]")
     events = [line for line in stream.split(b"\n") if line]
     assert all(line.startswith(b"data: ") for line in events)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/responses"),
+        ("POST", "/v1/compaction/preview"),
+        ("PUT", "/v1/compaction/sessions/abc/settings"),
+        ("POST", "/v1/embeddings"),
+    ],
+)
+def test_a_client_that_leaves_mid_body_is_no_error_of_the_proxys(
+    method: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A client that hangs up halfway through its body (a cancelled request, a
+    # closed laptop) is an everyday event: nobody is left to answer, and the
+    # operator's log gets no traceback or error line for it.
+    sent = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        '{"model": "gpt-4o", "messages": ['
+    ).encode()
+    with (
+        _serving("http://127.0.0.1:9/v1", deadline=HELD_DEADLINE) as address,
+        caplog.at_level(logging.INFO),
+    ):
+        client = _connect(address, sent)
+        threading.Event().wait(0.2)  # the request is read to its half body
+        client.close()
+        for _ in range(50):  # until the hang-up is handled (or the test fails below)
+            if _gone(caplog.records):
+                break
+            threading.Event().wait(0.1)
+        with httpx.Client() as http:  # and the server goes on serving
+            assert http.get(f"http://{address[0]}:{address[1]}/healthz").status_code == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert errors == []
+    gone = _gone(caplog.records)
+    assert len(gone) == 1 and gone[0].levelno == logging.INFO
+
+
+def _gone(records: list[logging.LogRecord]) -> list[logging.LogRecord]:
+    return [r for r in records if getattr(r, "fields", {}).get("client") == "gone"]
