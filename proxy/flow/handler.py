@@ -110,9 +110,11 @@ async def _forward_untouched(call: Call, started: float) -> Response:
     }
     status = upstream.status
 
-    def log() -> None:
+    def log(failed: ProxyError | None) -> None:
         # Once the client has the answer, as a compacted request is (see _forward).
-        if status == 200:
+        if failed is not None:
+            fields.update(upstream_status=failed.status, error=failed.code or failed.type)
+        elif status == 200:
             bill = untouched_bill(call, tap.usage)
             dollars = bill.own_dollars
             money = (dollars, dollars) if dollars is not None else None
@@ -496,6 +498,7 @@ def _finish(
     resolved: Resolved,
     status: int,
     started: float,
+    failed: ProxyError | None = None,
     *,
     upstream: bool = True,
     error: str = "",
@@ -507,8 +510,14 @@ def _finish(
     ``status`` is the upstream's, or — with ``upstream=False`` (``/compact``,
     answered by the proxy) — the proxy's own. ``ended`` is when the answer's
     head was in (``time.perf_counter()``; by default, now). ``tap`` read the
-    answer's usage, which its bill prices.
+    answer's usage, which its bill prices. ``failed`` is the error the client
+    got in the answer's place (a recall round that could not be had, a body
+    that broke): logged and recorded as the status and error the client saw;
+    the upstream's answer is billed all the same.
     """
+    answered = upstream and status == 200
+    if failed is not None:
+        status, error = failed.status, failed.code or failed.type
     ms = ((time.perf_counter() if ended is None else ended) - started) * 1000
     metrics = call.services.observed.metrics
     metrics.record_request(
@@ -521,7 +530,7 @@ def _finish(
     if rereads.tools:  # most requests have none: nothing to count
         metrics.record_rereads(call.config.model, rereads.by_tool())
     usage = tap.usage if tap is not None else None
-    bill = account(call, resolved, usage, answered=upstream and status == 200)
+    bill = account(call, resolved, usage, answered=answered)
     stage = resolved.result.stage
     fields: dict[str, object] = {
         "model": call.config.model or "-",

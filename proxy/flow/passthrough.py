@@ -23,7 +23,7 @@ from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
 from proxy.edge.disconnect import ClientWatch, client_left
-from proxy.edge.errors import anthropic_path
+from proxy.edge.errors import ProxyError, anthropic_path
 from proxy.edge.paths import forward_url, raw_path_of
 from proxy.flow.relay import Relay
 from proxy.flow.send import send, upstream_headers
@@ -81,7 +81,7 @@ async def forward(services: Services, path: str, request: Request) -> Response:
         requests_log.info("forward", extra={"fields": {"path": f"/v1/{path}", "client": "gone"}})
         return Response(status_code=499)
     seconds = time.perf_counter() - started
-    fields = {
+    fields: dict[str, object] = {
         "method": request.method,
         "path": f"/v1/{path}",
         "upstream_status": answer.status,
@@ -89,9 +89,11 @@ async def forward(services: Services, path: str, request: Request) -> Response:
     }
     metrics = services.observed.metrics
 
-    def forwarded() -> None:
+    def forwarded(failed: ProxyError | None) -> None:
         # Once the client has the answer, as on the chat path (see Relay).
         metrics.record_upstream("other", seconds, answer.status)
+        if failed is not None:  # its body broke: the client got the proxy's error
+            fields.update(upstream_status=failed.status, error=failed.code or failed.type)
         requests_log.info("forward", extra={"fields": fields})
 
     return Relay(answer, {}, tap if answer.status == 200 else None, after=forwarded)

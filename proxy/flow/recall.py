@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from proxy.edge.errors import ProxyError
 from proxy.flow.read import Call
 from proxy.flow.relay import Cut, Relay
 from proxy.flow.send import shown_url
@@ -80,7 +81,7 @@ def relay(
     plan: Plan,
     tap: UsageTap,
     headers: Mapping[str, str],
-    finish: Callable[[], None],
+    finish: Callable[[ProxyError | None], None],
     send: Callable[[bytes], Awaitable[UpstreamResponse]],
     cut: Cut,
 ) -> Relay:
@@ -100,8 +101,8 @@ def relay(
             raise _refused(answer)
         return answer
 
-    def after() -> Awaitable[None] | None:
-        finish()
+    def after(failed: ProxyError | None) -> Awaitable[None] | None:
+        finish(failed)
         return _report(call, resolved, rounds)
 
     loop = RecallLoop(rounds, follow_up, tap, conversations.recalls, streamed=call.streamed)

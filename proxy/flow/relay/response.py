@@ -30,6 +30,11 @@ from proxy.upstream.transport import BodyLost, UpstreamResponse
 #: relayed (a JSON completion): a body that breaks is then a clean 502.
 WHOLE_BELOW = 1 << 20
 
+#: The request's bookkeeping, told the error the client was answered with in
+#: the upstream's place (``None``: the upstream's answer went out as it came);
+#: what it returns, if anything (a store write), is awaited after the relay.
+After = Callable[[ProxyError | None], Awaitable[None] | None]
+
 
 class RoundSource(Protocol):
     """Where an answer's rounds after the first come from (:class:`proxy.recall.RecallLoop`):
@@ -88,9 +93,10 @@ class Relay(Response):
     first).
 
     ``after`` is the request's bookkeeping (its log line, metrics and
-    figures): called once, as soon as the client has its answer — a whole
-    body, or a stream's last chunk, when ``tap`` has read the answer's usage
-    — or, if the answer did not go out whole, once the relay ends. It runs in
+    figures), told how the answer ended (:data:`After`): called once, as
+    soon as the client has its answer — a whole body, or a stream's last
+    chunk, when ``tap`` has read the answer's usage — or, if the answer did
+    not go out whole, once the relay ends. It runs in
     this task with no await between that send and it, so it is done before
     the event loop serves anything else: a client that reads ``/metrics``
     once it has its answer finds the request counted there. The client does
@@ -104,12 +110,14 @@ class Relay(Response):
         extra_headers: Mapping[str, str],
         tap: UsageTap | None = None,
         dialect: Dialect = CHAT,
-        after: Callable[[], Awaitable[None] | None] | None = None,
+        after: After | None = None,
         cut: Cut | None = None,
         rounds: RoundSource | None = None,
     ) -> None:
         self.upstream = upstream
         self._after = after
+        #: The error the client was answered with instead of an answer, if one was.
+        self._failed: ProxyError | None = None
         self._pending: Awaitable[None] | None = None
         self._extra = extra_headers
         #: What to do with a stream of ``dialect`` that ends before its end
@@ -164,7 +172,7 @@ class Relay(Response):
         """The client has its answer (or the relay ended): ``after``, once."""
         after, self._after = self._after, None
         if after is not None:
-            self._pending = after()
+            self._pending = after(self._failed)
 
     async def _whole(
         self, scope: Scope, receive: Receive, send: Send, watcher: asyncio.Future[None] | None
@@ -189,9 +197,11 @@ class Relay(Response):
                 return  # the client left, and the read was stopped for it
             error = upstream_error(exc)
             log_failure(error, shown_url(upstream.url), f"upstream answer broke: {exc}")
+            self._failed = error
             await error_response(error, path=scope.get("path", ""))(scope, receive, send)
             return
         except ProxyError as error:
+            self._failed = error
             await error_response(error, path=scope.get("path", ""))(scope, receive, send)
             return
         headers = self.raw_headers
@@ -302,6 +312,7 @@ class Relay(Response):
         try:
             return await _unless_gone(rounds.next_round(), watcher)
         except ProxyError as exc:
+            self._failed = exc
             await flush()
             event = self.dialect.error_event(exc.message, exc.code or exc.type)
             await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -388,4 +399,4 @@ async def _abort_on_disconnect(receive: Receive, relay: Relay, gone: asyncio.Eve
             return
 
 
-__all__ = ["HELD_AT_MOST", "WHOLE_BELOW", "Relay", "RoundSource"]
+__all__ = ["HELD_AT_MOST", "WHOLE_BELOW", "After", "Relay", "RoundSource"]

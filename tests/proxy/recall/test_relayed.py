@@ -20,8 +20,15 @@ from starlette.types import ASGIApp, Message
 
 from proxy.app import create_app
 from proxy.state.logs import REQUESTS
+from proxy.state.stores import RequestRecord
 from tests.proxy.flow.test_after_answer import _chat_lines, _metrics_body, _running
-from tests.proxy.inprocess import RecordingTransport, http_scope, settings_for, sse_reply
+from tests.proxy.inprocess import (
+    RecordingTransport,
+    http_scope,
+    services_of_app,
+    settings_for,
+    sse_reply,
+)
 from tests.proxy.recall.test_rounds import chat_request
 from tests.proxy.recall_upstream import RecallUpstream
 
@@ -224,3 +231,59 @@ def test_a_recalling_stream_that_closes_before_saying_anything_is_asked_again_as
     assert ANSWERED in exposition
     cuts = [r for r in caplog.records if r.getMessage() == "upstream stream ended before its end"]
     assert [r.fields["then"] for r in cuts] == ["asked again"]  # type: ignore[attr-defined]
+
+
+def _app_with(upstream: RecallUpstream, **compaction: Any) -> ASGIApp:
+    settings = settings_for(
+        compaction={
+            "threshold": 2000,
+            "keep_recent_tokens": 300,
+            "summarizer": "extractive",
+            **compaction,
+        }
+    )
+    return create_app(settings, transport=RecordingTransport(app=upstream.app()))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("upstream", "rounds", "code"),
+    [
+        (RecallUpstream(refuses_followups=True), 3, "recall_failed"),
+        (RecallUpstream(always=True, stubborn=True), 1, "recall_limit"),
+    ],
+    ids=["refused", "limit"],
+)
+def test_a_recalling_answer_that_ends_in_an_error_is_logged_and_recorded_as_that_error(
+    caplog: pytest.LogCaptureFixture,
+    upstream: RecallUpstream,
+    rounds: int,
+    code: str,
+    stream: bool,
+) -> None:
+    """The client got the proxy's error (a whole answer's 502, a stream's error
+    event): the request's line and its figures say so, not the first round's 200."""
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    app = _app_with(upstream, recall_rounds=rounds)
+    body = orjson.dumps({**chat_request(), "stream": stream})
+
+    async def run() -> tuple[list[Message], list[RequestRecord]]:
+        async with _running(app):
+            sent = await _ask(app, body)
+            services = services_of_app(app)
+            assert services.observed.recorder is not None
+            await services.observed.recorder.flush()
+            store = services.conversations.store
+            (session,) = await store.sessions()
+            return sent, await store.requests(session.session)
+
+    sent, records = asyncio.run(run())
+    answered = b"".join(m.get("body", b"") for m in sent)
+    assert code.encode() in answered
+    assert sent[0]["status"] == (200 if stream else 502)
+    (line,) = _chat_lines(caplog)
+    fields = line.fields  # type: ignore[attr-defined]
+    assert fields["error"] == code
+    assert fields["upstream_status"] == 502
+    (record,) = records
+    assert (record.status, record.error) == (502, code)
