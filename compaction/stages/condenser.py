@@ -47,7 +47,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from compaction.budget.profile import Profile
-from compaction.chat.messages import group_messages, message_text, riding_in
+from compaction.chat.messages import (
+    call_name_and_arguments,
+    group_messages,
+    message_text,
+    riding_in,
+    tool_calls,
+)
 from compaction.chat.own import is_summary
 from compaction.chat.typed import first_typed
 from compaction.errors import SummarizationError
@@ -229,6 +235,7 @@ async def condense(
         salt=salt if profile.recall else "",
         later_errors=tuple(errors_in(kept_after)),
         later_names=tuple(names_cut_by_pruning(kept_after, profile)),
+        kept_text=_words(messages[middle.tail_start :]),
     )
     caps = _caps(run, messages, middle, prefix, cap)
     main_summary, prefix_summary = await _summaries(run, messages, middle, (main, prefix), caps)
@@ -434,6 +441,15 @@ class _Shape:
         return message
 
 
+def _words(messages: Sequence[Message]) -> str:
+    """The text of ``messages`` and their tool calls' arguments, one after the other."""
+    parts: list[str] = []
+    for message in messages:
+        parts.append(message_text(message))
+        parts.extend(call_name_and_arguments(call)[1] for call in tool_calls(message))
+    return "\n".join(parts)
+
+
 @dataclass
 class _Condensing:
     """One condense call: its settings, and what happened so far."""
@@ -450,6 +466,9 @@ class _Condensing:
     #: The names of the agent's turns kept after the span with their text cut
     #: by the pruner (:func:`compaction.summary.ledger.names_cut_by_pruning`).
     later_names: tuple[str, ...] = ()
+    #: What the messages kept after the span say (their text and their tool
+    #: calls' arguments, as sent): names found there need no ledger entry.
+    kept_text: str = ""
     calls: int = 0
     fell_back: bool = False
     notes: list[str] = field(default_factory=list)
@@ -520,7 +539,8 @@ class _Condensing:
         """The span's ledger: computed once per summary, from the originals (not the
         pruned briefs), with the ledgers of earlier summaries in the span folded in,
         and for a main summary the errors printed after it by messages kept pruned
-        and the names of the agent's turns there whose text was cut."""
+        and the names of the agent's turns there whose text was cut; without the
+        names that the messages kept after it already hold."""
         ledger = ledger_of(
             whole.originals, self.profile, task=first_typed(self.head), salt=self.salt
         )
@@ -528,6 +548,8 @@ class _Condensing:
             ledger = ledger.merge(Ledger(errors=self.later_errors))
         if self.later_names and not turn_prefix:
             ledger = ledger.merge(Ledger(identifiers=self.later_names))
+        if not turn_prefix:
+            ledger = ledger.naming_only_what_is_gone(self.kept_text)
         return ledger
 
     def _problem(

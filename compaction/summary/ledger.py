@@ -36,6 +36,7 @@ other blocks share a token budget, ``Profile.ledger_share``
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,15 @@ class Ledger:
             _newest((*self.commands, *later.commands)),
             _newest((*self.identifiers, *later.identifiers)),
             _newest((*self.user_messages, *later.user_messages)),
+        )
+
+    def naming_only_what_is_gone(self, kept: str) -> Ledger:
+        """This ledger without the identifiers that ``kept`` (the text of the
+        messages kept after the summary, as they are sent) already holds: the
+        model reads those where they stand, and the budget they took goes to
+        older names, which nothing else keeps."""
+        return dataclasses.replace(
+            self, identifiers=tuple(name for name in self.identifiers if name not in kept)
         )
 
     def blocks(self) -> tuple[tuple[str, tuple[str, ...]], ...]:

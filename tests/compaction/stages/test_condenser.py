@@ -21,6 +21,7 @@ from compaction.stages.condenser import (
 from compaction.stages.pruner import prune
 from compaction.summary.files import FileLists, parse_file_lists
 from compaction.summary.format import summary_message
+from compaction.summary.ledger import parse_ledger
 from compaction.summary.prompts import SUMMARY_SYSTEM_PROMPT, TURN_PREFIX_SYSTEM_PROMPT
 from compaction.tokens.counter import TokenCounter
 from compaction.types import SummarizerMode
@@ -638,3 +639,16 @@ def test_the_ledger_names_what_a_cut_turn_kept_after_the_summary_used() -> None:
     text = message_text(condensed.summary)
     assert "<identifiers>" in text
     assert "os.path.basename" in text and "_is_ignored_file" in text
+
+
+def test_the_ledger_leaves_out_the_names_the_kept_messages_hold() -> None:
+    # A name the messages after the summary still show needs no ledger entry;
+    # one only the condensed span used keeps its entry.
+    messages = conversation()
+    messages[-1] = assistant("Sure: parse_header_value, then src/mod3.py again.")
+    messages[2] = assistant("Step 0: parse_header_value and parse_window_size look wrong.")
+    middle = find_middle(messages, 2, last_user(messages))
+    ledger = parse_ledger(message_text(run(messages, middle, mode="extractive").summary))
+    assert "parse_window_size" in ledger.identifiers
+    assert "parse_header_value" not in ledger.identifiers
+    assert "src/mod3.py" not in ledger.identifiers and "src/mod2.py" in ledger.identifiers
