@@ -67,19 +67,21 @@ class StoreHealth:
     succeeds says nothing of the writes. Degraded from a failed call until a
     call of the same side succeeds (one that must have done I/O: a no-op
     heartbeat proves nothing). ``clock`` (monotonic seconds) is for tests.
+
+    :attr:`failing` is a plain attribute, read before anything else is asked:
+    while the store is healthy, a call asks nothing more of its health (no
+    pause to check, no success to record).
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._run: _Run | None = None
+        #: A call failed and no call of its side succeeded since.
+        self.failing = False
         self._failing: set[Side] = set()
         self._pause_until = -math.inf
         self._logged_at = -math.inf
         self._unlogged = 0  #: failures since the last error line
-
-    @property
-    def failing(self) -> bool:
-        return self._run is not None
 
     def paused(self) -> bool:
         """Whether calls skip the store now (after a timeout)."""
@@ -97,6 +99,7 @@ class StoreHealth:
         if self._failing:
             return
         self._run = None
+        self.failing = False
         if run.logged:
             logger.warning(
                 "the store answers again, after %d failed call(s)", run.report.failed_calls
@@ -104,6 +107,7 @@ class StoreHealth:
 
     def failed(self, operation: str, error: str, side: Side, *, timed_out: bool) -> None:
         self._failing.add(side)
+        self.failing = True
         now = self._clock()
         if timed_out:
             self._pause_until = now + PAUSE_AFTER_TIMEOUT

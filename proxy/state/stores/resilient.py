@@ -58,6 +58,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from functools import partial
 from typing import (
     Any,
@@ -68,6 +69,7 @@ from typing import (
     Protocol,
     Self,
     TypeVar,
+    cast,
     overload,
 )
 
@@ -127,6 +129,21 @@ def _timed_out(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or type(exc).__name__ == "TimeoutError"
 
 
+@dataclass(frozen=True)
+class _Policy(Generic[_T]):
+    """How one operation is called: what its success proves, and what its
+    caller gets when the store is unavailable."""
+
+    operation: str
+    side: Side
+    #: The answer a request can live with; ``None``: :class:`StoreUnavailable`.
+    fallback: Callable[[], _T] | None = None
+    #: ``False``: a call that may do no I/O, whose success says nothing.
+    proves: bool = True
+    #: ``False``: asked even while the store is paused (the keep-alive probe).
+    skippable: bool = True
+
+
 class _Guarded(Generic[_P, _T]):
     """One operation of the contract on a :class:`ResilientStore`: the wrapped
     store's method of the same name, called under this operation's policy.
@@ -147,9 +164,7 @@ class _Guarded(Generic[_P, _T]):
     ) -> None:
         self.declared = declared
         self.operation = declared.__name__
-        self.fallback = fallback
-        self.side: Side = side
-        self.proves = proves
+        self.policy = _Policy(self.operation, side, fallback, proves)
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
         # ``get = _must_answer(CheckpointStore.originals)`` would answer one
@@ -168,20 +183,19 @@ class _Guarded(Generic[_P, _T]):
     def __get__(
         self, store: ResilientStore | None, owner: type[Any]
     ) -> Self | Callable[_P, Coroutine[Any, Any, _T]]:
+        # A store's own operations are bound once, in its __init__ (an instance
+        # attribute wins over this descriptor): only the class reaches here.
         if store is None:
             return self
-        method: Callable[_P, Awaitable[_T]] = getattr(store._store, self.operation)
-        operation, fallback, side, proves = self.operation, self.fallback, self.side, self.proves
+        return self.bound(store)
 
-        async def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-            work = partial(method, *args, **kwargs)
-            if fallback is None:
-                return await store._hard(operation, work, side, proves=proves)
-            return await store._soft(operation, fallback, work, side, proves=proves)
-
-        call.__name__ = call.__qualname__ = operation
-        call.__doc__ = self.declared.__doc__
-        return call
+    def bound(self, store: ResilientStore) -> Callable[_P, Coroutine[Any, Any, _T]]:
+        """This operation on ``store``: its backend's method called under the
+        policy, by :meth:`ResilientStore._call` directly (no frame between)."""
+        method: Callable[_P, Coroutine[Any, Any, _T]] = getattr(store._store, self.operation)
+        return cast(
+            Callable[_P, Coroutine[Any, Any, _T]], partial(store._call, self.policy, method)
+        )
 
 
 def _degrades(
@@ -205,6 +219,15 @@ def _must_answer(
 
 def _nothing() -> None:
     return None
+
+
+# The policies of the operations with a rule of their own (see ResilientStore).
+_LOOKUP = _Policy[dict[str, Checkpoint]]("lookup", "read", dict)  # none found: compacted afresh
+_HOLDS_CHECKPOINTS = _Policy("holds_checkpoints", "read", bool)  # as lookup: none
+_PUT = _Policy("put", "write", _nothing)
+_SET_CALIBRATION = _Policy("set_calibration", "write", _nothing)
+_UNLOCK = _Policy[bool | None]("unlock", "write", proves=False)
+_PROBE = _Policy[object]("probe", "read", skippable=False)  # off the request path
 
 
 class ResilientStore:
@@ -257,11 +280,16 @@ class ResilientStore:
         self.health = health if health is not None else StoreHealth()
         self._observer = observer
         self.tracks_liveness = store.tracks_liveness
+        #: A heartbeat proves the store works only where it is a write (else a no-op).
+        self._heartbeat = _Policy("heartbeat", "write", _nothing, proves=self.tracks_liveness)
         self._lock_wait = lock_wait
         #: Puts under way (see :meth:`lookup_now`).
         self._putting = 0
         #: Calls given up on that had not ended yet, kept until they do.
         self._abandoned: set[asyncio.Future[Any]] = set()
+        for name, operation in vars(ResilientStore).items():
+            if isinstance(operation, _Guarded):
+                setattr(self, name, operation.bound(self))
 
     async def _within(
         self,
@@ -275,10 +303,7 @@ class ResilientStore:
         to the result of a call given up on that succeeds after all (a lock taken
         late is released)."""
 
-        async def run() -> _T:
-            return await call()
-
-        task = asyncio.ensure_future(run())
+        task = asyncio.ensure_future(call())
         try:
             done, _ = await asyncio.wait({task}, timeout=seconds)
         except asyncio.CancelledError:  # the caller itself was cancelled
@@ -308,34 +333,33 @@ class ResilientStore:
 
         task.add_done_callback(ended)
 
-    async def _hard(
-        self,
-        operation: str,
-        call: Callable[[], Awaitable[_T]],
-        side: Side = "read",
-        *,
-        proves: bool = True,
-        probe: bool = False,
+    async def _call(
+        self, policy: _Policy[_T], call: Callable[..., Awaitable[_T]], /, *args: Any, **kwargs: Any
     ) -> _T:
-        """``call()`` within the time-box; :class:`StoreUnavailable` if it failed,
-        timed out, or was skipped (``probe`` is never skipped). Unless ``proves``
-        is false (a call that may do no I/O), its success says ``side`` works."""
-        health, observer = self.health, self._observer
-        if not probe and health.paused():
+        """``call(*args, **kwargs)`` within the time-box, under ``policy``: when
+        it failed, timed out or was skipped (the store paused after a timeout),
+        the policy's fallback, or :class:`StoreUnavailable`. While the store is
+        healthy its health is asked nothing."""
+        health, observer, operation = self.health, self._observer, policy.operation
+        if health.failing and policy.skippable and health.paused():
             if observer is not None:
                 observer.store_failed(operation, "skipped")
-            raise StoreUnavailable(operation)
+            if policy.fallback is None:
+                raise StoreUnavailable(operation)
+            return policy.fallback()
         started = time.perf_counter()
         try:
-            result = await self._within(self._timeout, call)
+            result = await self._within(self._timeout, partial(call, *args, **kwargs))
         except Exception as exc:
-            self._failed(operation, exc, side, timed_out=isinstance(exc, _Late))
-            raise StoreUnavailable(operation) from exc
+            self._failed(operation, exc, policy.side, timed_out=isinstance(exc, _Late))
+            if policy.fallback is None:
+                raise StoreUnavailable(operation) from exc
+            return policy.fallback()
         finally:
             if observer is not None:
                 observer.store_call(operation, time.perf_counter() - started)
-        if proves:
-            health.succeeded(side)
+        if policy.proves and health.failing:
+            health.succeeded(policy.side)
         return result
 
     def _failed(
@@ -347,21 +371,6 @@ class ResilientStore:
         if self._observer is not None:
             self._observer.store_failed(operation, "timeout" if timed_out else "error")
 
-    async def _soft(
-        self,
-        operation: str,
-        fallback: Callable[[], _T],
-        call: Callable[[], Awaitable[_T]],
-        side: Side = "write",
-        *,
-        proves: bool = True,
-    ) -> _T:
-        """``call()``, or ``fallback()`` if the store is unavailable."""
-        try:
-            return await self._hard(operation, call, side, proves=proves)
-        except StoreUnavailable:
-            return fallback()
-
     # -- operations with a rule of their own -------------------------------------
 
     async def lookup(self, hashes: Sequence[str]) -> dict[str, Checkpoint]:
@@ -372,7 +381,7 @@ class ResilientStore:
             if self._observer is not None:
                 self._observer.store_answered_at_once("lookup")
             return known
-        return await self._soft("lookup", dict, partial(self._store.lookup, hashes), "read")
+        return await self._call(_LOOKUP, self._store.lookup, hashes)
 
     def lookup_now(self, hashes: Sequence[str]) -> dict[str, Checkpoint] | None:
         # No I/O to time out or to prove the store healthy by: a backend that
@@ -392,8 +401,7 @@ class ResilientStore:
         known = self.holds_checkpoints_now(owner, session)
         if known is not None:
             return known
-        call = partial(self._store.holds_checkpoints, owner, session)
-        return await self._soft("holds_checkpoints", bool, call, "read")
+        return await self._call(_HOLDS_CHECKPOINTS, self._store.holds_checkpoints, owner, session)
 
     def holds_checkpoints_now(self, owner: str, session: str) -> bool | None:
         if self._putting:  # as lookup_now
@@ -406,21 +414,18 @@ class ResilientStore:
     async def put(
         self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
     ) -> None:
-        call = partial(self._store.put, checkpoint, originals, owner=owner)
         self._putting += 1
         try:
-            await self._soft("put", _nothing, call)
+            await self._call(_PUT, self._store.put, checkpoint, originals, owner=owner)
         finally:
             self._putting -= 1
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
-        call = partial(self._store.heartbeat, instance, ttl)
-        await self._soft("heartbeat", _nothing, call, proves=self.tracks_liveness)  # else a no-op
+        await self._call(self._heartbeat, self._store.heartbeat, instance, ttl)
 
     async def set_calibration(self, key: str, ratio: float) -> None:
         value = checked_ratio(ratio)  # the caller's mistake is not the store's failure
-        call = partial(self._store.set_calibration, key, value)
-        await self._soft("set_calibration", _nothing, call)
+        await self._call(_SET_CALIBRATION, self._store.set_calibration, key, value)
 
     def lock(self, key: str, ttl: float) -> AbstractAsyncContextManager[None]:
         return self._lock(key, ttl)
@@ -459,16 +464,15 @@ class ResilientStore:
             yield
         finally:
             if held is not None:
-                release = partial(held.__aexit__, None, None, None)
                 with contextlib.suppress(StoreUnavailable):
-                    await self._hard("unlock", release, "write", proves=False)
+                    await self._call(_UNLOCK, held.__aexit__, None, None, None)
 
     # -- upkeep ------------------------------------------------------------------
 
     async def probe(self) -> bool:
         """Whether the store answers a read now (never skipped: run off the request path)."""
         try:
-            await self._hard("probe", self._store.learned_windows, probe=True)
+            await self._call(_PROBE, self._store.learned_windows)
         except StoreUnavailable:
             return False
         return True
