@@ -100,7 +100,15 @@ class BodyLimit:
         path: str = scope["path"]
         small = path == "/ui" or path.startswith(_SMALL_BODY_PREFIXES)
         limit = self.small if small else self.large
-        declared = _declared_length(scope)
+        # No length and no chunks is no body in HTTP/1 (RFC 9112 6.3), as a
+        # GET's: nothing to watch. A chunked body's length is known at its end.
+        declared: int | None = 0 if scope.get("http_version") in ("1.0", "1.1") else None
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                declared = int(value) if value.isdigit() else None
+                break
+            if key == b"transfer-encoding":
+                declared = None
         if declared is not None and declared <= limit:
             await self.app(scope, receive, send)
             return
@@ -140,13 +148,6 @@ async def _answer(error: PayloadTooLarge, send: Send, path: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _declared_length(scope: Scope) -> int | None:
-    for key, value in scope.get("headers", ()):
-        if key == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None  # chunked, or no body at all
-
-
 def is_json(content_type: str) -> bool:
     """``application/json`` or ``application/*+json``, with any parameters."""
     media = content_type.partition(";")[0].strip().lower()
@@ -155,12 +156,15 @@ def is_json(content_type: str) -> bool:
     )
 
 
-def parse_object(raw: bytes, *, written_apart: str | None = None) -> dict[str, Any]:
-    """The body as a JSON object naming each top-level key once, or a 400.
+def parse_object(raw: bytes, *, chat: bool = False) -> dict[str, Any]:
+    """The body as a JSON object naming each top-level key once, or a 400 —
+    read and checked in one pass; with ``chat``, one with a valid
+    ``messages`` list, which the engine reads as it is.
 
     orjson reads 1024 levels of nesting but writes only 254, and counting,
     hashing and forwarding a rewritten body all write it again: the fields
-    are checked here, but for ``written_apart``, written anyway when keyed.
+    are written here once to check them, but for a chat body's ``messages``
+    (checked message by message, and written anyway when keyed).
     """
     try:
         body = orjson.loads(raw)
@@ -173,28 +177,22 @@ def parse_object(raw: bytes, *, written_apart: str | None = None) -> dict[str, A
         # orjson kept the last value; an upstream parser may read the first.
         repeated = repeated[:100]
         raise BadRequest(f"The key {repeated!r} appears more than once.", param=repeated)
-    _writable({key: value for key, value in body.items() if key != written_apart})
-    return body
-
-
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """The body as a dict with a valid ``messages`` list, or a 400."""
-    body = parse_object(raw, written_apart="messages")
-    if "messages" not in body:
-        raise BadRequest("'messages' is a required property.", param="messages")
-    try:
-        check_messages(body["messages"])
-    except InvalidMessagesError as exc:
-        raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("'model' must be a string.", param="model")
-    return body
-
-
-def _writable(value: Any) -> None:
+    fields = body
+    if chat:
+        if "messages" not in body:
+            raise BadRequest("'messages' is a required property.", param="messages")
+        try:
+            check_messages(body["messages"])
+        except InvalidMessagesError as exc:
+            raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadRequest("'model' must be a string.", param="model")
+        fields = dict(body)
+        del fields["messages"]
     with deep_nesting_refused():
-        orjson.dumps(value)
+        orjson.dumps(fields)
+    return body
 
 
 #: What orjson says of a value nested deeper than it writes. Its error class,

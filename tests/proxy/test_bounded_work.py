@@ -48,7 +48,7 @@ from proxy.dialects import base
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
-from proxy.edge.body import parse_chat_body, parse_object
+from proxy.edge.body import parse_object
 from proxy.flow.usage import UsageTap
 from proxy.upstream.overflow import detect_overflow
 
@@ -334,7 +334,7 @@ def _responses_items(n: int) -> bytes:
 @pytest.mark.parametrize(
     ("read", "body"),
     [
-        (parse_chat_body, _chat_parts),
+        (functools.partial(parse_object, chat=True), _chat_parts),
         (CHAT.read, _chat_parts),
         (ANTHROPIC.read, _anthropic_blocks),
         (RESPONSES.read, _responses_items),

@@ -21,7 +21,7 @@ from config import ModelConfig
 from proxy.dialects import sse
 from proxy.dialects.base import Mapped, Reading
 from proxy.dialects.chat.recall import CHAT_RECALL
-from proxy.edge.body import parse_chat_body
+from proxy.edge.body import parse_object
 
 
 class ChatDialect:
@@ -36,11 +36,11 @@ class ChatDialect:
         return config.upstream, config.api_key_env
 
     def read(self, raw: bytes) -> Reading:
-        body = parse_chat_body(raw)
+        body = parse_object(raw, chat=True)
         return Reading(body=body, messages=body["messages"])
 
     def check(self, body: dict[str, Any]) -> None:
-        """Checked by :func:`proxy.edge.body.parse_chat_body` already."""
+        """Checked by :func:`proxy.edge.body.parse_object` already."""
 
     def untouchable(self, body: dict[str, Any]) -> str | None:
         return None

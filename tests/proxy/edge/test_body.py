@@ -1,7 +1,9 @@
-"""proxy/edge/body.py: the JSON content type, and top-level keys named twice."""
+"""proxy/edge/body.py: the JSON content type, top-level keys named twice, and
+which bodies :class:`BodyLimit` watches."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.edge.body import deep_nesting_refused, is_json, repeated_key
+from proxy.edge.body import BodyLimit, deep_nesting_refused, is_json, parse_object, repeated_key
 from proxy.edge.errors import BadRequest
 
 
@@ -118,7 +120,7 @@ def test_the_detector_agrees_with_the_standard_library(
     members: list[tuple[str, Any]], data: st.DataObject
 ) -> None:
     raw = (_write(members, data) if members else "{}").encode()
-    assert isinstance(orjson.loads(raw), dict)  # what parse_chat_body hands on
+    assert isinstance(orjson.loads(raw), dict)  # what parse_object hands on
     assert repeated_key(raw) == reference(raw)
 
 
@@ -135,3 +137,53 @@ def test_any_other_type_error_is_a_bug_and_stays_one() -> None:
     # not be answered as the client's too-deep body.
     with pytest.raises(TypeError, match="unexpected keyword"), deep_nesting_refused():
         raise TypeError("work() got an unexpected keyword argument 'owner'")
+
+
+def test_a_chat_body_is_checked_in_the_same_pass_its_fields_are() -> None:
+    with pytest.raises(BadRequest, match="'messages' is a required property"):
+        parse_object(b'{"model": "m"}', chat=True)
+    with pytest.raises(BadRequest, match="'model' must be a string"):
+        parse_object(b'{"model": 4, "messages": []}', chat=True)
+    with pytest.raises(BadRequest, match="Invalid messages"):
+        parse_object(b'{"messages": [1]}', chat=True)
+    assert parse_object(b'{"model": 4, "messages": [1]}') == {"model": 4, "messages": [1]}
+    # A chat body's messages are not written here (the engine checks them);
+    # every other field is, and one nested past what orjson writes is a 400.
+    deep = b"[" * 300 + b"]" * 300
+    assert parse_object(
+        b'{"messages": [{"role": "user", "content": "hi", "x": ' + deep + b"}]}", chat=True
+    )
+    with pytest.raises(BadRequest, match="nested too deeply"):
+        parse_object(b'{"messages": [], "meta": ' + deep + b"}", chat=True)
+    with pytest.raises(BadRequest, match="nested too deeply"):
+        parse_object(b'{"messages": ' + deep + b"}")
+
+
+@pytest.mark.parametrize(
+    ("version", "headers", "watched"),
+    [
+        ("1.1", [], False),  # no length, no chunks: HTTP/1 sends no body
+        ("1.0", [], False),
+        ("1.1", [(b"content-length", b"10")], False),  # within the limit: nothing to watch
+        ("1.1", [(b"transfer-encoding", b"chunked")], True),
+        ("1.1", [(b"content-length", b"99")], True),  # refused at its first read
+        ("2", [], True),  # HTTP/2 frames a body without either header
+    ],
+)
+def test_only_a_body_that_may_pass_its_limit_is_watched(
+    version: str, headers: list[tuple[bytes, bytes]], watched: bool
+) -> None:
+    seen: list[object] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(receive)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    scope = {"type": "http", "http_version": version, "path": "/v1/x", "headers": headers}
+    asyncio.run(BodyLimit(app, large=50, small=50)(scope, receive, send))
+    assert (seen[0] is not receive) is watched
