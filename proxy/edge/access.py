@@ -71,7 +71,10 @@ def owner_of(headers: Iterable[tuple[str, str]]) -> str:
         lower = name.lower()
         if lower in AUTH_HEADERS:
             presented[lower] = value  # the last one, as upstream_headers keeps it
-    return owner_digest(next((presented[name] for name in AUTH_HEADERS if name in presented), ""))
+    for name in AUTH_HEADERS:
+        if name in presented:
+            return owner_digest(presented[name])
+    return owner_digest("")
 
 
 def viewer(request: Request, admin_key: SecretStr | None) -> str | None:

@@ -66,12 +66,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _host_name(host_header: str) -> str:
-    if host_header.startswith("["):
-        return host_header[: host_header.find("]") + 1]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
-
-
 async def _refuse(
     error: ProxyError, send: Send, path: str = "", response: str = "http.response"
 ) -> None:
@@ -145,7 +139,7 @@ class _Secrets:
 class _Presented:
     """What the guards read of a request's headers, in one pass over them."""
 
-    host: str  #: the first Host header
+    host: str  #: the first Host header's name: lower case, without its port
     origin: str | None  #: the first Origin header
     proxy_key: bool  #: the proxy key came in x-compaction-proxy-key or Authorization: Bearer
     #: The headers without the proxy's keys; ``None`` when none was there to take out.
@@ -168,23 +162,25 @@ def _presented(scope: Scope, secrets: _Secrets) -> _Presented:
         elif key == _ADMIN_KEY:
             strip = False
         else:
-            strip = secrets.carried_by(value)
+            # Without keys of its own the proxy has nothing to take out.
+            strip = bool(secrets.keys) and secrets.carried_by(value)
             if strip and key == b"authorization":
                 proxy_key |= secrets.is_proxy_key(_bearer(value))
         if strip and kept is None:
             kept = list(headers[:index])
         elif not strip and kept is not None:
             kept.append((key, value))
+    name = host.decode("latin-1").lower() if host is not None else ""
+    if name.startswith("["):  # an IPv6 address: its port follows the bracket
+        name = name[: name.find("]") + 1]
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
     return _Presented(
-        host=host.decode("latin-1") if host is not None else "",
+        host=name,
         origin=origin.decode("latin-1") if origin is not None else None,
         proxy_key=proxy_key,
         kept=kept,
     )
-
-
-def _is_dashboard(path: str) -> bool:
-    return path == "/ui" or path.startswith("/ui/")
 
 
 def _may_pass(scope: Scope) -> bool:
@@ -255,14 +251,15 @@ class Edge:
             return
         presented = _presented(scope, self.secrets)
         if self.hosts is not None:
-            host = _host_name(presented.host.lower())
+            host = presented.host
             if host not in self.hosts:
                 await _refuse(Forbidden(f"Host {host!r} is not allowed."), send, scope["path"])
                 return
         scope = {**scope, PROXY_KEY_PRESENTED: presented.proxy_key}
         if presented.kept is not None:
             scope["headers"] = presented.kept
-        if _is_dashboard(scope["path"]):
+        path = scope["path"]
+        if path == "/ui" or path.startswith("/ui/"):
             await self.dashboard(scope, receive, send)
             return
         origin = presented.origin
