@@ -7,7 +7,7 @@ Anthropic's streams split it: the prompt and cache counts in
 ``message_start``, the output in ``message_delta`` (counts that grow: the
 last one is the answer's). Each ``usage`` object the answer holds is cut out
 whole and parsed once the answer ends; later ones overwrite what earlier ones
-said, key by key, and :func:`proxy.upstream.usage.usage_of` reads the result
+said, key by key, and :func:`proxy.upstream.usage.read_usage` reads the result
 (:class:`~proxy.upstream.usage.Usage`: prompt, cache read, cache written,
 output). The prompt the answer's own step read is also reported to
 ``report``, which compares it with the proxy's estimate to calibrate its
@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import orjson
 
-from proxy.upstream.usage import Usage, top_prompt, usage_of
+from proxy.upstream.usage import Usage, read_usage
 
 #: The start of a ``usage`` object (``"usage": null`` is no start).
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
@@ -191,8 +191,8 @@ class UsageTap:
         found, self._found = self._found, {}
         timings, self._timings = self._timings, {}
         self._object = None
-        usage = usage_of(found, cache_apart=self._apart)
-        prompt = top_prompt(found, cache_apart=self._apart)
+        reported = read_usage(found, cache_apart=self._apart)
+        usage, prompt = reported.usage, reported.prompt
         if usage is None and all(key in timings for key in _TIMINGS_KEYS):
             cached, evaluated = timings[b"cache_n"], timings[b"prompt_n"]
             usage = Usage(evaluated + cached, cached, evaluated, timings.get(b"predicted_n", 0))

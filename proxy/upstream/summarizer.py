@@ -33,7 +33,7 @@ from proxy.dialects.base import Dialect, clean
 from proxy.dialects.chat import CHAT
 from proxy.upstream.pace import Pace
 from proxy.upstream.transport import Transport, TransportError
-from proxy.upstream.usage import NO_USAGE, Usage, top_prompt, usage_of
+from proxy.upstream.usage import NO_USAGE, Usage, read_usage
 
 #: Told of each answered summary call: what it used and what that cost (in
 #: plain input tokens) — the proxy's metrics.
@@ -184,23 +184,24 @@ class UpstreamSummarizer:
         except orjson.JSONDecodeError as exc:
             raise SummarizationError("summarizer reply is not JSON") from exc
         usage = payload.get("usage") if isinstance(payload, dict) else None
-        prompt = top_prompt(usage, cache_apart=self._dialect.cached_usage_apart)
+        reported = read_usage(usage, cache_apart=self._dialect.cached_usage_apart)
+        used, prompt = reported.usage, reported.prompt
         if self._on_usage is not None and retry is None and prompt:
             await self._on_usage(sent, prompt)
         cut_off = self._dialect.summary_cut_off(payload)
         try:
             text = "" if cut_off else self._dialect.summary_text(payload)
         except SummarizationError:
-            await self._count(usage, sent, "")  # no summary, but paid for all the same
+            await self._count(used, sent, "")  # no summary, but paid for all the same
             raise
-        await self._count(usage, sent, text)
+        await self._count(used, sent, text)
         if cut_off:
             raise SummarizationError(SUMMARY_CUT_OFF)
         return text
 
-    async def _count(self, usage: Any, sent: list[Message], text: str) -> None:
-        """What one answered call used, added up and told."""
-        used = usage_of(usage, cache_apart=self._dialect.cached_usage_apart)
+    async def _count(self, used: Usage | None, sent: list[Message], text: str) -> None:
+        """What one answered call used (``None``: it said nothing: estimated),
+        added up and told."""
         if used is None and self._estimate is not None:
             used = await self._estimate(sent, text)
         if used is None:

@@ -36,7 +36,7 @@ from typing import Any
 from compaction import Prices
 
 #: Anthropic's cache counts, which its ``input_tokens`` leaves out.
-_CACHE_APART = ("cache_read_input_tokens", "cache_creation_input_tokens")
+_CACHE_APART = frozenset({"cache_read_input_tokens", "cache_creation_input_tokens"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +83,28 @@ class Usage:
 NO_USAGE = Usage()
 
 
-def usage_of(usage: Any, *, cache_apart: bool = False) -> Usage | None:
-    """A ``usage`` object read into a :class:`Usage`; ``None`` when it counts no
-    prompt. ``cache_apart``: the API leaves the cache counts out of
+@dataclasses.dataclass(frozen=True)
+class Reported:
+    """What one answer's ``usage`` object says, read once (:func:`read_usage`)."""
+
+    #: Every step billed; ``None`` when it counts no prompt.
+    usage: Usage | None
+    #: The prompt of the answer's own step (the top-level counts): what the
+    #: model read of the request as sent, for calibration.
+    prompt: int | None
+
+
+NOTHING_REPORTED = Reported(None, None)
+
+
+def read_usage(usage: Any, *, cache_apart: bool = False) -> Reported:
+    """A ``usage`` object read into what it bills and the prompt its answer's
+    own step read. ``cache_apart``: the API leaves the cache counts out of
     ``input_tokens`` (Anthropic's does; its keys say so too)."""
     if not isinstance(usage, Mapping):
-        return None
+        return NOTHING_REPORTED
+    top = _one(usage, cache_apart)
+    prompt = None if top is None else top.prompt
     iterations = usage.get("iterations")
     if isinstance(iterations, list) and iterations:
         total, compacting = NO_USAGE, 0
@@ -100,43 +116,37 @@ def usage_of(usage: Any, *, cache_apart: bool = False) -> Usage | None:
             if step.get("type") == "compaction":
                 compacting += found.tokens
         else:
-            return dataclasses.replace(total, server_compaction=compacting)
-    return _one(usage, cache_apart)
-
-
-def top_prompt(usage: Any, *, cache_apart: bool = False) -> int | None:
-    """The prompt of the answer's own step (the top-level counts): what the
-    model read of the request as sent, for calibration."""
-    found = _one(usage, cache_apart) if isinstance(usage, Mapping) else None
-    return found.prompt if found is not None else None
+            return Reported(dataclasses.replace(total, server_compaction=compacting), prompt)
+    return Reported(top, prompt)
 
 
 def _one(usage: Mapping[str, Any], cache_apart: bool) -> Usage | None:
-    apart = cache_apart or any(key in usage for key in _CACHE_APART)
+    """One step's counts, each read once; a count that is not a non-negative
+    integer is missing."""
+    counts: dict[str, int] = {}
+    for key, value in usage.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            counts[key] = value
     if "prompt_tokens" in usage:
-        prompt, details = _count(usage, "prompt_tokens"), usage.get("prompt_tokens_details")
+        prompt, details = counts.get("prompt_tokens"), usage.get("prompt_tokens_details")
     elif "input_tokens" in usage:
-        prompt, details = _count(usage, "input_tokens"), usage.get("input_tokens_details")
+        prompt, details = counts.get("input_tokens"), usage.get("input_tokens_details")
     else:
         return None
     if prompt is None:
         return None
-    output = _count(usage, "completion_tokens") or _count(usage, "output_tokens") or 0
+    output = counts.get("completion_tokens") or counts.get("output_tokens") or 0
+    apart = cache_apart or not _CACHE_APART.isdisjoint(usage)
     if apart and "prompt_tokens" not in usage:
-        read = _count(usage, "cache_read_input_tokens") or 0
-        write = _count(usage, "cache_creation_input_tokens") or 0
+        read = counts.get("cache_read_input_tokens", 0)
+        write = counts.get("cache_creation_input_tokens", 0)
         return Usage(prompt + read + write, read, write, output)
-    read = (_count(details, "cached_tokens") if isinstance(details, Mapping) else None) or 0
-    read = min(read, prompt)
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    read = 0
+    if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+        read = min(cached, prompt)
     # Nothing says what was written: the rest of the prompt was (see above).
     return Usage(prompt, read, prompt - read, output)
 
 
-def _count(usage: Mapping[str, Any], key: str) -> int | None:
-    value = usage.get(key)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-__all__ = ["NO_USAGE", "Usage", "top_prompt", "usage_of"]
+__all__ = ["NOTHING_REPORTED", "NO_USAGE", "Reported", "Usage", "read_usage"]
