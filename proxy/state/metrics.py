@@ -279,9 +279,9 @@ class Metrics:
         #: Labelled children of the per-request metrics: ``labels()`` takes a
         #: lock and builds a key on every call, and these are hit per request.
         self._per_request: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-        self._latency: dict[str, Any] = {}
-        self._store_latency: dict[str, Any] = {}
-        self._store_at_once: dict[str, Any] = {}
+        self._latency = _Children(self.upstream_latency)
+        self._store_latency = _Children(self.store_latency)
+        self._store_at_once = _Children(self.store_at_once)
         self._usage: dict[str, _UsageChildren] = {}
 
     def model(self, name: str) -> str:
@@ -404,7 +404,7 @@ class Metrics:
         self, route: str, seconds: float, status: int | None, kind: str = ""
     ) -> None:
         if status is not None:
-            _child(self._latency, self.upstream_latency, route).observe(seconds)
+            self._latency[route].observe(seconds)
             if status >= 400:
                 self.upstream_errors.labels(f"{status // 100}xx").inc()
         else:
@@ -413,10 +413,10 @@ class Metrics:
     def store_call(self, operation: str, seconds: float) -> None:
         """A store call took ``seconds`` (failed or not); the store's
         :class:`~proxy.state.stores.StoreObserver`."""
-        _child(self._store_latency, self.store_latency, operation).observe(seconds)
+        self._store_latency[operation].observe(seconds)
 
     def store_answered_at_once(self, operation: str) -> None:
-        _child(self._store_at_once, self.store_at_once, operation).inc()
+        self._store_at_once[operation].inc()
 
     def store_failed(self, operation: str, kind: FailureKind) -> None:
         self.store_errors.labels(operation, kind).inc()
@@ -437,10 +437,14 @@ class _UsageChildren(NamedTuple):
     without: Any
 
 
-def _child(cache: dict[str, Any], metric: Any, label: str) -> Any:
-    """``metric``'s child for ``label`` (one of a fixed few: routes, store
-    operations), kept in ``cache`` after its first ``labels()`` call."""
-    child = cache.get(label)
-    if child is None:
-        child = cache[label] = metric.labels(label)
-    return child
+class _Children(dict[str, Any]):
+    """``metric``'s child per label (one of a fixed few: routes, store
+    operations), made by its first ``labels()`` call and then only looked up."""
+
+    def __init__(self, metric: Any) -> None:
+        super().__init__()
+        self.metric = metric
+
+    def __missing__(self, label: str) -> Any:
+        child = self[label] = self.metric.labels(label)
+        return child

@@ -157,7 +157,9 @@ class Transport:
             max_field_size=MAX_FIELD_BYTES,
             max_headers=MAX_HEADERS,
         )
-        self._proxies = _EnvProxies() if trust_env else None
+        proxies = _EnvProxies() if trust_env else None
+        # Asked once: most environments name no proxy, and then no request asks.
+        self._proxies = proxies if proxies else None
 
     async def request(
         self,
@@ -175,7 +177,7 @@ class Transport:
         outgoing = {**headers, "accept-encoding": "identity"}
         # As given: the caller encoded the path, and it goes out byte for byte.
         target = yarl.URL(url, encoded=True)
-        via = self._proxies.for_url(target) if self._proxies else None
+        via = self._proxies.for_url(target) if self._proxies is not None else None
         proxy, proxy_headers = via if via is not None else (None, None)
         for attempt in (1, 2):
             try:
