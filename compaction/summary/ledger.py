@@ -68,11 +68,15 @@ USER_MESSAGE_CHARS = 2_000
 COMMAND_CHARS = 1_000
 #: What stands for a line break inside a quoted command (an entry is one line).
 LINE_BREAK = " ↵ "
-#: Names read from one of the agent's turns, at most: bounded work per message.
-NAMES_PER_TURN = 40
 #: Each block keeps at most this many entries, the newest: a bound on the
 #: work of every later compaction, far above what a budget holds.
 MAX_ENTRIES = 200
+#: Names read from one of the agent's turns, at most: no more than a block
+#: holds (the work per turn is bounded by the characters read). Not fewer: a
+#: long turn names what it concluded near its end, and the budget, which
+#: keeps the newest names first, decides which fit — a count per turn cut
+#: off the end of the long turns, whose names were the ones used next.
+NAMES_PER_TURN = MAX_ENTRIES
 
 #: The order in which blocks claim their next entry from the budget: the
 #: user's own words first (no other record of them is kept), then the

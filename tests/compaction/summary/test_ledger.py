@@ -345,3 +345,9 @@ def test_the_names_of_a_turn_the_pruner_cuts_are_named_by_the_ledger() -> None:
         ]
         * 2
     )
+
+
+def test_a_long_turn_keeps_the_names_it_reaches_at_its_end() -> None:
+    names = [f"step_{i}_done" for i in range(60)]
+    turn = {"role": "assistant", "content": "I checked " + ", ".join(names) + "."}
+    assert ledger_of([turn], PROFILE).identifiers == tuple(names)
