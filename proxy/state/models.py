@@ -184,6 +184,23 @@ class _Agreed:
     ratio: float | None
 
 
+class _Agreements(dict[str, _Agreed]):
+    """What the callers of each key agree on, worked out the first time it is
+    asked after one of them learned something (its entry is then dropped)."""
+
+    def __init__(self, own: dict[str, dict[str, _Own]]) -> None:
+        super().__init__()
+        self._own = own
+
+    def __missing__(self, key: str) -> _Agreed:
+        callers = self._own.get(key, {}).values()
+        agreed = self[key] = _Agreed(
+            agreed_window([own.window for own in callers if own.window is not None]),
+            agreed_ratio([own.ratio for own in callers if own.ratio is not None]),
+        )
+        return agreed
+
+
 def _row_of(row: str) -> tuple[str, str, str]:
     """A store row's kind (``server``, ``slots``, ``proven`` or ``own``), key and owner."""
     for kind, prefix in (("server", SERVER_PREFIX), ("slots", SLOTS_PREFIX)):
@@ -209,7 +226,7 @@ class ModelKnowledge:
         self._own: dict[str, dict[str, _Own]] = {}
         self._recent: dict[tuple[str, str], None] = {}
         #: What the callers of a key agree on, until one of them learns more.
-        self._agreed: dict[str, _Agreed] = {}
+        self._agreed = _Agreements(self._own)
         #: Store writes under way in the background (kept so none is lost).
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -226,7 +243,7 @@ class ModelKnowledge:
         """What ``owner`` knows under ``key`` (an empty :class:`Known` when nothing is known)."""
         served = self._served.get(key, _NONE_SERVED)
         own = self._own.get(key, {}).get(owner, _NONE_OWN)
-        agreed = self._agreement(key)
+        agreed = self._agreed[key]
         window = own.window
         if agreed.window is not None:
             window = agreed.window if window is None else min(window, agreed.window)
@@ -260,7 +277,12 @@ class ModelKnowledge:
     def ratio(self, config: ModelConfig, owner: str = ANONYMOUS) -> float:
         """``owner``'s calibration ratio for this model's upstream (1.0 until
         one is learned or agreed)."""
-        ratio = self.of(config, owner).ratio
+        # Read in place, not through a Known: asked on every request.
+        key = calibration_key(config)
+        own = self._own.get(key)
+        ratio = own[owner].ratio if own is not None and owner in own else None
+        if ratio is None:
+            ratio = self._agreed[key].ratio
         return 1.0 if ratio is None else ratio
 
     def within_working_limit(self, config: ModelConfig) -> ModelConfig:
@@ -312,7 +334,9 @@ class ModelKnowledge:
                 window=now_own.window or stored_own.window,
                 ratio=now_own.ratio or stored_own.ratio,
             )
-        self._served, self._own, self._recent, self._agreed = served, {}, {}, {}
+        self._served, self._recent = served, {}
+        self._own.clear()
+        self._agreed.clear()
         for (key, owner), own in owned.items():
             self._own.setdefault(key, {})[owner] = own
             self._recent[key, owner] = None
@@ -450,17 +474,6 @@ class ModelKnowledge:
         await asyncio.gather(*self._writes)
 
     # --- keeping ------------------------------------------------------------------
-
-    def _agreement(self, key: str) -> _Agreed:
-        agreed = self._agreed.get(key)
-        if agreed is None:
-            callers = self._own.get(key, {}).values()
-            agreed = _Agreed(
-                agreed_window([own.window for own in callers if own.window is not None]),
-                agreed_ratio([own.ratio for own in callers if own.ratio is not None]),
-            )
-            self._agreed[key] = agreed
-        return agreed
 
     def _raise_working_limit(self, key: str) -> None:
         served = self._served.get(key, _NONE_SERVED)

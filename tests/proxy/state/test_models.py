@@ -275,3 +275,22 @@ async def test_a_stream_estimated_above_what_the_server_said_does_not_raise_the_
     assert models.answered(config) == 5_000
     models.stream_answered(config, 7_000)  # below both: an answer that does prove more
     assert models.working_limit(config) == 7_000
+
+
+async def test_a_callers_ratio_is_its_own_else_what_the_others_agree_on_as_it_moves() -> None:
+    models = _models(cap=16)
+    (config,) = _configs([MODEL])
+    assert models.ratio(config, "newcomer") == 1.0  # nothing learned, nothing agreed
+    callers = [f"caller-{n}" for n in range(AGREEING_CALLERS)]
+    for caller in callers:
+        models.observe(config, ESTIMATE, int(ESTIMATE * 1.2), caller)
+    agreed = models.ratio(config, "newcomer")
+    assert agreed == pytest.approx(1.2, abs=0.01)
+    assert agreed == models.of(config, "newcomer").ratio  # the view says the same
+    models.observe(config, ESTIMATE, int(ESTIMATE * 1.6), "loner")
+    assert models.ratio(config, "loner") == pytest.approx(1.6, abs=0.05)  # its own
+    for caller in callers:  # the agreement is worked out again once a caller learns
+        for _ in range(WINDOW):
+            models.observe(config, ESTIMATE, int(ESTIMATE * 1.4), caller)
+    assert models.ratio(config, "newcomer") > agreed + 0.05
+    assert models.ratio(config, "newcomer") == models.of(config, "newcomer").ratio
