@@ -1,6 +1,7 @@
 """What one request cost the user, and what it would have cost without compaction.
 
-    bill = account(call, resolved, tap.usage, answered=status == 200)
+    bill = account(conversations, metrics, call, resolved, spent, tap.usage,
+                   answered=status == 200)
     log_fields.update(bill.fields())        # and the request's figures, its metrics
 
 Prices are the request's model profile's, for its API and the host its
@@ -30,7 +31,28 @@ from dataclasses import dataclass
 from compaction import Prices
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
+from proxy.session.service import Conversations
+from proxy.state.metrics import Metrics
 from proxy.upstream.usage import NO_USAGE, Usage
+
+
+@dataclass
+class Spent:
+    """What a request's work beside its answer spent, added up as it happens:
+    its summarizer calls and their price, the upstream's error answers. The
+    handler keeps one per request; the :class:`~proxy.flow.read.Call` it serves
+    stays the plain description of what was asked."""
+
+    #: What the summarizer's calls made for this request cost, as the upstream
+    #: reported it (those of a compaction it started in the background not included).
+    summarizer_tokens: int = 0
+    #: The same calls' usage, part by part, and their price (plain input tokens).
+    summarizer: Usage = NO_USAGE
+    summarizer_cost: float = 0.0
+    #: The summarizer's requests made for this request, and the upstream's error
+    #: answers to it (an overflow retried, an empty stream), for its figures.
+    summarizer_calls: int = 0
+    upstream_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,40 +112,46 @@ class Bill:
         return found
 
 
-def account(call: Call, resolved: Resolved, usage: Usage | None, *, answered: bool) -> Bill:
-    """The bill of a request whose answer reported ``usage``; ``answered``: the
-    upstream took it (a 200), so it extended the conversation's cache, and the
-    bill is counted in /metrics. Its summarizer calls were counted there as
-    they came back: only the answer's own cost is added."""
-    tally = call.tally
+def account(
+    conversations: Conversations,
+    metrics: Metrics,
+    call: Call,
+    resolved: Resolved,
+    spent: Spent,
+    usage: Usage | None,
+    *,
+    answered: bool,
+) -> Bill:
+    """The bill of a request whose answer reported ``usage`` and whose work
+    beside it ``spent`` what it did; ``answered``: the upstream took it (a
+    200), so it extended the conversation's cache, and the bill is counted in
+    /metrics. Its summarizer calls were counted there as they came back: only
+    the answer's own cost is added."""
     prices = call.prices()
     if not answered:
-        return _bill(prices, usage, tally.summarizer, tally.summarizer_cost)
+        return _bill(prices, usage, spent.summarizer, spent.summarizer_cost)
     client = math.ceil(
-        resolved.result.tokens_before
-        * call.services.conversations.models.ratio(call.config, call.owner)
+        resolved.result.tokens_before * conversations.models.ratio(call.config, call.owner)
     )
-    cached = call.services.conversations.prompts.swap(
+    cached = conversations.prompts.swap(
         call.owner, resolved.session, client, within=prices.cache_lifetime
     )
     if usage is None:
-        bill = _bill(prices, None, tally.summarizer, tally.summarizer_cost)
+        bill = _bill(prices, None, spent.summarizer, spent.summarizer_cost)
     else:
         own = usage.cost(prices)
         if call.unchanged(resolved):
-            without = own + tally.summarizer_cost  # what was sent is what came: no saving
+            without = own + spent.summarizer_cost  # what was sent is what came: no saving
         else:
             without = prices.prompt(client, cached) + usage.output * prices.output
-        bill = _bill(prices, usage, tally.summarizer, tally.summarizer_cost, own, without)
+        bill = _bill(prices, usage, spent.summarizer, spent.summarizer_cost, own, without)
     own_dollars, without_dollars = bill.own_dollars, bill.without_dollars
     dollars = (
         (own_dollars, without_dollars)
         if own_dollars is not None and without_dollars is not None
         else None
     )
-    call.services.observed.metrics.record_usage(
-        call.config.model, usage, bill.own, bill.without, dollars
-    )
+    metrics.record_usage(call.config.model, usage, bill.own, bill.without, dollars)
     return bill
 
 
@@ -159,14 +187,13 @@ def _bill(
     )
 
 
-def spent_headers(call: Call) -> dict[str, str]:
+def spent_headers(spent: Spent) -> dict[str, str]:
     """What the response's head can truly say of the money when it is sent:
     the summarizer calls this request made (the answer's usage comes later)."""
-    tally = call.tally
-    if not tally.summarizer_calls:
+    if not spent.summarizer_calls:
         return {}
     return {
-        "x-compaction-summarizer-calls": str(tally.summarizer_calls),
-        "x-compaction-summarizer-tokens": str(tally.summarizer.tokens),
-        "x-compaction-summarizer-cost": f"{tally.summarizer_cost:.1f}",
+        "x-compaction-summarizer-calls": str(spent.summarizer_calls),
+        "x-compaction-summarizer-tokens": str(spent.summarizer.tokens),
+        "x-compaction-summarizer-cost": f"{spent.summarizer_cost:.1f}",
     }

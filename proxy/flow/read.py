@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import math
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
 from starlette.requests import Request
 
 from compaction import Conversation, Message, Prices
@@ -25,7 +23,6 @@ from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
 from proxy.edge.access import owner_of
 from proxy.edge.body import check_model, deep_nesting_refused, read_body
-from proxy.edge.disconnect import ClientWatch
 from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow import manual
 from proxy.flow.continued import continued, remember_reading, without_commands
@@ -33,8 +30,6 @@ from proxy.flow.send import upstream_headers
 from proxy.flow.services import Services
 from proxy.session.conversation import Resolved, identify, scope_of
 from proxy.session.naming import client_session
-from proxy.upstream.summarizer import UpstreamSummarizer
-from proxy.upstream.usage import NO_USAGE, Usage
 
 #: Bodies larger than this are parsed, keyed and counted in a worker thread,
 #: so one huge request never stalls the event loop (and every other request
@@ -45,30 +40,14 @@ from proxy.upstream.usage import NO_USAGE, Usage
 OFF_LOOP_BYTES = 1 << 20
 
 
-@dataclasses.dataclass
-class Tally:
-    """What a request's answers cost, counted as they come: the one part of a
-    :class:`Call` that changes on the way."""
-
-    #: What the summarizer's calls made for this request cost, as the upstream
-    #: reported it (those of a compaction it started in the background not included).
-    summarizer_tokens: int = 0
-    #: The same calls' usage, part by part, and their price (plain input tokens).
-    summarizer: Usage = NO_USAGE
-    summarizer_cost: float = 0.0
-    #: The summarizer's requests made for this request, and the upstream's error
-    #: answers to it (an overflow retried, an empty stream), for its figures.
-    summarizer_calls: int = 0
-    upstream_errors: int = 0
-
-
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """One chat request as it moves through the handler (a step that changes
-    what it is — the model's config after a learned window, the messages
-    without a ``/compact`` command — makes a new one)."""
+    """One request to a compacted endpoint, read: what the client asked, in the
+    engine's terms and its own. Plain data — the services that serve it, the
+    client's watch and what it spends are the handler's. A step that changes
+    what it is (the model's config after a learned window, the messages
+    without a ``/compact`` command) makes a new one."""
 
-    services: Services
     raw: bytes
     body: dict[str, Any]
     messages: list[Message]
@@ -80,15 +59,12 @@ class Call:
     owner: str = ""
     #: The messages keyed, counted and chained ahead (large bodies, off the loop).
     identified: Conversation | None = None
-    #: Cancels the request if its client leaves while the upstream is thinking.
-    watch: ClientWatch | None = None
     #: The API the request speaks; for any but chat, ``body`` is the engine's
     #: view of it and ``original`` the client's request, ``mapped`` the mapping.
     dialect: Dialect = CHAT
     original: dict[str, Any] | None = None
     mapped: Mapped | None = None
     untouchable: str | None = None
-    tally: Tally = dataclasses.field(default_factory=Tally)
     #: The session id its client sent, if any (see proxy.session.naming).
     client_session: str | None = None
     #: Its client's ``User-Agent``, for its figures.
@@ -104,55 +80,6 @@ class Call:
         """The prices of the request's upstream (the host its URL names), for its
         model and API: those of its answer, its summaries and the estimates."""
         return self.config.profile.prices(api=self.dialect.name, host=_host(self.base_url))
-
-    def summarizer(self) -> UpstreamSummarizer:
-        """The llm summarizer, asked in the request's own API with its own key."""
-        headers = {k: v for k, v in self.headers.items() if k != "content-type"}
-        config, model = self.config, self.config.model
-        prices = self.prices()
-        return UpstreamSummarizer(
-            self.services.upstream.transport,
-            self.base_url,
-            self.config.summary_model,
-            headers,
-            dialect=self.dialect,
-            on_call=self.services.observed.metrics.summarizer_calls.inc,
-            deadline=self.services.settings.upstream.summarizer_timeout_seconds,
-            # A summary by another model says nothing of how this one counts.
-            on_usage=self._summary_counted if self.config.summary_model == model else None,
-            prices=prices,
-            on_spent=lambda usage, cost: self.services.observed.metrics.record_summarizer(
-                model, usage, cost, prices.dollars(cost)
-            ),
-            estimate=self._summary_estimate,
-            pace=self.services.conversations.summary_pace(config),
-            one_at_a_time=self.services.conversations.single_slot(config),
-        )
-
-    async def _summary_estimate(self, messages: list[Message], text: str) -> Usage:
-        """A summary call whose answer reported no ``usage``: its prompt and reply
-        counted here (the prompt in a worker thread), in the upstream's tokens,
-        the prompt taken as uncached."""
-        counter = self.services.conversations.counter(self.config)
-        ratio = self.services.conversations.models.ratio(self.config, self.owner)
-        sent = await asyncio.to_thread(counter.count_request, {"messages": messages})
-        prompt, output = math.ceil(sent * ratio), math.ceil(counter.count_text(text) * ratio)
-        return Usage(prompt=prompt, output=output)
-
-    async def _summary_counted(self, messages: list[Message], prompt_tokens: int) -> None:
-        """A summary's reply counted ``prompt_tokens`` for ``messages``: a
-        calibration sample like any answer's, and the only one from servers
-        that send no ``usage`` on streams (llama-cpp-python). A summary's
-        prompt is new text, up to a window of it: counted in a worker thread
-        (once a summary, against the seconds the summary took)."""
-        counter = self.services.conversations.counter(self.config)
-        estimate = await asyncio.to_thread(counter.count_request, {"messages": messages})
-        self.services.conversations.models.observe(self.config, estimate, prompt_tokens, self.owner)
-
-    def encode(self, resolved: Resolved) -> bytes:
-        if self.unchanged(resolved):
-            return self.raw  # nothing changed: the client's own bytes
-        return orjson.dumps(self.outgoing(resolved))
 
     def unchanged(self, resolved: Resolved) -> bool:
         """Whether the request goes upstream as the client sent it."""
@@ -183,7 +110,6 @@ def _parse(
     ahead: bool,
     reading: Reading | None = None,
     settled: int = 0,
-    watch: ClientWatch | None = None,
 ) -> Call:
     """Parse, map to the engine, resolve the model, drop /compact exchanges; with
     ``ahead``, also key, count and chain the messages (what a large body does in
@@ -194,7 +120,14 @@ def _parse(
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
     check_model(body.get("model"), services.settings.server.max_model_chars)
-    beta = [value for name, value in client_headers if name.lower() == "anthropic-beta"]
+    beta: list[str] = []
+    user_agent = ""
+    for name, value in client_headers:
+        lower = name.lower()
+        if lower == "anthropic-beta":
+            beta.append(value)
+        elif lower == "user-agent":
+            user_agent = value
     config = with_client_window(
         services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
     )
@@ -217,8 +150,6 @@ def _parse(
             identify(services.conversations, config, body, messages, scope) if ahead else None
         )
     return Call(
-        services=services,
-        watch=watch,
         raw=raw,
         body=body,
         messages=messages,
@@ -232,18 +163,12 @@ def _parse(
         mapped=mapped,
         untouchable=untouchable,
         client_session=client_session(client_headers),
-        user_agent=next((v for k, v in client_headers if k.lower() == "user-agent"), ""),
+        user_agent=user_agent,
         base_url=base_url,
     )
 
 
-async def read_call(
-    request: Request,
-    services: Services,
-    dialect: Dialect = CHAT,
-    *,
-    watch: ClientWatch | None = None,
-) -> Call:
+async def read_call(request: Request, services: Services, dialect: Dialect = CHAT) -> Call:
     raw = await read_body(request, services.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     owner = owner_of(client_headers)
@@ -259,16 +184,15 @@ async def read_call(
             ahead=False,
             reading=continuation.reading,
             settled=continuation.settled,
-            watch=watch,
         )
     elif len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
         read = await asyncio.to_thread(
-            _parse, services, raw, client_headers, dialect, owner, ahead=True, watch=watch
+            _parse, services, raw, client_headers, dialect, owner, ahead=True
         )
     else:
-        read = _parse(services, raw, client_headers, dialect, owner, ahead=False, watch=watch)
+        read = _parse(services, raw, client_headers, dialect, owner, ahead=False)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}

@@ -24,7 +24,9 @@ from proxy.flow.usage import UsageTap
 from proxy.recall import Plan, RecallFailed, RecallLoop, Rounds, counted_tool
 from proxy.recall import plan as recall_plan
 from proxy.session.conversation import Resolved, recall_salt
+from proxy.session.service import Conversations
 from proxy.state.logs import REQUESTS
+from proxy.state.metrics import Metrics
 from proxy.state.stores import Event
 from proxy.upstream.transport import UpstreamResponse
 
@@ -33,14 +35,15 @@ logger = logging.getLogger(__name__)
 requests_log = logging.getLogger(REQUESTS)
 
 
-def plan(call: Call, resolved: Resolved, body: dict[str, Any]) -> Plan | None:
+def plan(
+    conversations: Conversations, call: Call, resolved: Resolved, body: dict[str, Any]
+) -> Plan | None:
     """The request to send with the recall tool (:func:`proxy.recall.plan`), or
     ``None`` to send ``body`` as it is: recall off for the model, or the
     conversation goes as the client sent it (nothing in it has a ref)."""
     profile = call.config.profile
     if not profile.recall or resolved.untouched:
         return None
-    conversations = call.services.conversations
     result = resolved.result
     return recall_plan(
         body,
@@ -56,7 +59,7 @@ def plan(call: Call, resolved: Resolved, body: dict[str, Any]) -> Plan | None:
     )
 
 
-def tool_tokens(call: Call) -> int:
+def tool_tokens(conversations: Conversations, call: Call) -> int:
     """The recall tool's tokens, where it may join this request once compacted
     (recall on, tools declared): held back from the request's budget from the
     start, so that the tools block never changes between two compactions.
@@ -69,12 +72,12 @@ def tool_tokens(call: Call) -> int:
     tooled = call.dialect.recall.with_tool(body)
     if tooled is None:
         return 0
-    return counted_tool(
-        call.services.conversations.counter(call.config), orjson.dumps(tooled["tools"][-1])
-    )
+    return counted_tool(conversations.counter(call.config), orjson.dumps(tooled["tools"][-1]))
 
 
 def relay(
+    conversations: Conversations,
+    metrics: Metrics,
     call: Call,
     resolved: Resolved,
     upstream: UpstreamResponse,
@@ -91,7 +94,6 @@ def relay(
     recall's report run once the client has the answer. ``cut`` is what a
     plain answer's stream would do when it closes before its end: a first
     round that said nothing yet is asked again unseen; a later one cannot be."""
-    conversations = call.services.conversations
     rounds = Rounds(plan=plan, counter=conversations.counter(call.config), body=plan.body)
 
     async def follow_up(body: bytes) -> UpstreamResponse:
@@ -103,7 +105,7 @@ def relay(
 
     def after(failed: ProxyError | None) -> Awaitable[None] | None:
         finish(failed)
-        return _report(call, resolved, rounds)
+        return _report(conversations, metrics, call, resolved, rounds)
 
     loop = RecallLoop(rounds, follow_up, tap, conversations.recalls, streamed=call.streamed)
     recall_headers = {**headers, "x-compaction-recall-tokens": str(plan.extra_tokens)}
@@ -117,15 +119,16 @@ def _refused(upstream: UpstreamResponse) -> RecallFailed:
     return RecallFailed(upstream.status)
 
 
-def _report(call: Call, resolved: Resolved, rounds: Rounds) -> Awaitable[None] | None:
+def _report(
+    conversations: Conversations, metrics: Metrics, call: Call, resolved: Resolved, rounds: Rounds
+) -> Awaitable[None] | None:
     """The metric, the log line and the event of what was recalled (nothing
     when nothing was); the event's write is returned, for the relay to await
     once the client has the answer."""
     if not rounds.outcomes:
         return None
-    services = call.services
     for outcome, n in rounds.outcomes.items():
-        services.observed.metrics.recalls.labels(call.dialect.name, outcome).inc(n)
+        metrics.recalls.labels(call.dialect.name, outcome).inc(n)
     fields: dict[str, object] = {"api": call.dialect.name, "model": call.config.model or "-"}
     fields.update({"rounds": rounds.answered, **rounds.outcomes})
     requests_log.info("recall", extra={"fields": fields})
@@ -137,12 +140,12 @@ def _report(call: Call, resolved: Resolved, rounds: Rounds) -> Awaitable[None] |
         session=resolved.session,
         model=call.config.model,
         reason="recall",
-        instance=services.conversations.instance,
+        instance=conversations.instance,
         checkpoint_id=checkpoint.id if checkpoint is not None else None,
         owner=call.owner,
         notes=tuple(f"{outcome}: {n}" for outcome, n in sorted(rounds.outcomes.items())),
     )
-    return services.conversations.store.add_event(event)
+    return conversations.store.add_event(event)
 
 
 __all__ = ["Plan", "plan", "relay", "tool_tokens"]

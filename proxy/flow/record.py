@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from compaction import NO_REREADS, Message, Rereads, count_rereads, first_typed
-from proxy.flow.bill import Bill
+from proxy.flow.bill import Bill, Spent
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
+from proxy.state.metrics import Metrics
 from proxy.state.stores import RequestRecord
 
 #: A label's task: at most this many characters of the first request, cut
@@ -32,6 +33,7 @@ def request_record(
     resolved: Resolved,
     status: int,
     ms: float,
+    spent: Spent,
     *,
     error: str = "",
     rereads: Rereads = NO_REREADS,
@@ -39,7 +41,8 @@ def request_record(
     labelled: bool = False,
 ) -> RequestRecord:
     """The figures of one answered request (``status``: the upstream's, or the
-    proxy's), with what it cost (``bill``); its task only when its session is
+    proxy's), with what its work beside the answer ``spent`` and what it
+    cost (``bill``); its task only when its session is
     not ``labelled`` yet (a session keeps its first task)."""
     result = resolved.result
     return RequestRecord(
@@ -57,12 +60,12 @@ def request_record(
         window_source=call.config.window_source,
         status=status,
         error=error,
-        upstream_errors=call.tally.upstream_errors,
+        upstream_errors=spent.upstream_errors,
         ms=ms,
         # The summarizer's own counts, over every compaction of the request (an
         # overflow retry compacts twice), as /metrics counts them.
-        summarizer_calls=call.tally.summarizer_calls,
-        summarizer_tokens=call.tally.summarizer_tokens,
+        summarizer_calls=spent.summarizer_calls,
+        summarizer_tokens=spent.summarizer_tokens,
         checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
         rereads=len(rereads.tools),
         task="" if labelled else task_words(call.messages),
@@ -116,18 +119,18 @@ def rereads_of(call: Call, resolved: Resolved) -> Rereads:
     return count_rereads(call.messages, applied, profile, head=head)
 
 
-def empty_stream(call: Call) -> None:
+def empty_stream(metrics: Metrics, spent: Spent) -> None:
     """Count an upstream stream that ended before its first event: an error
     answer, in /metrics and in the request's figures alike."""
-    call.tally.upstream_errors += 1
-    call.services.observed.metrics.record_empty_stream()
+    spent.upstream_errors += 1
+    metrics.record_empty_stream()
 
 
-def cut_stream(call: Call) -> None:
+def cut_stream(metrics: Metrics, spent: Spent) -> None:
     """Count an upstream stream that closed before its API's end (a ``role``
     chunk and nothing after, say): an error answer, as an empty one is."""
-    call.tally.upstream_errors += 1
-    call.services.observed.metrics.upstream_errors.labels("cut").inc()
+    spent.upstream_errors += 1
+    metrics.upstream_errors.labels("cut").inc()
 
 
 def task_words(messages: Sequence[Message]) -> str:

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from compaction import TokenCounter, session_key
 from config import load_settings
+from proxy.flow import summaries
 from proxy.flow.read import Call
+from proxy.flow.services import Services
 from proxy.session.asked import Ask, request_budget
 from proxy.session.conversation import compact_if_needed
 from proxy.session.service import Conversations
@@ -143,13 +145,14 @@ def test_a_small_request_builds_no_summarizer(
     """The llm summarizer (the default) is built only for a request that goes
     the full way: a small one is answered before it would be."""
     built: list[Call] = []
-    summarizer = Call.summarizer
+    summarizer = summaries.summarizer_for
 
-    def recording(call: Call) -> Any:
+    def recording(services: Services, call: Call) -> Any:
         built.append(call)
-        return summarizer(call)
+        return summarizer(services, call)
 
-    monkeypatch.setattr(Call, "summarizer", recording)
+    # Where the handler calls it from.
+    monkeypatch.setattr("proxy.flow.handler.summarizer_for", recording)
     proxy = start_app(models={"gpt-4o": {"context_window": 128_000, "summarizer": "llm"}})
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello?"}]}
     answer = proxy.http.post("/v1/chat/completions", json=body)
