@@ -113,6 +113,7 @@ def preset_for(preset: str, *, api: str = "chat", host: str = "") -> Prices:
     return PRESETS["openai"]
 
 
+@functools.lru_cache(maxsize=256)
 def priced(
     base: Prices,
     *,
@@ -122,7 +123,9 @@ def priced(
     cache_lifetime: float | None = None,
     input_per_mtok: float | None = None,
 ) -> Prices:
-    """``base`` with the fields a user set (``None``: keep the preset's)."""
+    """``base`` with the fields a user set (``None``: keep the preset's).
+
+    Asked on every request, of the few profiles a process has: remembered."""
     changes = {
         key: value
         for key, value in (

@@ -135,7 +135,7 @@ def message_key(message: Message) -> bytes:
 
 def message_keys(messages: Sequence[Message]) -> list[bytes]:
     """:func:`message_key` of every message."""
-    return [message_key(m) for m in messages]
+    return list(map(message_key, messages))
 
 
 class KeyMemo:
