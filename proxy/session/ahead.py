@@ -66,9 +66,9 @@ from compaction import (
     ahead,
 )
 from proxy.session.compacting import (
-    Basis,
     Emitter,
     Job,
+    Ruling,
     checkpoint_of,
     event_notes,
     look_up,
@@ -106,11 +106,11 @@ def prepares_ahead(job: Job, decision: Decision) -> bool:
     )
 
 
-async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None:
+async def prepare_ahead(job: Job, span: str, ruling: Ruling | None = None) -> None:
     """Prepare the compaction ``job``'s conversation will need at its trigger,
     and store it as a precomputed checkpoint (see the module docstring).
 
-    ``basis`` is the decision of the request that starts the job (a forward
+    ``ruling`` is the decision of the request that starts the job (a forward
     with :attr:`~compaction.Decision.prepare`) and the store's answer it was
     made on; ``None`` after a compaction, whose own checkpoint makes the store's
     answer a new one to decide on.
@@ -137,12 +137,12 @@ async def prepare_ahead(job: Job, span: str, basis: Basis | None = None) -> None
             outcome = "spent"  # the trigger's compaction makes it, as without preparing
             return
         async with conversations.store.lock(span, conversations.settings.store.lock_ttl_seconds):
-            if basis is None:
+            if ruling is None:
                 stored = await look_up(conversations.store, job.conversation)
-                basis = Basis(stored, job.decide(stored))
+                ruling = Ruling(stored, job.decide(stored))
             else:  # prepared or compacted meanwhile?
-                basis = await job.recheck(basis)
-            decision = basis.decision
+                ruling = await job.recheck(ruling)
+            decision = ruling.decision
             if decision.action != "forward" or not decision.prepare:
                 outcome = "superseded"
                 return

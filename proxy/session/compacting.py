@@ -104,20 +104,21 @@ class Job:
             logger.warning("%s", note)
         return decision
 
-    async def recheck(self, basis: Basis) -> Basis:
-        """``basis`` if the store still answers as it did, else the decision on
+    async def recheck(self, ruling: Ruling) -> Ruling:
+        """``ruling`` if the store still answers as it did, else the decision on
         its new answer: what another request (or replica) stored meanwhile is a
         new input, decided on once more. Called under the lock that makes the
         answer stay put until this job has acted on it."""
         stored = await look_up(self.conversations.store, self.conversation)
-        if stored == basis.stored:
-            return basis
-        return Basis(stored, self.decide(stored))
+        if stored == ruling.stored:
+            return ruling
+        return Ruling(stored, self.decide(stored))
 
 
 @dataclass(frozen=True)
-class Basis:
-    """A decision and the store's answer it was made on."""
+class Ruling:
+    """The library's decision and the store's answer it was made on: it stands
+    while the store answers the same (:meth:`Job.recheck`)."""
 
     stored: Mapping[str, Checkpoint]
     decision: Decision

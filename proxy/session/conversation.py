@@ -58,19 +58,21 @@ from compaction import (
 from config import ModelConfig
 from proxy.session import steering
 from proxy.session.ahead import prepare_ahead, prepares_ahead, span_key
-from proxy.session.asked import Ask as Ask  # imported from here by the request path
-from proxy.session.asked import Asked, request_budget, usable_reading
-from proxy.session.asked import Resolved as Resolved
 from proxy.session.compacting import (
-    Basis,
     Emitter,
     Job,
+    Ruling,
     checkpoint_of,
     event_notes,
     look_up,
     run_plan,
 )
 from proxy.session.naming import session_name
+from proxy.session.request import (
+    BareRequest as BareRequest,  # imported from here by the request path
+)
+from proxy.session.request import ConversationRequest, request_budget, usable_reading
+from proxy.session.request import Resolved as Resolved
 from proxy.session.service import Conversations
 
 logger = logging.getLogger("compaction_proxy.checkpoints")
@@ -118,7 +120,7 @@ def identify(
 
 async def compact_if_needed(
     conversations: Conversations,
-    asked: Asked,
+    request: ConversationRequest,
     summarizer: Summarizer | None,
     *,
     reason: Reason = "threshold",
@@ -138,14 +140,14 @@ async def compact_if_needed(
     changes nothing: no lock, no events, no checkpoint. Raises what
     :func:`compaction.execute` raises.
     """
-    config = asked.config
-    conversation = await _conversation(conversations, asked)
+    config = request.config
+    conversation = await _conversation(conversations, request)
     if budget is None:
-        budget = request_budget(conversations, asked, held_back)
+        budget = request_budget(conversations, request, held_back)
     else:
         budget = budget.holding_back(held_back)
     stored, steering_of = await _stored_and_steering(
-        conversations, asked, conversation, budget, reason, preview=not store
+        conversations, request, conversation, budget, reason, preview=not store
     )
     job = Job(
         conversations=conversations,
@@ -156,11 +158,11 @@ async def compact_if_needed(
         summarizer=summarizer,
         steering=steering_of,
         instructions=instructions,
-        owner=asked.owner,
+        owner=request.owner,
         prices=prices,
     )
-    basis = Basis(stored, job.decide(stored))
-    decision = basis.decision
+    ruling = Ruling(stored, job.decide(stored))
+    decision = ruling.decision
     if not store:  # the preview: run everything, remember nothing
         result = await run_plan(job, decision)
         untouched = _untouched(conversation, result)
@@ -170,16 +172,16 @@ async def compact_if_needed(
             span = span_key(conversation, decision.checkpoint)
             if span is not None:
                 conversations.background.start(
-                    span, prepare_ahead(job, span, basis), owner=job.owner
+                    span, prepare_ahead(job, span, ruling), owner=job.owner
                 )
         return _forward(conversation, decision)
-    return await _compact_locked(job, basis)
+    return await _compact_locked(job, ruling)
 
 
-async def _compact_locked(job: Job, basis: Basis) -> Resolved:
+async def _compact_locked(job: Job, ruling: Ruling) -> Resolved:
     """Compact under the conversation's lock, once a wait for a preparation of
     the same span is over, unless what the store answers by then says forward."""
-    conversations, conversation, decision = job.conversations, job.conversation, basis.decision
+    conversations, conversation, decision = job.conversations, job.conversation, ruling.decision
     ttl = conversations.settings.store.lock_ttl_seconds
     span = span_key(conversation, decision.checkpoint)
     ready = decision.checkpoint is not None and decision.checkpoint.precomputed
@@ -191,8 +193,8 @@ async def _compact_locked(job: Job, basis: Basis) -> Resolved:
             pass
     key = f"compact:{conversation.chain[-1] if conversation.chain else conversation.session}"
     async with conversations.store.lock(key, ttl):
-        basis = await job.recheck(basis)  # another request may have just compacted it
-        decision = basis.decision
+        ruling = await job.recheck(ruling)  # another request may have just compacted it
+        decision = ruling.decision
         if decision.action == "forward":
             return _forward(conversation, decision)
         resolved = await _run(job, decision)
@@ -206,7 +208,7 @@ async def _compact_locked(job: Job, basis: Basis) -> Resolved:
 
 async def _stored_and_steering(
     conversations: Conversations,
-    asked: Asked,
+    request: ConversationRequest,
     conversation: Conversation,
     budget: Budget,
     reason: Reason,
@@ -215,7 +217,7 @@ async def _stored_and_steering(
 ) -> tuple[Mapping[str, Checkpoint], Steering]:
     """The store's checkpoints for the chain, and the session's settings where
     they can change the decision (the defaults where they cannot, unread)."""
-    session, owner, profile = conversation.session, asked.owner, asked.config.profile
+    session, owner, profile = conversation.session, request.owner, request.config.profile
 
     def settings() -> Coroutine[Any, Any, Steering]:
         return steering.steering_for(conversations, session, owner, preview=preview)
@@ -234,23 +236,23 @@ async def _stored_and_steering(
     return stored, Steering()
 
 
-async def _conversation(conversations: Conversations, asked: Asked) -> Conversation:
-    """``asked.identified`` when it was read for this model and scope, else read
+async def _conversation(conversations: Conversations, request: ConversationRequest) -> Conversation:
+    """``request.identified`` when it was read for this model and scope, else read
     now; named for its session (:func:`proxy.session.naming.session_name`)."""
-    profile, counter = asked.config.profile, conversations.counter(asked.config)
-    conversation = usable_reading(conversations, asked)
+    profile, counter = request.config.profile, conversations.counter(request.config)
+    conversation = usable_reading(conversations, request)
     if conversation is None:
         conversation = await read_conversation_async(
-            asked.body,
-            asked.messages,
+            request.body,
+            request.messages,
             counter,
             profile.head_count,
-            scope=asked.scope,
-            recall_salt=recall_salt(asked.scope),
+            scope=request.scope,
+            recall_salt=recall_salt(request.scope),
         )
     if conversation.named:
         return conversation
-    named = session_name(asked.client_session, conversation.session)
+    named = session_name(request.client_session, conversation.session)
     return dataclasses.replace(conversation, named=named)
 
 

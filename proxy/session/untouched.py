@@ -31,7 +31,7 @@ it builds a summarizer or prices a plan; a ``/compact`` command in the
 request is the handler's to find before that (a byte search,
 :func:`proxy.flow.manual.may_hold_command`). Anything else goes the full
 way. What this returns is what that would have returned: the same
-:class:`~proxy.session.asked.Resolved`, so the headers, the log line, the
+:class:`~proxy.session.request.Resolved`, so the headers, the log line, the
 metrics, the bill and the dashboard say the same (docs/architecture.md,
 "One request's trip").
 """
@@ -42,8 +42,8 @@ import math
 from typing import Final
 
 from compaction import CompactionResult, session_key, validate_tool_pairing
-from proxy.session.asked import Asked, Resolved, request_budget, usable_reading
 from proxy.session.naming import session_name
+from proxy.session.request import ConversationRequest, Resolved, request_budget, usable_reading
 from proxy.session.service import Conversations
 
 #: The share of its trigger under which a request is too small for an early
@@ -53,32 +53,32 @@ EARLY_SHARE: Final = 1 / 3
 
 
 async def as_sent(
-    conversations: Conversations, asked: Asked, *, held_back: int = 0
+    conversations: Conversations, request: ConversationRequest, *, held_back: int = 0
 ) -> Resolved | None:
-    """``asked`` forwarded as it came, when nothing could change that (module
+    """``request`` forwarded as it came, when nothing could change that (module
     doc); ``None`` when the full way must decide."""
     if conversations.compact_now:  # rare: a dashboard's click waits for its session
         return None
-    config = asked.config
-    messages = asked.messages
-    read = usable_reading(conversations, asked)
+    config = request.config
+    messages = request.messages
+    read = usable_reading(conversations, request)
     if read is not None:
         tokens, key, problems = read.tokens, read.session, bool(read.problems)
     else:
         counter = conversations.counter(config)
-        tokens = sum(counter.count_messages(messages)) + counter.request_overhead(asked.body)
+        tokens = sum(counter.count_messages(messages)) + counter.request_overhead(request.body)
         key, problems = session_key(messages), False
-    budget = request_budget(conversations, asked, held_back)
+    budget = request_budget(conversations, request, held_back)
     share = EARLY_SHARE
-    session = session_name(asked.client_session, key)
+    session = session_name(request.client_session, key)
     profile = config.profile
     if profile.prepares_ahead:
-        share = min(share, profile.precompute_share, _ahead_share(conversations, asked, session))
+        share = min(share, profile.precompute_share, _ahead_share(conversations, request, session))
     if tokens >= budget.trigger * share:
         return None
     if read is None:
         problems = bool(validate_tool_pairing(messages))
-    if problems or await conversations.store.holds_checkpoints(asked.owner, session):
+    if problems or await conversations.store.holds_checkpoints(request.owner, session):
         return None
     result = CompactionResult(
         messages=messages,
@@ -93,12 +93,12 @@ async def as_sent(
     return Resolved(True, result, None, session)
 
 
-def _ahead_share(conversations: Conversations, asked: Asked, session: str) -> float:
+def _ahead_share(conversations: Conversations, request: ConversationRequest, session: str) -> float:
     """Below this share of its trigger no compaction is prepared ahead for
     the turns a summary takes: ``lead`` turns of at most the conversation's
     size each (the lead is :func:`compaction.budget.plan.lead_turns`')."""
-    summary = conversations.summary_pace(asked.config).duration(0.9)
-    idle = conversations.prompts.idle(asked.owner, session)
+    summary = conversations.summary_pace(request.config).duration(0.9)
+    idle = conversations.prompts.idle(request.owner, session)
     if summary is None or not idle or idle <= 0:
         return 1.0
     lead = math.ceil(summary / idle) + 1

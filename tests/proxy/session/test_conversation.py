@@ -14,7 +14,7 @@ from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_mo
 from compaction.chat.messages import group_messages
 from compaction.conversation.checkpoints import chain_hashes, session_key
 from config import load_settings
-from proxy.session.conversation import Ask, compact_if_needed, identify
+from proxy.session.conversation import BareRequest, compact_if_needed, identify
 from proxy.session.service import Conversations
 from proxy.state.observability import Observability
 from proxy.state.stores import MemoryStore
@@ -54,7 +54,7 @@ def test_concurrent_requests_for_one_compaction_make_one_summarizer_call() -> No
         summarizer = PilingUp()
         results = await asyncio.gather(
             *(
-                compact_if_needed(state, Ask(body, messages, config), summarizer)
+                compact_if_needed(state, BareRequest(body, messages, config), summarizer)
                 for _ in range(concurrent)
             )
         )
@@ -98,7 +98,7 @@ def test_a_span_that_barely_shrank_is_not_summarized_again() -> None:
         later = [*messages, *new]
         summarizer = RecordingSummarizer()
         body = {"model": "m", "messages": later}
-        resolved = await compact_if_needed(state, Ask(body, later, config), summarizer)
+        resolved = await compact_if_needed(state, BareRequest(body, later, config), summarizer)
         await state.upstream.aclose()
         return (
             summarizer.calls,
@@ -136,10 +136,10 @@ def test_identify_works_out_what_resolve_needs_and_resolve_reuses_it() -> None:
         counter = state.counter(config)
         hits, misses = counter.hits, counter.misses
         reused = await compact_if_needed(
-            state, Ask(body, messages, config, identified=identified), None
+            state, BareRequest(body, messages, config, identified=identified), None
         )
         assert (counter.hits, counter.misses) == (hits, misses)  # nothing counted again
-        worked_out = await compact_if_needed(state, Ask(body, messages, config), None)
+        worked_out = await compact_if_needed(state, BareRequest(body, messages, config), None)
         assert counter.hits > hits
         assert reused.stage == "none" and reused.untouched
         assert reused.headers() == worked_out.headers()
@@ -147,7 +147,7 @@ def test_identify_works_out_what_resolve_needs_and_resolve_reuses_it() -> None:
         other_messages = agent_session(seed=55, steps=2, output_chars=400)
         other = identify(state, config, {"model": "m"}, other_messages)
         mismatched = await compact_if_needed(
-            state, Ask(body, messages, config, identified=other), None
+            state, BareRequest(body, messages, config, identified=other), None
         )
         assert mismatched.headers() == worked_out.headers()
         await state.upstream.aclose()
@@ -169,7 +169,7 @@ def test_under_the_trigger_a_stored_checkpoint_applies_with_exact_figures() -> N
         later = [*messages, {"role": "user", "content": "and now?"}]
         body = {"model": "m", "messages": later}
         for _ in range(2):  # cold, then warm
-            resolved = await compact_if_needed(state, Ask(body, later, config), None)
+            resolved = await compact_if_needed(state, BareRequest(body, later, config), None)
             assert resolved.stage == "reused" and not resolved.untouched
             assert resolved.checkpoint is not None and resolved.checkpoint.id == checkpoint.id
             assert resolved.messages == [*later[:2], *checkpoint.replacement, *later[starts[-1] :]]
@@ -209,7 +209,9 @@ def _compact_recording_threads(
         state, config = _state()
         profile = dataclasses.replace(config.profile, summarizer=mode)
         configured = dataclasses.replace(config, profile=profile)
-        resolved = await compact_if_needed(state, Ask(body, messages, configured), summarizer)
+        resolved = await compact_if_needed(
+            state, BareRequest(body, messages, configured), summarizer
+        )
         await state.upstream.aclose()
         return _Compacted(resolved, asyncio.get_running_loop(), threading.get_ident(), compacted_in)
 
@@ -261,7 +263,7 @@ def test_a_conversation_with_a_call_left_unanswered_is_summarized_once() -> None
         for turn in range(3):
             broken = [*broken, {"role": "user", "content": f"and now {turn}?"}]
             body = {"model": "m", "messages": broken}
-            resolved = await compact_if_needed(state, Ask(body, broken, config), summarizer)
+            resolved = await compact_if_needed(state, BareRequest(body, broken, config), summarizer)
             stages.append(resolved.stage)
             calls.append(summarizer.calls)
         await state.upstream.aclose()

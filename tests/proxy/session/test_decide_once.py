@@ -23,8 +23,8 @@ from compaction import (
     session_key,
 )
 from config import load_settings
-from proxy.session.compacting import Basis, Job, look_up
-from proxy.session.conversation import Ask, compact_if_needed, identify
+from proxy.session.compacting import Job, Ruling, look_up
+from proxy.session.conversation import BareRequest, compact_if_needed, identify
 from proxy.session.service import Conversations
 from proxy.state.observability import Observability
 from proxy.state.stores import MemoryStore
@@ -213,7 +213,7 @@ def test_concurrent_requests_for_one_compaction_decide_again_only_on_a_changed_a
         config = state.model_config("m")
         resolved = await asyncio.gather(
             *(
-                compact_if_needed(state, Ask(body, messages, config), SlowSummarizer())
+                compact_if_needed(state, BareRequest(body, messages, config), SlowSummarizer())
                 for _ in range(3)
             )
         )
@@ -230,7 +230,7 @@ def test_an_unchanged_answer_under_the_lock_keeps_the_decision_made_on_it(
 ) -> None:
     messages = agent_session(seed=6, steps=4, task="Decide once: recheck.")
 
-    async def run() -> tuple[Basis, Basis]:
+    async def run() -> tuple[Ruling, Ruling]:
         state = _state()  # its transport belongs to this loop
         config = state.model_config("m")
         conversation = identify(state, config, {"model": "m", "messages": messages}, messages)
@@ -246,11 +246,11 @@ def test_an_unchanged_answer_under_the_lock_keeps_the_decision_made_on_it(
             owner="",
         )
         stored = await look_up(state.store, conversation)
-        basis = Basis(stored, job.decide(stored))
-        rechecked = await job.recheck(basis)
+        ruling = Ruling(stored, job.decide(stored))
+        rechecked = await job.recheck(ruling)
         await state.upstream.aclose()
-        return basis, rechecked
+        return ruling, rechecked
 
-    basis, rechecked = asyncio.run(run())
-    assert rechecked is basis
+    ruling, rechecked = asyncio.run(run())
+    assert rechecked is ruling
     assert len(decisions.taken()) == 1

@@ -16,8 +16,8 @@ from config import load_settings
 from proxy.flow import summaries
 from proxy.flow.read import Call
 from proxy.flow.services import Services
-from proxy.session.asked import Ask, request_budget
 from proxy.session.conversation import compact_if_needed
+from proxy.session.request import BareRequest, request_budget
 from proxy.session.service import Conversations
 from proxy.session.untouched import EARLY_SHARE, as_sent
 from proxy.state.observability import Observability
@@ -54,7 +54,7 @@ def test_what_goes_as_it_came_is_what_the_full_way_forwards(
         body: dict[str, Any] = {"model": "m", "messages": messages}
         if max_tokens:
             body["max_tokens"] = max_tokens
-        ask = Ask(body, messages, config)
+        ask = BareRequest(body, messages, config)
         quick = await as_sent(state, ask)
         # A budget given is the full way's: the decision, on the store's answer.
         full = await compact_if_needed(state, ask, None, budget=request_budget(state, ask))
@@ -87,15 +87,15 @@ def _padded(turns: int) -> list[dict[str, Any]]:
 def test_a_request_just_past_its_bound_goes_the_full_way() -> None:
     async def run() -> None:
         state, config = _state(summarizer="extractive")
-        bound = request_budget(state, Ask({}, [], config)).trigger * EARLY_SHARE
+        bound = request_budget(state, BareRequest({}, [], config)).trigger * EARLY_SHARE
         counter = state.counter(config)
         turns = 1
         while counter.count_request({"messages": _padded(turns + 1)}) < bound:
             turns += 1
         under, over = _padded(turns), _padded(turns + 1)
-        assert await as_sent(state, Ask({"messages": under}, under, config)) is not None
-        assert await as_sent(state, Ask({"messages": over}, over, config)) is None
-        full = await compact_if_needed(state, Ask({"messages": over}, over, config), None)
+        assert await as_sent(state, BareRequest({"messages": under}, under, config)) is not None
+        assert await as_sent(state, BareRequest({"messages": over}, over, config)) is None
+        full = await compact_if_needed(state, BareRequest({"messages": over}, over, config), None)
         assert full.stage == "none"  # still far under the trigger: the full way forwards it
         await state.upstream.aclose()
 
@@ -106,9 +106,11 @@ def test_a_compact_now_waiting_sends_every_request_the_full_way() -> None:
     async def run() -> None:
         state, config = _state()
         messages = _padded(1)
-        assert await as_sent(state, Ask({"messages": messages}, messages, config)) is not None
+        assert (
+            await as_sent(state, BareRequest({"messages": messages}, messages, config)) is not None
+        )
         state.compact_now.add(("someone", "another session"))
-        assert await as_sent(state, Ask({"messages": messages}, messages, config)) is None
+        assert await as_sent(state, BareRequest({"messages": messages}, messages, config)) is None
         await state.upstream.aclose()
 
     asyncio.run(run())

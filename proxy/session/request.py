@@ -1,5 +1,6 @@
-"""One request's conversation as the session layer is asked it (:class:`Asked`)
-and what it answers (:class:`Resolved`): the full way
+"""A request, as the session layer sees it: its conversation, model and
+caller (:class:`ConversationRequest`), and what the session answers
+(:class:`Resolved`): the full way
 (:func:`proxy.session.conversation.compact_if_needed`) and the short one
 (:func:`proxy.session.untouched.as_sent`) alike, and what both work out the
 same way — the request's budget, and the reading of a large body made ahead.
@@ -76,9 +77,10 @@ class Resolved:
         return headers
 
 
-class Asked(Protocol):
-    """One request's conversation, as the session layer reads it (the handler's
-    :class:`proxy.flow.read.Call` is one)."""
+class ConversationRequest(Protocol):
+    """A request, as far as the session layer reads it: its conversation, its
+    model's configuration and whose it is (the handler's
+    :class:`proxy.flow.read.Call` is one; :class:`BareRequest` another)."""
 
     @property
     def body(self) -> Mapping[str, Any]: ...  # every field but the messages, for counting
@@ -99,8 +101,9 @@ class Asked(Protocol):
 
 
 @dataclass(frozen=True)
-class Ask:
-    """A conversation to compact, for callers without a request of their own."""
+class BareRequest:
+    """A :class:`ConversationRequest` made of its parts alone, for callers with
+    no HTTP request behind it (the tests, a conversation compacted by hand)."""
 
     body: Mapping[str, Any]
     messages: list[Message]
@@ -111,28 +114,32 @@ class Ask:
     client_session: str | None = None
 
 
-def request_budget(conversations: Conversations, asked: Asked, held_back: int = 0) -> Budget:
+def request_budget(
+    conversations: Conversations, request: ConversationRequest, held_back: int = 0
+) -> Budget:
     """The request's budget: calibrated to its upstream's ratio for its owner,
     ``held_back`` tokens kept for what joins it once compacted."""
-    config = asked.config
+    config = request.config
     budget = calibrated_budget(
         config.profile,
-        requested_output_tokens(asked.body),
-        conversations.models.ratio(config, asked.owner),
+        requested_output_tokens(request.body),
+        conversations.models.ratio(config, request.owner),
     )
     return budget.holding_back(held_back)
 
 
-def usable_reading(conversations: Conversations, asked: Asked) -> Conversation | None:
-    """``asked.identified`` when it was read from these messages for this model
+def usable_reading(
+    conversations: Conversations, request: ConversationRequest
+) -> Conversation | None:
+    """``request.identified`` when it was read from these messages for this model
     and scope (a large body, read ahead or against its previous request)."""
-    conversation = asked.identified
+    conversation = request.identified
     if (
         conversation is None
-        or conversation.messages is not asked.messages
-        or conversation.head_count != asked.config.profile.head_count
-        or conversation.counter is not conversations.counter(asked.config)
-        or conversation.scope != asked.scope
+        or conversation.messages is not request.messages
+        or conversation.head_count != request.config.profile.head_count
+        or conversation.counter is not conversations.counter(request.config)
+        or conversation.scope != request.scope
     ):
         return None
     return conversation
