@@ -166,11 +166,14 @@ class Sending:
         answer is returned counted: its end (read to its end, released or
         aborted — every answer is, a stream's once relayed) ends this
         request's count, since a stream keeps a one-slot server busy until
-        its last byte, not just until its headers."""
+        its last byte, not just until its headers (the answer's ``on_end``)."""
         traffic = self._traffic
         if self.overlapped and traffic._ended[self.key] > self.ended:
             _count(traffic._overlaps, self.key)
-        return _Counted(response, self)
+        response.on_end = self.end
+        # An answer dropped unreleased (a bug) must not hold the count forever.
+        weakref.finalize(response, self.end)
+        return response
 
     def end(self) -> None:
         """Its answer is over (read, relayed, or cut off). Idempotent."""
@@ -207,54 +210,3 @@ def _count(counts: Counter[str], key: str) -> None:
 def _forget_oldest(rows: dict[str, Any]) -> None:
     while len(rows) > TRAFFIC_KEYS:
         del rows[next(iter(rows))]
-
-
-class _Counted(UpstreamResponse):
-    """An upstream answer that ends a :class:`Sending` when it is over."""
-
-    __slots__ = ("__weakref__", "_inner", "_sent")
-
-    # The base class is not initialised: every read goes to the inner answer.
-    def __init__(self, inner: UpstreamResponse, sent: Sending) -> None:
-        self._inner = inner
-        self._sent = sent
-        self.status = inner.status
-        self.url = inner.url
-        self.raw_headers = inner.raw_headers
-        self.length = inner.length
-        # An answer dropped unreleased (a bug) must not hold the count forever.
-        weakref.finalize(self, sent.end)
-
-    def header(self, name: str) -> str | None:
-        return self._inner.header(name)
-
-    async def next_chunk(self) -> bytes | None:
-        try:
-            chunk = await self._inner.next_chunk()
-        except BaseException:
-            self._sent.end()
-            raise
-        if chunk is None:
-            self._sent.end()
-        return chunk
-
-    async def read(self, limit: int = 1 << 20) -> bytes:
-        try:
-            return await self._inner.read(limit)
-        finally:
-            self._sent.end()
-
-    async def wait_body(self) -> bool:
-        try:
-            return await self._inner.wait_body()
-        except BaseException:
-            self._sent.end()
-            raise
-
-    def release(self) -> None:
-        self._inner.release()
-        self._sent.end()
-
-    def abort(self) -> None:
-        self._inner.abort()
-        self._sent.end()

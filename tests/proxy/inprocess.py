@@ -171,6 +171,7 @@ class _Response(UpstreamResponse):
         self._ahead: bytes | None = None
         self._ended = False
         self._on_abort = on_abort
+        self.on_end = None
         #: Whether the proxy stopped the body before its end (the connection closed).
         self.aborted = False
 
@@ -207,12 +208,16 @@ class _Response(UpstreamResponse):
     def release(self) -> None:
         if not self._ended:
             self.abort()
+        elif self.on_end is not None:  # as the real one's: its end is told
+            self.on_end()
 
     def abort(self) -> None:
         if not self._ended and not self.aborted:
             self.aborted = True
             self._on_abort()
         self._ended = True
+        if self.on_end is not None:
+            self.on_end()
 
 
 async def _scripted_chunks(reply: Reply) -> AsyncIterator[bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 
@@ -15,9 +16,23 @@ class UpstreamResponse:
     Body errors — cut short, reset, malformed framing, a read timeout — raise
     :class:`BodyLost`; the connection then closes. A body read to its end
     gives the connection back to the pool.
+
+    ``on_end``, when set, is told each time the answer is over — read to its
+    end, released or aborted (:meth:`proxy.upstream.traffic.Sending.answered`
+    counts the request in flight until then).
     """
 
-    __slots__ = ("_ahead", "_closing", "_response", "length", "raw_headers", "status", "url")
+    __slots__ = (
+        "__weakref__",
+        "_ahead",
+        "_closing",
+        "_response",
+        "length",
+        "on_end",
+        "raw_headers",
+        "status",
+        "url",
+    )
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -29,6 +44,7 @@ class UpstreamResponse:
         #: The declared ``Content-Length``; ``None`` for chunked or read-until-close.
         self.length = response.content_length
         self._ahead: bytes | None = None
+        self.on_end: Callable[[], None] | None = None
         #: For a body that ends when the connection closes: how it closed. A
         #: reset is a broken body, which aiohttp would end as cleanly as a FIN.
         self._closing: asyncio.Future[None] | None = None
@@ -71,10 +87,12 @@ class UpstreamResponse:
         cut there (and the connection closed)."""
         if self._ahead is None and self.length is not None and self.length <= limit:
             try:  # a declared length within the limit: aiohttp reads it in one go
-                return await self._response.read()
+                body = await self._response.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self.abort()
                 raise BodyLost(_body_failure(exc)) from exc
+            self.release()
+            return body
         return await self._gathered(limit)
 
     async def _gathered(self, limit: int) -> bytes:
@@ -103,10 +121,14 @@ class UpstreamResponse:
         """Done with it: a body read to its end returns the connection to the
         pool, any other closes it. Idempotent."""
         self._response.release()
+        if self.on_end is not None:
+            self.on_end()
 
     def abort(self) -> None:
         """Stop now (the client left, the body broke): the connection is closed."""
         self._response.close()
+        if self.on_end is not None:
+            self.on_end()
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

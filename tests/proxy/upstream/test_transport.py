@@ -24,6 +24,7 @@ import pytest
 import trustme
 import uvloop
 
+from proxy.upstream.traffic import Traffic
 from proxy.upstream.transport import (
     BodyLost,
     ConnectFailed,
@@ -715,3 +716,28 @@ async def test_https_upstreams_are_verified_against_the_ca_bundle_and_kept_alive
             async with _pool() as transport:  # the system's store does not know this authority
                 with pytest.raises(ConnectFailed, match="certificate"):
                     await _get(transport, up.url)
+
+
+@pytest.mark.parametrize("end", ["read", "chunks", "release", "abort"])
+def test_a_user_request_is_counted_in_flight_until_its_answer_is_over(end: str) -> None:
+    # The traffic's count (proxy.upstream.traffic) ends on the response's own
+    # end, however it comes: read whole, read to its last chunk, released, aborted.
+    async def test() -> None:
+        async with _Upstream(_answering(_ok(b"hello"))) as up, _pool() as transport:
+            traffic = Traffic()
+            sent = await traffic.begin("key", single=False)
+            response = sent.answered(await _get(transport, up.url))
+            assert traffic.in_flight("key") == 1  # its head is in, not its end
+            if end == "read":
+                assert await response.read() == b"hello"
+            elif end == "chunks":
+                assert await _chunks(response) == [b"hello"]
+            elif end == "release":
+                response.release()
+            else:
+                response.abort()
+            assert traffic.in_flight("key") == 0
+            response.abort()  # the relay's last word, after any end: counted once
+            assert traffic.in_flight("key") == 0
+
+    asyncio.run(test())
