@@ -171,7 +171,7 @@ class RoundReader:
 
     A subclass says what to relay of a whole event (``_whole``) and of a piece
     of one too long to hold (``_piece``), counts what it keeps of a round with
-    ``_counted``, and lets go of it in ``_stop_keeping``.
+    ``_keeps``, and lets go of it in ``_stop_keeping``.
     """
 
     def __init__(
@@ -220,7 +220,7 @@ class RoundReader:
         self._keeping = True
         self._recalled = False
 
-    def _counted(self, raw: bytes) -> bool:
+    def _keeps(self, raw: bytes) -> bool:
         """Whether the round keeps ``raw``: while it keeps, within the bound;
         past the bound it keeps nothing more."""
         if not self._keeping:

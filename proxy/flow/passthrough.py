@@ -89,14 +89,14 @@ async def forward(services: Services, path: str, request: Request) -> Response:
     }
     metrics = services.observed.metrics
 
-    def forwarded(failed: ProxyError | None) -> None:
+    def log_forward(failed: ProxyError | None) -> None:
         # Once the client has the answer, as on the chat path (see Relay).
         metrics.record_upstream("other", seconds, answer.status)
         if failed is not None:  # its body broke: the client got the proxy's error
             fields.update(upstream_status=failed.status, error=failed.code or failed.type)
         requests_log.info("forward", extra={"fields": fields})
 
-    return Relay(answer, {}, tap if answer.status == 200 else None, after=forwarded)
+    return Relay(answer, {}, tap if answer.status == 200 else None, after=log_forward)
 
 
 async def _body(request: Request) -> bytes | AsyncIterator[bytes] | None:
@@ -132,7 +132,7 @@ async def _count_tokens_tap(
     except Exception:  # not a request the proxy can read; the upstream will say so
         return None
 
-    def observed(upstream_tokens: int) -> None:
+    def calibrate(upstream_tokens: int) -> None:
         conversations.models.observe(config, tokens, upstream_tokens, owner)
 
-    return UsageTap(observed, bare=True)  # its answer is the count itself
+    return UsageTap(calibrate, bare=True)  # its answer is the count itself

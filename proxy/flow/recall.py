@@ -100,7 +100,7 @@ def relay(
         answer = await send(body)
         if answer.status != 200:
             answer.abort()
-            raise _refused(answer)
+            raise _refusal(answer)
         return answer
 
     def after(failed: ProxyError | None) -> Awaitable[None] | None:
@@ -112,7 +112,7 @@ def relay(
     return Relay(upstream, recall_headers, None, call.dialect, after, cut, rounds=loop)
 
 
-def _refused(upstream: UpstreamResponse) -> RecallFailed:
+def _refusal(upstream: UpstreamResponse) -> RecallFailed:
     """The error for a follow-up round the upstream refused, logged by status."""
     fields = {"status": upstream.status, "upstream": shown_url(upstream.url)}
     logger.warning("upstream refused a recall round", extra={"fields": fields})

@@ -35,7 +35,7 @@ def summarizer_for(services: Services, call: Call) -> UpstreamSummarizer:
         prompt, output = math.ceil(sent * ratio), math.ceil(counter.count_text(text) * ratio)
         return Usage(prompt=prompt, output=output)
 
-    async def counted(messages: list[Message], prompt_tokens: int) -> None:
+    async def calibrate(messages: list[Message], prompt_tokens: int) -> None:
         """A summary's reply counted ``prompt_tokens`` for ``messages``: a
         calibration sample like any answer's, and the only one from servers
         that send no ``usage`` on streams (llama-cpp-python). A summary's
@@ -54,7 +54,7 @@ def summarizer_for(services: Services, call: Call) -> UpstreamSummarizer:
         on_call=metrics.summarizer_calls.inc,
         deadline=services.settings.upstream.summarizer_timeout_seconds,
         # A summary by another model says nothing of how this one counts.
-        on_usage=counted if config.summary_model == model else None,
+        on_usage=calibrate if config.summary_model == model else None,
         prices=prices,
         on_spent=lambda usage, cost: metrics.record_summarizer(
             model, usage, cost, prices.dollars(cost)

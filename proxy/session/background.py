@@ -100,7 +100,7 @@ class Background:
         self._tasks[key] = task
         self._owners[key] = owner
         self._per_owner[owner] += 1
-        task.add_done_callback(lambda done: self._finished(key, done))
+        task.add_done_callback(lambda done: self._forget(key, done))
         return outcome
 
     def _admit(self, key: str, owner: str) -> Start:
@@ -112,7 +112,8 @@ class Background:
             return "owner_at_capacity"
         return "started"
 
-    def _finished(self, key: str, task: asyncio.Task[None]) -> None:
+    def _forget(self, key: str, task: asyncio.Task[None]) -> None:
+        """A task that ended: its slot freed, its failure logged."""
         if self._tasks.get(key) is task:
             del self._tasks[key]
             owner = self._owners.pop(key)

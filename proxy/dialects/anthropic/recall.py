@@ -217,7 +217,7 @@ class AnthropicRecallStream(sse.RoundReader):
 
     def _whole(self, raw: bytes) -> bytes:
         now = self._round
-        if self._counted(raw):
+        if self._keeps(raw):
             now.events.append(raw)
         if self._recalled:
             return self._hidden(raw)

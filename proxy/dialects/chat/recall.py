@@ -248,7 +248,7 @@ class ChatRecallStream(sse.RoundReader):
         self._reset_round()
 
     def _whole(self, event: bytes) -> bytes:
-        if self._counted(event):
+        if self._keeps(event):
             self._events.append(event)
         if self._recalled:
             return b""

@@ -276,7 +276,7 @@ class ResponsesRecallStream(sse.RoundReader):
             if isinstance(response, dict):
                 if self._id is None:
                     self._id = response.get("id")
-                if self._counted(raw):
+                if self._keeps(raw):
                     self._started = response
             # A later round's start is not news to the client: its stream goes on.
             return b"" if self._round else self._relay(raw)
@@ -319,7 +319,7 @@ class ResponsesRecallStream(sse.RoundReader):
 
     def _item_done(self, raw: bytes, data: dict[str, Any]) -> bytes:
         index, item = data.get("output_index"), data.get("item")
-        if isinstance(index, int) and self._counted(raw):
+        if isinstance(index, int) and self._keeps(raw):
             self._done[index] = item
         if self._is_hidden(index, item.get("id") if isinstance(item, dict) else None):
             return b""
@@ -331,7 +331,7 @@ class ResponsesRecallStream(sse.RoundReader):
 
     def _end(self, raw: bytes, data: dict[str, Any], completed: bool, name: str | None) -> bytes:
         response = data.get("response")
-        if isinstance(response, dict) and self._counted(raw):
+        if isinstance(response, dict) and self._keeps(raw):
             self._ended, self._completed = response, completed
         if self._recalled:
             return b""

@@ -164,11 +164,11 @@ class Relay(Response):
                 await relay(scope, receive, send)
         finally:
             self.upstream.abort()  # nothing when the body was read to its end
-            self._answered()
+            self._run_after()
             if self._pending is not None:
                 await self._pending
 
-    def _answered(self) -> None:
+    def _run_after(self) -> None:
         """The client has its answer (or the relay ended): ``after``, once."""
         after, self._after = self._after, None
         if after is not None:
@@ -217,7 +217,7 @@ class Relay(Response):
         if self.tap is not None:
             self.tap.feed(body)
             self.tap.close()
-        self._answered()
+        self._run_after()
 
     async def _stream(
         self,
@@ -260,7 +260,7 @@ class Relay(Response):
             except BodyLost as exc:
                 if not gone.is_set():
                     await flush()
-                    await self._broken(exc, send)
+                    await self._end_broken(exc, send)
                 return None  # never the final empty chunk: the response stays unfinished
             if chunk is None:
                 if rounds is not None:
@@ -295,7 +295,7 @@ class Relay(Response):
         if self.tap is not None:
             self.tap.close()
         # The usage sits in the last events: the bookkeeping waits for them.
-        self._answered()
+        self._run_after()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
 
@@ -355,7 +355,7 @@ class Relay(Response):
             await send({"type": "http.response.body", "body": event, "more_body": False})
         return again
 
-    async def _broken(self, exc: BodyLost, send: Send) -> None:
+    async def _end_broken(self, exc: BodyLost, send: Send) -> None:
         log_broken(exc, self.upstream.url)
         if self.upstream.length is None and (self.upstream.header("content-type") or "").startswith(
             "text/event-stream"
