@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final
 
 from compaction import Checkpoint, Message
 from proxy.state.stores import codec
@@ -51,8 +51,6 @@ from proxy.state.stores.figures import (
 )
 from proxy.state.stores.locks import LeaseLocks
 from proxy.state.stores.sqlite.worker import Worker, transaction
-
-_T = TypeVar("_T")
 
 _OPEN_TYPES_SQL: Final = "('compaction.queued', 'compaction.started')"
 
@@ -93,9 +91,6 @@ class SQLiteStore:
         self._checked_at: int | None = None
         self._putting = 0
         self._locks = LeaseLocks()
-
-    async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        return await self._worker.run(work)
 
     # -- checkpoints -------------------------------------------------------
 
@@ -146,7 +141,7 @@ class SQLiteStore:
                     found[end_hash] = codec.load_checkpoint(raw)
             return found
 
-        found = await self._run(work)
+        found = await self._worker.run(work)
         self._checked_at = seen
         return found
 
@@ -168,7 +163,7 @@ class SQLiteStore:
         """:attr:`_ends` and :attr:`_held` read again if anything was committed
         since, and known current as of now (:meth:`lookup_now`'s rule)."""
         seen = self._worker.version()  # before the worker looks: a commit after shows
-        await self._run(self._known_ends)
+        await self._worker.run(self._known_ends)
         self._checked_at = seen
 
     def _known_ends(self, connection: sqlite3.Connection) -> set[str]:
@@ -230,7 +225,7 @@ class SQLiteStore:
 
         self._putting += 1
         try:
-            await self._run(work)
+            await self._worker.run(work)
         finally:
             self._putting -= 1
 
@@ -242,7 +237,7 @@ class SQLiteStore:
             ).fetchone()
             return None if row is None else codec.load_checkpoint(row[0])
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def originals(self, checkpoint_id: str) -> list[Message] | None:
         def work(connection: sqlite3.Connection) -> list[Message] | None:
@@ -251,7 +246,7 @@ class SQLiteStore:
             ).fetchone()
             return None if row is None else codec.load_messages(row[0])
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def owner_of(self, checkpoint_id: str) -> str | None:
         def work(connection: sqlite3.Connection) -> str | None:
@@ -260,12 +255,12 @@ class SQLiteStore:
             ).fetchone()
             return None if row is None else str(row[0])
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     # -- events ------------------------------------------------------------
 
     async def add_event(self, event: Event) -> None:
-        await self._run(partial(self._insert_event, event=event))
+        await self._worker.run(partial(self._insert_event, event=event))
 
     @staticmethod
     def _insert_event(connection: sqlite3.Connection, event: Event) -> None:
@@ -308,7 +303,7 @@ class SQLiteStore:
             )
             return [codec.load_event(raw) for (raw,) in rows]
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
         # Without heartbeats in a file, every other instance is taken for dead:
@@ -329,7 +324,7 @@ class SQLiteStore:
 
             return transaction(connection, write)
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         return None
@@ -344,7 +339,7 @@ class SQLiteStore:
             rows = connection.execute('SELECT model, "window" FROM learned_windows')
             return {model: window for model, window in rows}
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def set_learned_window(self, model: str, window: int) -> None:
         def work(connection: sqlite3.Connection) -> None:
@@ -358,7 +353,7 @@ class SQLiteStore:
 
             transaction(connection, write)
 
-        await self._run(work)
+        await self._worker.run(work)
 
     def _cap(self, connection: sqlite3.Connection, table: str) -> None:
         """Past ``max_model_rows`` rows in ``table``, drop the least recently set."""
@@ -375,7 +370,7 @@ class SQLiteStore:
             rows = connection.execute("SELECT key, ratio FROM calibrations")
             return {key: ratio for key, ratio in rows}
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def set_calibration(self, key: str, ratio: float) -> None:
         value = checked_ratio(ratio)
@@ -390,7 +385,7 @@ class SQLiteStore:
 
             transaction(connection, write)
 
-        await self._run(work)
+        await self._worker.run(work)
 
     # -- per-request figures and sessions ----------------------------------
 
@@ -424,7 +419,7 @@ class SQLiteStore:
 
             transaction(connection, write)
 
-        await self._run(work)
+        await self._worker.run(work)
         # The figures are this process's own commit, once a second: what the
         # loop knows of the checkpoints is brought up to date here, off the
         # request path, not by the next request's trip to the thread (which
@@ -443,7 +438,7 @@ class SQLiteStore:
             )
             return [codec.load(RequestRecord, raw) for (raw,) in rows]
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def sessions(
         self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
@@ -458,7 +453,7 @@ class SQLiteStore:
             )
             return [codec.load(SessionSummary, raw) for (raw,) in rows]
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def session_count(self, *, owner: str | None = None) -> int:
         def work(connection: sqlite3.Connection) -> int:
@@ -470,7 +465,7 @@ class SQLiteStore:
                 ).fetchone()
             return int(row[0])
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
         def work(connection: sqlite3.Connection) -> list[tuple[float, int]]:
@@ -481,7 +476,7 @@ class SQLiteStore:
             )
             return [(bucket, saved) for bucket, saved in rows]
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def session_settings(self, session: str, owner: str) -> SessionSettings:
         def work(connection: sqlite3.Connection) -> SessionSettings:
@@ -491,7 +486,7 @@ class SQLiteStore:
             ).fetchone()
             return SessionSettings() if row is None else codec.load(SessionSettings, row[0])
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def set_session_settings(
         self, session: str, owner: str, settings: SessionSettings
@@ -503,7 +498,7 @@ class SQLiteStore:
                 (owner, session, codec.dump(settings), time.time()),
             )
 
-        await self._run(work)
+        await self._worker.run(work)
 
     async def owners_of_session(self, session: str) -> list[str]:
         def work(connection: sqlite3.Connection) -> list[str]:
@@ -514,7 +509,7 @@ class SQLiteStore:
             )
             return [str(owner) for (owner,) in rows]
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -542,7 +537,7 @@ class SQLiteStore:
             self._ends = self._held = None  # re-read without the purged ones at the next lookup
             return transaction(connection, write)
 
-        return await self._run(work)
+        return await self._worker.run(work)
 
     async def close(self) -> None:
         await self._worker.close()

@@ -82,7 +82,7 @@ async def test_connection_uses_normal_sync_and_a_busy_timeout(tmp_path: Path) ->
         busy = connection.execute("PRAGMA busy_timeout").fetchone()[0]
         return sync, busy
 
-    sync, busy = await store._run(settings)
+    sync, busy = await store._worker.run(settings)
     assert sync == 1  # NORMAL
     assert busy >= 1000
     await store.close()
@@ -176,7 +176,7 @@ async def test_one_owners_events_are_read_through_its_index(tmp_path: Path) -> N
     store = SQLiteStore(tmp_path / "state.db")
     await store.add_event(event("c", owner="alice"))
     statements: list[str] = []
-    await store._run(lambda connection: connection.set_trace_callback(statements.append))
+    await store._worker.run(lambda connection: connection.set_trace_callback(statements.append))
     await store.events(owner="alice", limit=3)
     (query,) = [sql for sql in statements if sql.startswith("SELECT")]
 
@@ -185,7 +185,7 @@ async def test_one_owners_events_are_read_through_its_index(tmp_path: Path) -> N
         return " ".join(row[-1] for row in connection.execute(f"EXPLAIN QUERY PLAN {query}"))
 
     # Not a scan of everyone's events, nor a sort of all of one owner's.
-    found = await store._run(plan)
+    found = await store._worker.run(plan)
     assert "events_owner" in found and "TEMP B-TREE" not in found, found
     await store.close()
 
@@ -284,7 +284,7 @@ async def test_store_io_runs_off_the_event_loop(tmp_path: Path) -> None:
             await asyncio.sleep(0.01)
 
     ticking = asyncio.create_task(ticker())
-    await store._run(which_thread)
+    await store._worker.run(which_thread)
     big = [{"role": "tool", "content": "x" * 1_000_000} for _ in range(8)]
     await store.put(checkpoint(), big)
     ticking.cancel()
