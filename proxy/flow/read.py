@@ -195,8 +195,7 @@ async def read_call(request: Request, services: Services, dialect: Dialect = CHA
         read = _parse(services, raw, client_headers, dialect, owner, ahead=False)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
-    credentials = {name: read.headers[name] for name in AUTH_HEADERS if name in read.headers}
-    services.conversations.discover(read.config, read.base_url, credentials)
+    services.conversations.discover(read.config, read.base_url, read.headers)
     if read.original is not None or read.untouchable is not None:
         return read
     identified = await remember_reading(

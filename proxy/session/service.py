@@ -12,6 +12,7 @@ it records to. Built once in the app's lifespan; there are no module globals.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from compaction import ReadingCache, TokenCounter, encoding_for_model, load_encoding, splits_digits
 from config import ModelConfig, ModelResolver, Settings
@@ -122,9 +123,9 @@ class Conversations:
         single = traffic.single_slot(key, self.models.slots(config))  # as single_slot says
         return await traffic.begin(key, single=single)
 
-    def discover(self, config: ModelConfig, base: str, credentials: dict[str, str]) -> None:
+    def discover(self, config: ModelConfig, base: str, headers: Mapping[str, str]) -> None:
         """Ask ``config``'s server for its window off the request path; what it
         states is kept (:meth:`ModelKnowledge.server_stated`)."""
         self.upstream.discover(
-            calibration_key(config), config, base, credentials, self.models.server_stated
+            calibration_key(config), config, base, headers, self.models.server_stated
         )

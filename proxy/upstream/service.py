@@ -21,9 +21,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from config import ModelConfig, Settings
+from proxy.edge.headers import AUTH_HEADERS
 from proxy.upstream.discovery import Discoveries, ServerFacts, discover, is_local
 from proxy.upstream.pace import Paces
 from proxy.upstream.traffic import Traffic
@@ -74,14 +75,15 @@ class Upstream:
         key: str,
         config: ModelConfig,
         base: str,
-        credentials: dict[str, str],
+        headers: Mapping[str, str],
         stated: Stated,
     ) -> None:
         """Ask the upstream, in the background, which window it serves this model
         with, unless it was asked already (:class:`Discoveries`); never waits.
 
         Only for a request going to ``config.upstream`` (``base``), whose
-        ``credentials`` are then for that server, and only as
+        credentials (in ``headers``, the request's upstream headers) are then
+        for that server, and only as
         ``upstream.discover_windows`` allows; what it states goes to ``stated``.
         """
         mode = self.settings.discover_windows
@@ -89,9 +91,11 @@ class Upstream:
             return
         if mode == "auto" and not is_local(config.upstream):
             return
-        self.discoveries.start(key, functools.partial(self._ask, config, credentials, stated))
+        self.discoveries.start(key, functools.partial(self._ask, config, headers, stated))
 
-    async def _ask(self, config: ModelConfig, credentials: dict[str, str], stated: Stated) -> bool:
+    async def _ask(self, config: ModelConfig, headers: Mapping[str, str], stated: Stated) -> bool:
+        # Picked out only when the server is asked: once per model, not per request.
+        credentials = {name: headers[name] for name in AUTH_HEADERS if name in headers}
         facts = await discover(
             self.background_pool,
             config.upstream,
