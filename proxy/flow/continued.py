@@ -101,10 +101,9 @@ async def remember_reading(
 ) -> Conversation | None:
     """The conversation of a body that is its own engine view (``messages``
     of ``body``, ``/compact`` exchanges removed), read against ``previous`` when
-    it continues it, and kept for the next request if the body is large enough
-    to be worth it (else ``identified``, as it was)."""
-    if not conversations.readings.wants(raw):
-        return identified
+    it continues it, and kept for the next request. Only for a body large
+    enough to be worth it (:meth:`compaction.ReadingCache.wants`: the caller
+    asks)."""
     if identified is None:
         counter = conversations.counter(config)
         with deep_nesting_refused():

@@ -172,8 +172,11 @@ async def read_call(request: Request, services: Services, dialect: Dialect = CHA
     raw = await read_body(request, services.settings.server.max_body_bytes)
     client_headers = request.headers.items()
     owner = owner_of(client_headers)
+    # A body too small to be worth the reading cache (most requests) is
+    # neither looked up in it nor remembered: asked once, here.
+    cached = services.conversations.readings.wants(raw)
     # A growing conversation's next request: only what it adds is read.
-    continuation = continued(services.conversations, dialect, owner, raw)
+    continuation = continued(services.conversations, dialect, owner, raw) if cached else None
     if continuation is not None:
         read = _parse(
             services,
@@ -196,7 +199,7 @@ async def read_call(request: Request, services: Services, dialect: Dialect = CHA
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     services.conversations.discover(read.config, read.base_url, read.headers)
-    if read.original is not None or read.untouchable is not None:
+    if not cached or read.original is not None or read.untouchable is not None:
         return read
     identified = await remember_reading(
         services.conversations,

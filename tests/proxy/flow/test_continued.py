@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from fastapi import FastAPI
 
-from compaction.conversation.incremental import CacheFigures
+from compaction.conversation.incremental import MIN_READING_BYTES, CacheFigures, ReadingCache
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy
 from tests.synthetic import agent_session
@@ -80,6 +81,30 @@ def test_the_next_request_of_a_session_reuses_the_previous_reading(
     assert (figures.hits, figures.misses) == (3, 1)
     assert figures.readings == 1
     assert 0 < figures.bytes <= figures.limit
+
+
+def test_a_body_too_small_for_the_reading_cache_is_not_looked_up_in_it(
+    start_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most requests are under the cache's size: read_call asks that once and
+    goes straight on, neither searching the cache nor offering it the body."""
+    looked_up: list[int] = []
+    find = ReadingCache.find
+
+    def recording(self: ReadingCache, owner: str, raw: bytes, max_tail: int | None = None) -> Any:
+        looked_up.append(len(raw))
+        return find(self, owner, raw, max_tail)
+
+    monkeypatch.setattr(ReadingCache, "find", recording)
+    proxy = start_app(models=MODELS)
+    small = orjson.dumps({"model": "huge", "messages": [{"role": "user", "content": "Hi"}]})
+    big = _bodies("huge", 1)[0]
+    assert len(small) < MIN_READING_BYTES <= len(big)
+    assert _post(proxy, small).status_code == 200
+    assert looked_up == []
+    assert _post(proxy, big).status_code == 200
+    assert looked_up == [len(big)]
+    assert _figures(proxy).readings == 1  # the large one, remembered
 
 
 def test_another_callers_identical_request_is_read_in_full(start_app: AppFactory) -> None:
