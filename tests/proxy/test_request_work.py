@@ -44,7 +44,7 @@ from tests.proxy.conftest import AppFactory
 #: the transport, the usage read off the answer, the bill and the figures —
 #: and, in this measure, the server's connection callbacks and /healthz of
 #: the harness's own requests.
-MAX_FUNCTIONS = 154
+MAX_FUNCTIONS = 150
 #: Project types the request's data is copied into on its way upstream, where
 #: it stands: the dialect's Reading, the Call and the CompactionResult that
 #: says it went as it came (the engine's Conversation and the reading
