@@ -261,3 +261,30 @@ def test_the_log_lines_milliseconds_run_to_the_upstreams_head_not_to_the_end_of_
     (line,) = _chat_lines(caplog)
     fields: dict[str, Any] = line.fields  # type: ignore[attr-defined]
     assert (fields["upstream_status"], fields["ms"]) == (200, 0.0)
+
+
+def test_a_whole_answer_that_breaks_is_logged_with_the_error_the_client_got(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client got the proxy's 502, not the upstream's 200: the line says so."""
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    transport = RecordingTransport()
+    transport.script(
+        Reply(
+            200,
+            (("content-type", "application/json"),),
+            (b'{"id": "c1", "choi',),
+            broken=BodyLost("cut"),
+        )
+    )
+    app = create_app(settings_for(), transport=transport)
+
+    async def run() -> list[Message]:
+        async with _running(app):
+            return await _call(app, "POST", "/v1/chat/completions", HI)
+
+    sent = asyncio.run(run())
+    assert sent[0]["status"] == 502
+    (line,) = _chat_lines(caplog)
+    fields: dict[str, Any] = line.fields  # type: ignore[attr-defined]
+    assert (fields["upstream_status"], fields["error"]) == (502, "upstream_unreachable")
