@@ -121,12 +121,12 @@ def _parse(
     untouchable, engine_messages = reading.untouchable, reading.messages
     check_model(body.get("model"), services.settings.server.max_model_chars)
     beta: list[str] = []
-    user_agent = ""
+    user_agent: str | None = None
     for name, value in client_headers:
         lower = name.lower()
         if lower == "anthropic-beta":
             beta.append(value)
-        elif lower == "user-agent":
+        elif lower == "user-agent" and user_agent is None:  # the first, as a server reads it
             user_agent = value
     config = with_client_window(
         services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
@@ -163,7 +163,7 @@ def _parse(
         mapped=mapped,
         untouchable=untouchable,
         client_session=client_session(client_headers),
-        user_agent=user_agent,
+        user_agent=user_agent or "",
         base_url=base_url,
     )
 

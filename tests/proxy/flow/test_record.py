@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from tests.client_bodies import (
     codex_body,
     qwen_code_body,
 )
+from tests.proxy.conftest import AppFactory
 
 TASK = "Rename parse to read_input"
 
@@ -49,3 +51,21 @@ def test_a_long_task_is_cut_between_words() -> None:
     label = task_words(CHAT.to_engine(aider_body(typed)).messages)
     assert label.endswith("…") and len(label) <= TASK_CHARS + 1
     assert "casual" not in label
+
+
+def test_a_request_with_two_user_agents_is_labelled_with_the_first(start_app: AppFactory) -> None:
+    """As a server reads a repeated single-value header: the first one counts."""
+    proxy = start_app()
+    answer = proxy.http.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]},
+        headers=[("user-agent", "first-agent/1"), ("user-agent", "second-agent/2")],
+    )
+    assert answer.status_code == 200
+    deadline = time.monotonic() + 15  # the recorder writes about once a second
+    listed: list[dict[str, Any]] = []
+    while not listed and time.monotonic() < deadline:
+        listed = proxy.http.get("/v1/compaction/sessions").json()["data"]
+        time.sleep(0.05)
+    (session,) = listed
+    assert session["user_agent"] == "first-agent/1"
