@@ -560,9 +560,9 @@ class _Exchange:
                 status,
                 ms,
                 self.spent,
+                bill,
                 error=error,
                 rereads=rereads,
-                bill=bill,
                 labelled=labelled,
             )
             recorder.record(record)

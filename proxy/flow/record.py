@@ -12,7 +12,7 @@ owner typed the one and sent the other; the dashboard shows them to that owner
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from compaction import NO_REREADS, Message, Rereads, count_rereads, first_typed
 from proxy.flow.bill import Bill, Spent
@@ -20,6 +20,7 @@ from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
 from proxy.state.metrics import Metrics
 from proxy.state.stores import RequestRecord
+from proxy.upstream.usage import NO_USAGE
 
 #: A label's task: at most this many characters of the first request, cut
 #: between words. Enough to tell sessions apart, too little to be a transcript.
@@ -34,10 +35,10 @@ def request_record(
     status: int,
     ms: float,
     spent: Spent,
+    bill: Bill,
     *,
     error: str = "",
     rereads: Rereads = NO_REREADS,
-    bill: Bill | None = None,
     labelled: bool = False,
 ) -> RequestRecord:
     """The figures of one answered request (``status``: the upstream's, or the
@@ -45,6 +46,7 @@ def request_record(
     cost (``bill``); its task only when its session is
     not ``labelled`` yet (a session keeps its first task)."""
     result = resolved.result
+    usage = bill.usage or NO_USAGE  # unpriced: its parts stay 0, as the figures' defaults
     return RequestRecord(
         session=resolved.session,
         owner=call.owner,
@@ -70,30 +72,18 @@ def request_record(
         rereads=len(rereads.tools),
         task="" if labelled else task_words(call.messages),
         user_agent=call.user_agent[:USER_AGENT_CHARS],
-        **(money(bill) if bill is not None else {}),
+        summarizer_prompt_tokens=bill.summarizer.prompt,
+        summarizer_output_tokens=bill.summarizer.output,
+        cost=bill.cost,
+        cost_without=bill.without,
+        cost_dollars=bill.cost_dollars,
+        cost_without_dollars=bill.without_dollars,
+        priced=bill.priced,
+        prompt_tokens=usage.prompt,
+        cache_read_tokens=usage.cache_read,
+        cache_write_tokens=usage.cache_write,
+        output_tokens=usage.output,
     )
-
-
-def money(bill: Bill) -> dict[str, Any]:
-    """A bill's fields of :class:`RequestRecord`."""
-    usage = bill.usage
-    found: dict[str, Any] = {
-        "summarizer_prompt_tokens": bill.summarizer.prompt,
-        "summarizer_output_tokens": bill.summarizer.output,
-        "cost": bill.cost,
-        "cost_without": bill.without,
-        "cost_dollars": bill.cost_dollars,
-        "cost_without_dollars": bill.without_dollars,
-    }
-    if usage is not None:
-        found.update(
-            priced=True,
-            prompt_tokens=usage.prompt,
-            cache_read_tokens=usage.cache_read,
-            cache_write_tokens=usage.cache_write,
-            output_tokens=usage.output,
-        )
-    return found
 
 
 def rereads_of(call: Call, resolved: Resolved) -> Rereads:
