@@ -89,9 +89,8 @@ async def handle_chat(
         call = await read_call(request, services, dialect)
         if call.untouchable is not None:
             return await exchange.forward_untouched(call)
-        command = manual.find_command(call.messages) if manual.may_hold_command(call.raw) else None
-        if command is not None:
-            return await exchange.manual(call, command)
+        if call.command is not None:
+            return await exchange.manual(call, call.command)
         return await exchange.forward(call)
     except ProxyError as exc:
         _log_refusal(call, exc.status, exchange.started)

@@ -65,6 +65,9 @@ class Call:
     original: dict[str, Any] | None = None
     mapped: Mapped | None = None
     untouchable: str | None = None
+    #: A ``/compact`` the user typed in its last turn (:mod:`proxy.flow.manual`),
+    #: answered by the proxy instead of the model; ``None`` for most requests.
+    command: manual.Command | None = None
     #: The session id its client sent, if any (see proxy.session.naming).
     client_session: str | None = None
     #: Its client's ``User-Agent``, for its figures.
@@ -131,11 +134,11 @@ def _parse(
     config = with_client_window(
         services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
     )
-    messages = (
-        without_commands(engine_messages, settled)
-        if manual.may_hold_command(raw)
-        else engine_messages
-    )
+    # Most bodies cannot hold the word: neither /compact exchanges to remove
+    # nor a command to find (asked once, here).
+    holds_command = manual.may_hold_command(raw)
+    messages = without_commands(engine_messages, settled) if holds_command else engine_messages
+    command = manual.find_command(messages) if holds_command else None
     base_url, key_env = dialect.route(config)
     headers = upstream_headers(
         client_headers,
@@ -162,6 +165,7 @@ def _parse(
         original=original,
         mapped=mapped,
         untouchable=untouchable,
+        command=command,
         client_session=client_session(client_headers),
         user_agent=user_agent or "",
         base_url=base_url,

@@ -28,7 +28,7 @@ gives that answer from what is cheap to know, and only when every input of
 
 The request path asks it first (``proxy.flow.handler._Exchange.compact_for``), before
 it builds a summarizer or prices a plan; a ``/compact`` command in the
-request is the handler's to find before that (a byte search,
+request was found when it was read (a byte search first,
 :func:`proxy.flow.manual.may_hold_command`). Anything else goes the full
 way. What this returns is what that would have returned: the same
 :class:`~proxy.session.request.Resolved`, so the headers, the log line, the
