@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from compaction.chat.messages import message_text
 from compaction.chat.own import SUMMARY_MARKER, is_summary, own
 from compaction.summary.files import FileLists, file_lists_in, render_file_lists
-from compaction.summary.ledger import ledger_text, strip_ledger
+from compaction.summary.rendering import ledger_text, strip_ledger
 from compaction.types import Message
 
 #: A summary's heading starts so (both the span's and a turn prefix's).
@@ -65,7 +65,7 @@ def summary_message(
     """The user message that stands in for ``condensed`` of the client's messages
     (:func:`compaction.summary.prompts.stands_for` the span it replaces).
 
-    ``ledger`` is the rendered ledger (:func:`compaction.summary.ledger.render_ledger`,
+    ``ledger`` is the rendered ledger (:func:`compaction.summary.rendering.render_ledger`,
     the file lists included); without it, the file lists ``files`` alone.
     """
     if ledger is None:
