@@ -149,7 +149,7 @@ def file_lists_in(text: str) -> FileLists:
     """The file lists of the ledger in ``text``: its own ``<read-files>`` and
     ``<modified-files>`` blocks only. A text quoted inside the ledger (a user
     message holding ``<modified-files>``) is an entry, not a block of it."""
-    lines = [raw for block, raw in block_lines(text) if block in FILE_BLOCKS]
+    lines = [raw for block, raw, _ in block_lines(text) if block in FILE_BLOCKS]
     return parse_file_lists("\n".join(lines))
 
 

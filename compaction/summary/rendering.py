@@ -14,10 +14,17 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from compaction.summary.blocks import ENTRY_CLOSE, ENTRY_OPEN, LEDGER_BLOCKS, split_blocks
+from compaction.summary.blocks import (
+    ENTRY_CLOSE,
+    ENTRY_OPEN,
+    FILE_BLOCKS,
+    LEDGER_BLOCKS,
+    block_lines,
+    split_blocks,
+)
 from compaction.summary.files import (
     FileLists,
-    file_lists_in,
+    parse_file_lists,
     render_file_lists,
     strip_file_lists,
 )
@@ -157,32 +164,34 @@ def _render(files: FileLists, chosen: dict[str, list[str]]) -> str:
 
 
 def parse_ledger(text: str) -> Ledger:
-    """The ledger rendered in ``text`` (an earlier summary); empty when it has none."""
+    """The ledger rendered in ``text`` (an earlier summary); empty when it has none.
+
+    Its lines are told apart by :func:`~compaction.summary.blocks.block_lines`,
+    the reading every other use of the blocks shares.
+    """
     found: dict[str, list[str]] = {tag: [] for tag in LEDGER_BLOCKS}
-    current: str | None = None
-    entry: list[str] | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if current is None:
-            if line.startswith("<") and line.endswith(">") and line[1:-1] in found:
-                current = line[1:-1]
+    file_lines: list[str] = []
+    entry: list[str] | None = None  # the lines of the user message being read
+    for block, raw, frame in block_lines(text):
+        if block is None:
             continue
-        if line == f"</{current}>" and entry is None:
-            current = None
-        elif current != "user-messages":
-            if line:
-                found[current].append(line)
-        elif entry is None:
-            if line == ENTRY_OPEN:
+        if block in FILE_BLOCKS:
+            file_lines.append(raw)
+        elif block != "user-messages":
+            if not frame and (line := raw.strip()):
+                found[block].append(line)
+        elif frame:
+            # Inside an entry, the only frame is its closer.
+            if entry is not None:
+                found[block].append("\n".join(entry))
+                entry = None
+            elif raw.strip() == ENTRY_OPEN:
                 entry = []
-        elif raw == ENTRY_CLOSE:
-            found[current].append("\n".join(entry))
-            entry = None
-        else:
+        elif entry is not None:
             entry.append(raw[1:] if raw.strip() == ENTRY_CLOSE else raw)
     # Rendered newest first; kept oldest first.
     return Ledger(
-        file_lists_in(text),
+        parse_file_lists("\n".join(file_lines)),
         tuple(reversed(found["errors"])),
         tuple(reversed(found["commands"])),
         tuple(reversed(found["identifiers"])),

@@ -150,6 +150,20 @@ def test_a_rendered_ledger_parses_back_to_itself() -> None:
     assert parse_ledger(render_ledger(ledger, ROOMY, COUNTER)) == ledger
 
 
+def test_a_file_path_that_reads_like_a_ledger_tag_is_a_path_when_parsed_back() -> None:
+    # A tool may be handed any path; inside a file list no line opens a block.
+    read = {"name": "read_file", "arguments": json.dumps({"path": "<errors>"})}
+    span: list[dict[str, Any]] = [
+        {"role": "user", "content": "Read it."},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "r1", "function": read}]},
+        {"role": "tool", "tool_call_id": "r1", "content": "x = 1"},
+        *_bash("c1", "pytest", "E   AssertionError: assert 1 == 2", 1),
+    ]
+    ledger = ledger_of(span, PROFILE)
+    assert ledger.files.read == ("<errors>",) and ledger.errors
+    assert parse_ledger(render_ledger(ledger, ROOMY, COUNTER)) == ledger
+
+
 def test_the_newest_entries_survive_a_tight_budget() -> None:
     errors = tuple(f"ValueError: failure number {i}" for i in range(40))
     ledger = Ledger(errors=errors)
