@@ -94,6 +94,11 @@ def upstream_headers(
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in PROXY_HEADERS:
             continue
+        if lower in headers and lower not in AUTH_HEADERS:
+            # A header sent twice is one list (RFC 9110 5.3): two anthropic-beta
+            # lines are two betas. A credential is no list; its last is the one
+            # the edge read (proxy.edge.access) and the one forwarded.
+            value = f"{headers[lower]}{'; ' if lower == 'cookie' else ', '}{value}"
         headers[lower] = value
     if fallback_key and not any(h in headers for h in AUTH_HEADERS):
         if fallback_header == "authorization":

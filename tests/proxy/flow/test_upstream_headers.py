@@ -223,3 +223,31 @@ def test_with_only_an_admin_key_set_it_is_forwarded_in_no_header(
     assert proxy.http.get("/v1/models", headers=sent).status_code == 200
     for asked in transport.requests:
         _assert_forwarded_without_keys(asked.headers, sent)
+
+
+def test_a_list_header_sent_twice_reaches_the_upstream_as_one_list(
+    start_app: AppFactory, fake_upstream: FakeUpstream
+) -> None:
+    # Two anthropic-beta lines are two betas (RFC 9110 5.3: one list); keeping
+    # the last dropped the other feature the client asked for. A credential
+    # sent twice is no list: its last is the one the edge reads and forwards.
+    transport = RecordingTransport(app=fake_upstream.app())
+    proxy = start_app(transport=transport)
+    sent = [
+        ("anthropic-beta", "context-1m-2025-08-07"),
+        ("Anthropic-Beta", "interleaved-thinking-2025-05-14"),
+        ("x-api-key", "sk-ant-first"),
+        ("x-api-key", "sk-ant-second"),
+        ("cookie", "a=1"),
+        ("cookie", "b=2"),
+    ]
+    assert proxy.http.post("/v1/chat/completions", json=HI, headers=sent).status_code == 200
+    assert proxy.http.get("/v1/models", headers=sent).status_code == 200
+    assert len(transport.requests) == 2
+    for asked in transport.requests:
+        headers = {name.lower(): value for name, value in asked.headers.items()}
+        assert headers["anthropic-beta"] == (
+            "context-1m-2025-08-07, interleaved-thinking-2025-05-14"
+        )
+        assert headers["x-api-key"] == "sk-ant-second"
+        assert headers["cookie"] == "a=1; b=2"
