@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 from compaction.chat.messages import message_text
 from compaction.chat.own import SUMMARY_MARKER, is_summary, own
-from compaction.summary.files import FileLists, file_lists_in, render_file_lists
-from compaction.summary.rendering import ledger_text, strip_ledger
+from compaction.summary.files import FileLists, render_file_lists
+from compaction.summary.rendering import split_ledger, strip_ledger
 from compaction.types import Message
 
 #: A summary's heading starts so (both the span's and a turn prefix's).
@@ -156,7 +156,8 @@ def parse_summary(message: Message) -> SummaryParts | None:
     heading = ""
     if text.startswith(_HEADING_START):
         heading, _, text = text.partition("\n")
-    return SummaryParts(heading, strip_ledger(text), file_lists_in(text), ledger_text(text))
+    split = split_ledger(text)
+    return SummaryParts(heading, split.prose, split.files, split.ledger)
 
 
 def with_body(message: Message, body: str) -> Message:

@@ -1,7 +1,9 @@
 """The ledger as a record and as text: :class:`Ledger` (each block's entries, oldest
 first, merged by recency), written into a summary under a token budget
-(:func:`render_ledger`) and read back from an earlier one (:func:`parse_ledger`,
-:func:`strip_ledger`, :func:`ledger_text`).
+(:func:`render_ledger`) and read back from an earlier one (:func:`parse_ledger`);
+a summary's text without it and its blocks as they stand (:func:`strip_ledger`,
+:func:`ledger_text`, or both with the file lists in one reading,
+:func:`split_ledger`).
 
 Which lines of a summary are the ledger's is :mod:`compaction.summary.blocks`'
 alone to say; this module decides what goes in them. What a span's ledger
@@ -203,7 +205,7 @@ def strip_ledger(text: str) -> str:
     """``text`` without its ledger blocks (file lists included): they are recomputed,
     never summarized."""
     kept, _ = split_blocks(text)
-    return strip_file_lists("\n".join(kept)).strip()
+    return _prose(kept)
 
 
 def ledger_text(text: str) -> str:
@@ -213,12 +215,44 @@ def ledger_text(text: str) -> str:
     return "\n".join(blocks)
 
 
+@dataclass(frozen=True)
+class LedgerSplit:
+    """A summary's text taken apart along its ledger, in one reading."""
+
+    prose: str  #: the text without its ledger (:func:`strip_ledger`)
+    files: FileLists  #: the ledger's file lists (:func:`~compaction.summary.files.file_lists_in`)
+    ledger: str  #: the ledger's blocks as they stand (:func:`ledger_text`)
+
+
+def split_ledger(text: str) -> LedgerSplit:
+    """``text``'s prose, file lists and ledger, its lines read once."""
+    kept: list[str] = []
+    blocks: list[str] = []
+    file_lines: list[str] = []
+    for block, raw, _ in block_lines(text):
+        if block is None:
+            kept.append(raw)
+            continue
+        blocks.append(raw)
+        if block in FILE_BLOCKS:
+            file_lines.append(raw)
+    return LedgerSplit(_prose(kept), parse_file_lists("\n".join(file_lines)), "\n".join(blocks))
+
+
+def _prose(kept: list[str]) -> str:
+    """The lines outside the ledger's blocks as text, less any file block written
+    within a line (a model's reply may run one into its prose)."""
+    return strip_file_lists("\n".join(kept)).strip()
+
+
 __all__ = [
     "MAX_ENTRIES",
     "Ledger",
+    "LedgerSplit",
     "ledger_text",
     "newest",
     "parse_ledger",
     "render_ledger",
+    "split_ledger",
     "strip_ledger",
 ]

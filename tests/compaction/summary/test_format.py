@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+
+import compaction.summary.blocks as blocks_module
+import compaction.summary.files as files_module
+import compaction.summary.rendering as rendering_module
 from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
 from compaction.summary.files import FileLists
 from compaction.summary.format import (
@@ -29,6 +36,25 @@ def test_a_made_summary_is_recognized_and_parses_back_into_its_parts() -> None:
     assert parts.files == FILES
     assert parts.heading.startswith("Summary of 12 earlier messages")
     assert summary_count(message) == 12
+
+
+def test_a_summary_is_taken_apart_in_one_reading_of_its_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Body, file lists and ledger are three views of one partition of the lines.
+    message = _summary()
+    readings: list[str] = []
+    block_lines = blocks_module.block_lines
+
+    def counted(text: str) -> Iterator[blocks_module.BlockLine]:
+        readings.append(text)
+        return block_lines(text)
+
+    for module in (blocks_module, files_module, rendering_module):
+        monkeypatch.setattr(module, "block_lines", counted)
+    parts = parse_summary(message)
+    assert parts is not None and parts.body == BODY and parts.files == FILES
+    assert len(readings) == 1
 
 
 def test_the_body_never_holds_the_file_lists() -> None:
