@@ -42,6 +42,7 @@ pipeline moves on to hard truncation.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -476,6 +477,12 @@ class _Condensing:
     def tokens(self, messages: Sequence[Message]) -> int:
         return sum(self.counter.count_messages(messages, self.keys.keys(messages)))
 
+    @functools.cached_property
+    def task(self) -> str:
+        """The first words typed in the head, read once for every summary of this
+        call: its ledger, its extractive Goal and the check of a model's Goal."""
+        return first_typed(self.head)
+
     async def summarize(
         self, whole: _Span, *, request: str | None, cap: int | None = None
     ) -> Message:
@@ -525,7 +532,7 @@ class _Condensing:
         self.fell_back = True
         body = extractive_summary(
             ordinary,
-            head=self.head,
+            task=self.task,
             previous=previous,
             budget=budget,
             counter=self.counter,
@@ -541,9 +548,7 @@ class _Condensing:
         and for a main summary the errors printed after it by messages kept pruned
         and the names of the agent's turns there whose text was cut; without the
         names that the messages kept after it already hold."""
-        ledger = ledger_of(
-            whole.originals, self.profile, task=first_typed(self.head), salt=self.salt
-        )
+        ledger = ledger_of(whole.originals, self.profile, task=self.task, salt=self.salt)
         if self.later_errors and not turn_prefix:
             ledger = ledger.merge(Ledger(errors=self.later_errors))
         if self.later_names and not turn_prefix:
@@ -574,7 +579,7 @@ class _Condensing:
         problem = problem or unchanged_problem(body, previous, anchors)
         facts = SpanFacts(
             files,
-            task_of(self.head, previous),
+            task_of(self.head, previous, task=self.task),
             not turn_prefix,
             requests_of(self.head, ordinary, previous, request),
         )

@@ -123,12 +123,12 @@ class SpanFacts:
     requests: str = ""
 
 
-def task_of(head: Sequence[Message], previous: Sequence[str]) -> str:
+def task_of(head: Sequence[Message], previous: Sequence[str], *, task: str | None = None) -> str:
     """The task a summary's Goal restates: the first words typed in the head
     (:func:`compaction.chat.typed.first_typed`: not the client's context or canned
-    examples), or, when the head has none, the Goal sections of the summaries
-    being folded in."""
-    task = first_typed(head)
+    examples; ``task`` when the caller has read them already), or, when the
+    head has none, the Goal sections of the summaries being folded in."""
+    task = first_typed(head) if task is None else task
     if task:
         return task
     return "\n".join(line for text in previous for line in summary_section(text, "goal"))

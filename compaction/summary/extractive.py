@@ -117,6 +117,7 @@ def extractive_summary(
     middle: Sequence[Message],
     *,
     head: Sequence[Message] = (),
+    task: str | None = None,
     previous: Sequence[str] = (),
     budget: int,
     counter: TokenCounter,
@@ -126,10 +127,12 @@ def extractive_summary(
 ) -> str:
     """A structured summary of ``middle`` in at most ``budget`` tokens.
 
-    ``head`` is context only (the task is quoted from it); ``previous`` are the
-    bodies of earlier summaries being replaced. With ``turn_prefix`` the Goal
-    and Constraints sections are left out: the request that opened the turn
-    is kept verbatim right above this summary.
+    ``head`` is context only (the task is quoted from it); a caller that has
+    read the task already (:func:`~compaction.chat.typed.first_typed` of the
+    head) passes it as ``task`` instead, so the head is not read again for each
+    summary. ``previous`` are the bodies of earlier summaries being replaced.
+    With ``turn_prefix`` the Goal and Constraints sections are left out: the
+    request that opened the turn is kept verbatim right above this summary.
     """
     lines = RankedLines()
     ordinary = [m for m in middle if not is_summary(m)]
@@ -137,7 +140,7 @@ def extractive_summary(
 
     if not turn_prefix:
         requests = typed_messages(ordinary)
-        _goal(lines, head, requests, old)
+        _goal(lines, first_typed(head) if task is None else task, requests, old)
         _constraints(lines, requests, old, instructions)
     steps = tool_steps(ordinary)
     _progress(lines, steps, old)
@@ -158,15 +161,14 @@ def _recency(i: int, n: int) -> float:
 
 def _goal(
     lines: RankedLines,
-    head: Sequence[Message],
+    task: str,
     requests: Sequence[str],
     old: Sequence[dict[str, list[str]]],
 ) -> None:
-    """``requests`` are the user texts of the middle."""
+    """``task`` is the head's first typed words; ``requests`` the user texts of the middle."""
     for sections in old:
         for line in sections.get("Goal", []):
             lines.add("Goal", line, 95)
-    task = first_typed(head)
     requests = list(requests)
     if task:
         lines.add("Goal", f"Task: {_task_quote(task)}", 100)

@@ -7,9 +7,13 @@ from typing import Any
 
 import pytest
 
+import compaction.stages.condenser as condenser_module
+import compaction.summary.contradictions as contradictions_module
+import compaction.summary.extractive as extractive_module
 from compaction.budget.profile import Profile
 from compaction.chat.messages import OPAQUE_KEY, message_text, validate_tool_pairing
 from compaction.chat.own import SUMMARY_MARKER, is_summary
+from compaction.chat.typed import first_typed
 from compaction.errors import SummarizationError
 from compaction.stages.condenser import (
     CondenseResult,
@@ -452,6 +456,27 @@ def test_split_turn_fallback_is_reported_per_summary() -> None:
     assert result.summarizer_used == "extractive"
     assert len(result.notes) == 2
     assert result.notes[1].startswith("turn prefix: llm summarizer failed (ConnectionError")
+
+
+@pytest.mark.parametrize("mode", ["llm", "extractive"])
+def test_the_heads_task_is_read_once_for_both_summaries_of_a_split_turn(
+    monkeypatch: pytest.MonkeyPatch, mode: SummarizerMode
+) -> None:
+    # Each summary's ledger, extractive Goal and check of a model's Goal want
+    # the task; the head is the same for all of them.
+    reads: list[int] = []
+
+    def counted(messages: Sequence[Message]) -> str:
+        reads.append(len(messages))
+        return first_typed(messages)
+
+    for module in (condenser_module, extractive_module, contradictions_module):
+        monkeypatch.setattr(module, "first_typed", counted)
+    messages = split_conversation()
+    result = run(messages, find_middle(messages, 2, 10), fake=RecordingSummarizer(), mode=mode)
+    assert sum(map(is_summary, result.messages)) == 2
+    assert result.summarizer_calls == (2 if mode == "llm" else 0)  # each reply checked
+    assert reads == [2]
 
 
 # --- file lists from the arguments before pruning ------------------------------
