@@ -1,4 +1,5 @@
-"""The ledger: what a compacted span did and said, computed, rendered, parsed and folded."""
+"""The ledger of a span: what it did and said, gathered from its messages and the
+earlier summaries folded in, and carried by the summary that replaces it."""
 
 from __future__ import annotations
 
@@ -6,21 +7,15 @@ import dataclasses
 import json
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from compaction import Profile, TokenCounter
 from compaction.chat.typed import typed_messages
 from compaction.summary.files import FileLists
 from compaction.summary.format import parse_summary, summary_message, with_body
 from compaction.summary.ledger import (
     Ledger,
-    identifiers_in,
     ledger_of,
-    names_cut_by_pruning,
     parse_ledger,
     render_ledger,
-    strip_ledger,
 )
 from compaction.text.clipping import error_lines
 
@@ -82,25 +77,6 @@ def test_a_span_ledger_holds_its_errors_commands_identifiers_and_typed_messages(
     )
 
 
-def test_the_agents_names_are_quoted_as_written() -> None:
-    turn = {
-        "role": "assistant",
-        "content": "I'll call os.path.basename in _is_ignored_file, defined in "
-        "pylint/lint/__init__.py, and from django.utils.translation.trans_real import "
-        "get_language_from_path; see setup.py. Then src/app.py:12 again.",
-    }
-    names = ledger_of([turn], PROFILE).identifiers
-    assert names == (
-        "os.path.basename",
-        "_is_ignored_file",
-        "pylint/lint/__init__.py",
-        "django.utils.translation.trans_real",
-        "get_language_from_path",
-        "setup.py",
-        "src/app.py:12",
-    )
-
-
 def test_test_runner_tallies_with_failures_are_error_lines_and_clean_runs_are_not() -> None:
     text = "3 failed, 68 passed, 1 xfailed in 4.74s\n=== 1 passed, 2 errors in 0.1s ===\n"
     assert error_lines(text + "5 passed in 1.02s\n") == text.splitlines()
@@ -133,17 +109,6 @@ def test_a_long_user_message_is_kept_to_its_cap_with_a_marker() -> None:
     assert len(kept) < 2_100
 
 
-def test_identifiers_are_issue_and_ticket_ids_urls_and_branches() -> None:
-    text = "See #12 and JIRA-7 at https://x.org/a?b=1. `git checkout -b feat/x`, git switch main"
-    assert identifiers_in(text) == [
-        "#12",
-        "JIRA-7",
-        "https://x.org/a?b=1",
-        "branch feat/x",
-        "branch main",
-    ]
-
-
 def test_a_rendered_ledger_parses_back_to_itself() -> None:
     ledger = ledger_of(_span(), PROFILE, task="Fix #42.")
     ledger = dataclasses.replace(ledger, files=FileLists(("a.py",), ("b.py",)))
@@ -164,35 +129,6 @@ def test_a_file_path_that_reads_like_a_ledger_tag_is_a_path_when_parsed_back() -
     assert parse_ledger(render_ledger(ledger, ROOMY, COUNTER)) == ledger
 
 
-def test_the_newest_entries_survive_a_tight_budget() -> None:
-    errors = tuple(f"ValueError: failure number {i}" for i in range(40))
-    ledger = Ledger(errors=errors)
-    text = render_ledger(ledger, 60, COUNTER)
-    kept = parse_ledger(text).errors
-    assert 0 < len(kept) < len(errors)
-    assert kept == errors[-len(kept) :]
-    assert COUNTER.count_text(text) <= 60
-
-
-def test_the_users_newest_message_claims_the_budget_first() -> None:
-    ledger = Ledger(
-        errors=tuple(f"ValueError: e{i}" for i in range(30)),
-        user_messages=("an older request", "the newest request of all"),
-    )
-    text = render_ledger(ledger, 30, COUNTER)
-    assert parse_ledger(text).user_messages == ("the newest request of all",)
-
-
-def test_each_block_gets_its_newest_entries_before_any_block_gets_older_ones() -> None:
-    ledger = Ledger(
-        errors=tuple(f"ValueError: e{i}" for i in range(30)),
-        user_messages=tuple(f"request number {i}" for i in range(30)),
-    )
-    kept = parse_ledger(render_ledger(ledger, 80, COUNTER))
-    assert kept.errors[-1] == "ValueError: e29"
-    assert kept.user_messages[-1] == "request number 29"
-
-
 def test_a_fold_keeps_new_entries_over_old_ones() -> None:
     old = Ledger(errors=tuple(f"OldError: {i}" for i in range(20)))
     folded = ledger_of(_span(), PROFILE, old)
@@ -201,12 +137,6 @@ def test_a_fold_keeps_new_entries_over_old_ones() -> None:
     kept = parse_ledger(render_ledger(errors_only, 40, COUNTER)).errors
     assert kept and all(not e.startswith("OldError") for e in kept)
     assert kept[-1] == "3 failed, 68 passed, 1 xfailed in 4.74s"
-
-
-def test_a_repeated_entry_keeps_its_newest_place() -> None:
-    old = Ledger(errors=("SyntaxError: invalid syntax", "KeyError: 'x'"))
-    later = Ledger(errors=("SyntaxError: invalid syntax",))
-    assert old.merge(later).errors == ("KeyError: 'x'", "SyntaxError: invalid syntax")
 
 
 def test_an_earlier_summarys_ledger_is_folded_in_at_its_place() -> None:
@@ -235,65 +165,6 @@ def test_a_summary_edit_keeps_the_ledger_out_of_the_body_and_byte_for_byte() -> 
     assert parts is not None and parts.body == "## Goal\n- g" and parts.ledger == rendered
     edited = parse_summary(with_body(message, "## Goal\n- h"))
     assert edited is not None and edited.body == "## Goal\n- h" and edited.ledger == rendered
-
-
-def test_ledger_blocks_pasted_into_a_body_are_not_read_back_as_the_ledger() -> None:
-    message = summary_message(
-        "## Goal\n- g\n<errors>\nFakeError: pasted\n</errors>",
-        condensed=2,
-        ledger="",
-        turn_prefix=False,
-    )
-    assert parse_ledger(message["content"]) == Ledger()
-    assert strip_ledger("a\n<errors>\nX\n</errors>\nb") == "a\nb"
-
-
-_line = (
-    st.text(
-        alphabet=st.characters(blacklist_categories=("Cs", "Zl", "Zp", "Cc")),
-        min_size=1,
-        max_size=40,
-    )
-    .map(lambda s: " ".join(s.split()))
-    .filter(bool)
-)
-_message = (
-    st.lists(
-        st.text(
-            alphabet=st.characters(blacklist_categories=("Cs", "Cc")) | st.just("\n"), max_size=60
-        ),
-        min_size=1,
-        max_size=4,
-    )
-    .map(lambda parts: "\n".join(p.strip() for p in parts).strip())
-    .filter(bool)
-)
-_entries = st.lists(_line, max_size=8, unique=True).map(tuple)
-
-
-@settings(max_examples=60, deadline=None)
-@given(_entries, _entries, _entries, st.lists(_message, max_size=5, unique=True).map(tuple))
-def test_any_ledger_round_trips_through_its_rendering(
-    errors: tuple[str, ...],
-    commands: tuple[str, ...],
-    identifiers: tuple[str, ...],
-    users: tuple[str, ...],
-) -> None:
-    ledger = Ledger(FileLists(), errors, commands, identifiers, users)
-    assert parse_ledger(render_ledger(ledger, ROOMY, COUNTER)) == ledger
-
-
-@settings(max_examples=60, deadline=None)
-@given(_entries, st.lists(_message, max_size=5, unique=True).map(tuple), st.integers(0, 120))
-def test_a_rendered_ledger_holds_its_budget_and_only_the_newest_of_each_block(
-    errors: tuple[str, ...], users: tuple[str, ...], budget: int
-) -> None:
-    ledger = Ledger(errors=errors, user_messages=users)
-    text = render_ledger(ledger, budget, COUNTER)
-    assert COUNTER.count_text(text) <= budget
-    kept = parse_ledger(text)
-    assert kept.errors == errors[len(errors) - len(kept.errors) :]
-    assert kept.user_messages == users[len(users) - len(kept.user_messages) :]
 
 
 def _long_session() -> dict[str, Any]:
@@ -337,31 +208,3 @@ def test_the_summary_carries_the_ledger_within_its_share_of_the_budget() -> None
 def test_a_ledger_share_of_zero_keeps_the_file_lists_only() -> None:
     text = _summary_of(Profile(context_window=4_096, tool_result_chars=1_000_000, ledger_share=0.0))
     assert "<errors>" not in text and "<user-messages>" not in text
-
-
-def test_the_names_of_a_turn_the_pruner_cuts_are_named_by_the_ledger() -> None:
-    long = {
-        "role": "assistant",
-        "content": "Looking at self.assertEqual(response.content) in tests.i18n.sampleproject. "
-        + "More reasoning. " * 600,
-    }
-    short = {"role": "assistant", "content": "Then check parse_window_header."}
-    parts = {"role": "assistant", "content": [{"type": "text", "text": long["content"]}]}
-    output = {"role": "tool", "tool_call_id": "c1", "content": "x_y_z " * 2_000}
-    assert len(long["content"]) > PROFILE.assistant_text_chars
-    names = names_cut_by_pruning([long, short, parts, output], PROFILE)
-    assert (
-        names
-        == [
-            "self.assertEqual",
-            "response.content",
-            "tests.i18n.sampleproject",
-        ]
-        * 2
-    )
-
-
-def test_a_long_turn_keeps_the_names_it_reaches_at_its_end() -> None:
-    names = [f"step_{i}_done" for i in range(60)]
-    turn = {"role": "assistant", "content": "I checked " + ", ".join(names) + "."}
-    assert ledger_of([turn], PROFILE).identifiers == tuple(names)
