@@ -178,12 +178,21 @@ def test_a_request_with_session_settings_is_decided_once(
 # --- the recheck under the lock ------------------------------------------------
 
 
-class SlowSummarizer:
-    """Answers after a while: the requests that wait for the lock have all
-    asked the store before the first one's checkpoint is stored."""
+class WaitingSummarizer:
+    """Answers once ``count`` decisions were taken: the requests that wait for
+    the lock have all asked the store and decided before the first one's
+    checkpoint is stored (waiting on the decisions, not on a clock, so a busy
+    machine cannot let one of them ask only after the checkpoint is in)."""
+
+    def __init__(self, decisions: RecordingDecide, count: int) -> None:
+        self.decisions = decisions
+        self.count = count
 
     async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
-        await asyncio.sleep(0.05)
+        for _ in range(10_000):  # bounded: a request that never decides fails the test
+            if len(self.decisions.reasons) >= self.count:
+                break
+            await asyncio.sleep(0.001)
         return (
             "## Goal\nGo on.\n## Progress\n- steps\n## Key Decisions\n- none\n## Next Steps\n- more"
         )
@@ -211,9 +220,10 @@ def test_concurrent_requests_for_one_compaction_decide_again_only_on_a_changed_a
     async def run() -> list[str]:
         state = _state()  # its transport belongs to this loop
         config = state.model_config("m")
+        summarizer = WaitingSummarizer(decisions, 3)
         resolved = await asyncio.gather(
             *(
-                compact_if_needed(state, BareRequest(body, messages, config), SlowSummarizer())
+                compact_if_needed(state, BareRequest(body, messages, config), summarizer)
                 for _ in range(3)
             )
         )
