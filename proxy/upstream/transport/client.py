@@ -199,10 +199,11 @@ class Transport:
             except TimeoutError as exc:
                 raise TransportTimeout("the upstream did not answer in time", phase="read") from exc
             break
-        if sum(len(name) + len(value) for name, value in response.raw_headers) > MAX_HEAD_BYTES:
-            response.close()
+        upstream = UpstreamResponse(response)
+        if upstream.head_bytes > MAX_HEAD_BYTES:
+            upstream.abort()
             raise InvalidResponse("the upstream's response headers are too large")
-        return UpstreamResponse(response)
+        return upstream
 
     async def aclose(self) -> None:
         await self._session.close()

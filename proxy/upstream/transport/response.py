@@ -27,6 +27,7 @@ class UpstreamResponse:
         "_ahead",
         "_closing",
         "_response",
+        "head_bytes",
         "length",
         "on_end",
         "raw_headers",
@@ -40,7 +41,13 @@ class UpstreamResponse:
         #: Where it came from (for log lines; may hold a query, never printed raw).
         self.url = str(response.url)
         #: As received, names lower-cased (ASGI's form); repeated headers kept.
-        self.raw_headers = [(name.lower(), value) for name, value in response.raw_headers]
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+        #: The head's size, its names and values (what the transport limits),
+        #: counted in the same pass as the names are lower-cased.
+        self.head_bytes = 0
+        for name, value in response.raw_headers:
+            self.raw_headers.append((name.lower(), value))
+            self.head_bytes += len(name) + len(value)
         #: The declared ``Content-Length``; ``None`` for chunked or read-until-close.
         self.length = response.content_length
         self._ahead: bytes | None = None
