@@ -22,6 +22,7 @@ The budget (docs/compaction.md, "The budget")::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -498,16 +499,22 @@ def requested_output_tokens(request: Mapping[str, Any]) -> int:
     return 0
 
 
-def compute_budget(profile: Profile, requested_output: int = 0) -> Budget:
+def compute_budget(profile: Profile, requested_output: int = 0, *, scale: float = 1.0) -> Budget:
     """Apply the budget (docs/compaction.md, "The budget") to one request.
 
     ``L`` can come out at or below zero when the client asks for more output
     than the window holds; the pipeline then reports that the head cannot fit.
+    ``scale``: the upstream's tokens in the caller's units (our estimate's,
+    :func:`compaction.stages.decide.calibrated_budget`), applied to ``L`` and
+    the trigger (rounded down) and so to the tail, in the one budget made.
     """
     window = profile.context_window
     reserve = max(min(profile.reserve_tokens, window // 4), requested_output)
     limit = window - reserve
     trigger = limit if profile.threshold is None else min(profile.threshold, limit)
+    if limit > 0:
+        limit = math.floor(limit * scale)
+    trigger = min(math.floor(trigger * scale), limit)
     tail = min(profile.keep_recent_tokens, max(limit, 0) // 2)
     return Budget(
         context_window=window,

@@ -129,10 +129,8 @@ def made_progress(
 def calibrated_budget(profile: Profile, requested_output: int = 0, ratio: float = 1.0) -> Budget:
     """:func:`~compaction.budget.profile.compute_budget` in estimated tokens: scaled by
     the upstream's ratio and the safety margin (see the module docstring)."""
-    raw = compute_budget(profile, requested_output)
     scale = (1 - profile.safety_margin) / clamp_ratio(ratio)
-    limit = math.floor(raw.input_limit * scale) if raw.input_limit > 0 else raw.input_limit
-    return _limited(raw, profile, limit, min(math.floor(raw.trigger * scale), limit))
+    return compute_budget(profile, requested_output, scale=scale)
 
 
 def _limited(budget: Budget, profile: Profile, limit: int, trigger: int) -> Budget:

@@ -107,3 +107,17 @@ def test_holding_back_lowers_the_limit_and_a_trigger_above_it() -> None:
     assert budget.holding_back(0) is budget
     lower = compute_budget(Profile(context_window=8192, threshold=4000)).holding_back(200)
     assert lower.trigger == 4000
+
+
+def test_a_scaled_budget_scales_the_limit_and_trigger_and_derives_its_tail() -> None:
+    profile = Profile(context_window=16_384, threshold=6_000, keep_recent_tokens=20_000)
+    plain = compute_budget(profile)
+    scaled = compute_budget(profile, scale=0.8)
+    assert scaled.input_limit == int(plain.input_limit * 0.8)
+    assert scaled.trigger == int(6_000 * 0.8)
+    assert scaled.tail_budget == scaled.input_limit // 2  # of the scaled limit, not the plain
+    assert (scaled.context_window, scaled.reserve) == (plain.context_window, plain.reserve)
+    # A limit at or below zero (more output asked than the window holds) stays as it is.
+    over = compute_budget(Profile(context_window=8192), requested_output=9_000, scale=0.5)
+    assert over.input_limit == over.trigger == 8192 - 9_000
+    assert over.tail_budget == 0
