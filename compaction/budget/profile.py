@@ -478,7 +478,10 @@ class Budget:
         The request declares tools, and once it is compacted the recall tool
         joins them: counted in from the start, the tools block never has to
         leave again when the conversation grows towards the trigger (which
-        would break the provider's prompt cache at every turn after)."""
+        would break the provider's prompt cache at every turn after). A
+        budget made for a request holds them back as it is made
+        (:func:`compute_budget`'s ``held_back``); this is for one made
+        otherwise (the overflow retry's)."""
         if tokens <= 0:
             return self
         limit = self.input_limit - tokens
@@ -499,14 +502,17 @@ def requested_output_tokens(request: Mapping[str, Any]) -> int:
     return 0
 
 
-def compute_budget(profile: Profile, requested_output: int = 0, *, scale: float = 1.0) -> Budget:
+def compute_budget(
+    profile: Profile, requested_output: int = 0, *, scale: float = 1.0, held_back: int = 0
+) -> Budget:
     """Apply the budget (docs/compaction.md, "The budget") to one request.
 
     ``L`` can come out at or below zero when the client asks for more output
     than the window holds; the pipeline then reports that the head cannot fit.
     ``scale``: the upstream's tokens in the caller's units (our estimate's,
     :func:`compaction.stages.decide.calibrated_budget`), applied to ``L`` and
-    the trigger (rounded down) and so to the tail, in the one budget made.
+    the trigger (rounded down) and so to the tail, in the one budget made;
+    ``held_back``: then taken off as :meth:`Budget.holding_back` does.
     """
     window = profile.context_window
     reserve = max(min(profile.reserve_tokens, window // 4), requested_output)
@@ -516,11 +522,14 @@ def compute_budget(profile: Profile, requested_output: int = 0, *, scale: float 
         limit = math.floor(limit * scale)
     trigger = min(math.floor(trigger * scale), limit)
     tail = min(profile.keep_recent_tokens, max(limit, 0) // 2)
+    held_back = max(held_back, 0)
+    limit -= held_back
     return Budget(
         context_window=window,
         reserve=reserve,
         input_limit=limit,
-        trigger=trigger,
+        trigger=min(trigger, limit),
         tail_budget=tail,
         requested_output=requested_output,
+        held_back=held_back,
     )

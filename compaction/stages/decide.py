@@ -126,11 +126,14 @@ def made_progress(
     return 1 - tokens_after / max(tokens_before, 1) >= min_ratio
 
 
-def calibrated_budget(profile: Profile, requested_output: int = 0, ratio: float = 1.0) -> Budget:
+def calibrated_budget(
+    profile: Profile, requested_output: int = 0, ratio: float = 1.0, *, held_back: int = 0
+) -> Budget:
     """:func:`~compaction.budget.profile.compute_budget` in estimated tokens: scaled by
-    the upstream's ratio and the safety margin (see the module docstring)."""
+    the upstream's ratio and the safety margin (see the module docstring);
+    ``held_back`` tokens kept for what joins a compacted request."""
     scale = (1 - profile.safety_margin) / clamp_ratio(ratio)
-    return compute_budget(profile, requested_output, scale=scale)
+    return compute_budget(profile, requested_output, scale=scale, held_back=held_back)
 
 
 def _limited(budget: Budget, profile: Profile, limit: int, trigger: int) -> Budget:

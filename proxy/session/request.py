@@ -120,12 +120,12 @@ def request_budget(
     """The request's budget: calibrated to its upstream's ratio for its owner,
     ``held_back`` tokens kept for what joins it once compacted."""
     config = request.config
-    budget = calibrated_budget(
+    return calibrated_budget(
         config.profile,
         requested_output_tokens(request.body),
         conversations.models.ratio(config, request.owner),
+        held_back=held_back,
     )
-    return budget.holding_back(held_back)
 
 
 def usable_reading(

@@ -121,3 +121,14 @@ def test_a_scaled_budget_scales_the_limit_and_trigger_and_derives_its_tail() -> 
     over = compute_budget(Profile(context_window=8192), requested_output=9_000, scale=0.5)
     assert over.input_limit == over.trigger == 8192 - 9_000
     assert over.tail_budget == 0
+
+
+@pytest.mark.parametrize("threshold", [None, 4_000, 5_000])
+@pytest.mark.parametrize("tokens", [-5, 0, 200, 7_000])
+def test_a_budget_made_holding_back_is_the_budget_held_back(
+    threshold: int | None, tokens: int
+) -> None:
+    profile = Profile(context_window=8192, threshold=threshold)
+    for scale in (1.0, 0.8):
+        made = compute_budget(profile, 100, scale=scale, held_back=tokens)
+        assert made == compute_budget(profile, 100, scale=scale).holding_back(tokens)
