@@ -170,20 +170,17 @@ class UsageTap:
                     found += data[start : at + 1]
                     self._object = None
                     if len(found) <= MAX_USAGE_BYTES:
-                        self._read(found)
+                        try:
+                            parsed = orjson.loads(found)
+                        except orjson.JSONDecodeError:
+                            parsed = None  # an unparsable object says nothing
+                        if isinstance(parsed, dict):  # later keys over earlier ones
+                            self._found.update(parsed)
                     return at + 1
         found += data[start:]
         if len(found) > MAX_USAGE_BYTES:
             self._object = None  # no usage the proxy knows; its bytes are not held
         return None
-
-    def _read(self, raw: bytearray) -> None:
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(parsed, dict):
-            self._found.update(parsed)
 
     def close(self) -> None:
         """The answer ended whole: what it reported becomes :attr:`usage`, and
