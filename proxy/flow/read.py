@@ -131,9 +131,9 @@ def _parse(
             beta.append(value)
         elif lower == "user-agent" and user_agent is None:  # the first, as a server reads it
             user_agent = value
-    config = with_client_window(
-        services.conversations.model_config(body.get("model"), owner), ",".join(beta) or None
-    )
+    config = services.conversations.model_config(body.get("model"), owner)
+    if beta:  # most clients send no beta header: no window of theirs to read
+        config = with_client_window(config, ",".join(beta))
     # Most bodies cannot hold the word: neither /compact exchanges to remove
     # nor a command to find (asked once, here).
     holds_command = manual.may_hold_command(raw)
