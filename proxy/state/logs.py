@@ -126,10 +126,11 @@ DRAIN_SECONDS = 2.0
 _Item = logging.LogRecord | int | threading.Event | None
 
 
-class LogWriter:
-    """Formats records and writes them to a file descriptor, in a thread of its own.
+class LogWriter(logging.Handler):
+    """The root logger's handler: formats records and writes them to a file
+    descriptor, in a thread of its own.
 
-    :meth:`put` never waits, whatever the output does; :meth:`close` writes
+    :meth:`emit` never waits, whatever the output does; :meth:`close` writes
     what waits, for at most a bounded time. Writes go to the descriptor itself
     (``os.write``), under no lock of Python's: a write left waiting on an
     unread output holds nothing that the exit's flush of ``sys.stderr`` or
@@ -145,6 +146,7 @@ class LogWriter:
     def __init__(
         self, formatter: logging.Formatter, fd: int, capacity: int = QUEUED_RECORDS
     ) -> None:
+        super().__init__()
         self._formatter = formatter
         self._fd = fd
         self._capacity = capacity
@@ -154,7 +156,19 @@ class LogWriter:
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
         self._thread.start()
 
-    def put(self, record: logging.LogRecord) -> None:
+    def emit(self, record: logging.LogRecord) -> None:
+        """Hand ``record`` over to the thread. What may change after the call
+        is read here, as it is now: the message merged with its arguments, and
+        a copy of the ``fields``; the rest of the formatting (the time, a
+        traceback) is the thread's."""
+        try:
+            record.msg, record.args = record.getMessage(), None
+        except Exception:  # arguments that do not fit the message: logging's own report
+            self.handleError(record)
+            return
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            record.fields = dict(fields)
         if self._records.qsize() >= self._capacity:
             with self._lock:
                 self._dropped += 1
@@ -176,10 +190,12 @@ class LogWriter:
         return written.wait(seconds)
 
     def close(self, seconds: float = DRAIN_SECONDS) -> None:
-        """Write what waits, for at most ``seconds``; then stop."""
+        """Write what waits, for at most ``seconds``; then stop (logging's
+        shutdown closes it again at exit, when nothing is left)."""
         self._records.put(self._take_dropped())
         self._records.put(None)
         self._thread.join(seconds)
+        super().close()
 
     def _run(self) -> None:
         while (item := self._records.get()) is not None:
@@ -215,30 +231,6 @@ def _dropped_record(count: int) -> logging.LogRecord:
     )
 
 
-class _Handoff(logging.Handler):
-    """The root logger's handler: a record handed to the :class:`LogWriter`.
-
-    What may change after the call is read here, as it is now: the message
-    merged with its arguments, and a copy of the ``fields``; the rest of the
-    formatting (the time, a traceback) is the writer's.
-    """
-
-    def __init__(self, writer: LogWriter) -> None:
-        super().__init__()
-        self.writer = writer
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            record.msg, record.args = record.getMessage(), None
-        except Exception:  # arguments that do not fit the message: logging's own report
-            self.handleError(record)
-            return
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            record.fields = dict(fields)
-        self.writer.put(record)
-
-
 #: The writer :func:`configure` started, if it did (see :func:`flush`).
 _writer: LogWriter | None = None
 
@@ -267,7 +259,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
         _writer = LogWriter(formatter, fd)
         # Before logging's own exit handler (atexit runs the last one first).
         atexit.register(_writer.close)
-        handler = _Handoff(_writer)
+        handler = _writer
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

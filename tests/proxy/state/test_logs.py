@@ -18,7 +18,7 @@ import threading
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.state.logs import LogWriter, TextFormatter, _Handoff, escaped
+from proxy.state.logs import LogWriter, TextFormatter, escaped
 
 
 class _Shown:
@@ -93,9 +93,12 @@ def test_records_past_what_can_wait_are_dropped_and_the_count_is_written() -> No
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # full after some forty lines
     writer = LogWriter(logging.Formatter("%(message)s"), write_end, capacity=5)
     sent = 2_000
-    handing = threading.Thread(
-        target=lambda: [writer.put(_plain(f"line {i:04d} " + "x" * 90)) for i in range(sent)]
-    )
+
+    def hand_over() -> None:
+        for i in range(sent):
+            writer.emit(_plain(f"line {i:04d} " + "x" * 90))
+
+    handing = threading.Thread(target=hand_over)
     handing.start()
     handing.join(timeout=30)
     assert not handing.is_alive()  # all handed over while the output was full
@@ -125,14 +128,14 @@ def test_a_record_is_written_as_it_was_when_logged() -> None:
     writer = LogWriter(TextFormatter(), write_end)
     logger = logging.getLogger("tests.logs.handoff")
     logger.propagate = False
-    logger.addHandler(handler := _Handoff(writer))
+    logger.addHandler(writer)
     try:
         fields = {"stage": "none"}
         logger.warning("seen %s", "then", extra={"fields": fields})
         fields["stage"] = "changed later"
         writer.close()
     finally:
-        logger.removeHandler(handler)
+        logger.removeHandler(writer)
     os.close(write_end)
     [line] = _read_all(read_end).decode().splitlines()
     assert line.endswith("tests.logs.handoff: seen then stage=none")
