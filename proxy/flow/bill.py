@@ -76,10 +76,6 @@ class Bill:
     own_dollars: float | None = None
     without_dollars: float | None = None
 
-    @property
-    def priced(self) -> bool:
-        return self.usage is not None
-
     def fields(self) -> dict[str, object]:
         """The request log line's figures (those known)."""
         found: dict[str, object] = {}

@@ -78,7 +78,7 @@ def request_record(
         cost_without=bill.without,
         cost_dollars=bill.cost_dollars,
         cost_without_dollars=bill.without_dollars,
-        priced=bill.priced,
+        priced=bill.usage is not None,
         prompt_tokens=usage.prompt,
         cache_read_tokens=usage.cache_read,
         cache_write_tokens=usage.cache_write,
