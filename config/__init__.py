@@ -20,6 +20,7 @@ from config.profiles import (
     resolve_model,
     with_client_window,
     with_server_window,
+    with_working_limit,
 )
 from config.reference import SettingDoc, settings_reference
 from config.settings import (
@@ -53,4 +54,5 @@ __all__ = [
     "settings_reference",
     "with_client_window",
     "with_server_window",
+    "with_working_limit",
 ]

@@ -3,7 +3,9 @@
 Pure functions over :class:`Settings`; the proxy keeps the learned windows and
 passes them in. Precedence, strongest first::
 
-    context_window   learned (overflow error) > [models."…"] > stated by the
+    context_window   held to the working limit empty streams taught, where
+                     smaller (:func:`with_working_limit`); otherwise
+                     learned (overflow error) > [models."…"] > stated by the
                      server (:func:`with_server_window`) > the client's
                      long-context beta header (:func:`with_client_window`) >
                      built-in table > [compaction]; a learned window larger
@@ -110,18 +112,19 @@ def resolve_model(
     model: str | None,
     learned_windows: Mapping[str, int] | None = None,
     server_window: int | None = None,
+    working_limit: int | None = None,
 ) -> ModelConfig:
     """Resolve ``model`` against ``settings``; see the module docstring for precedence."""
     config = with_server_window(_resolve(settings, model or ""), server_window)
-    return _apply_learned(config, learned_windows)
+    return with_working_limit(_apply_learned(config, learned_windows), working_limit)
 
 
 class ModelResolver:
     """:func:`resolve_model` for one :class:`Settings`, remembering each answer.
 
-    Settings are frozen, so an answer stays valid; a learned window and the
-    server's stated one are part of the cache key, so learning one for a model
-    simply makes a new entry.
+    Settings are frozen, so an answer stays valid; a learned window, the
+    server's stated one and the working limit are part of the cache key, so
+    learning one for a model simply makes a new entry.
     """
 
     def __init__(
@@ -129,20 +132,23 @@ class ModelResolver:
     ) -> None:
         self.settings = settings
         self._max_cached = max_cached
-        self._cache: dict[tuple[str, int | None, int | None], ModelConfig] = {}
+        self._cache: dict[tuple[str, int | None, int | None, int | None], ModelConfig] = {}
 
     def resolve(
         self,
         model: str | None,
         learned_windows: Mapping[str, int] | None = None,
         server_window: int | None = None,
+        working_limit: int | None = None,
     ) -> ModelConfig:
         name = model or ""
         learned = learned_windows.get(name) if learned_windows else None
-        key = (name, learned, server_window)
+        key = (name, learned, server_window, working_limit)
         config = self._cache.get(key)
         if config is None:
-            config = resolve_model(self.settings, name, learned_windows, server_window)
+            config = resolve_model(
+                self.settings, name, learned_windows, server_window, working_limit
+            )
             if len(name) > MAX_NAME_CHARS:  # no real model's: not worth keeping
                 return config
             if len(self._cache) >= self._max_cached:
@@ -211,6 +217,17 @@ def with_server_window(config: ModelConfig, window: int | None) -> ModelConfig:
         return config
     profile = dataclasses.replace(config.profile, context_window=window)
     return dataclasses.replace(config, profile=profile, window_source="server")
+
+
+def with_working_limit(config: ModelConfig, limit: int | None) -> ModelConfig:
+    """``config`` with its window held to ``limit``, the working window empty
+    streams narrowed it to (:meth:`proxy.state.models.ModelKnowledge.empty_stream`),
+    when that is smaller: the upstream was seen to fail above it, whatever any
+    other source says."""
+    if limit is None or limit >= config.profile.context_window:
+        return config
+    profile = dataclasses.replace(config.profile, context_window=limit)
+    return dataclasses.replace(config, profile=profile, window_source="empty-stream")
 
 
 def _apply_learned(config: ModelConfig, learned_windows: Mapping[str, int] | None) -> ModelConfig:

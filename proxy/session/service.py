@@ -74,11 +74,11 @@ class Conversations:
         by (or agreed for) ``owner``, held to the working limit empty streams taught."""
         config = self.resolver.resolve(model)
         known = self.models.of(config, owner)
-        window, server = known.window_learned, known.window_stated
-        if window is None and server is None:
-            return self.models.within_working_limit(config)
+        window, server, limit = known.window_learned, known.window_stated, known.working_limit
+        if window is None and server is None and limit is None:
+            return config
         learned = {config.model: window} if window is not None else None
-        return self.models.within_working_limit(self.resolver.resolve(model, learned, server))
+        return self.resolver.resolve(model, learned, server, limit)
 
     def counter(self, config: ModelConfig) -> TokenCounter:
         """One counter (and so one token cache) per encoding, image cost and

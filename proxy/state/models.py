@@ -67,7 +67,7 @@ from compaction import (
     window_to_learn,
     working_limit_after_answer,
 )
-from config import ModelConfig
+from config import ModelConfig, with_working_limit
 from proxy.edge.access import owner_digest
 from proxy.state.stores import Store
 from proxy.upstream.discovery import ServerFacts
@@ -288,10 +288,7 @@ class ModelKnowledge:
     def within_working_limit(self, config: ModelConfig) -> ModelConfig:
         """``config`` with its window held to the working limit, when that is smaller."""
         limit = self._served.get(calibration_key(config), _NONE_SERVED).working_limit
-        if limit is None or limit >= config.profile.context_window:
-            return config
-        profile = dataclasses.replace(config.profile, context_window=limit)
-        return dataclasses.replace(config, profile=profile, window_source="empty-stream")
+        return with_working_limit(config, limit)
 
     # --- learning -----------------------------------------------------------------
 

@@ -30,6 +30,7 @@ def test_public_surface_is_pinned_and_sorted() -> None:
         "settings_reference",
         "with_client_window",
         "with_server_window",
+        "with_working_limit",
     ]
     for name in config.__all__:
         assert getattr(config, name) is not None

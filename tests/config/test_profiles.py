@@ -195,3 +195,16 @@ def test_each_model_is_matched_against_the_patterns_once_however_often_it_is_ask
     assert all(config is plain[0] for config in plain)
     assert all(config is with_learned[0] for config in with_learned)
     assert with_learned[0].profile.context_window == 8192
+
+
+def test_the_working_limit_holds_the_window_below_every_other_source() -> None:
+    resolver = ModelResolver(settings(**{"gpt-4o": {"context_window": 50_000}}))
+    limited = resolver.resolve("gpt-4o", {"gpt-4o": 40_000}, 45_000, 30_000)
+    assert (limited.profile.context_window, limited.window_source) == (30_000, "empty-stream")
+    assert resolver.resolve("gpt-4o", {"gpt-4o": 40_000}, 45_000, 30_000) is limited
+    # A limit at or above the window it would narrow changes nothing.
+    learned = resolver.resolve("gpt-4o", {"gpt-4o": 40_000})
+    wide = resolver.resolve("gpt-4o", {"gpt-4o": 40_000}, None, 40_000)
+    assert wide == learned
+    assert (wide.profile.context_window, wide.window_source) == (40_000, "learned")
+    assert resolve_model(Settings(), "gpt-4o", working_limit=1_000).profile.context_window == 1_000
