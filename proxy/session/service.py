@@ -119,9 +119,8 @@ class Conversations:
         """A user's request is about to be sent upstream: counted in flight until
         its answer is over (:meth:`proxy.upstream.traffic.Sending.answered`), and on a
         one-slot upstream the background summaries to it cancelled first."""
-        key, traffic = calibration_key(config), self.upstream.traffic
-        single = traffic.single_slot(key, self.models.slots(config))  # as single_slot says
-        return await traffic.begin(key, single=single)
+        key = calibration_key(config)
+        return await self.upstream.traffic.begin(key, stated=self.models.slots(config))
 
     def discover(self, config: ModelConfig, base: str, headers: Mapping[str, str]) -> None:
         """Ask ``config``'s server for its window off the request path; what it

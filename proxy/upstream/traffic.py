@@ -88,13 +88,15 @@ class Traffic:
     def overlaps(self, key: str) -> int:
         return self._overlaps[key]
 
-    async def begin(self, key: str, *, single: bool) -> Sending:
+    async def begin(self, key: str, *, stated: int | None) -> Sending:
         """A user request to ``key``'s upstream is about to be sent: counted in
-        flight until :meth:`Sending.end`. On a one-slot upstream (``single``)
-        the background summaries in flight are cancelled first, and waited
-        for, so the request is not queued behind one."""
+        flight until :meth:`Sending.end`. On a one-slot upstream
+        (:meth:`single_slot`, ``stated`` the slots it states) the background
+        summaries in flight are cancelled first, and waited for, so the
+        request is not queued behind one; with none in flight (most
+        requests) the question is not asked."""
         in_flight = list(self._summaries.get(key, ()))
-        if single and in_flight:
+        if in_flight and self.single_slot(key, stated):
             for summary in in_flight:
                 summary.give_way()
             await asyncio.wait([s.task for s in in_flight])

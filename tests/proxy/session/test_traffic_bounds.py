@@ -25,7 +25,7 @@ def test_the_traffic_of_invented_model_names_is_forgotten_oldest_first(
         for n in range(50):
             key = f"http://upstream\x1fmodel-{n}"
             await traffic.summary(key, _reply(), single=False, patience=1)
-            sending = await traffic.begin(key, single=False)
+            sending = await traffic.begin(key, stated=None)
             sending.end()
             traffic.tell_once(key)
 
@@ -34,3 +34,30 @@ def test_the_traffic_of_invented_model_names_is_forgotten_oldest_first(
         assert len(rows) <= 8
     assert "http://upstream\x1fmodel-49" in traffic._ended
     assert "http://upstream\x1fmodel-0" not in traffic._ended
+
+
+@pytest.mark.parametrize("stated", [1, 4])
+def test_a_user_request_cancels_the_summaries_in_flight_only_where_the_upstream_has_one_slot(
+    stated: int,
+) -> None:
+    async def run() -> tuple[bool, bool]:
+        traffic = Traffic()
+        started = asyncio.Event()
+
+        async def summary() -> str:
+            started.set()
+            await asyncio.sleep(3600)  # until cancelled, or the test ends
+            return "a summary"
+
+        key = "http://upstream\x1fmodel"
+        running = asyncio.ensure_future(traffic.summary(key, summary(), single=False, patience=1))
+        await started.wait()
+        sending = await traffic.begin(key, stated=stated)
+        gave_way = running.done()
+        running.cancel()
+        results = await asyncio.gather(running, return_exceptions=True)
+        sending.end()
+        return gave_way, isinstance(results[0], traffic_module.GaveWay)
+
+    gave_way, told = asyncio.run(run())
+    assert gave_way == told == (stated == 1)

@@ -725,7 +725,7 @@ def test_a_user_request_is_counted_in_flight_until_its_answer_is_over(end: str) 
     async def test() -> None:
         async with _Upstream(_answering(_ok(b"hello"))) as up, _pool() as transport:
             traffic = Traffic()
-            sent = await traffic.begin("key", single=False)
+            sent = await traffic.begin("key", stated=None)
             response = sent.answered(await _get(transport, up.url))
             assert traffic.in_flight("key") == 1  # its head is in, not its end
             if end == "read":
