@@ -512,7 +512,8 @@ def compute_budget(
     ``scale``: the upstream's tokens in the caller's units (our estimate's,
     :func:`compaction.stages.decide.calibrated_budget`), applied to ``L`` and
     the trigger (rounded down) and so to the tail, in the one budget made;
-    ``held_back``: then taken off as :meth:`Budget.holding_back` does.
+    ``held_back``: then taken off by :meth:`Budget.holding_back` (not called
+    for none, as for most requests).
     """
     window = profile.context_window
     reserve = max(min(profile.reserve_tokens, window // 4), requested_output)
@@ -521,15 +522,12 @@ def compute_budget(
     if limit > 0:
         limit = math.floor(limit * scale)
     trigger = min(math.floor(trigger * scale), limit)
-    tail = min(profile.keep_recent_tokens, max(limit, 0) // 2)
-    held_back = max(held_back, 0)
-    limit -= held_back
-    return Budget(
+    budget = Budget(
         context_window=window,
         reserve=reserve,
         input_limit=limit,
-        trigger=min(trigger, limit),
-        tail_budget=tail,
+        trigger=trigger,
+        tail_budget=min(profile.keep_recent_tokens, max(limit, 0) // 2),
         requested_output=requested_output,
-        held_back=held_back,
     )
+    return budget.holding_back(held_back) if held_back > 0 else budget
