@@ -191,14 +191,20 @@ def _matcher() -> re.Pattern[str]:
     return re.compile("|".join(alternatives))
 
 
-def builtin_context_window(model: str) -> int | None:
-    """The documented context window of ``model``, or ``None`` if the table does not know it."""
+def match_model(matcher: re.Pattern[str], model: str) -> re.Match[str] | None:
+    """``matcher``'s match of ``model`` as the built-in tables match a name:
+    case-insensitively, without any provider prefix first, then as given; a
+    name over :data:`MAX_NAME_CHARS` matches nothing."""
     name = model.strip().lower()
     if not name or len(name) > MAX_NAME_CHARS:
         return None
     bare = name.rsplit("/", 1)[-1]
-    matcher = _matcher()
-    match = matcher.match(bare) or (matcher.match(name) if bare != name else None)
+    return matcher.match(bare) or (matcher.match(name) if bare != name else None)
+
+
+def builtin_context_window(model: str) -> int | None:
+    """The documented context window of ``model``, or ``None`` if the table does not know it."""
+    match = match_model(_matcher(), model)
     if match is None or match.lastindex is None:
         return None
     return _RULES[match.lastindex - 1][1]

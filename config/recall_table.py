@@ -24,7 +24,7 @@ import re
 from fnmatch import translate
 from typing import Final
 
-from config.model_table import MAX_NAME_CHARS
+from config.model_table import match_model
 
 #: Globs of the models that never called the recall tool when measured. Each
 #: ends in its only ``*``, so matching is linear in the (client-given) name.
@@ -43,8 +43,4 @@ def _matcher() -> re.Pattern[str]:
 
 def never_recalls(model: str) -> bool:
     """Whether ``model`` is one measured never to call the recall tool."""
-    name = model.strip().lower()
-    if not name or len(name) > MAX_NAME_CHARS:
-        return False
-    bare = name.rsplit("/", 1)[-1]
-    return _matcher().match(bare) is not None or _matcher().match(name) is not None
+    return match_model(_matcher(), model) is not None
