@@ -67,7 +67,10 @@ async def as_sent(
     else:
         counter = conversations.counter(config)
         tokens = sum(counter.count_messages(messages)) + counter.request_overhead(request.body)
-        key, problems = session_key(messages), False
+        # The conversation's own key names its session only where the client
+        # named none (session_name): no hash of its first message otherwise.
+        key = session_key(messages) if request.client_session is None else ""
+        problems = False
     budget = request_budget(conversations, request, held_back)
     share = EARLY_SHARE
     session = session_name(request.client_session, key)
