@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import compaction.stages.condenser as condenser_module
+import compaction.stages.summarizing as summarizing_module
 import compaction.summary.contradictions as contradictions_module
 import compaction.summary.extractive as extractive_module
 from compaction.budget.profile import Profile
@@ -470,7 +470,7 @@ def test_the_heads_task_is_read_once_for_both_summaries_of_a_split_turn(
         reads.append(len(messages))
         return first_typed(messages)
 
-    for module in (condenser_module, extractive_module, contradictions_module):
+    for module in (summarizing_module, extractive_module, contradictions_module):
         monkeypatch.setattr(module, "first_typed", counted)
     messages = split_conversation()
     result = run(messages, find_middle(messages, 2, 10), fake=RecordingSummarizer(), mode=mode)
