@@ -44,78 +44,60 @@ answers: a waiter for a lock gives up after the longest a lease can live
 key keeps changing (or whose EXEC keeps answering nil) is tried
 :data:`TRANSACTION_ATTEMPTS` times with a pause between, then
 :class:`Contended`.
+
+The store is in parts, one concern each, composed by :class:`RedisStore`
+(which keeps the checkpoints and originals, the rows kept by model, the purge):
+the client, keys, clock, lock and transactions every part shares
+(:mod:`~proxy.state.stores.redis.core`), events and liveness
+(:mod:`~proxy.state.stores.redis.events`), and per-request figures and sessions
+(:mod:`~proxy.state.stores.redis.figures`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import logging
-import random
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Sequence
+from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import WatchError
 
 from compaction import Checkpoint, Message
 from proxy.state.stores import codec
 from proxy.state.stores.base import (
-    DEFAULT_EVENTS_LIMIT,
     DEFAULT_GLOBAL_EVENTS,
     DEFAULT_MAX_MODEL_ROWS,
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_SESSION_EVENTS,
-    INTERRUPTED,
-    Event,
-    StoreError,
     checked_ratio,
-    interrupted,
 )
-from proxy.state.stores.figures import (
-    DEFAULT_REQUESTS_LIMIT,
-    DEFAULT_REQUESTS_RETENTION_SECONDS,
-    DEFAULT_SESSION_REQUESTS,
-    DEFAULT_SESSIONS_LIMIT,
-    RequestRecord,
-    SessionSettings,
-    SessionSummary,
-    bucket_of,
-    by_session,
-    fold,
+from proxy.state.stores.figures import DEFAULT_REQUESTS_RETENTION_SECONDS
+from proxy.state.stores.redis.core import (
+    TRANSACTION_ATTEMPTS,
+    TRANSACTION_BACKOFF,
+    Contended,
+    Sleep,
 )
-from proxy.state.stores.locks import MAX_HOLD, RENEW_EVERY, LockBusy
-from proxy.state.stores.redis.replies import (
-    GarbledReply,
-    awaited,
-    expect,
-    garbage_is_a_store_error,
-)
+from proxy.state.stores.redis.events import RedisEvents
+from proxy.state.stores.redis.figures import RedisFigures
+from proxy.state.stores.redis.replies import awaited, garbage_is_a_store_error
 from proxy.state.stores.redis.scripts import CLOSE_OPEN, RELEASE, RENEW
 
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "TRANSACTION_ATTEMPTS",
+    "TRANSACTION_BACKOFF",
+    "Contended",
+    "RedisStore",
+]
+
 DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
-logger = logging.getLogger(__package__)  # "proxy.state.stores.redis", as before the split
-_POLL_FIRST: Final = 0.01
-_POLL_MAX: Final = 0.25
-#: Tries of a WATCH … EXEC transaction whose watched key changed meanwhile.
-TRANSACTION_ATTEMPTS: Final = 3
-#: Pause before the second try (doubled for the next, with jitter).
-TRANSACTION_BACKOFF: Final = 0.02
-
-_T = TypeVar("_T")
-Sleep = Callable[[float], Awaitable[None]]
 
 
-class Contended(StoreError):
-    """A transaction's watched key changed at every try (or EXEC kept answering nil)."""
-
-
-class RedisStore:
+class RedisStore(RedisEvents, RedisFigures):
     """The :class:`~proxy.state.stores.protocols.Store` contract on a Redis server."""
 
     tracks_liveness = True  #: every instance's heartbeat key expires with it
@@ -164,14 +146,6 @@ class RedisStore:
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         return cls(client, **options)
-
-    def _key(self, *parts: str) -> str:
-        return self._prefix + ":".join(parts)
-
-    async def _now(self) -> float:
-        """The store's clock, in seconds since the epoch: one clock for every replica."""
-        seconds, microseconds = await awaited(self._client.time())
-        return int(seconds) + int(microseconds) / 1_000_000
 
     # -- checkpoints -------------------------------------------------------
 
@@ -242,143 +216,6 @@ class RedisStore:
             return None
         return (owned_by or b"").decode()
 
-    # -- events ------------------------------------------------------------
-
-    async def add_event(self, event: Event) -> None:
-        raw = codec.dump_event(event)
-        by_session = self._key("events", event.session)
-        by_owner = self._key("owned", event.owner)
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.lpush(self._key("events"), raw)
-            pipe.ltrim(self._key("events"), 0, self._global_events - 1)
-            pipe.lpush(by_session, raw)
-            pipe.ltrim(by_session, 0, self._session_events - 1)
-            pipe.pexpire(by_session, self._retention_ms)
-            pipe.lpush(by_owner, raw)
-            pipe.ltrim(by_owner, 0, self._global_events - 1)
-            pipe.pexpire(by_owner, self._retention_ms)
-            # Whose the session is outlives the capped list: another owner's
-            # events of the same id must not push this one's out of it.
-            pipe.sadd(self._key("evowners", event.session), event.owner)
-            pipe.pexpire(self._key("evowners", event.session), self._retention_ms)
-            if event.is_open:
-                pipe.hset(self._key("open"), event.compaction_id, raw)
-            else:
-                pipe.hdel(self._key("open"), event.compaction_id)
-            await pipe.execute()
-
-    async def events(
-        self,
-        session: str | None = None,
-        limit: int = DEFAULT_EVENTS_LIMIT,
-        *,
-        owner: str | None = None,
-    ) -> list[Event]:
-        if limit <= 0:
-            return []
-        if session is not None and owner is not None:
-            # One owner's session: its list is capped, so it is read whole and
-            # the owner's events kept (a session is normally one owner's anyway).
-            raws = await awaited(self._client.lrange(self._key("events", session), 0, -1))
-            found = (codec.load_event(raw) for raw in raws)
-            return [event for event in found if event.owner == owner][:limit]
-        if session is not None:
-            key = self._key("events", session)
-        elif owner is not None:
-            key = self._key("owned", owner)
-        else:
-            key = self._key("events")
-        raws = await awaited(self._client.lrange(key, 0, limit - 1))
-        return [codec.load_event(raw) for raw in raws]
-
-    async def fail_interrupted(self, instance: str, message: str = INTERRUPTED) -> int:
-        entries: dict[bytes, bytes] = await awaited(self._client.hgetall(self._key("open")))
-        stale = [(raw, codec.load_event(raw)) for raw in entries.values()]
-        stale = [(raw, event) for raw, event in stale if event.instance != instance]
-        others = sorted({event.instance for _, event in stale})
-        if not others:
-            return 0
-        beats = await awaited(self._client.mget([self._key("alive", name) for name in others]))
-        dead = {name for name, beat in zip(others, beats, strict=True) if beat is None}
-        closed = 0
-        for raw, event in stale:
-            if event.instance not in dead:
-                continue
-            failed = interrupted(event, instance, message)
-            closed += await self._close_open(
-                keys=[
-                    self._key("open"),
-                    self._key("events"),
-                    self._key("events", event.session),
-                    self._key("owned", event.owner),
-                ],
-                args=[
-                    event.compaction_id,
-                    raw,
-                    codec.dump_event(failed),
-                    self._global_events,
-                    self._session_events,
-                    self._retention_ms,
-                ],
-            )
-        return closed
-
-    async def heartbeat(self, instance: str, ttl: float) -> None:
-        ttl_ms = max(1, int(ttl * 1000))
-        done = await awaited(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
-        if done is not True:  # a SET without a condition always answers OK
-            raise GarbledReply(f"Redis answered SET with {type(done).__name__}")
-
-    @contextlib.asynccontextmanager
-    async def lock(self, key: str, ttl: float) -> AsyncIterator[None]:
-        """Held once ``SET NX`` answers OK; a waiter polls (asking how long the
-        holder's lease has left, which a real Redis always knows) for at most
-        ``MAX_HOLD`` × ``ttl``, the longest a lease lives, then :class:`LockBusy`."""
-        name = self._key("lock", key)
-        token = uuid.uuid4().hex
-        ttl_ms = max(1, int(ttl * 1000))
-        delay, waited, longest, lapsed = _POLL_FIRST, 0.0, MAX_HOLD * ttl, False
-        give_up = asyncio.get_running_loop().time() + longest
-        while True:
-            taken = await awaited(self._client.set(name, token, nx=True, px=ttl_ms))
-            if taken is True:
-                break
-            if taken is not None:
-                raise GarbledReply(f"Redis answered SET NX with {type(taken).__name__}")
-            left = expect(await awaited(self._client.pttl(name)), int, "PTTL")
-            if left == -2 and not lapsed:
-                lapsed = True  # it lapsed between the two: try again at once (once:
-                continue  # a store that says so every time must not make this spin)
-            lapsed = False
-            if waited >= longest or asyncio.get_running_loop().time() >= give_up:
-                raise LockBusy(key, longest)
-            pause = delay * random.uniform(0.5, 1.0)  # jitter: waiters spread out
-            if left >= 0:  # no later than the lease lapses, and never no pause at all
-                pause = max(min(pause, left / 1000), _POLL_FIRST / 2)
-            await self._sleep(pause)
-            waited += pause
-            delay = min(delay * 2, _POLL_MAX)
-        keeper = asyncio.ensure_future(self._keep(name, token, ttl_ms))
-        try:
-            yield
-        finally:
-            keeper.cancel()
-            expect(await self._release(keys=[name], args=[token]), int, "the lock's release")
-
-    async def _keep(self, name: str, token: str, ttl_ms: int) -> None:
-        """Renew a held lock every third of its expiry: a live holder (a slow
-        summarization) keeps it, up to ``MAX_HOLD`` × ``ttl``; a dead one loses it
-        after ``ttl``."""
-        for _ in range(RENEW_EVERY * (MAX_HOLD - 1)):
-            await asyncio.sleep(ttl_ms / 1000 / RENEW_EVERY)
-            try:
-                renewed = await awaited(self._renew(keys=[name], args=[token, ttl_ms]))
-            except Exception:  # a blip: the next round tries again
-                logger.warning("could not renew the lock %s", name, exc_info=True)
-                continue
-            if renewed != 1:  # lost it, or an answer that makes no sense
-                return
-
     # -- learned windows ---------------------------------------------------
 
     async def learned_windows(self) -> dict[str, int]:
@@ -432,149 +269,6 @@ class RedisStore:
         value = repr(checked_ratio(ratio))
         await self._set_model_row("calibrations", key, value)
 
-    # -- per-request figures and sessions ------------------------------------
-
-    async def record_requests(self, records: Sequence[RequestRecord]) -> None:
-        if not records:
-            return
-        ttl = self._figures_ms
-        groups = by_session(records)
-        now = await self._now()
-        # The records' times are this replica's clock: moved onto the store's,
-        # they keep their order and end no later than now.
-        offset = now - max(record.created_at for record in records)
-        async with self._client.pipeline(transaction=False) as pipe:
-            for (owner, session), found in groups.items():
-                key = self._key("reqs", owner, session)
-                pipe.lpush(key, *(codec.dump(record) for record in found))
-                pipe.ltrim(key, 0, DEFAULT_SESSION_REQUESTS - 1)
-                pipe.pexpire(key, ttl)
-                pipe.sadd(self._key("owners", session), owner)
-                pipe.pexpire(self._key("owners", session), ttl)
-            for record in records:
-                if record.saved:
-                    bucket = repr(bucket_of(record.created_at))
-                    pipe.hincrby(self._key("saved"), bucket, record.saved)
-                    pipe.hincrby(self._key("saved", record.owner), bucket, record.saved)
-            pipe.zremrangebyscore(self._key("recent"), "-inf", now - ttl / 1000)
-            await pipe.execute()
-        for (owner, session), found in groups.items():
-            at = max(record.created_at for record in found) + offset
-            await self._fold(owner, session, found, at, now)
-
-    async def _fold(
-        self, owner: str, session: str, found: list[RequestRecord], at: float, now: float
-    ) -> None:
-        """Add ``found`` to the session's summary; another replica folding the same
-        session meanwhile makes this one read again (WATCH), so none is lost. The
-        session's place among the recent ones is ``at``, and ``now`` the cut-off's
-        start, both on the store's clock."""
-        key = self._key("sess", owner, session)
-
-        async def update(pipe: Any) -> None:
-            raw = await pipe.get(key)
-            summary = fold(None if raw is None else codec.load(SessionSummary, raw), found)
-            pipe.multi()
-            pipe.set(key, codec.dump(summary), px=self._figures_ms)
-            pipe.zadd(self._key("recent"), {f"{owner}:{session}": at})
-            pipe.zadd(self._key("recent", owner), {session: at})
-            pipe.pexpire(self._key("recent", owner), self._figures_ms)
-            oldest = now - self._figures_ms / 1000
-            pipe.zremrangebyscore(self._key("recent", owner), "-inf", oldest)
-
-        await self._transaction(update, key)
-
-    async def _transaction(self, update: Callable[[Any], Awaitable[None]], *watched: str) -> None:
-        """WATCH ``watched``, ``update`` (reads, then MULTI and the writes), EXEC;
-        tried again while a watched key changed meanwhile, at most
-        :data:`TRANSACTION_ATTEMPTS` times with a growing pause, then
-        :class:`Contended`. (redis-py's own ``transaction`` retries for ever and
-        at once: a Redis whose EXEC answers nil would make it spin.)"""
-        delay = TRANSACTION_BACKOFF
-        for attempt in range(TRANSACTION_ATTEMPTS):
-            if attempt:
-                await self._sleep(delay * random.uniform(0.5, 1.0))
-                delay *= 2
-            async with self._client.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(*watched)
-                    await update(pipe)
-                    await pipe.execute()
-                except WatchError:
-                    continue
-                return
-        raise Contended(f"{watched[0]} changed under {TRANSACTION_ATTEMPTS} tries of a transaction")
-
-    async def requests(
-        self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT
-    ) -> list[RequestRecord]:
-        if limit <= 0:
-            return []
-        if owner is None:
-            members = await awaited(self._client.smembers(self._key("owners", session)))
-            owners = sorted(member.decode() for member in members)
-        else:
-            owners = [owner]
-        found: list[RequestRecord] = []
-        for name in owners:
-            raws = await awaited(
-                self._client.lrange(self._key("reqs", name, session), 0, limit - 1)
-            )
-            found.extend(codec.load(RequestRecord, raw) for raw in raws)
-        found.sort(key=lambda record: record.created_at, reverse=True)
-        return found[:limit]
-
-    async def sessions(
-        self, *, owner: str | None = None, limit: int = DEFAULT_SESSIONS_LIMIT
-    ) -> list[SessionSummary]:
-        if limit <= 0:
-            return []
-        if owner is None:
-            members = await awaited(self._client.zrevrange(self._key("recent"), 0, limit - 1))
-            pairs = [member.decode().split(":", 1) for member in members]
-        else:
-            recent = self._key("recent", owner)
-            members = await awaited(self._client.zrevrange(recent, 0, limit - 1))
-            pairs = [[owner, member.decode()] for member in members]
-        if not pairs:
-            return []
-        keys = [self._key("sess", name, session) for name, session in pairs]
-        raws = await awaited(self._client.mget(keys))
-        return [codec.load(SessionSummary, raw) for raw in raws if raw is not None]
-
-    async def session_count(self, *, owner: str | None = None) -> int:
-        key = self._key("recent") if owner is None else self._key("recent", owner)
-        # The index outlives a summary by up to a write (its expiry is the
-        # summary's own): counted as the sessions that would be listed.
-        oldest = await self._now() - self._figures_ms / 1000
-        return int(await awaited(self._client.zcount(key, oldest, "+inf")))
-
-    async def savings(self, *, owner: str | None = None) -> list[tuple[float, int]]:
-        key = self._key("saved") if owner is None else self._key("saved", owner)
-        entries: dict[bytes, bytes] = await awaited(self._client.hgetall(key))
-        return sorted((float(bucket), int(saved)) for bucket, saved in entries.items())
-
-    async def session_settings(self, session: str, owner: str) -> SessionSettings:
-        raw = await awaited(self._client.get(self._key("settings", owner, session)))
-        return SessionSettings() if raw is None else codec.load(SessionSettings, raw)
-
-    async def set_session_settings(
-        self, session: str, owner: str, settings: SessionSettings
-    ) -> None:
-        key = self._key("settings", owner, session)
-        # The expiry, renewed at each write, is the purge by when they were last set.
-        await awaited(self._client.set(key, codec.dump(settings), px=self._retention_ms))
-
-    async def owners_of_session(self, session: str) -> list[str]:
-        # Figures and events name their owners in sets; the capped event list
-        # still names those of events written before the set was kept.
-        figures = await awaited(self._client.smembers(self._key("owners", session)))
-        events = await awaited(self._client.smembers(self._key("evowners", session)))
-        raws = await awaited(self._client.lrange(self._key("events", session), 0, -1))
-        found = {member.decode() for member in (*figures, *events)}
-        found.update(codec.load_event(raw).owner for raw in raws)
-        return sorted(found)
-
     # -- lifecycle ---------------------------------------------------------
 
     async def purge(self, now: float | None = None) -> int:
@@ -590,8 +284,10 @@ class RedisStore:
 
 # Every operation reads its replies through the translation, but the two whose
 # own errors mean something else: a ratio the caller got wrong (ValueError) and
-# the lock (which checks its replies itself).
-for _name, _method in list(vars(RedisStore).items()):
+# the lock (which checks its replies itself). The parts' operations too: each
+# is wrapped once, here, on the store that composes them.
+for _name in dir(RedisStore):
+    _method = inspect.getattr_static(RedisStore, _name)
     if (
         not _name.startswith("_")
         and _name not in ("set_calibration", "lock", "close")
