@@ -16,7 +16,6 @@ compactions of another instance are closed only at start-up
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -33,7 +32,6 @@ from proxy.state.stores.base import (
     DEFAULT_RETENTION_SECONDS,
     INTERRUPTED,
     Event,
-    StoreError,
     checked_ratio,
     interrupted,
 )
@@ -76,7 +74,7 @@ class SQLiteStore:
         self._requests_retention = requests_retention_seconds
         self._retention = retention_seconds
         self._store_originals = store_originals
-        self._worker = Worker(self.path)
+        self._worker = Worker(self.path, settle=self._settle)
         #: Every checkpoint end hash in the file (a superset: rows deleted
         #: since are dropped at the next reload), and the ``data_version`` it
         #: was read at; touched by the worker only. See :meth:`_known_ends`.
@@ -85,9 +83,10 @@ class SQLiteStore:
         #: :attr:`_ends` (see :meth:`holds_checkpoints_now`).
         self._held: set[tuple[str, str]] | None = None
         self._ends_version = -1
-        #: The watching connection's ``data_version`` read just before the
-        #: worker last re-checked :attr:`_ends`, and this process's writes
-        #: of checkpoints not yet committed; both loop-side. See :meth:`lookup_now`.
+        #: A watching connection's ``data_version`` as of which :attr:`_ends`
+        #: is known current (set by the loop before the worker re-checks it,
+        #: and by the worker after its own commits: :meth:`_settle`), and this
+        #: process's writes of checkpoints not yet committed. See :meth:`lookup_now`.
         self._checked_at: int | None = None
         self._putting = 0
         self._locks = LeaseLocks()
@@ -102,7 +101,8 @@ class SQLiteStore:
         request at 100k tokens, the proxy on one core). The answer is sure
         when no connection has committed since the worker last brought
         :attr:`_ends` up to date (:meth:`Worker.version` unchanged: not
-        another process, not this one's recorder), no checkpoint of this
+        another process; this one's own commits are settled by the worker,
+        :meth:`_settle`), no checkpoint of this
         process is being written (:attr:`_putting`: a lookup made after a put
         was asked for must see it, as the thread's queue would), and no hash
         is among the ends. A hit still needs its row: the thread reads it.
@@ -165,6 +165,27 @@ class SQLiteStore:
         seen = self._worker.version()  # before the worker looks: a commit after shows
         await self._worker.run(self._known_ends)
         self._checked_at = seen
+
+    def _settle(self, connection: sqlite3.Connection, version: int) -> None:
+        """After a piece of work, on the thread: :attr:`_ends` known current as
+        of the watching connection's ``version`` (read just before this), when
+        no other connection has committed since the worker last read it.
+
+        Without this, each commit of this process's own — the recorder's
+        figures, once a second — moved the watching connection's version, and
+        the loop's next lookup waited for the thread to learn that nothing had
+        changed: the first request after a pause, always. This connection's
+        own ``data_version`` changes only for other connections' commits, and
+        it is read after ``version``: unchanged since :attr:`_ends` was read,
+        no commit that ``version`` saw is missing from it (this process's own
+        checkpoints are added as they are written, its purges drop the set).
+        A commit between the two reads changes it, and then nothing is claimed.
+        """
+        if self._ends is None:
+            return
+        own: int = connection.execute("PRAGMA data_version").fetchone()[0]
+        if own == self._ends_version:
+            self._checked_at = version
 
     def _known_ends(self, connection: sqlite3.Connection) -> set[str]:
         """The end hashes in the file, re-read only when another connection wrote.
@@ -419,13 +440,10 @@ class SQLiteStore:
 
             transaction(connection, write)
 
+        # A commit of this process's own, once a second: the worker settles
+        # what the loop knows of the checkpoints as it ends (_settle), so the
+        # next request does not wait for the thread because of it.
         await self._worker.run(work)
-        # The figures are this process's own commit, once a second: what the
-        # loop knows of the checkpoints is brought up to date here, off the
-        # request path, not by the next request's trip to the thread (which
-        # is what happens still if this fails: the figures are written).
-        with contextlib.suppress(StoreError, sqlite3.Error):
-            await self._brought_up_to_date()
 
     async def requests(
         self, session: str, *, owner: str | None = None, limit: int = DEFAULT_REQUESTS_LIMIT

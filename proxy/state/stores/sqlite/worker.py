@@ -14,13 +14,18 @@ One read is made on the caller's thread instead: :meth:`Worker.version`, the
 file's ``PRAGMA data_version`` through a second connection of its own, which
 tells the loop whether anything was committed since it last asked without
 waiting for the thread (see :meth:`SQLiteStore.lookup_now
-<proxy.state.stores.sqlite.store.SQLiteStore.lookup_now>`).
+<proxy.state.stores.sqlite.store.SQLiteStore.lookup_now>`). The thread reads
+it too, after each piece of work, and hands it to ``settle``: that is how the
+store learns that its own commits (the recorder's figures, once a second)
+changed nothing it keeps in memory, so that the loop's next look need not
+wait for the thread because of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -36,13 +41,20 @@ _T = TypeVar("_T")
 class Worker:
     """One connection to the file at ``path``, used from one thread only."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, settle: Callable[[sqlite3.Connection, int], None] | None = None
+    ) -> None:
         self.path = path
+        #: Called on the thread after each piece of work with the connection
+        #: and the watching connection's version read after it (see the module doc).
+        self._settle = settle
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compaction-store")
         self._connection: sqlite3.Connection | None = None  #: touched by the thread only
-        #: Opened by the thread with the connection, read by the loop only:
-        #: see :meth:`version`.
+        #: Opened by the thread with the connection, read by the loop and,
+        #: after each piece of work, by the thread: see :meth:`version`.
         self._watch: sqlite3.Connection | None = None
+        #: The watching connection is read by the loop and by the thread, one at a time.
+        self._watch_lock = threading.Lock()
         self._closed = False
 
     async def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -61,9 +73,14 @@ class Worker:
                 self._watch = open_watch(self.path)
             except sqlite3.Error:  # then every lookup asks the thread, as before
                 self._watch = None
-        return work(self._connection)
+        result = work(self._connection)
+        if self._settle is not None:
+            version = self.version(wait=True)
+            if version is not None:
+                self._settle(self._connection, version)
+        return result
 
-    def version(self) -> int | None:
+    def version(self, *, wait: bool = False) -> int | None:
         """The file's ``PRAGMA data_version`` as a connection of its own sees it,
         read on the caller's thread; ``None`` before the first piece of work or
         when SQLite cannot say at once.
@@ -73,25 +90,32 @@ class Worker:
         and only then. Reading it is a look at the WAL's shared memory, with
         no busy timeout: a read that would wait fails, and ``None`` sends the
         caller to the thread. The watching connection never writes and holds
-        no transaction open between reads.
+        no transaction open between reads. The loop never waits for the
+        thread's read of it (``wait`` is the thread's): it is told ``None``.
         """
-        watch = self._watch
-        if watch is None or self._closed:
+        if not self._watch_lock.acquire(blocking=wait):
             return None
         try:
-            rows = watch.execute("PRAGMA data_version").fetchall()  # to the end: no open read
-        except sqlite3.Error:
-            return None
-        version: int = rows[0][0]
-        return version
+            watch = self._watch
+            if watch is None or self._closed:
+                return None
+            try:
+                rows = watch.execute("PRAGMA data_version").fetchall()  # to the end: no open read
+            except sqlite3.Error:
+                return None
+            version: int = rows[0][0]
+            return version
+        finally:
+            self._watch_lock.release()
 
     async def close(self) -> None:
         """Close the connection and join the thread; a second call does nothing."""
         if self._closed:
             return
-        if self._watch is not None:  # on the loop, the only thread that reads it
-            self._watch.close()
-            self._watch = None
+        with self._watch_lock:  # the thread may be reading it after a piece of work
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._close_connection)
         self._closed = True

@@ -487,6 +487,15 @@ async def test_a_chain_with_no_checkpoint_is_answered_without_the_thread_until_a
         assert await store.lookup(chain) == {"h500": made}
         assert store.lookup_now(chain) is None  # a hit needs its row: the thread reads it
         assert store.lookup_now(chain[:500]) == {}
+
+        # Another process commits, then this one writes its figures: its own
+        # commit does not vouch for the other's, which the loop has not read.
+        theirs = checkpoint("h100")
+        with sqlite3.connect(path) as other:
+            _insert_checkpoint(other, theirs)
+        await store.record_requests([record()])
+        assert store.lookup_now(chain[:500]) is None
+        assert await store.lookup(chain[:500]) == {"h100": theirs}
     finally:
         await store.close()
     assert store.lookup_now(chain[:500]) is None  # closed: nothing is known
