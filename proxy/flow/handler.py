@@ -54,9 +54,9 @@ from proxy.edge.errors import (
     UpstreamUnreachable,
 )
 from proxy.flow import manual, recall
-from proxy.flow.bill import Spent, account, spent_headers, untouched_bill
+from proxy.flow.answered.bill import Spent, account, spent_headers, untouched_bill
+from proxy.flow.answered.record import cut_stream, empty_stream, request_record, rereads_of
 from proxy.flow.read import Call, read_call
-from proxy.flow.record import cut_stream, empty_stream, request_record, rereads_of
 from proxy.flow.relay import Cut, Relay
 from proxy.flow.send import read_whole, relay_bytes, send, shown_url
 from proxy.flow.services import Services

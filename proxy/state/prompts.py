@@ -7,7 +7,7 @@ cache's lifetime. :class:`LastPrompts` keeps, per (owner, session), the size
 of the previous request as the client sent it (uncompacted, in the upstream's
 tokens) and when it came, so the next request's cost without compaction can
 be priced as a cache read of it and a cache write of the rest
-(:mod:`proxy.flow.bill`).
+(:mod:`proxy.flow.answered.bill`).
 
 This process's memory only, bounded (the least recently seen conversations
 are forgotten past :data:`MAX_SESSIONS`): with several replicas a session's

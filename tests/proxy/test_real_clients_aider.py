@@ -31,7 +31,7 @@ import pytest
 
 from compaction import SUMMARY_MARKER
 from proxy.dialects.chat import CHAT
-from proxy.flow.record import task_words
+from proxy.flow.answered.record import task_words
 from proxy.state.stores import SessionSummary
 from tests.client_bodies import (
     AIDER_EXAMPLE,

@@ -1,4 +1,4 @@
-"""proxy.flow.bill through the app: a scripted session's usage, priced, reaches
+"""proxy.flow.answered.bill through the app: a scripted session's usage, priced, reaches
 /metrics, the log line, the response headers and the dashboard's figures.
 
 The expected figures are worked out here from the usage the scripted

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from compaction import NO_REREADS, Message, Rereads, count_rereads, first_typed
-from proxy.flow.bill import Bill, Spent
+from proxy.flow.answered.bill import Bill, Spent
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
 from proxy.state.metrics import Metrics

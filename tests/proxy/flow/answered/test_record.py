@@ -11,7 +11,7 @@ from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.dialects.responses import RESPONSES
-from proxy.flow.record import TASK_CHARS, task_words
+from proxy.flow.answered.record import TASK_CHARS, task_words
 from tests.client_bodies import (
     QWEN_REQUEST,
     aider_body,
