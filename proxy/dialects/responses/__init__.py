@@ -1,6 +1,7 @@
 """OpenAI Responses (``POST /v1/responses``, Codex, the Agents SDK).
 
-``dialect.py`` holds :data:`RESPONSES`, the mapping to the engine and back;
+``dialect.py`` holds :data:`RESPONSES`; ``to_engine.py`` maps a request's
+items to the engine's messages, ``from_engine.py`` maps them back;
 ``replies.py`` the ``/compact`` answer and the error event in this API's
 shape; ``recall.py`` its side of recall (:mod:`proxy.dialects.recall`). The
 rest of the proxy imports :data:`RESPONSES` from here.
