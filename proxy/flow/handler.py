@@ -1,9 +1,16 @@
 """The compacted endpoints: ``POST /v1/chat/completions``, ``/v1/messages``, ``/v1/responses``.
 
-read → compact → forward → (overflow? compact again, retry once) → relay.
-Each step is a named method of the request being answered (``_Exchange``:
-the services, the client's watch, what the request spent), over the plain
-:class:`~proxy.flow.read.Call`; the handler reads as the pipeline it is.
+Start here. :func:`handle_chat` reads the request into a plain
+:class:`~proxy.flow.read.Call` and answers it one of three ways: a request of
+another API that the proxy must not rewrite, forwarded as it came
+(:func:`forward_untouched`); a ``/compact`` the user typed, answered by the
+proxy (:func:`answer_command`); or, for most requests, :func:`forward`:
+
+    compact_for → outgoing → send → (overflow? compact again, retry once) → Relay → finish
+
+The acts each step uses are methods of the request being answered,
+:class:`~proxy.flow.exchange.Exchange` (the services, the client's watch,
+what the request spent, when it began); the handler reads as the pipeline it is.
 
 An overflow is an error the upstream states, or a stream that ended before
 its first event above every size the upstream has answered
@@ -20,60 +27,34 @@ checkpoints, the retry rule, calibration, events, metrics — is shared.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import time
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from compaction import (
-    Budget,
-    CannotFitError,
-    InvalidMessagesError,
-    OverflowReport,
-    Reason,
-    credible_report,
-    message_text,
-    retry_budget,
-)
-from compaction import requested_output_tokens as requested_output
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
 from proxy.edge.body import deep_nesting_refused
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import (
-    BadRequest,
     ContextLengthExceeded,
     ProxyError,
-    UpstreamTimeout,
-    UpstreamUnreachable,
 )
 from proxy.flow import manual, recall
-from proxy.flow.answered.bill import Spent, account, spent_headers, untouched_bill
-from proxy.flow.answered.record import cut_stream, empty_stream, request_record, rereads_of
+from proxy.flow.answered.bill import untouched_bill
+from proxy.flow.exchange import Exchange
 from proxy.flow.read import Call, read_call
-from proxy.flow.relay import Cut, Relay
-from proxy.flow.send import read_whole, relay_bytes, send, shown_url
+from proxy.flow.relay import Relay
+from proxy.flow.send import shown_url
 from proxy.flow.services import Services
-from proxy.flow.summaries import summarizer_for
 from proxy.flow.usage import UsageTap
-from proxy.session.conversation import Resolved, compact_if_needed
-from proxy.session.untouched import as_sent
 from proxy.state.logs import REQUESTS
-from proxy.state.stores import EMPTY_STREAM_STATUS
-from proxy.upstream.overflow import detect_overflow
-from proxy.upstream.transport import UpstreamResponse
 
 logger = logging.getLogger(REQUESTS)
-#: Summaries asked of a model and not used: beside the request's one line.
-summaries_log = logging.getLogger("compaction_proxy.summaries")
-
-# --- the handler -----------------------------------------------------------
 
 
 async def handle_chat(
@@ -83,15 +64,15 @@ async def handle_chat(
     watch: ClientWatch | None = None,
     dialect: Dialect = CHAT,
 ) -> Response:
-    exchange = _Exchange(services, time.perf_counter(), watch)
+    exchange = Exchange(services, time.perf_counter(), watch)
     call: Call | None = None
     try:
         call = await read_call(request, services, dialect)
         if call.untouchable is not None:
-            return await exchange.forward_untouched(call)
+            return await forward_untouched(exchange, call)
         if call.command is not None:
-            return await exchange.manual(call, call.command)
-        return await exchange.forward(call)
+            return await answer_command(exchange, call, call.command)
+        return await forward(exchange, call)
     except ProxyError as exc:
         _log_refusal(call, exc.status, exchange.started)
         raise
@@ -100,7 +81,7 @@ async def handle_chat(
 async def handle_preview(request: Request, services: Services) -> Response:
     """``POST /v1/compaction/preview``: what would be sent, and the report."""
     call = await read_call(request, services)
-    resolved = await _Exchange(services, time.perf_counter()).compact_for(
+    resolved = await Exchange(services, time.perf_counter()).compact_for(
         call, reason="threshold", store=False
     )
     result = resolved.result
@@ -128,462 +109,114 @@ async def handle_preview(request: Request, services: Services) -> Response:
     return Response(answer, media_type="application/json", headers=resolved.headers())
 
 
-@dataclasses.dataclass(frozen=True)
-class _EmptyOverflow:
-    """An empty stream taken for an overflow: it stated nothing, so nothing is
-    learned as a window; the retry aims below the working limit it narrowed."""
+async def forward_untouched(exchange: Exchange, call: Call) -> Response:
+    """A request of another API that the proxy must not rewrite (it builds on
+    state the proxy cannot see): forwarded byte for byte, relayed as it comes."""
+    upstream = await exchange.send(call, call.raw)
+    tap = UsageTap(cached=call.dialect.cached_usage_apart)
+    fields: dict[str, object] = {
+        "api": call.dialect.name,
+        "model": call.config.model or "-",
+        "stage": "untouched",
+        "reason": call.untouchable,
+        "upstream_status": upstream.status,
+        "ms": round((time.perf_counter() - exchange.started) * 1000, 1),
+    }
+    status = upstream.status
+    metrics = exchange.services.observed.metrics
 
-
-@dataclasses.dataclass(frozen=True)
-class _Retry:
-    call: Call  #: with the window the error taught, if it taught one
-    budget: Budget
-
-
-@dataclasses.dataclass
-class _Exchange:
-    """One request being answered, as the handler holds it beside its
-    :class:`Call` (which stays the plain description of what was asked): the
-    services that serve it, the client's watch (a client that leaves cancels
-    what the request is waiting for upstream), what its work beside the answer
-    spent, and when it began."""
-
-    services: Services
-    started: float
-    watch: ClientWatch | None = None
-    spent: Spent = dataclasses.field(default_factory=Spent)
-
-    async def forward_untouched(self, call: Call) -> Response:
-        """A request of another API that the proxy must not rewrite (it builds on
-        state the proxy cannot see): forwarded byte for byte, relayed as it comes."""
-        upstream = await self.send(call, call.raw)
-        tap = UsageTap(cached=call.dialect.cached_usage_apart)
-        fields: dict[str, object] = {
-            "api": call.dialect.name,
-            "model": call.config.model or "-",
-            "stage": "untouched",
-            "reason": call.untouchable,
-            "upstream_status": upstream.status,
-            "ms": round((time.perf_counter() - self.started) * 1000, 1),
-        }
-        status = upstream.status
-        metrics = self.services.observed.metrics
-
-        def log(failed: ProxyError | None) -> None:
-            # Once the client has the answer, as a compacted request is (see forward).
-            if failed is not None:
-                fields.update(upstream_status=failed.status, error=failed.code or failed.type)
-            elif status == 200:
-                bill = untouched_bill(call, tap.usage)
-                dollars = bill.own_dollars
-                money = (dollars, dollars) if dollars is not None else None
-                metrics.record_usage(call.config.model, tap.usage, bill.own, bill.own, money)
-                fields.update(bill.fields())
-            logger.info("chat", extra={"fields": fields})
-
-        cut = self.cut(call, call.raw)
-        return Relay(upstream, {}, tap, dialect=call.dialect, after=log, cut=cut)
-
-    async def forward(self, call: Call) -> Response:
-        """Forward, and retry once, smaller, after an upstream overflow."""
-        resolved = await self.compact_for(call, reason="threshold")
-        sent, recalling = self.outgoing(call, resolved)
-        upstream = await self.send(call, sent)
-        report = await self.overflow(call, resolved, upstream, sent)
-        if isinstance(report, Response):
-            return report
-        if report is not None:
-            metrics = self.services.observed.metrics
-            metrics.overflow_retries.labels(metrics.model(call.config.model)).inc()
-            retrying = await self.retry_budget(call, resolved, report)
-            call = retrying.call
-            resolved = await self.compact_for(call, reason="overflow", budget=retrying.budget)
-            retry, recalling = self.outgoing(call, resolved)
-            if retry == sent:  # cannot happen by the retry rule; never resend what failed
-                raise ContextLengthExceeded(
-                    "This request cannot be made smaller than what the upstream refused.",
-                    param="messages",
-                )
-            upstream = await self.send(call, retry)
-            if await self.empty_again(call, resolved, upstream):
-                return self.empty_stream_error(call, resolved, upstream)
-            sent = retry
-        try:
-            tap = self.usage_tap(call, resolved, recalling)
-            # Its log line, metrics and figures are written once the client has
-            # the answer, with its usage (see Relay): the client need not wait for
-            # them. Their time is this one, to the upstream's head, as before the relay.
-            finish = functools.partial(
-                self.finish, call, resolved, upstream.status, ended=time.perf_counter(), tap=tap
-            )
-            headers = self.headers(resolved)
-            if recalling is not None and upstream.status == 200:
-                # Its calls answered by the proxy, the upstream asked again, the
-                # client given the last answer through the one relay.
-                services = self.services
-                return recall.relay(
-                    services.conversations,
-                    services.observed.metrics,
-                    call,
-                    resolved,
-                    upstream,
-                    recalling,
-                    tap,
-                    headers,
-                    finish,
-                    functools.partial(self.send, call),
-                    self.cut(call, sent),
-                )
-            cut = self.cut(call, sent)
-            return Relay(upstream, headers, tap, dialect=call.dialect, after=finish, cut=cut)
-        except BaseException:
-            upstream.abort()  # its connection and pool slot are not left behind
-            raise
-
-    def cut(self, call: Call, body: bytes) -> Cut:
-        """A stream that closes before its API's end: an upstream error, counted
-        as one, and ``body`` sent once more while the client has seen none of it."""
-        count = functools.partial(cut_stream, self.services.observed.metrics, self.spent)
-        return Cut(count, functools.partial(self.send, call, body))
-
-    def outgoing(self, call: Call, resolved: Resolved) -> tuple[bytes, recall.Plan | None]:
-        """The request to send, and how it recalls, when it goes with the recall tool."""
-        if call.unchanged(resolved):
-            return call.raw, None  # nothing changed: the client's own bytes
-        body = call.outgoing(resolved)
-        if not call.config.profile.recall:
-            return orjson.dumps(body), None
-        plan = recall.plan(self.services.conversations, call, resolved, body)
-        return orjson.dumps(body if plan is None else plan.body), plan
-
-    async def overflow(
-        self, call: Call, resolved: Resolved, upstream: UpstreamResponse, sent: bytes
-    ) -> OverflowReport | _EmptyOverflow | Response | None:
-        """What the upstream's answer says of an overflow: a report to retry on,
-        ``None`` for an answer to relay, or the response to give the client now."""
-        if upstream.status >= 400:
-            error = await read_whole(upstream)
-            overflow = detect_overflow(upstream.status, error, sent)
-            if overflow is None:
-                self.finish(call, resolved, upstream.status)
-                return relay_bytes(upstream, error, self.headers(resolved))
-            return OverflowReport(window=overflow.limit, count=overflow.count)
-        if upstream.status != 200 or not call.streamed:
-            return None
-        if await self.stream_began(call, resolved, upstream):
-            return None
-        empty_stream(self.services.observed.metrics, self.spent)
-        models = self.services.conversations.models
-        if models.empty_stream(call.config, self.upstream_size(call, resolved)).overflow:
-            upstream.release()
-            return _EmptyOverflow()
-        return self.empty_stream_error(call, resolved, upstream)
-
-    def upstream_size(self, call: Call, resolved: Resolved) -> int:
-        """What was sent, as the upstream counts it (our estimate × the ratio)."""
-        ratio = self.services.conversations.models.ratio(call.config, call.owner)
-        return math.ceil(resolved.result.tokens_after * ratio)
-
-    async def stream_began(
-        self, call: Call, resolved: Resolved, upstream: UpstreamResponse
-    ) -> bool:
-        """Whether a streamed answer sends anything before it ends; one that does
-        shows the upstream took a prompt of that size (streams of some servers
-        carry no ``usage`` to say so). The client's leaving is watched
-        meanwhile: a long prefill is cancelled with it."""
-        try:
-            with self.watch.waiting() if self.watch else contextlib.nullcontext():
-                began = await upstream.wait_body()
-        except BaseException:
-            upstream.abort()
-            raise
-        if began:
-            self.services.conversations.models.stream_answered(
-                call.config, self.upstream_size(call, resolved)
-            )
-        return began
-
-    async def empty_again(self, call: Call, resolved: Resolved, upstream: UpstreamResponse) -> bool:
-        """Whether the retry's stream, too, ended before its first event. There is
-        no second retry: the client gets the error event; what the empty stream
-        teaches is kept for the requests after it."""
-        if upstream.status != 200 or not call.streamed:
-            return False
-        if await self.stream_began(call, resolved, upstream):
-            return False
-        empty_stream(self.services.observed.metrics, self.spent)
-        self.services.conversations.models.empty_stream(
-            call.config, self.upstream_size(call, resolved)
-        )
-        return True
-
-    def empty_stream_error(
-        self, call: Call, resolved: Resolved, upstream: UpstreamResponse
-    ) -> Response:
-        """The answer to an upstream stream that ended empty: a stream that carries
-        one error event, never a clean empty answer."""
-        upstream.release()
-        # An error, not the 200 its headers said: counted and logged as one.
-        self.finish(call, resolved, EMPTY_STREAM_STATUS, error="upstream_empty")
-        message = "The upstream ended the stream before sending anything."
-        return Response(
-            call.dialect.error_event(message, "upstream_empty"),
-            media_type="text/event-stream",
-            headers=self.headers(resolved),
-        )
-
-    async def retry_budget(
-        self, call: Call, resolved: Resolved, report: OverflowReport | _EmptyOverflow
-    ) -> _Retry:
-        """The retry's budget by the library's rule; what the error taught is kept
-        (the call, with the window it learned, is the retry's)."""
-        conversations = self.services.conversations
-        models = conversations.models
-        if isinstance(report, _EmptyOverflow):
-            # Held to the working limit, as the stated window of an error would be.
-            call = dataclasses.replace(call, config=models.within_working_limit(call.config))
-            report = OverflowReport(window=call.config.profile.context_window)
-            taken = False
-        else:
-            taken = bool(report.window) and await models.learn_window(
-                call.config, report.window or 0, call.owner
-            )
-            if taken:
-                config = conversations.model_config(call.config.model, call.owner)
-                call = dataclasses.replace(call, config=config)
-            report = credible_report(report, window_taken=taken)
-        config = call.config
-        retry = retry_budget(
-            config.profile,
-            requested_output(call.body),
-            models.ratio(config, call.owner),
-            resolved.result.tokens_after,
-            report,
-        )
-        if report.count:
-            models.learn_ratio(config, retry.ratio, call.owner)
-        return _Retry(call, retry.budget)
-
-    def usage_tap(
-        self, call: Call, resolved: Resolved, recalling: recall.Plan | None = None
-    ) -> UsageTap:
-        """Learns the upstream's ratio from the ``usage`` of the answer (its first
-        round's, with the recall tool and the exchanges put back counted in)."""
-        estimate = resolved.result.tokens_after
-        if recalling is not None:
-            estimate += recalling.extra_tokens
-        observe = functools.partial(
-            self.services.conversations.models.observe, call.config, estimate, owner=call.owner
-        )
-        return UsageTap(observe, cached=call.dialect.cached_usage_apart)
-
-    async def compact_for(
-        self,
-        call: Call,
-        *,
-        reason: Reason,
-        budget: Budget | None = None,
-        instructions: str | None = None,
-        store: bool = True,
-    ) -> Resolved:
-        """The request's conversation as it is to be sent: as it came when it is far
-        under its trigger (:func:`proxy.session.untouched.as_sent`, most requests:
-        no summarizer is built for them), else decided once and compacted if
-        needed (:func:`proxy.session.conversation.compact_if_needed`), the
-        engine's refusals turned into the client's errors."""
-        conversations = self.services.conversations
-        held_back = recall.tool_tokens(conversations, call)
-        if reason == "threshold" and budget is None and store:
-            with deep_nesting_refused():  # messages nested deeper than orjson writes
-                as_it_came = await as_sent(conversations, call, held_back=held_back)
-            if as_it_came is not None:
-                return as_it_came
-        llm = call.config.profile.summarizer == "llm"
-        summarizer = summarizer_for(self.services, call) if llm else None
-        try:
-            with deep_nesting_refused():
-                return await compact_if_needed(
-                    conversations,
-                    call,
-                    summarizer,
-                    reason=reason,
-                    instructions=instructions,
-                    budget=budget,
-                    held_back=held_back,
-                    prices=call.prices(),
-                    store=store,
-                )
-        except CannotFitError as exc:
-            advice = (
-                "Shorten the system prompt, the first messages or the tool schemas, or lower "
-                "max_tokens."
-                if exc.part == "head"
-                else "Shorten the latest message, or lower max_tokens."
-            )
-            raise ContextLengthExceeded(
-                f"This request cannot be made to fit the model's context window: {exc}. {advice}",
-                param="messages",
-            ) from exc
-        except InvalidMessagesError as exc:
-            raise BadRequest(f"Invalid {exc.where}: {exc.problem}.", param=exc.where) from exc
-        finally:
-            # Read before anything else runs: a compaction this request started in
-            # the background uses the same summarizer, and is recorded on its own.
-            if summarizer is not None:
-                spent = self.spent
-                spent.summarizer_tokens += summarizer.tokens
-                spent.summarizer_calls += summarizer.calls
-                spent.summarizer += summarizer.spent
-                spent.summarizer_cost += summarizer.cost
-
-    async def manual(self, call: Call, command: manual.Command) -> Response:
-        # Without the command (and the system messages a client sent after it).
-        call = dataclasses.replace(call, messages=call.messages[: command.index])
-        instructions = command.instructions or None
-        resolved = await self.compact_for(call, reason="manual", instructions=instructions)
-        text = manual.reply_text(manual.outcome_of(resolved))
-        self.finish(call, resolved, 200, upstream=False)
-        model = call.config.model or "compaction-proxy"
-        headers = self.headers(resolved)
-        if call.streamed:
-            events = call.dialect.manual_events(model, text, call.original or call.body)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        return Response(
-            orjson.dumps(call.dialect.manual_reply(model, text)),
-            media_type="application/json",
-            headers=headers,
-        )
-
-    async def send(self, call: Call, body: bytes) -> UpstreamResponse:
-        """POST the chat request upstream, timing it for the metrics."""
-        services = self.services
-        metrics = services.observed.metrics
-        started = time.perf_counter()
-        # Counted in flight until its answer is over: on a one-slot server no
-        # background summary runs beside it (proxy.session.ahead).
-        sent = await services.conversations.sending(call.config)
-        try:
-            with self.watch.waiting() if self.watch else contextlib.nullcontext():
-                response = await send(
-                    services.upstream.transport,
-                    "POST",
-                    call.base_url + call.dialect.path,
-                    call.headers,
-                    body,
-                    upstream=call.base_url,
-                )
-        except UpstreamTimeout:
-            sent.end()
-            metrics.record_upstream("chat", 0.0, None, "timeout")
-            raise
-        except UpstreamUnreachable:
-            sent.end()
-            metrics.record_upstream("chat", 0.0, None, "unreachable")
-            raise
-        except BaseException:
-            sent.end()
-            raise
-        response = sent.answered(response)
-        metrics.record_upstream("chat", time.perf_counter() - started, response.status)
-        if response.status >= 400:
-            self.spent.upstream_errors += 1
-        return response
-
-    def finish(
-        self,
-        call: Call,
-        resolved: Resolved,
-        status: int,
-        failed: ProxyError | None = None,
-        *,
-        upstream: bool = True,
-        error: str = "",
-        ended: float | None = None,
-        tap: UsageTap | None = None,
-    ) -> None:
-        """Metrics and the one log line of a chat request (no content, no secrets).
-
-        ``status`` is the upstream's, or — with ``upstream=False`` (``/compact``,
-        answered by the proxy) — the proxy's own. ``ended`` is when the answer's
-        head was in (``time.perf_counter()``; by default, now). ``tap`` read the
-        answer's usage, which its bill prices. ``failed`` is the error the client
-        got in the answer's place (a recall round that could not be had, a body
-        that broke): logged and recorded as the status and error the client saw;
-        the upstream's answer is billed all the same.
-        """
-        answered = upstream and status == 200
+    def log(failed: ProxyError | None) -> None:
+        # Once the client has the answer, as a compacted request is (see forward).
         if failed is not None:
-            status, error = failed.status, failed.code or failed.type
-        ms = ((time.perf_counter() if ended is None else ended) - self.started) * 1000
-        services = self.services
-        metrics, conversations = services.observed.metrics, services.conversations
-        result = resolved.result
-        metrics.record_request(
-            call.config.model,
-            result,
-            result.tokens_before,
-            llm_mode=call.config.profile.summarizer == "llm",
-        )
-        rereads = rereads_of(call, resolved)
-        if rereads.tools:  # most requests have none: nothing to count
-            metrics.record_rereads(call.config.model, rereads.by_tool())
-        usage = tap.usage if tap is not None else None
-        bill = account(conversations, metrics, call, resolved, self.spent, usage, answered=answered)
-        fields: dict[str, object] = {
-            "api": call.dialect.name,
-            "model": call.config.model or "-",
-            "stage": result.stage,
-            "reason": resolved.reason,
-            "tokens_before": result.tokens_before,
-            "tokens_after": result.tokens_after,
-            "upstream_status" if upstream else "status": status,
-            "ms": round(ms, 1),
-        }
-        if error:
-            fields["error"] = error
-        if rereads.tools:
-            fields["rereads"] = len(rereads.tools)
-        if result.summarizer_calls and result.summarizer_used == "extractive":
-            fields["summary_refused"] = True
-            _log_summary_refused(services, call, resolved)
-        fields.update(bill.fields())
-        if services.settings.server.log_content and call.messages:
-            fields["content"] = message_text(call.messages[-1])[:2000]
+            fields.update(upstream_status=failed.status, error=failed.code or failed.type)
+        elif status == 200:
+            bill = untouched_bill(call, tap.usage)
+            dollars = bill.own_dollars
+            money = (dollars, dollars) if dollars is not None else None
+            metrics.record_usage(call.config.model, tap.usage, bill.own, bill.own, money)
+            fields.update(bill.fields())
         logger.info("chat", extra={"fields": fields})
-        recorder = services.observed.recorder
-        if recorder is not None:  # queued for the dashboard; never waits
-            labelled = (call.owner, resolved.session) in recorder.labelled
-            record = request_record(
+
+    cut = exchange.cut(call, call.raw)
+    return Relay(upstream, {}, tap, dialect=call.dialect, after=log, cut=cut)
+
+
+async def forward(exchange: Exchange, call: Call) -> Response:
+    """Forward, and retry once, smaller, after an upstream overflow."""
+    resolved = await exchange.compact_for(call, reason="threshold")
+    sent, recalling = exchange.outgoing(call, resolved)
+    upstream = await exchange.send(call, sent)
+    report = await exchange.overflow(call, resolved, upstream, sent)
+    if isinstance(report, Response):
+        return report
+    if report is not None:
+        metrics = exchange.services.observed.metrics
+        metrics.overflow_retries.labels(metrics.model(call.config.model)).inc()
+        retrying = await exchange.retry_budget(call, resolved, report)
+        call = retrying.call
+        resolved = await exchange.compact_for(call, reason="overflow", budget=retrying.budget)
+        retry, recalling = exchange.outgoing(call, resolved)
+        if retry == sent:  # cannot happen by the retry rule; never resend what failed
+            raise ContextLengthExceeded(
+                "This request cannot be made smaller than what the upstream refused.",
+                param="messages",
+            )
+        upstream = await exchange.send(call, retry)
+        if await exchange.empty_again(call, resolved, upstream):
+            return exchange.empty_stream_error(call, resolved, upstream)
+        sent = retry
+    try:
+        tap = exchange.usage_tap(call, resolved, recalling)
+        # Its log line, metrics and figures are written once the client has
+        # the answer, with its usage (see Relay): the client need not wait for
+        # them. Their time is this one, to the upstream's head, as before the relay.
+        finish = functools.partial(
+            exchange.finish, call, resolved, upstream.status, ended=time.perf_counter(), tap=tap
+        )
+        headers = exchange.headers(resolved)
+        if recalling is not None and upstream.status == 200:
+            # Its calls answered by the proxy, the upstream asked again, the
+            # client given the last answer through the one relay.
+            services = exchange.services
+            return recall.relay(
+                services.conversations,
+                services.observed.metrics,
                 call,
                 resolved,
-                status,
-                ms,
-                self.spent,
-                bill,
-                error=error,
-                rereads=rereads,
-                labelled=labelled,
+                upstream,
+                recalling,
+                tap,
+                headers,
+                finish,
+                functools.partial(exchange.send, call),
+                exchange.cut(call, sent),
             )
-            recorder.record(record)
-
-    def headers(self, resolved: Resolved) -> dict[str, str]:
-        """The response's ``x-compaction-*`` headers: what happened, what the
-        summarizer calls cost (all that is known of the money when they are sent)."""
-        headers = resolved.headers()
-        if self.spent.summarizer_calls:  # most requests asked the summarizer nothing
-            headers.update(spent_headers(self.spent))
-        return headers
+        cut = exchange.cut(call, sent)
+        return Relay(upstream, headers, tap, dialect=call.dialect, after=finish, cut=cut)
+    except BaseException:
+        upstream.abort()  # its connection and pool slot are not left behind
+        raise
 
 
-def _log_summary_refused(services: Services, call: Call, resolved: Resolved) -> None:
-    """The model was asked and its summary not used (refused by the checks, or
-    the call failed): said here, where an operator reads; the reason quotes
-    the conversation, so only with --log-content."""
-    result = resolved.result
-    found = {"model": call.config.model or "-", "session": resolved.session}
-    if services.settings.server.log_content:
-        found["why"] = "; ".join(n for n in result.notes if "llm summar" in n)[:1000]
-    summaries_log.warning("model summary not used; the extractive one was", extra={"fields": found})
+async def answer_command(exchange: Exchange, call: Call, command: manual.Command) -> Response:
+    """A ``/compact`` the user typed: the history before it compacted and stored,
+    answered by the proxy in the request's API (the model is not called)."""
+    # Without the command (and the system messages a client sent after it).
+    call = dataclasses.replace(call, messages=call.messages[: command.index])
+    instructions = command.instructions or None
+    resolved = await exchange.compact_for(call, reason="manual", instructions=instructions)
+    text = manual.reply_text(manual.outcome_of(resolved))
+    exchange.finish(call, resolved, 200, upstream=False)
+    model = call.config.model or "compaction-proxy"
+    headers = exchange.headers(resolved)
+    if call.streamed:
+        events = call.dialect.manual_events(model, text, call.original or call.body)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return Response(
+        orjson.dumps(call.dialect.manual_reply(model, text)),
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 def _log_refusal(call: Call | None, status: int, started: float) -> None:

@@ -2,8 +2,8 @@
 with its own key, its calls counted and priced as the request's.
 
 Built only for a request that goes the full way with the llm summarizer
-(:func:`proxy.flow.handler`'s compaction step); what its calls cost is read
-off it by the handler once the compaction is over.
+(:meth:`proxy.flow.exchange.Exchange.compact_for`); what its calls cost is
+read off it there once the compaction is over.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ gives that answer from what is cheap to know, and only when every input of
   made on a small conversation is applied to its later requests;
 * **no "compact now"** waiting in this process, for any session.
 
-The request path asks it first (``proxy.flow.handler._Exchange.compact_for``), before
+The request path asks it first (``proxy.flow.exchange.Exchange.compact_for``), before
 it builds a summarizer or prices a plan; a ``/compact`` command in the
 request was found when it was read (a byte search first,
 :func:`proxy.flow.manual.may_hold_command`). Anything else goes the full

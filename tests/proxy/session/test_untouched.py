@@ -154,7 +154,7 @@ def test_a_small_request_builds_no_summarizer(
         return summarizer(services, call)
 
     # Where the handler calls it from.
-    monkeypatch.setattr("proxy.flow.handler.summarizer_for", recording)
+    monkeypatch.setattr("proxy.flow.exchange.summarizer_for", recording)
     proxy = start_app(models={"gpt-4o": {"context_window": 128_000, "summarizer": "llm"}})
     body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello?"}]}
     answer = proxy.http.post("/v1/chat/completions", json=body)
