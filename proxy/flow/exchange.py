@@ -16,23 +16,17 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import time
 
 import orjson
-from starlette.responses import Response
 
 from compaction import (
     Budget,
     CannotFitError,
     InvalidMessagesError,
-    OverflowReport,
     Reason,
-    credible_report,
     message_text,
-    retry_budget,
 )
-from compaction import requested_output_tokens as requested_output
 from proxy.edge.body import deep_nesting_refused
 from proxy.edge.disconnect import ClientWatch
 from proxy.edge.errors import (
@@ -44,35 +38,21 @@ from proxy.edge.errors import (
 )
 from proxy.flow import recall
 from proxy.flow.answered.bill import Spent, account, spent_headers
-from proxy.flow.answered.record import cut_stream, empty_stream, request_record, rereads_of
+from proxy.flow.answered.record import cut_stream, request_record, rereads_of
 from proxy.flow.read import Call
 from proxy.flow.relay import Cut
-from proxy.flow.send import read_whole, relay_bytes, send
+from proxy.flow.send import send
 from proxy.flow.services import Services
 from proxy.flow.summaries import summarizer_for
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import Resolved, compact_if_needed
 from proxy.session.untouched import as_sent
 from proxy.state.logs import REQUESTS
-from proxy.state.stores import EMPTY_STREAM_STATUS
-from proxy.upstream.overflow import detect_overflow
 from proxy.upstream.transport import UpstreamResponse
 
 logger = logging.getLogger(REQUESTS)
 #: Summaries asked of a model and not used: beside the request's one line.
 summaries_log = logging.getLogger("compaction_proxy.summaries")
-
-
-@dataclasses.dataclass(frozen=True)
-class _EmptyOverflow:
-    """An empty stream taken for an overflow: it stated nothing, so nothing is
-    learned as a window; the retry aims below the working limit it narrowed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Retry:
-    call: Call  #: with the window the error taught, if it taught one
-    budget: Budget
 
 
 @dataclasses.dataclass
@@ -103,114 +83,6 @@ class Exchange:
             return orjson.dumps(body), None
         plan = recall.plan(self.services.conversations, call, resolved, body)
         return orjson.dumps(body if plan is None else plan.body), plan
-
-    async def overflow(
-        self, call: Call, resolved: Resolved, upstream: UpstreamResponse, sent: bytes
-    ) -> OverflowReport | _EmptyOverflow | Response | None:
-        """What the upstream's answer says of an overflow: a report to retry on,
-        ``None`` for an answer to relay, or the response to give the client now."""
-        if upstream.status >= 400:
-            error = await read_whole(upstream)
-            overflow = detect_overflow(upstream.status, error, sent)
-            if overflow is None:
-                self.finish(call, resolved, upstream.status)
-                return relay_bytes(upstream, error, self.headers(resolved))
-            return OverflowReport(window=overflow.limit, count=overflow.count)
-        if upstream.status != 200 or not call.streamed:
-            return None
-        if await self.stream_began(call, resolved, upstream):
-            return None
-        empty_stream(self.services.observed.metrics, self.spent)
-        models = self.services.conversations.models
-        if models.empty_stream(call.config, self.upstream_size(call, resolved)).overflow:
-            upstream.release()
-            return _EmptyOverflow()
-        return self.empty_stream_error(call, resolved, upstream)
-
-    def upstream_size(self, call: Call, resolved: Resolved) -> int:
-        """What was sent, as the upstream counts it (our estimate × the ratio)."""
-        ratio = self.services.conversations.models.ratio(call.config, call.owner)
-        return math.ceil(resolved.result.tokens_after * ratio)
-
-    async def stream_began(
-        self, call: Call, resolved: Resolved, upstream: UpstreamResponse
-    ) -> bool:
-        """Whether a streamed answer sends anything before it ends; one that does
-        shows the upstream took a prompt of that size (streams of some servers
-        carry no ``usage`` to say so). The client's leaving is watched
-        meanwhile: a long prefill is cancelled with it."""
-        try:
-            with self.watch.waiting() if self.watch else contextlib.nullcontext():
-                began = await upstream.wait_body()
-        except BaseException:
-            upstream.abort()
-            raise
-        if began:
-            self.services.conversations.models.stream_answered(
-                call.config, self.upstream_size(call, resolved)
-            )
-        return began
-
-    async def empty_again(self, call: Call, resolved: Resolved, upstream: UpstreamResponse) -> bool:
-        """Whether the retry's stream, too, ended before its first event. There is
-        no second retry: the client gets the error event; what the empty stream
-        teaches is kept for the requests after it."""
-        if upstream.status != 200 or not call.streamed:
-            return False
-        if await self.stream_began(call, resolved, upstream):
-            return False
-        empty_stream(self.services.observed.metrics, self.spent)
-        self.services.conversations.models.empty_stream(
-            call.config, self.upstream_size(call, resolved)
-        )
-        return True
-
-    def empty_stream_error(
-        self, call: Call, resolved: Resolved, upstream: UpstreamResponse
-    ) -> Response:
-        """The answer to an upstream stream that ended empty: a stream that carries
-        one error event, never a clean empty answer."""
-        upstream.release()
-        # An error, not the 200 its headers said: counted and logged as one.
-        self.finish(call, resolved, EMPTY_STREAM_STATUS, error="upstream_empty")
-        message = "The upstream ended the stream before sending anything."
-        return Response(
-            call.dialect.error_event(message, "upstream_empty"),
-            media_type="text/event-stream",
-            headers=self.headers(resolved),
-        )
-
-    async def retry_budget(
-        self, call: Call, resolved: Resolved, report: OverflowReport | _EmptyOverflow
-    ) -> _Retry:
-        """The retry's budget by the library's rule; what the error taught is kept
-        (the call, with the window it learned, is the retry's)."""
-        conversations = self.services.conversations
-        models = conversations.models
-        if isinstance(report, _EmptyOverflow):
-            # Held to the working limit, as the stated window of an error would be.
-            call = dataclasses.replace(call, config=models.within_working_limit(call.config))
-            report = OverflowReport(window=call.config.profile.context_window)
-            taken = False
-        else:
-            taken = bool(report.window) and await models.learn_window(
-                call.config, report.window or 0, call.owner
-            )
-            if taken:
-                config = conversations.model_config(call.config.model, call.owner)
-                call = dataclasses.replace(call, config=config)
-            report = credible_report(report, window_taken=taken)
-        config = call.config
-        retry = retry_budget(
-            config.profile,
-            requested_output(call.body),
-            models.ratio(config, call.owner),
-            resolved.result.tokens_after,
-            report,
-        )
-        if report.count:
-            models.learn_ratio(config, retry.ratio, call.owner)
-        return _Retry(call, retry.budget)
 
     def usage_tap(
         self, call: Call, resolved: Resolved, recalling: recall.Plan | None = None

@@ -12,11 +12,8 @@ The acts each step uses are methods of the request being answered,
 :class:`~proxy.flow.exchange.Exchange` (the services, the client's watch,
 what the request spent, when it began); the handler reads as the pipeline it is.
 
-An overflow is an error the upstream states, or a stream that ended before
-its first event above every size the upstream has answered
-(:func:`compaction.empty_stream_lesson`): some servers refuse an over-long
-streamed prompt with an empty 200. That one narrows the working limit of the
-upstream and model, which the retry, and every later request, is held to.
+What an overflow is (an error the upstream states, or a stream that ended
+empty) and what the retry keeps of it is :mod:`proxy.flow.retry`.
 
 Chat Completions is the engine's own format. The other two APIs come in
 through their :class:`~proxy.dialects.base.Dialect`: the request is mapped to
@@ -49,6 +46,7 @@ from proxy.flow.answered.bill import untouched_bill
 from proxy.flow.exchange import Exchange
 from proxy.flow.read import Call, read_call
 from proxy.flow.relay import Relay
+from proxy.flow.retry import empty_again, empty_stream_error, overflow, prepare_retry
 from proxy.flow.send import shown_url
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
@@ -146,13 +144,13 @@ async def forward(exchange: Exchange, call: Call) -> Response:
     resolved = await exchange.compact_for(call, reason="threshold")
     sent, recalling = exchange.outgoing(call, resolved)
     upstream = await exchange.send(call, sent)
-    report = await exchange.overflow(call, resolved, upstream, sent)
+    report = await overflow(exchange, call, resolved, upstream, sent)
     if isinstance(report, Response):
         return report
     if report is not None:
         metrics = exchange.services.observed.metrics
         metrics.overflow_retries.labels(metrics.model(call.config.model)).inc()
-        retrying = await exchange.retry_budget(call, resolved, report)
+        retrying = await prepare_retry(exchange, call, resolved, report)
         call = retrying.call
         resolved = await exchange.compact_for(call, reason="overflow", budget=retrying.budget)
         retry, recalling = exchange.outgoing(call, resolved)
@@ -162,8 +160,8 @@ async def forward(exchange: Exchange, call: Call) -> Response:
                 param="messages",
             )
         upstream = await exchange.send(call, retry)
-        if await exchange.empty_again(call, resolved, upstream):
-            return exchange.empty_stream_error(call, resolved, upstream)
+        if await empty_again(exchange, call, resolved, upstream):
+            return empty_stream_error(exchange, call, resolved, upstream)
         sent = retry
     try:
         tap = exchange.usage_tap(call, resolved, recalling)
