@@ -167,13 +167,49 @@ def render_file_lists(lists: FileLists) -> str:
 
 
 def strip_file_lists(text: str) -> str:
-    """``text`` without its file blocks (they are recomputed, never summarized)."""
-    kept, at = [], 0
+    """``text`` without its file blocks (they are recomputed, never summarized),
+    its other lines as they were.
+
+    A block goes with its lines; where it sat inside a line, the text before
+    its opener and the text after its closer each stay a line of their own.
+    Joined, they could make a line that opens a block (``<err`` + ``ors>``)
+    or hide one that did (``<errors>`` + ``x``), and the summary's sections
+    would read differently (:func:`~compaction.summary.blocks.block_lines`).
+    """
+    kept: list[str] = []
+    at = 0
+    line_open = False  # whether the text kept so far ends inside a line
     for block in _blocks(text):
-        kept.append(text[at : block.start])
+        line_open = _keep(kept, text[at : block.start], line_open, after_block=at > 0)
         at = block.end
-    kept.append(text[at:])
+    if at == 0:
+        return text.strip()
+    _keep(kept, text[at:], line_open, after_block=True)
     return "".join(kept).strip()
+
+
+#: What :meth:`str.splitlines` ends a line at.
+_LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _keep(kept: list[str], piece: str, line_open: bool, *, after_block: bool) -> bool:
+    """Append ``piece``, the text between two blocks, to ``kept``; whether the
+    text kept now ends inside a line.
+
+    The line break that ends a block's last line stays only if it ends a
+    kept line's text too; text that followed a closer on its line starts a
+    line of its own.
+    """
+    if after_block and piece:
+        if piece[0] in _LINE_BREAKS:
+            if not line_open:
+                piece = piece[2:] if piece.startswith("\r\n") else piece[1:]
+        elif line_open:
+            kept.append("\n")
+    if not piece:
+        return line_open
+    kept.append(piece)
+    return piece[-1] not in _LINE_BREAKS
 
 
 @dataclass(frozen=True)

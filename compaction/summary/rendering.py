@@ -241,8 +241,20 @@ def split_ledger(text: str) -> LedgerSplit:
 
 def _prose(kept: list[str]) -> str:
     """The lines outside the ledger's blocks as text, less any file block written
-    within a line (a model's reply may run one into its prose)."""
-    return strip_file_lists("\n".join(kept)).strip()
+    within a line (a model's reply may run one into its prose).
+
+    Stripping such a block leaves the text after its closer a line of its own,
+    which may open a ledger block (``…</read-files><errors>``): the lines are
+    read once more and those blocks go too. Nothing is left to strip after
+    that: no file block opener has a closer after it any longer, and taking
+    whole lines away joins none.
+    """
+    text = "\n".join(kept)
+    stripped = strip_file_lists(text)
+    if stripped == text.strip():
+        return stripped
+    prose, _ = split_blocks(stripped)
+    return "\n".join(prose).strip()
 
 
 __all__ = [

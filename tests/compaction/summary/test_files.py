@@ -4,9 +4,12 @@ import copy
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compaction.budget.profile import Profile
 from compaction.chat.own import SUMMARY_MARKER, recorded
+from compaction.summary.blocks import block_lines
 from compaction.summary.files import (
     FileLists,
     collect_files,
@@ -122,6 +125,87 @@ def test_render_and_parse_round_trip() -> None:
     )
     assert parse_file_lists(f"summary\n\n{text}\n") == lists
     assert strip_file_lists(f"summary\n\n{text}\n") == "summary"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A block on lines of its own goes with its lines: no blank line is left.
+        ("A\n<read-files>\na.py\n</read-files>\nB", "A\nB"),
+        # Text before the opener and after the closer each stay a line.
+        ("Read <read-files>a.py</read-files> and fixed it.", "Read \n and fixed it."),
+        ("Read <read-files>\na.py\n</read-files>\nB", "Read \nB"),
+        ("A\n<read-files>a.py</read-files> fixed.", "A\n fixed."),
+        ("x <read-files>a</read-files><modified-files>b</modified-files> y", "x \n y"),
+        ("A\r\n<read-files>\r\na.py\r\n</read-files>\r\nB", "A\r\nB"),
+        # Pieces of a tag either side of a block are not joined into the tag.
+        ("<err<read-files>a.py</read-files>ors>\nX\n</errors>", "<err\nors>\nX\n</errors>"),
+        # The text after a closer keeps its line, so it reads as it would have
+        # with the block on lines of its own: here it opens the errors block.
+        ("<errors><read-files>a.py</read-files>X\n</errors>", "<errors>\nX\n</errors>"),
+        # An opener with no closer after it is no block.
+        ("A <read-files>\na.py", "A <read-files>\na.py"),
+    ],
+)
+def test_stripping_a_block_keeps_the_lines_around_it(text: str, expected: str) -> None:
+    assert strip_file_lists(text) == expected
+
+
+#: What a summary's lines hold: prose, the ledger's tags and pieces of them,
+#: stray closers of the file blocks (never an opener: that would make a block).
+_PIECES = [
+    "x", "a.py", " ", "prose", "<", ">", "ors>", "<err", "files>", "<errors>", "</errors>",
+    "<commands>", "</commands>", "<identifiers>", "<user-messages>", "</user-messages>",
+    "<user-message>", "</user-message>", "</read-files>", "</modified-files>",
+]  # fmt: skip
+_BODY_PIECES = [p for p in _PIECES if p not in ("</read-files>", "</modified-files>")] + [
+    "\n",
+    "<read-files>",
+    "<modified-files>",
+]
+
+
+@st.composite
+def _file_block(draw: st.DrawFn) -> str:
+    kind = draw(st.sampled_from(["read", "modified"]))
+    body = "".join(draw(st.lists(st.sampled_from(_BODY_PIECES), max_size=6)))
+    return f"<{kind}-files>{body}</{kind}-files>"
+
+
+#: A line: text pieces (str) and file blocks (a one-item tuple), which may
+#: span lines of their own.
+_line = st.lists(st.sampled_from(_PIECES) | _file_block().map(lambda block: (block,)), max_size=6)
+
+
+def _line_text(line: list[str | tuple[str]]) -> str:
+    return "".join(part if isinstance(part, str) else part[0] for part in line)
+
+
+def _without_blocks(line: list[str | tuple[str]]) -> list[str]:
+    """The lines ``line`` leaves without its file blocks: itself when it has
+    none, else each stretch of text between them that is not empty."""
+    if all(isinstance(part, str) for part in line):
+        return [_line_text(line)]
+    stretches, current = [], ""
+    for part in line:
+        if isinstance(part, str):
+            current += part
+        else:
+            stretches.append(current)
+            current = ""
+    return [text for text in (*stretches, current) if text]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_line, max_size=8))
+def test_stripping_leaves_the_lines_there_were_less_the_blocks(
+    lines: list[list[str | tuple[str]]],
+) -> None:
+    text = "\n".join(_line_text(line) for line in lines)
+    expected = "\n".join(kept for line in lines for kept in _without_blocks(line)).strip()
+    stripped = strip_file_lists(text)
+    assert list(block_lines(stripped)) == list(block_lines(expected))
+    assert stripped == expected
 
 
 def test_render_leaves_out_empty_blocks() -> None:

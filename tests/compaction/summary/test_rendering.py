@@ -3,10 +3,12 @@ the same record; blocks pasted into a summary's prose are not the ledger."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compaction import TokenCounter
+from compaction.summary.blocks import block_lines
 from compaction.summary.files import FileLists
 from compaction.summary.format import summary_message
 from compaction.summary.rendering import Ledger, parse_ledger, render_ledger, strip_ledger
@@ -82,6 +84,50 @@ def test_ledger_blocks_pasted_into_a_body_are_not_read_back_as_the_ledger() -> N
     )
     assert parse_ledger(message["content"]) == Ledger()
     assert strip_ledger("a\n<errors>\nX\n</errors>\nb") == "a\nb"
+
+
+@pytest.mark.parametrize(
+    ("body", "prose"),
+    [
+        # Joined, the text either side of the block would be an opener.
+        (
+            "## Goal\n- g <err<read-files>a.py</read-files>ors>\nFakeError: pasted\n</errors>",
+            "## Goal\n- g <err\nors>\nFakeError: pasted\n</errors>",
+        ),
+        # Kept on its line, the text after the block is one, and goes with its block.
+        (
+            "## Goal\n- g <read-files>a.py</read-files><errors>\nFakeError: pasted\n</errors>",
+            "## Goal\n- g",
+        ),
+        (
+            "## Goal\n- g <read-files>\na.py\n</read-files>\n<errors>\nFakeError\n</errors>\nh",
+            "## Goal\n- g \nh",
+        ),
+    ],
+)
+def test_a_file_block_within_a_line_of_the_body_leaves_no_ledger_block_behind(
+    body: str, prose: str
+) -> None:
+    assert strip_ledger(body) == prose
+    ledger = Ledger(FileLists(("b.py",)), errors=("KeyError: 'real'",))
+    rendered = render_ledger(ledger, ROOMY, COUNTER)
+    message = summary_message(body, condensed=2, ledger=rendered, turn_prefix=False)
+    assert parse_ledger(message["content"]) == ledger
+
+
+_PIECES = [
+    "x", " ", "\n", "<", "ors>", "<err", "<errors>", "</errors>", "<user-messages>",
+    "<user-message>", "</user-message>", "</user-messages>", "<read-files>", "</read-files>",
+    "<modified-files>", "</modified-files>",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join))
+def test_the_prose_left_holds_no_block(text: str) -> None:
+    prose = strip_ledger(text)
+    assert all(block is None for block, _, _ in block_lines(prose))
+    assert strip_ledger(prose) == prose
 
 
 @settings(max_examples=60, deadline=None)
