@@ -43,6 +43,7 @@ from proxy.edge.errors import (
 )
 from proxy.flow import manual, recall
 from proxy.flow.answered.bill import untouched_bill
+from proxy.flow.answered.finish import finish
 from proxy.flow.exchange import Exchange
 from proxy.flow.read import Call, read_call
 from proxy.flow.relay import Relay
@@ -168,8 +169,8 @@ async def forward(exchange: Exchange, call: Call) -> Response:
         # Its log line, metrics and figures are written once the client has
         # the answer, with its usage (see Relay): the client need not wait for
         # them. Their time is this one, to the upstream's head, as before the relay.
-        finish = functools.partial(
-            exchange.finish, call, resolved, upstream.status, ended=time.perf_counter(), tap=tap
+        after = functools.partial(
+            finish, exchange, call, resolved, upstream.status, ended=time.perf_counter(), tap=tap
         )
         headers = exchange.headers(resolved)
         if recalling is not None and upstream.status == 200:
@@ -185,12 +186,12 @@ async def forward(exchange: Exchange, call: Call) -> Response:
                 recalling,
                 tap,
                 headers,
-                finish,
+                after,
                 functools.partial(exchange.send, call),
                 exchange.cut(call, sent),
             )
         cut = exchange.cut(call, sent)
-        return Relay(upstream, headers, tap, dialect=call.dialect, after=finish, cut=cut)
+        return Relay(upstream, headers, tap, dialect=call.dialect, after=after, cut=cut)
     except BaseException:
         upstream.abort()  # its connection and pool slot are not left behind
         raise
@@ -204,7 +205,7 @@ async def answer_command(exchange: Exchange, call: Call, command: manual.Command
     instructions = command.instructions or None
     resolved = await exchange.compact_for(call, reason="manual", instructions=instructions)
     text = manual.reply_text(manual.outcome_of(resolved))
-    exchange.finish(call, resolved, 200, upstream=False)
+    finish(exchange, call, resolved, 200, upstream=False)
     model = call.config.model or "compaction-proxy"
     headers = exchange.headers(resolved)
     if call.streamed:

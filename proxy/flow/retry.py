@@ -29,6 +29,7 @@ from compaction import (
     retry_budget,
 )
 from compaction import requested_output_tokens as requested_output
+from proxy.flow.answered.finish import finish
 from proxy.flow.answered.record import empty_stream
 from proxy.flow.exchange import Exchange
 from proxy.flow.read import Call
@@ -60,7 +61,7 @@ async def overflow(
         error = await read_whole(upstream)
         overflow = detect_overflow(upstream.status, error, sent)
         if overflow is None:
-            exchange.finish(call, resolved, upstream.status)
+            finish(exchange, call, resolved, upstream.status)
             return relay_bytes(upstream, error, exchange.headers(resolved))
         return OverflowReport(window=overflow.limit, count=overflow.count)
     if upstream.status != 200 or not call.streamed:
@@ -125,7 +126,7 @@ def empty_stream_error(
     one error event, never a clean empty answer."""
     upstream.release()
     # An error, not the 200 its headers said: counted and logged as one.
-    exchange.finish(call, resolved, EMPTY_STREAM_STATUS, error="upstream_empty")
+    finish(exchange, call, resolved, EMPTY_STREAM_STATUS, error="upstream_empty")
     message = "The upstream ended the stream before sending anything."
     return Response(
         call.dialect.error_event(message, "upstream_empty"),
