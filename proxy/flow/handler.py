@@ -152,7 +152,13 @@ async def forward(exchange: Exchange, call: Call) -> Response:
         metrics = exchange.services.observed.metrics
         metrics.overflow_retries.labels(metrics.model(call.config.model)).inc()
         retrying = await prepare_retry(exchange, call, resolved, report)
-        call = retrying.call
+        # The retry is this request under what the upstream taught of its model:
+        # a Call of its own, the one field changed, rather than the config
+        # carried beside it, because every step from here reads the request's
+        # config (the compaction's conversation and plan through the session's
+        # ConversationRequest, the recall plan, the traffic slot, the usage
+        # learned, the bill, the figures), and each must read the learned one.
+        call = dataclasses.replace(call, config=retrying.config)
         resolved = await exchange.compact_for(call, reason="overflow", budget=retrying.budget)
         retry, recalling = exchange.outgoing(call, resolved)
         if retry == sent:  # cannot happen by the retry rule; never resend what failed
@@ -201,6 +207,10 @@ async def answer_command(exchange: Exchange, call: Call, command: manual.Command
     """A ``/compact`` the user typed: the history before it compacted and stored,
     answered by the proxy in the request's API (the model is not called)."""
     # Without the command (and the system messages a client sent after it).
+    # A Call of its own, not the history carried beside this one: the session
+    # reads the conversation it compacts, stores and keys through the request
+    # (ConversationRequest: its messages with its config, scope and owner),
+    # and the conversation compacted here is the history before the command.
     call = dataclasses.replace(call, messages=call.messages[: command.index])
     instructions = command.instructions or None
     resolved = await exchange.compact_for(call, reason="manual", instructions=instructions)

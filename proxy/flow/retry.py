@@ -29,6 +29,7 @@ from compaction import (
     retry_budget,
 )
 from compaction import requested_output_tokens as requested_output
+from config import ModelConfig
 from proxy.flow.answered.finish import finish
 from proxy.flow.answered.record import empty_stream
 from proxy.flow.exchange import Exchange
@@ -48,7 +49,11 @@ class EmptyOverflow:
 
 @dataclasses.dataclass(frozen=True)
 class Retry:
-    call: Call  #: with the window the error taught, if it taught one
+    """What the retry changes of the request: the model's configuration (with
+    the window the error taught, or held to the working limit an empty stream
+    narrowed; the request's own when it taught neither) and the budget."""
+
+    config: ModelConfig
     budget: Budget
 
 
@@ -139,23 +144,22 @@ async def prepare_retry(
     exchange: Exchange, call: Call, resolved: Resolved, report: OverflowReport | EmptyOverflow
 ) -> Retry:
     """The retry's budget by the library's rule; what the error taught is kept
-    (the call, with the window it learned, is the retry's)."""
+    (the configuration, with the window it learned, is the retry's)."""
     conversations = exchange.services.conversations
     models = conversations.models
+    config = call.config
     if isinstance(report, EmptyOverflow):
         # Held to the working limit, as the stated window of an error would be.
-        call = dataclasses.replace(call, config=models.within_working_limit(call.config))
-        report = OverflowReport(window=call.config.profile.context_window)
+        config = models.within_working_limit(config)
+        report = OverflowReport(window=config.profile.context_window)
         taken = False
     else:
         taken = bool(report.window) and await models.learn_window(
-            call.config, report.window or 0, call.owner
+            config, report.window or 0, call.owner
         )
         if taken:
-            config = conversations.model_config(call.config.model, call.owner)
-            call = dataclasses.replace(call, config=config)
+            config = conversations.model_config(config.model, call.owner)
         report = credible_report(report, window_taken=taken)
-    config = call.config
     retry = retry_budget(
         config.profile,
         requested_output(call.body),
@@ -165,4 +169,4 @@ async def prepare_retry(
     )
     if report.count:
         models.learn_ratio(config, retry.ratio, call.owner)
-    return Retry(call, retry.budget)
+    return Retry(config, retry.budget)
