@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,10 +248,15 @@ def collect_files(
     *,
     max_files: int = DEFAULT_MAX_FILES,
     salt: str = "",
+    summaries: Mapping[int, FileLists] | None = None,
 ) -> FileLists:
     """Files read and modified by the tool calls in ``messages``, merged in order with
     the lists of any earlier summary among them; with a ``salt``, each file read
-    with the ref of the output that showed it."""
+    with the ref of the output that showed it.
+
+    ``summaries`` holds the lists of the earlier summaries by their index in
+    ``messages``, when the caller has read them already; any other summary
+    is read here (:func:`file_lists_in`)."""
     # Merging list after list in order comes to: every modified file once, and
     # every read file once unless it was modified; so the paths are gathered
     # first and merged once at the end.
@@ -262,7 +267,9 @@ def collect_files(
     current: str | None = None
     for index, message in enumerate(messages):
         if is_summary(message):
-            earlier = file_lists_in(message_text(message))
+            earlier = summaries.get(index) if summaries else None
+            if earlier is None:
+                earlier = file_lists_in(message_text(message))
             read.extend(earlier.read)
             modified.extend(earlier.modified)
             refs.extend(earlier.refs)

@@ -41,6 +41,7 @@ public names it re-exports.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 from compaction.budget.profile import DEFAULT_LEDGER_SHARE, Profile
@@ -93,16 +94,21 @@ def ledger_of(
     ledger = previous or Ledger()
     ledger = ledger.merge(Ledger(identifiers=tuple(identifiers_in(task))))
     stretch: list[Message] = []
-    for message in messages:
+    # A session compacted many times carries its summary in every request:
+    # each is read once, and its file lists go to the file collection.
+    summaries: dict[int, FileLists] = {}
+    for index, message in enumerate(messages):
         if is_summary(message):
+            parsed = parse_ledger(message_text(message))
+            summaries[index] = parsed.files
             ledger = ledger.merge(_stretch_ledger(stretch, profile, salt))
-            ledger = ledger.merge(parse_ledger(message_text(message)))
+            ledger = ledger.merge(dataclasses.replace(parsed, files=FileLists()))
             stretch = []
         else:
             stretch.append(message)
     ledger = ledger.merge(_stretch_ledger(stretch, profile, salt))
     # The file lists compute their own merge order (a modified file is never read).
-    found = collect_files(messages, profile, salt=salt)
+    found = collect_files(messages, profile, salt=salt, summaries=summaries)
     files = (previous.files if previous else FileLists()).merge(found)
     return Ledger(
         files.limited(),

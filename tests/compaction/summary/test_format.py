@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 
-import pytest
-
-import compaction.summary.blocks as blocks_module
-import compaction.summary.files as files_module
-import compaction.summary.rendering as rendering_module
 from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
 from compaction.summary.files import FileLists
 from compaction.summary.format import (
@@ -39,19 +34,11 @@ def test_a_made_summary_is_recognized_and_parses_back_into_its_parts() -> None:
 
 
 def test_a_summary_is_taken_apart_in_one_reading_of_its_lines(
-    monkeypatch: pytest.MonkeyPatch,
+    count_block_readings: Callable[[], list[str]],
 ) -> None:
     # Body, file lists and ledger are three views of one partition of the lines.
     message = _summary()
-    readings: list[str] = []
-    block_lines = blocks_module.block_lines
-
-    def counted(text: str) -> Iterator[blocks_module.BlockLine]:
-        readings.append(text)
-        return block_lines(text)
-
-    for module in (blocks_module, files_module, rendering_module):
-        monkeypatch.setattr(module, "block_lines", counted)
+    readings = count_block_readings()
     parts = parse_summary(message)
     assert parts is not None and parts.body == BODY and parts.files == FILES
     assert len(readings) == 1

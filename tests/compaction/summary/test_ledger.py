@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 from compaction import Profile, TokenCounter
+from compaction.chat.own import is_summary
 from compaction.chat.typed import typed_messages
 from compaction.summary.files import FileLists
 from compaction.summary.format import parse_summary, summary_message, with_body
@@ -18,6 +20,7 @@ from compaction.summary.ledger import (
     render_ledger,
 )
 from compaction.text.clipping import error_lines
+from compaction.types import Message
 
 COUNTER = TokenCounter("gpt-4o")
 PROFILE = Profile()
@@ -150,6 +153,24 @@ def test_an_earlier_summarys_ledger_is_folded_in_at_its_place() -> None:
     ledger = ledger_of([earlier, *_span()], PROFILE)
     assert ledger.errors[0] == "KeyError: 'old'"
     assert ledger.user_messages[0] == "first request"
+
+
+def test_each_earlier_summary_is_read_once(
+    count_block_readings: Callable[[], list[str]],
+) -> None:
+    # A session compacted many times carries its summary in every request:
+    # its ledger and its file lists are two views of one reading of its lines.
+    def summary(n: int) -> Message:
+        ledger = Ledger(FileLists((f"r{n}.py",), (f"m{n}.py",)), errors=(f"KeyError: {n}",))
+        rendered = render_ledger(ledger, ROOMY, COUNTER)
+        return summary_message("## Goal\n- g", condensed=4, ledger=rendered, turn_prefix=False)
+
+    messages = [summary(1), *_span(), summary(2), *_span()]
+    readings = count_block_readings()
+    ledger = ledger_of(messages, PROFILE)
+    assert ledger.files == FileLists(("r1.py", "r2.py"), ("m1.py", "m2.py"))
+    assert ledger.errors[0] == "KeyError: 1"
+    assert sorted(readings) == sorted(str(m["content"]) for m in messages if is_summary(m))
 
 
 def test_the_same_span_gives_the_same_bytes() -> None:
