@@ -7,7 +7,8 @@ and :class:`~proxy.flow.answered.bill.Spent`, what its work beside the answer
 spent. Its methods are the acts the handler's steps (:mod:`proxy.flow.handler`)
 are made of: the conversation compacted (:meth:`Exchange.compact_for`), the
 request to send (``outgoing``), sent (``send``), the answer's usage read
-(``usage_tap``), a cut stream asked again (``cut``), the response's headers.
+(``usage_tap``), a cut stream asked again (``cut``), the response's headers;
+and :class:`FollowUps`, the way a recalling answer's next rounds are sent.
 """
 
 from __future__ import annotations
@@ -190,3 +191,19 @@ class Exchange:
         if self.spent.summarizer_calls:  # most requests asked the summarizer nothing
             headers.update(spent_headers(self.spent))
         return headers
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowUps:
+    """A recalling request's next rounds (:class:`proxy.recall.NextRounds`),
+    sent the way the request itself was: by its exchange, for its Call."""
+
+    exchange: Exchange
+    call: Call
+
+    async def ask(self, body: bytes) -> UpstreamResponse:
+        answer = await self.exchange.send(self.call, body)
+        if answer.status != 200:
+            answer.abort()
+            raise recall.refusal(answer)
+        return answer

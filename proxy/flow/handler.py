@@ -44,7 +44,7 @@ from proxy.edge.errors import (
 from proxy.flow import manual, recall
 from proxy.flow.answered.bill import untouched_bill
 from proxy.flow.answered.finish import finish
-from proxy.flow.exchange import Exchange
+from proxy.flow.exchange import Exchange, FollowUps
 from proxy.flow.read import Call, read_call
 from proxy.flow.relay import Relay
 from proxy.flow.retry import empty_again, empty_stream_error, overflow, prepare_retry
@@ -193,7 +193,7 @@ async def forward(exchange: Exchange, call: Call) -> Response:
                 tap,
                 headers,
                 after,
-                functools.partial(exchange.send, call),
+                FollowUps(exchange, call),
                 exchange.cut(call, sent),
             )
         cut = exchange.cut(call, sent)

@@ -21,7 +21,7 @@ from proxy.flow.read import Call
 from proxy.flow.relay import Cut, Relay
 from proxy.flow.send import shown_url
 from proxy.flow.usage import UsageTap
-from proxy.recall import Plan, RecallFailed, RecallLoop, Rounds, counted_tool
+from proxy.recall import NextRounds, Plan, RecallFailed, RecallLoop, Rounds, counted_tool
 from proxy.recall import plan as recall_plan
 from proxy.session.conversation import Resolved, recall_salt
 from proxy.session.service import Conversations
@@ -85,34 +85,27 @@ def relay(
     tap: UsageTap,
     headers: Mapping[str, str],
     finish: Callable[[ProxyError | None], None],
-    send: Callable[[bytes], Awaitable[UpstreamResponse]],
+    next_rounds: NextRounds,
     cut: Cut,
 ) -> Relay:
     """The answer of a request sent with the recall tool, relayed as one over
-    its rounds (:class:`proxy.recall.RecallLoop`); ``send`` asks the upstream
-    a follow-up, ``finish`` is the request's bookkeeping — both it and the
+    its rounds (:class:`proxy.recall.RecallLoop`); ``next_rounds`` asks the
+    upstream a follow-up, ``finish`` is the request's bookkeeping — both it and the
     recall's report run once the client has the answer. ``cut`` is what a
     plain answer's stream would do when it closes before its end: a first
     round that said nothing yet is asked again unseen; a later one cannot be."""
     rounds = Rounds(plan=plan, counter=conversations.counter(call.config), body=plan.body)
 
-    async def follow_up(body: bytes) -> UpstreamResponse:
-        answer = await send(body)
-        if answer.status != 200:
-            answer.abort()
-            raise _refusal(answer)
-        return answer
-
     def after(failed: ProxyError | None) -> Awaitable[None] | None:
         finish(failed)
         return _report(conversations, metrics, call, resolved, rounds)
 
-    loop = RecallLoop(rounds, follow_up, tap, conversations.recalls, streamed=call.streamed)
+    loop = RecallLoop(rounds, next_rounds, tap, conversations.recalls, streamed=call.streamed)
     recall_headers = {**headers, "x-compaction-recall-tokens": str(plan.extra_tokens)}
     return Relay(upstream, recall_headers, None, call.dialect, after, cut, rounds=loop)
 
 
-def _refusal(upstream: UpstreamResponse) -> RecallFailed:
+def refusal(upstream: UpstreamResponse) -> RecallFailed:
     """The error for a follow-up round the upstream refused, logged by status."""
     fields = {"status": upstream.status, "upstream": shown_url(upstream.url)}
     logger.warning("upstream refused a recall round", extra={"fields": fields})
@@ -148,4 +141,4 @@ def _report(
     return conversations.store.add_event(event)
 
 
-__all__ = ["Plan", "plan", "relay", "tool_tokens"]
+__all__ = ["Plan", "plan", "refusal", "relay", "tool_tokens"]

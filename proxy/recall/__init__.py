@@ -21,14 +21,14 @@ continued over rounds — is each dialect's ``recall.py``
 (:mod:`proxy.dialects.recall`). docs/recall.md is the user's account.
 """
 
-from proxy.recall.loop import Ask, RecallLoop, Tap
+from proxy.recall.loop import NextRounds, RecallLoop, Tap
 from proxy.recall.memory import RecallMemory, Restored
 from proxy.recall.plan import Plan, counted_tool, plan
 from proxy.recall.rounds import PAST_LIMIT, RecallFailed, RecallLimit, Rounds
 
 __all__ = [
     "PAST_LIMIT",
-    "Ask",
+    "NextRounds",
     "Plan",
     "RecallFailed",
     "RecallLimit",

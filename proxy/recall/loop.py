@@ -19,11 +19,21 @@ A bound crossed or a round refused is raised as the proxy's error
 (:class:`~proxy.recall.rounds.RecallLimit`, ``RecallFailed``, an unreachable
 upstream); the relay answers it in the API's shape, a whole answer's error or
 a stream's error event.
+
+The next rounds are asked of a :class:`NextRounds`, one object with one
+method, and not of the ``Upstream`` service's transport: a next round is more
+of the client's request, so it goes the way the request went — counted in
+flight on its upstream (a one-slot server runs no background summary beside
+it), timed in the metrics, an error answer counted in the request's figures,
+given up when the client leaves — which is what the request's own sending
+does (:class:`proxy.flow.exchange.FollowUps`, over ``Exchange.send``) and the
+transport alone does not. An object rather than a callback closed over the
+handler: what it holds is named where it is made (the request's exchange and
+its Call), and this loop needs nothing else of either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -32,9 +42,14 @@ from proxy.recall.memory import RecallMemory
 from proxy.recall.rounds import PAST_LIMIT, RecallLimit, Rounds
 from proxy.upstream.transport import UpstreamResponse
 
-#: Sends one follow-up request upstream; its answer, once its head is in (a
-#: refusal is raised, never returned).
-Ask = Callable[[bytes], Awaitable[UpstreamResponse]]
+
+class NextRounds(Protocol):
+    """Where a recalling answer's next rounds are asked (see the module doc)."""
+
+    async def ask(self, body: bytes) -> UpstreamResponse:
+        """Send ``body``, the next round's request, upstream; its answer, once
+        its head is in (a refusal is raised, never returned)."""
+        ...
 
 
 class Tap(Protocol):
@@ -53,12 +68,18 @@ class RecallLoop:
     """
 
     def __init__(
-        self, rounds: Rounds, ask: Ask, tap: Tap, memory: RecallMemory, *, streamed: bool
+        self,
+        rounds: Rounds,
+        upstream: NextRounds,
+        tap: Tap,
+        memory: RecallMemory,
+        *,
+        streamed: bool,
     ) -> None:
         self.rounds = rounds
         #: Whether the client reads the rounds as one stream, or a whole answer.
         self.streamed = streamed
-        self._ask = ask
+        self._upstream = upstream
         self._tap: Tap | None = tap
         self._memory = memory
         self._stream = rounds.plan.surface.stream()
@@ -94,7 +115,7 @@ class RecallLoop:
         if rounds.exhausted or not calls:
             rounds.count("limit", len(calls))
             raise RecallLimit(PAST_LIMIT)
-        upstream = await self._ask(rounds.follow(answer, calls))
+        upstream = await self._upstream.ask(rounds.follow(answer, calls))
         stream.next_round()
         return upstream
 
@@ -115,7 +136,7 @@ class RecallLoop:
         if rounds.exhausted:
             rounds.count("limit", len(calls))
             raise RecallLimit(PAST_LIMIT)
-        return await self._ask(rounds.follow(answer, calls))
+        return await self._upstream.ask(rounds.follow(answer, calls))
 
 
 def _json(raw: bytes) -> dict[str, Any] | None:
@@ -126,4 +147,4 @@ def _json(raw: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-__all__ = ["Ask", "RecallLoop", "Tap"]
+__all__ = ["NextRounds", "RecallLoop", "Tap"]
