@@ -36,6 +36,10 @@ _POLL_MAX: Final = 0.25
 TRANSACTION_ATTEMPTS: Final = 3
 #: Pause before the second try (doubled for the next, with jitter).
 TRANSACTION_BACKOFF: Final = 0.02
+#: The key scheme this version writes: 2, a key per session beside its checkpoints
+#: (:mod:`~proxy.state.stores.redis.held`). A replica's heartbeat says the scheme
+#: it writes; replicas from before held keys wrote ``1`` there.
+SCHEME: Final = 2
 
 
 Sleep = Callable[[float], Awaitable[None]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from proxy.state.stores import codec
 from proxy.state.stores.base import DEFAULT_EVENTS_LIMIT, INTERRUPTED, Event, interrupted
-from proxy.state.stores.redis.core import RedisCore
+from proxy.state.stores.redis.core import SCHEME, RedisCore
 from proxy.state.stores.redis.replies import GarbledReply, awaited
 
 
@@ -98,6 +98,9 @@ class RedisEvents(RedisCore):
 
     async def heartbeat(self, instance: str, ttl: float) -> None:
         ttl_ms = max(1, int(ttl * 1000))
-        done = await awaited(self._client.set(self._key("alive", instance), b"1", px=ttl_ms))
+        # What it holds is the scheme this replica writes: the held keys' backfill
+        # waits while a replica from before them is alive (held.py).
+        alive = self._key("alive", instance)
+        done = await awaited(self._client.set(alive, SCHEME, px=ttl_ms))
         if done is not True:  # a SET without a condition always answers OK
             raise GarbledReply(f"Redis answered SET with {type(done).__name__}")

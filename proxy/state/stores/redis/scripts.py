@@ -37,3 +37,25 @@ redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[4]) - 1)
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return 1
 """
+
+# Hold each session key KEYS[i] at least ARGV[i] ms (-1: for ever): set when
+# missing, lengthened when shorter, never shortened, so a backfill that read a
+# checkpoint's expiry cannot cut short the key a put just set for a newer one.
+# Answers how many keys it set.
+HOLD: Final = """
+local set = 0
+for i, key in ipairs(KEYS) do
+    local want = tonumber(ARGV[i])
+    local left = redis.call('PTTL', key)
+    if want == -1 then
+        if left ~= -1 then
+            redis.call('SET', key, '1')
+            set = set + 1
+        end
+    elseif left ~= -1 and left < want then
+        redis.call('SET', key, '1', 'PX', want)
+        set = set + 1
+    end
+end
+return set
+"""

@@ -6,12 +6,14 @@ Keys, all under a configurable prefix (default ``compaction-proxy:``)::
     ckpt:<id>            the same JSON, by id       TTL = retention
     owner:<id>           the checkpoint's owner     TTL = retention
     orig:<id>            replaced messages JSON     TTL = retention (purge is implicit)
+    held:<owner>\\x1f<session>  "1" while the session has a checkpoint   TTL = its newest one's
+    scheme               the key scheme every record follows (2: every checkpoint is held)
     events               newest events, capped list (LPUSH + LTRIM in one MULTI)
     events:<session>     one session's, capped      TTL = retention, renewed on each event
     evowners:<session>   set of the owners with events of it   TTL = retention, renewed
     owned:<owner>        one owner's, capped        TTL = retention, renewed on each event
     open                 hash compaction id → latest event, while queued/started
-    alive:<instance>     heartbeat                  TTL = the heartbeat's ttl
+    alive:<instance>     heartbeat: the scheme it writes   TTL = the heartbeat's ttl
     lock:<key>           single-flight lock         SET NX PX; compare-and-delete release
     windows              hash model → learned context window
     windows:at           sorted set model by when it was last set (the cap, the purge)
@@ -49,13 +51,16 @@ The store is in parts, one concern each, composed by :class:`RedisStore`
 (which keeps the checkpoints and originals, the rows kept by model, the purge):
 the client, keys, clock, lock and transactions every part shares
 (:mod:`~proxy.state.stores.redis.core`), events and liveness
-(:mod:`~proxy.state.stores.redis.events`), and per-request figures and sessions
-(:mod:`~proxy.state.stores.redis.figures`).
+(:mod:`~proxy.state.stores.redis.events`), per-request figures and sessions
+(:mod:`~proxy.state.stores.redis.figures`), and whether a session holds a
+checkpoint, with the backfill of those keys after an upgrade
+(:mod:`~proxy.state.stores.redis.held`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Sequence
 from typing import Any, Final
@@ -83,8 +88,9 @@ from proxy.state.stores.redis.core import (
 )
 from proxy.state.stores.redis.events import RedisEvents
 from proxy.state.stores.redis.figures import RedisFigures
+from proxy.state.stores.redis.held import RedisHeld
 from proxy.state.stores.redis.replies import awaited, garbage_is_a_store_error
-from proxy.state.stores.redis.scripts import CLOSE_OPEN, RELEASE, RENEW
+from proxy.state.stores.redis.scripts import CLOSE_OPEN, HOLD, RELEASE, RENEW
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
@@ -97,7 +103,7 @@ __all__ = [
 DEFAULT_KEY_PREFIX: Final = "compaction-proxy:"
 
 
-class RedisStore(RedisEvents, RedisFigures):
+class RedisStore(RedisEvents, RedisFigures, RedisHeld):
     """The :class:`~proxy.state.stores.protocols.Store` contract on a Redis server."""
 
     tracks_liveness = True  #: every instance's heartbeat key expires with it
@@ -127,6 +133,8 @@ class RedisStore(RedisEvents, RedisFigures):
         self._release = client.register_script(RELEASE)
         self._renew = client.register_script(RENEW)
         self._close_open = client.register_script(CLOSE_OPEN)
+        self._hold = client.register_script(HOLD)
+        self._upgrading = None  #: the held keys' backfill, once started (held.py)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float | None = None, **options: Any) -> RedisStore:
@@ -165,15 +173,6 @@ class RedisStore(RedisEvents, RedisFigures):
         # they did: every lookup is a round trip.
         return {} if not hashes else None
 
-    def _held_key(self, owner: str, session: str) -> str:
-        return self._key("held", f"{owner}\x1f{session}")
-
-    async def holds_checkpoints(self, owner: str, session: str) -> bool:
-        return bool(await awaited(self._client.exists(self._held_key(owner, session))))
-
-    def holds_checkpoints_now(self, owner: str, session: str) -> bool | None:
-        return None  # replicas write it with nothing to tell this one: a round trip
-
     async def put(
         self, checkpoint: Checkpoint, originals: Sequence[Message] | None = None, *, owner: str = ""
     ) -> None:
@@ -183,7 +182,7 @@ class RedisStore(RedisEvents, RedisFigures):
             pipe.set(self._key("cp", checkpoint.end_hash), raw, px=ttl, get=True)
             pipe.set(self._key("ckpt", checkpoint.id), raw, px=ttl)
             pipe.set(self._key("owner", checkpoint.id), owner, px=ttl)
-            # Lives as long as the session's newest checkpoint: see holds_checkpoints.
+            # Lives as long as the session's newest checkpoint (held.py).
             pipe.set(self._held_key(owner, checkpoint.session), b"1", px=ttl)
             if originals is not None and self._store_originals:
                 pipe.set(self._key("orig", checkpoint.id), codec.dump_messages(originals), px=ttl)
@@ -279,6 +278,11 @@ class RedisStore(RedisEvents, RedisFigures):
         return 0
 
     async def close(self) -> None:
+        upgrading = self._upgrading
+        if upgrading is not None:
+            upgrading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await upgrading
         await self._client.aclose()
 
 
