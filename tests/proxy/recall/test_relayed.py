@@ -287,3 +287,29 @@ def test_a_recalling_answer_that_ends_in_an_error_is_logged_and_recorded_as_that
     assert fields["upstream_status"] == 502
     (record,) = records
     assert (record.status, record.error) == (502, code)
+
+
+def test_a_next_round_goes_the_way_its_request_went_a_refused_one_counted_as_the_requests(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The loop asks its next rounds of the request's own sending, not of a bare
+    transport: the refused round is one of the request's upstream errors, in
+    its figures and in the upstream error metric, beside its first round's 200."""
+    caplog.set_level(logging.INFO, logger=REQUESTS)
+    app = _app_with(RecallUpstream(refuses_followups=True))
+    body = orjson.dumps(chat_request())
+
+    async def run() -> tuple[list[RequestRecord], bytes]:
+        async with _running(app):
+            await _ask(app, body)
+            services = services_of_app(app)
+            assert services.observed.recorder is not None
+            await services.observed.recorder.flush()
+            store = services.conversations.store
+            (session,) = await store.sessions()
+            return await store.requests(session.session), await _ask_metrics(app)
+
+    records, exposition = asyncio.run(run())
+    (record,) = records
+    assert (record.error, record.upstream_errors) == ("recall_failed", 1)
+    assert b'compaction_proxy_upstream_errors_total{kind="5xx"} 1.0' in exposition
