@@ -64,11 +64,11 @@ async def overflow(
     ``None`` for an answer to relay, or the response to give the client now."""
     if upstream.status >= 400:
         error = await read_whole(upstream)
-        overflow = detect_overflow(upstream.status, error, sent)
-        if overflow is None:
+        stated = detect_overflow(upstream.status, error, sent)
+        if stated is None:
             finish(exchange, call, resolved, upstream.status)
             return relay_bytes(upstream, error, exchange.headers(resolved))
-        return OverflowReport(window=overflow.limit, count=overflow.count)
+        return OverflowReport(window=stated.limit, count=stated.count)
     if upstream.status != 200 or not call.streamed:
         return None
     if await _stream_began(exchange, call, resolved, upstream):
