@@ -8,7 +8,7 @@ sets ``held:<owner>\\x1f<session>`` beside each checkpoint, living as long as
 it, so asking is one round trip.
 
 A proxy from before held keys wrote checkpoints without them; were their
-sessions answered "none", those ``/compact``\\ s would silently stop applying
+sessions answered "none", each such ``/compact`` would silently stop applying
 after an upgrade. So "none" is answered only once the store's ``scheme`` key
 says every checkpoint's session is held (:data:`~.core.SCHEME` or later),
 read in the same ``MGET`` as the session's key. Until then the answer is
