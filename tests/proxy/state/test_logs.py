@@ -15,9 +15,11 @@ import subprocess
 import sys
 import threading
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.state import logs
 from proxy.state.logs import LogWriter, TextFormatter, escaped
 
 
@@ -139,6 +141,29 @@ def test_a_record_is_written_as_it_was_when_logged() -> None:
     os.close(write_end)
     [line] = _read_all(read_end).decode().splitlines()
     assert line.endswith("tests.logs.handoff: seen then stage=none")
+
+
+def test_lines_that_keep_coming_are_written_in_one_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While lines keep coming the thread writes them together, not one write
+    (and one wake-up, taking the interpreter from the loop) per line: here the
+    thread's next look is far off, and the drain brings it on."""
+    monkeypatch.setattr(logs, "BATCH_SECONDS", 3600.0)
+    writes: list[bytes] = []
+
+    class Counted(LogWriter):
+        def _write(self, data: bytes) -> None:
+            if data:
+                writes.append(data)
+
+    writer = Counted(logging.Formatter("%(message)s"), -1)
+    try:
+        for i in range(50):
+            writer.emit(_plain(f"line {i}"))
+        assert writer.drain()
+    finally:
+        writer.close()
+    assert len(writes) == 1
+    assert writes[0].decode().splitlines() == [f"line {i}" for i in range(50)]
 
 
 def _read_all(fd: int) -> bytes:
