@@ -18,6 +18,7 @@ in between::
 Everything a caller may use is named in ``__all__``.
 """
 
+from compaction.budget.calibrated import RetryBudget, calibrated_budget, retry_budget
 from compaction.budget.lessons import (
     WINDOW_BOUNDS,
     EmptyStream,
@@ -81,13 +82,10 @@ from compaction.errors import (
 )
 from compaction.stages.decide import (
     Decision,
-    RetryBudget,
     Steering,
     ahead,
-    calibrated_budget,
     decide,
     made_progress,
-    retry_budget,
     steering_can_matter,
 )
 from compaction.stages.execute import execute

@@ -510,7 +510,7 @@ def compute_budget(
     ``L`` can come out at or below zero when the client asks for more output
     than the window holds; the pipeline then reports that the head cannot fit.
     ``scale``: the upstream's tokens in the caller's units (our estimate's,
-    :func:`compaction.stages.decide.calibrated_budget`), applied to ``L`` and
+    :func:`compaction.budget.calibrated.calibrated_budget`), applied to ``L`` and
     the trigger (rounded down) and so to the tail, in the one budget made;
     ``held_back``: then taken off by :meth:`Budget.holding_back` (not called
     for none, as for most requests).

@@ -5,15 +5,9 @@ Pure and synchronous: plain data in, a frozen :class:`Decision` out. The
 caller looks the checkpoints up, takes the single-flight lock and runs the
 plan (:func:`compaction.stages.execute.execute`); the policy lives here:
 
-* **calibration** — the upstream counts with its own tokenizer and chat
-  template; the ratio of its count to our estimate (learned per upstream and
-  model from ``usage`` and from overflow errors, :mod:`compaction.budget.lessons`)
-  scales every budget::
-
-      scale   = (1 − safety_margin) / ratio
-      limit   = ⌊L × scale⌋                   in estimated tokens
-      trigger = min(⌊min(threshold, L) × scale⌋, limit)
-
+* **the budget** — in estimated tokens, calibrated to the upstream's own
+  count (:mod:`compaction.budget.calibrated`, with the retry's after an
+  overflow);
 * **the trigger** — a request within it is forwarded (over its checkpoint);
 * **the plan** (:mod:`compaction.budget.plan`) — how deep a compaction goes (its
   fill, :attr:`Decision.target`), whether a model's summary pays for itself
@@ -30,10 +24,7 @@ plan (:func:`compaction.stages.execute.execute`); the policy lives here:
   the guard, and folds the stored summary with what came after it — unless
   nothing but the newest group came after it (or less than the summary
   itself), in which case the summary is made afresh from the client's own
-  messages, so the user's instructions have something to work on;
-* **the retry rule** — after an upstream overflow, the retry aims below the
-  window the error states, below ``failed × limit ÷ stated count``, and never
-  above 90 % of what failed: it can never resend the same bytes.
+  messages, so the user's instructions have something to work on.
 """
 
 from __future__ import annotations
@@ -44,7 +35,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from compaction.budget.lessons import OverflowReport, clamp_ratio
 from compaction.budget.plan import (
     Depth,
     Pace,
@@ -56,7 +46,7 @@ from compaction.budget.plan import (
     model_summary_pays,
 )
 from compaction.budget.pricing import Prices
-from compaction.budget.profile import Budget, Profile, compute_budget
+from compaction.budget.profile import Budget, Profile
 from compaction.chat.messages import PairingProblem
 from compaction.conversation.checkpoints import (
     Checkpoint,
@@ -68,10 +58,6 @@ from compaction.conversation.reading import Conversation
 from compaction.conversation.regions import tail_start
 from compaction.types import Message, Reason
 
-#: A retry never aims above this share of what failed.
-RETRY_CEILING = 0.9
-#: Without any figure in the error, the retry aims at this share of what failed.
-BLIND_RETRY_SHARE = 0.5
 #: A compaction that shrank the request by less than this share is not
 #: summarized again for the same span until the tail has grown (progress guard).
 DEFAULT_PROGRESS_MIN_RATIO = 0.1
@@ -124,55 +110,6 @@ def made_progress(
     request by at least ``min_ratio``: when it did not, the progress guard holds
     the next summary of the same span back (:attr:`Checkpoint.progress_ok`)."""
     return 1 - tokens_after / max(tokens_before, 1) >= min_ratio
-
-
-def calibrated_budget(
-    profile: Profile, requested_output: int = 0, ratio: float = 1.0, *, held_back: int = 0
-) -> Budget:
-    """:func:`~compaction.budget.profile.compute_budget` in estimated tokens: scaled by
-    the upstream's ratio and the safety margin (see the module docstring);
-    ``held_back`` tokens kept for what joins a compacted request."""
-    scale = (1 - profile.safety_margin) / clamp_ratio(ratio)
-    return compute_budget(profile, requested_output, scale=scale, held_back=held_back)
-
-
-def _limited(budget: Budget, profile: Profile, limit: int, trigger: int) -> Budget:
-    """``budget`` held to another input limit and trigger, its tail following."""
-    tail = min(profile.keep_recent_tokens, max(limit, 0) // 2)
-    return dataclasses.replace(budget, input_limit=limit, trigger=trigger, tail_budget=tail)
-
-
-@dataclass(frozen=True)
-class RetryBudget:
-    budget: Budget
-    ratio: float  #: the ratio the error taught (the old one when it stated no count)
-
-
-def retry_budget(
-    profile: Profile,
-    requested_output: int,
-    ratio: float,
-    failed_tokens: int,
-    report: OverflowReport,
-) -> RetryBudget:
-    """The budget of the one retry after ``failed_tokens`` (our estimate) overflowed."""
-    if report.count and failed_tokens > 0:
-        ratio = max(ratio, clamp_ratio(report.count / failed_tokens))
-    stated = (
-        dataclasses.replace(profile, context_window=report.window) if report.window else profile
-    )
-    budget = compute_budget(stated, requested_output)
-    limit = budget.input_limit
-    margin = 1 - profile.safety_margin
-    targets = [math.floor(failed_tokens * RETRY_CEILING)]
-    if report.window:
-        targets.append(math.floor(limit * margin / clamp_ratio(ratio)))
-    if report.count:
-        targets.append(math.floor(failed_tokens * limit / report.count * margin))
-    if not report.window and not report.count:
-        targets.append(math.floor(failed_tokens * BLIND_RETRY_SHARE))
-    target = min(targets)
-    return RetryBudget(_limited(budget, profile, target, target), ratio)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from compaction.budget.calibrated import calibrated_budget
 from compaction.budget.profile import Profile, requested_output_tokens
 from compaction.chat.messages import check_messages
 from compaction.conversation.reading import read_conversation
-from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.decide import decide
 from compaction.stages.execute import execute
 from compaction.stages.results import CompactionResult
 from compaction.tokens.counter import TokenCounter, count_messages_off_loop, message_keys

@@ -8,11 +8,12 @@ import dataclasses
 from typing import Any
 
 from compaction import Profile, TokenCounter, ahead, execute
+from compaction.budget.calibrated import calibrated_budget
 from compaction.budget.plan import Pace, growth_of, lead_turns
 from compaction.chat.messages import validate_tool_pairing
 from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.reading import Conversation, read_conversation
-from compaction.stages.decide import Decision, calibrated_budget, decide
+from compaction.stages.decide import Decision, decide
 from compaction.stages.results import CompactionResult, new_checkpoint
 from compaction.summary.format import summary_body
 from tests.conftest import RecordingSummarizer, system, tool_group, user

@@ -7,10 +7,11 @@ import asyncio
 from typing import Any
 
 from compaction import Profile, TokenCounter, compact
+from compaction.budget.calibrated import calibrated_budget
 from compaction.chat.messages import message_text, validate_tool_pairing
 from compaction.chat.own import SUMMARY_MARKER, is_summary
 from compaction.conversation.reading import read_conversation
-from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.decide import decide
 from compaction.stages.execute import NOTE_ROOM, execute
 from compaction.stages.results import new_checkpoint
 from tests.client_bodies import aider_body

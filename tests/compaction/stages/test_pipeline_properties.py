@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
+from compaction.budget.calibrated import calibrated_budget
 from compaction.chat.messages import group_messages
 from compaction.conversation.reading import read_conversation
 from compaction.conversation.regions import head_end, tail_start
-from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.decide import decide
 from compaction.stages.execute import NOTE_ROOM, TAIL_SHARE_OF_FILL, execute
 from compaction.stages.pruner import prune
 from compaction.stages.results import new_checkpoint

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from compaction import Profile, TokenCounter, compact
+from compaction.budget.calibrated import calibrated_budget
 from compaction.chat.messages import message_text
 from compaction.chat.own import is_summary
 from compaction.conversation.reading import read_conversation
-from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.decide import decide
 from compaction.stages.execute import execute
 from compaction.stages.results import new_checkpoint
 from compaction.stages.strategies import MASK_MIN_CHARS, PLACEHOLDER_PREFIX, mask, placeholder

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from compaction import Profile, TokenCounter, execute, message_text
+from compaction.budget.calibrated import calibrated_budget
 from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.reading import read_conversation
-from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.decide import decide
 from compaction.stages.results import new_checkpoint
 from tests.compaction.summary.test_ledger_corpus import prose_only
 from tests.synthetic import qwen_shell_turn

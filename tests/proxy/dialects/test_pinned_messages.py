@@ -11,8 +11,9 @@ from typing import Any
 import orjson
 
 from compaction import SUMMARY_MARKER, Profile, TokenCounter, compact, message_text
+from compaction.budget.calibrated import calibrated_budget
 from compaction.conversation.reading import read_conversation
-from compaction.stages.decide import calibrated_budget, decide
+from compaction.stages.decide import decide
 from compaction.stages.execute import execute
 from compaction.stages.results import new_checkpoint
 from proxy.dialects.anthropic import ANTHROPIC
