@@ -192,12 +192,21 @@ def typed_messages(messages: Sequence[Message]) -> list[str]:
     return [text for text in texts if text and not _COMPACT_COMMAND.match(text)]
 
 
-def first_typed(messages: Sequence[Message]) -> str:
+def first_typed(
+    messages: Sequence[Message],
+    echoes: Sequence[str] | None = None,
+    context: int | None = None,
+) -> str:
     """The task: the first text a person typed, after the client's context
-    (:func:`context_end`); "" when there is none."""
-    echoes = system_texts(messages)
-    for message in messages[context_end(messages, echoes) :]:
-        text = typed_text(message, echoes)
+    (:func:`context_end`); "" when there is none. ``echoes`` and ``context``:
+    the conversation's system texts and where its context ends, when the
+    caller has them already (a conversation's reading keeps both)."""
+    if echoes is None:
+        echoes = system_texts(messages)
+    start = context_end(messages, echoes) if context is None else context
+    # By index: a slice would copy the whole history to read its first turns.
+    for index in range(start, len(messages)):
+        text = typed_text(messages[index], echoes)
         if text:
             return text
     return ""

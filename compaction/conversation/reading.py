@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compaction.chat.messages import Group, Grouping, PairingProblem, group_and_validate, group_of
+from compaction.chat.typed import EXAMPLE_SCAN, context_end, system_texts
 from compaction.conversation.checkpoints import chain_hashes, continue_chain, session_key
 from compaction.conversation.regions import head_end
 from compaction.tokens.counter import TokenCounter, count_messages_off_loop, message_keys
@@ -56,6 +57,13 @@ class Conversation:
     #: The session the caller names this conversation's events by (its
     #: client's own session id, say); empty: the hash of its first request.
     named: str = ""
+    #: Its system texts (:func:`~compaction.chat.typed.system_texts`) and the
+    #: index past the client's context at its start
+    #: (:func:`~compaction.chat.typed.context_end`): found once for a
+    #: conversation, since both read every message, and carried to its next
+    #: request's reading.
+    echoes: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    context: int = 0
 
     @property
     def tokens(self) -> int:
@@ -105,11 +113,14 @@ def read_conversation(
         if counts is None:
             counts = [*previous.counts, *counter.count_messages(messages[known:], keys[known:])]
         grouping = _regroup(previous, messages)
+        echoes, context = _context_on(previous, messages)
     else:
         keys = message_keys(messages) if keys is None else keys
         counts = counter.count_messages(messages, keys) if counts is None else counts
         grouping = group_and_validate(messages)
-    head = head_end(messages, grouping.groups, head_count)
+        echoes = system_texts(messages)
+        context = context_end(messages, echoes)
+    head = head_end(messages, grouping.groups, head_count, context)
     if previous is not None and known and head == previous.head:
         chain = _chain_on(previous, messages, keys, counter)
     else:
@@ -127,6 +138,8 @@ def read_conversation(
         scope=scope,
         counter=counter,
         recall_salt=recall_salt,
+        echoes=echoes,
+        context=context,
     )
 
 
@@ -186,6 +199,21 @@ def continues(
     if all(map(operator.is_, previous.messages, messages[:known])):
         return known
     return 0
+
+
+def _context_on(previous: Conversation, messages: list[Message]) -> tuple[tuple[str, ...], int]:
+    """The system texts and the context's end of ``messages``, which continue
+    ``previous``'s: its texts and those of the new messages, and its end again
+    when no new text came and its end was found with all it looked at inside
+    ``previous``'s messages — the context stops at the first message it is
+    not, looking at most :data:`~compaction.chat.typed.EXAMPLE_SCAN` further
+    for a canned example, so messages after that change nothing."""
+    known = len(previous.messages)
+    new = system_texts(messages[known:])
+    if not new and previous.context + EXAMPLE_SCAN < known:
+        return previous.echoes, previous.context
+    echoes = previous.echoes + new
+    return echoes, context_end(messages, echoes)
 
 
 def _regroup(previous: Conversation, messages: list[Message]) -> Grouping:

@@ -11,7 +11,12 @@ from compaction.chat.typed import context_end
 from compaction.types import Message
 
 
-def head_end(messages: Sequence[Message], groups: Sequence[Group], head_count: int) -> int:
+def head_end(
+    messages: Sequence[Message],
+    groups: Sequence[Group],
+    head_count: int,
+    context: int | None = None,
+) -> int:
     """Index one past the head: leading system/developer messages and at least
     ``head_count`` messages, extended so that no group is cut.
 
@@ -20,12 +25,15 @@ def head_end(messages: Sequence[Message], groups: Sequence[Group], head_count: i
     repository map: :func:`compaction.chat.typed.context_end`), the head runs
     through that context and the message after it, so the task is kept
     verbatim and the client's boilerplate is never what a summary stands for.
+    ``context`` is that function's answer, when the caller has it: found
+    without it, every system text of the conversation is read.
     """
     leading = 0
     while leading < len(messages) and messages[leading].get("role") in HEAD_ROLES:
         leading += 1
     wanted = max(head_count, leading)
-    context = context_end(messages)
+    if context is None:
+        context = context_end(messages)
     if context > leading:
         wanted = max(wanted, context + 1)
     wanted = min(wanted, len(messages))

@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from compaction import NO_REREADS, Message, Rereads, count_rereads, first_typed
+from compaction import (
+    NO_REREADS,
+    Conversation,
+    Message,
+    Rereads,
+    count_rereads,
+    first_typed,
+)
 from proxy.flow.answered.bill import Bill, Spent
 from proxy.flow.read import Call
 from proxy.session.conversation import Resolved
@@ -70,7 +77,7 @@ def request_record(
         summarizer_tokens=spent.summarizer_tokens,
         checkpoint_id=resolved.checkpoint.id if resolved.checkpoint is not None else None,
         rereads=len(rereads.tools),
-        task="" if labelled else task_words(call.messages),
+        task="" if labelled else task_words(call.messages, call.identified),
         user_agent=call.user_agent[:USER_AGENT_CHARS],
         summarizer_prompt_tokens=bill.summarizer.prompt,
         summarizer_output_tokens=bill.summarizer.output,
@@ -123,11 +130,17 @@ def cut_stream(metrics: Metrics, spent: Spent) -> None:
     metrics.upstream_errors.labels("cut").inc()
 
 
-def task_words(messages: Sequence[Message]) -> str:
+def task_words(messages: Sequence[Message], reading: Conversation | None = None) -> str:
     """The first words the user typed in the conversation (:func:`compaction.first_typed`:
-    not its client's reminders, context or canned examples), on one line."""
+    not its client's reminders, context or canned examples), on one line.
+    ``reading``: the request's conversation, read; when it read ``messages``,
+    where their context ends is known, and not found again over every message."""
+    if reading is not None and reading.messages is messages:
+        task = first_typed(messages, reading.echoes, reading.context)
+    else:
+        task = first_typed(messages)
     # Only the start is kept: a first message of megabytes is read once, then dropped.
-    words = " ".join(first_typed(messages)[: TASK_CHARS * 4].split())
+    words = " ".join(task[: TASK_CHARS * 4].split())
     if len(words) <= TASK_CHARS:
         return words
     cut = words[:TASK_CHARS].rsplit(" ", 1)[0] or words[:TASK_CHARS]

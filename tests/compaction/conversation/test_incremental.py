@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction import TokenCounter
+from compaction.chat.typed import EXAMPLE_CLOSER, EXAMPLE_SCAN
 from compaction.conversation.incremental import (
     MIN_READING_BYTES,
     READINGS_PER_OWNER,
@@ -30,8 +31,15 @@ IDS = ["a", "b", "c"]
 def message(draw: st.DrawFn) -> dict[str, Any]:
     """Any message, pairing fields included, so calls and results pair up, lag
     behind, repeat or go missing across the point where a request ends."""
-    kind = draw(st.sampled_from(["user", "assistant", "call", "tool", "system", "legacy", "fn"]))
-    text = draw(st.sampled_from(["ok", "go on", "the test ] failed", "x" * 300, ""]))
+    kinds = ["user", "assistant", "call", "tool", "system", "legacy", "fn", "context", "ack"]
+    kind = draw(st.sampled_from(kinds))
+    text = draw(
+        st.sampled_from(["ok", "go on", "the test ] failed", "x" * 300, "", EXAMPLE_CLOSER])
+    )
+    if kind == "context":  # a client's own context, which the head runs through
+        return {"role": "user", "content": "<environment_context>cwd</environment_context>"}
+    if kind == "ack":
+        return {"role": "assistant", "content": "Ok."}
     if kind == "call":
         ids = draw(st.lists(st.sampled_from(IDS), min_size=0, max_size=3))
         function = {"name": "f", "arguments": "{}"}
@@ -63,6 +71,8 @@ def _same(incremental: Conversation, full: Conversation) -> None:
     assert incremental.head == full.head
     assert incremental.chain == full.chain
     assert incremental.session == full.session
+    assert incremental.echoes == full.echoes
+    assert incremental.context == full.context
 
 
 def _step(draw: st.DrawFn, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
@@ -102,6 +112,56 @@ def test_a_conversation_read_against_its_previous_request_equals_one_read_in_ful
                 previous.messages
             )
         previous = incremental
+
+
+class _Watched(dict[str, Any]):
+    """A message that counts how often it is read."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads += 1
+        return super().__getitem__(key)
+
+
+def test_a_continued_reading_does_not_read_the_earlier_messages_again() -> None:
+    """The client's context and the system texts of a conversation are found
+    once: its next request reads its new messages and its last group, not
+    every message again (a growing session resends hundreds of them)."""
+    system = _Watched(role="system", content="You are an agent. " * 20)
+    turns = [
+        _Watched(role="user" if i % 2 == 0 else "assistant", content=f"step {i}") for i in range(60)
+    ]
+    watched = [system, *turns]
+    messages: list[dict[str, Any]] = list(watched)
+    previous = read_conversation({}, messages, COUNTER, 2)
+    for message in watched:
+        message.reads = 0
+    grown = [*messages, {"role": "user", "content": "and now?"}]
+    incremental = read_conversation({}, grown, COUNTER, 2, previous=previous)
+    middle = watched[EXAMPLE_SCAN + 4 : -4]
+    assert [m.reads for m in middle] == [0] * len(middle)
+    _same(incremental, read_conversation({}, grown, COUNTER, 2))
+
+
+def test_a_new_system_text_finds_the_context_again() -> None:
+    """An echo that arrives later can make an earlier user message context."""
+    echo = "Follow the house rules. " * 12
+    messages = [
+        {"role": "system", "content": "short"},
+        {"role": "user", "content": f"<environment_context>a</environment_context>\n\n{echo}"},
+        *[{"role": "assistant" if i % 2 else "user", "content": f"m{i}"} for i in range(30)],
+    ]
+    previous = read_conversation({}, messages, COUNTER, 0)
+    grown = [*messages, {"role": "system", "content": echo}]
+    incremental = read_conversation({}, grown, COUNTER, 0, previous=previous)
+    full = read_conversation({}, grown, COUNTER, 0)
+    assert full.context != previous.context
+    _same(incremental, full)
 
 
 def test_a_previous_reading_with_another_scope_or_head_count_is_not_reused() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from compaction import TokenCounter, read_conversation
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT
@@ -22,6 +23,7 @@ from tests.client_bodies import (
 from tests.proxy.conftest import AppFactory
 
 TASK = "Rename parse to read_input"
+COUNTER = TokenCounter("gpt-4o")
 
 
 def _qwen(typed: str) -> dict[str, Any]:
@@ -44,6 +46,12 @@ def test_the_label_is_what_the_user_typed_not_the_clients_boilerplate(
 ) -> None:
     messages = dialect.to_engine(body(TASK)).messages
     assert task_words(messages) == TASK
+    # From the request's reading, and its next request's, read against it:
+    # where the client's context ends is known there.
+    reading = read_conversation({}, messages, COUNTER, 2)
+    assert task_words(messages, reading) == TASK
+    grown = [*messages, {"role": "assistant", "content": "Done."}]
+    assert task_words(grown, read_conversation({}, grown, COUNTER, 2, previous=reading)) == TASK
 
 
 def test_a_long_task_is_cut_between_words() -> None:
