@@ -26,7 +26,10 @@ asks, calibrate it.)
 The bytes are only looked at, never changed or held: a tap sees each chunk
 once, searching it (with the end of the previous one, for a key split across
 chunks) for the keys; only a ``usage`` object's own bytes are kept, up to
-:data:`MAX_USAGE_BYTES`. A model's text cannot fake one: inside a JSON string
+:data:`MAX_USAGE_BYTES`. An object whole in its chunk (a JSON answer's, most
+streams' last event) is parsed from its ``{`` to the closing brace that ends
+it; only one cut across chunks, or one whose strings hold braces, is
+followed byte by byte. A model's text cannot fake one: inside a JSON string
 the quotes around a key would be escaped.
 """
 
@@ -51,6 +54,9 @@ _TIMINGS_KEYS = (b"prompt_n", b"cache_n")
 _CARRY: Final = 48
 #: A ``usage`` object larger than this is no usage the proxy knows: not read.
 MAX_USAGE_BYTES: Final = 64 * 1024
+#: Closing braces tried as a ``usage`` object's end before its bytes are
+#: followed one by one (OpenAI's and Anthropic's hold two or three objects).
+_WHOLE_TRIES: Final = 6
 
 
 #: The bytes the scan looks at, as ints (what indexing ``bytes`` gives).
@@ -127,15 +133,45 @@ class UsageTap:
             position = match.end()
             if position <= seen:
                 continue
-            self._open()
-            end = self._scan(data, position)
+            end = self._read_whole(data, position)
             if end is None:
-                break
+                self._open()
+                end = self._scan(data, position)
+                if end is None:
+                    break
             position = end
         if b'_n"' in data:
             for timing in _TIMINGS.finditer(data):
                 self._timings[timing.group(1)] = int(timing.group(2))
         self._carry = data[-_CARRY:] if self._object is None else b""
+
+    def _read_whole(self, data: bytes, start: int) -> int | None:
+        """Where the object whose ``{`` ends before ``start`` ends, when it is
+        whole in ``data`` and one of its first closing braces ends it: parsed
+        as it is, without following its bytes one by one (a flat ``usage`` is
+        read in one parse). ``None``: left to :meth:`_scan`.
+
+        A slice that parses is the object itself: from its ``{``, a shorter
+        one ends inside it and a longer one holds bytes after it, and neither
+        is JSON. Only slices with as many ``{`` as ``}`` are tried (the
+        others cannot close it, unless a string holds a brace, which the
+        scan then reads)."""
+        begin = start - 1
+        end = data.find(b"}", start)
+        for _ in range(_WHOLE_TRIES):
+            if end < 0 or end + 1 - begin > MAX_USAGE_BYTES:
+                return None
+            candidate = data[begin : end + 1]
+            if candidate.count(b"{") == candidate.count(b"}"):
+                try:
+                    parsed = orjson.loads(candidate)
+                except orjson.JSONDecodeError:
+                    return None
+                if isinstance(parsed, dict):  # later keys over earlier ones
+                    self._found.update(parsed)
+                return end + 1
+            end = data.find(b"}", end + 1)
+        return None
 
     def _open(self) -> None:
         """An object starts: its ``{`` was just read."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.flow.usage import MAX_USAGE_BYTES, UsageTap
 from proxy.upstream.usage import Usage
@@ -282,3 +286,53 @@ def test_a_bare_count_is_read_whole_when_the_answer_is_the_count() -> None:
             tap.feed(answer[start : start + size])
         tap.close()
         assert prompts == [2_048], size
+
+
+def test_a_usage_object_whole_in_its_chunk_is_parsed_not_followed_byte_by_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A JSON answer read whole, its usage with the details objects OpenAI sends:
+    one parse, and the scan that follows an object across chunks never runs."""
+    scans: list[int] = []
+    scan = UsageTap._scan
+
+    def counted(tap: UsageTap, data: bytes, start: int) -> int | None:
+        scans.append(start)
+        return scan(tap, data, start)
+
+    monkeypatch.setattr(UsageTap, "_scan", counted)
+    usage = {
+        "prompt_tokens": 1_200,
+        "completion_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 1_024, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    assert _read(orjson.dumps({"id": "x", "usage": usage}), sizes=(1 << 20,)) == Usage(
+        prompt=1_200, cache_read=1_024, cache_write=176, output=7
+    )
+    assert scans == []
+
+
+_TEXT = st.text(alphabet='{}"\\ ax:,\n', max_size=8)
+_VALUES = st.recursive(
+    st.integers(0, 10**6) | _TEXT,
+    lambda inner: st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    extra=st.dictionaries(_TEXT, _VALUES, max_size=4),
+    before=_TEXT,
+    after=_TEXT,
+    prompt=st.integers(0, 10**6),
+)
+def test_a_usage_object_reads_the_same_whole_or_cut_anywhere(
+    extra: dict[str, Any], before: str, after: str, prompt: int
+) -> None:
+    """Braces, quotes and backslashes in its strings, objects inside it, text
+    around it: read in one chunk (parsed whole) or cut in pieces (followed
+    byte by byte), it says what the object says."""
+    usage = {**extra, "prompt_tokens": prompt}
+    answer = orjson.dumps({"before": before, "usage": usage, "after": after})
+    assert _read(answer, sizes=(1, 5, 1 << 20)) == Usage(prompt=prompt, cache_write=prompt)
