@@ -107,7 +107,35 @@ def read_conversation(
     writes (it changes no reading, so ``previous`` may have another).
     """
     known = continues(previous, messages, counter, head_count, scope)
-    if previous is not None and known:
+    return _read(
+        request,
+        messages,
+        counter,
+        head_count,
+        previous if known else None,
+        keys=keys,
+        counts=counts,
+        scope=scope,
+        recall_salt=recall_salt,
+    )
+
+
+def _read(
+    request: Mapping[str, Any],
+    messages: list[Message],
+    counter: TokenCounter,
+    head_count: int,
+    previous: Conversation | None,
+    *,
+    keys: list[bytes] | None,
+    counts: list[int] | None,
+    scope: bytes,
+    recall_salt: str,
+) -> Conversation:
+    """:func:`read_conversation` once it is known whether ``previous`` continues
+    into ``messages`` (``None``: it does not), which asks every message."""
+    known = len(previous.messages) if previous is not None else 0
+    if previous is not None:
         if keys is None:
             keys = [*previous.keys, *message_keys(messages[known:])]
         if counts is None:
@@ -121,7 +149,7 @@ def read_conversation(
         echoes = system_texts(messages)
         context = context_end(messages, echoes)
     head = head_end(messages, grouping.groups, head_count, context)
-    if previous is not None and known and head == previous.head:
+    if previous is not None and head == previous.head:
         chain = _chain_on(previous, messages, keys, counter)
     else:
         chain = chain_hashes(messages, head, memo=counter, keys=keys, seed=scope)
@@ -164,15 +192,15 @@ async def read_conversation_async(
         previous = None
         keys = message_keys(messages)
         counts = await count_messages_off_loop(counter, messages, keys)
-    return read_conversation(
+    return _read(
         request,
         messages,
         counter,
         head_count,
+        previous,
         keys=keys,
         counts=counts,
         scope=scope,
-        previous=previous,
         recall_salt=recall_salt,
     )
 
@@ -195,9 +223,10 @@ def continues(
         or len(messages) < len(previous.messages)
     ):
         return 0
-    known = len(previous.messages)
-    if all(map(operator.is_, previous.messages, messages[:known])):
-        return known
+    # Not a slice of the new list: it would copy the whole history to compare
+    # it (map stops at the shorter, the previous messages).
+    if all(map(operator.is_, previous.messages, messages)):
+        return len(previous.messages)
     return 0
 
 

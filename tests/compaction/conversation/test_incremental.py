@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -146,6 +147,39 @@ def test_a_continued_reading_does_not_read_the_earlier_messages_again() -> None:
     middle = watched[EXAMPLE_SCAN + 4 : -4]
     assert [m.reads for m in middle] == [0] * len(middle)
     _same(incremental, read_conversation({}, grown, COUNTER, 2))
+
+
+class _Copies(list[dict[str, Any]]):
+    """A message list that notes every slice taken of it and every walk over it."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        super().__init__(messages)
+        self.slices: list[int] = []
+        self.walks = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        found = super().__getitem__(index)
+        if isinstance(index, slice):
+            self.slices.append(len(found))
+        return found
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.walks += 1
+        return super().__iter__()
+
+
+def test_a_continued_reading_compares_the_history_once_and_copies_only_what_is_new() -> None:
+    """Whether the previous request continues into this one is asked once per
+    reading, without a copy of the history to ask it."""
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"step {i}"} for i in range(60)
+    ]
+    previous = read_conversation({}, history, COUNTER, 2)
+    grown = _Copies([*history, {"role": "user", "content": "next"}])
+    incremental = asyncio.run(read_async({}, grown, COUNTER, 2, previous=previous))
+    assert grown.walks == 1
+    assert all(length < 10 for length in grown.slices), grown.slices
+    _same(incremental, read_conversation({}, list(grown), COUNTER, 2))
 
 
 def test_a_new_system_text_finds_the_context_again() -> None:
