@@ -115,17 +115,19 @@ class StreamEnd:
         if found.data is None:
             return None
         if self._chat:
-            return _chat_kind(found.data, found.json_object())
+            # The stream's last event is no JSON: told apart before it is parsed
+            # (a failed parse raises, once per stream).
+            if found.data.strip() == b"[DONE]":
+                return "done"
+            return _chat_kind(found.json_object())
         payload = found.json_object()
         kind = payload.get("type") if payload is not None else None
         return kind if isinstance(kind, str) else (found.name or "data")
 
 
-def _chat_kind(data: bytes, payload: dict[str, Any] | None) -> str:
-    """A Chat Completions chunk's kind: ``done``, ``error``, ``opening`` (a
-    ``role`` and empty fields only) or ``said``."""
-    if data.strip() == b"[DONE]":
-        return "done"
+def _chat_kind(payload: dict[str, Any] | None) -> str:
+    """A Chat Completions chunk's kind (``[DONE]`` told apart already):
+    ``error``, ``opening`` (a ``role`` and empty fields only) or ``said``."""
     if payload is None:
         return "said"
     if "error" in payload:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.dialects import sse
 from proxy.flow.relay.stream_end import ENDINGS, StreamEnd
 
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
@@ -31,6 +32,23 @@ def test_a_chat_stream_says_something_with_text_or_usage_and_ends_with_done(said
     assert watch.said and not watch.ended
     watch.feed(DONE)
     assert watch.ended
+
+
+def test_a_chat_streams_done_is_told_without_parsing_it_as_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``[DONE]`` is no JSON: parsed, it would raise and be caught once per stream."""
+    parsed: list[bytes | None] = []
+    json_object = sse.Fields.json_object
+
+    def counted(found: sse.Fields) -> object:
+        parsed.append(found.data)
+        return json_object(found)
+
+    monkeypatch.setattr(sse.Fields, "json_object", counted)
+    watch = _watched("chat", ROLE, TEXT, DONE)
+    assert watch.said and watch.ended
+    assert parsed == [ROLE[6:-2], TEXT[6:-2]]
 
 
 def test_events_split_anywhere_are_read_whole() -> None:
