@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 import simdjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compaction import InvalidMessagesError, check_messages
@@ -32,28 +32,49 @@ from proxy.edge.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refused with 415 unless it is JSON and with 413 above
-    ``limit``, before it is parsed."""
-    if not is_json(request.headers.get("content-type", "")):
+    ``limit``, before it is parsed.
+
+    The three headers it asks for are read in one pass over the request's
+    own (the first of each, as a server reads it), and the body straight from
+    ``receive``: what Starlette's header mapping and body stream would do the
+    same way, one lookup and one generator step at a time."""
+    content_type = declared = encoding = None
+    for name, value in request.scope["headers"]:
+        if name == b"content-type":
+            content_type = value if content_type is None else content_type
+        elif name == b"content-length":
+            declared = value if declared is None else declared
+        elif name == b"content-encoding":
+            encoding = value if encoding is None else encoding
+    if content_type is None or not is_json(content_type.decode("latin-1")):
         raise UnsupportedMediaType(
             "The request body must be sent as Content-Type: application/json.",
             code="unsupported_content_type",
         )
-    declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
-    encoding = request.headers.get("content-encoding", "identity").lower()
-    if encoding not in ("identity", ""):
+    if encoding is not None and encoding.lower() not in (b"identity", b""):
+        shown = encoding.decode("latin-1").lower()
         raise UnsupportedMediaType(
-            f"Compressed request bodies ({encoding}) are not supported; send identity."
+            f"Compressed request bodies ({shown}) are not supported; send identity."
         )
+    receive = request.receive
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.disconnect":
+            raise ClientDisconnect()
+        if kind != "http.request":
+            continue
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def too_large(limit: int) -> PayloadTooLarge:

@@ -1,5 +1,5 @@
-"""proxy/edge/body.py: the JSON content type, top-level keys named twice, and
-which bodies :class:`BodyLimit` watches."""
+"""proxy/edge/body.py: the JSON content type, reading a chat body, top-level
+keys named twice, and which bodies :class:`BodyLimit` watches."""
 
 from __future__ import annotations
 
@@ -11,9 +11,17 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.requests import ClientDisconnect, Request
 
-from proxy.edge.body import BodyLimit, deep_nesting_refused, is_json, parse_object, repeated_key
-from proxy.edge.errors import BadRequest
+from proxy.edge.body import (
+    BodyLimit,
+    deep_nesting_refused,
+    is_json,
+    parse_object,
+    read_body,
+    repeated_key,
+)
+from proxy.edge.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 
 @pytest.mark.parametrize(
@@ -187,3 +195,76 @@ def test_only_a_body_that_may_pass_its_limit_is_watched(
     scope = {"type": "http", "http_version": version, "path": "/v1/x", "headers": headers}
     asyncio.run(BodyLimit(app, large=50, small=50)(scope, receive, send))
     assert (seen[0] is not receive) is watched
+
+
+def _read(
+    headers: list[tuple[bytes, bytes]], messages: list[dict[str, Any]], limit: int = 100
+) -> tuple[bytes, int]:
+    """``read_body`` over a request whose client sends ``messages``: the body,
+    and how many messages it took."""
+    taken: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        taken.append(messages[len(taken)])
+        return taken[-1]
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    body = asyncio.run(read_body(Request(scope, receive), limit))
+    return body, len(taken)
+
+
+JSON_HEADER = (b"content-type", b"application/json")
+
+
+def _part(body: bytes, more: bool = False) -> dict[str, Any]:
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+def test_a_body_is_read_from_receive_and_its_headers_in_one_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Neither Starlette's header mapping (one scan a header) nor its body
+    stream (a generator step a piece) is used to read it."""
+
+    def unused(self: Request) -> Any:
+        raise AssertionError("read through Starlette's request")
+
+    monkeypatch.setattr(Request, "stream", unused)
+    monkeypatch.setattr(Request, "headers", property(unused))
+    headers = [(b"host", b"x"), JSON_HEADER, (b"content-length", b"9")]
+    parts = [_part(b'{"a":', more=True), {"type": "http.other"}, _part(b"", True), _part(b"1}")]
+    assert _read(headers, parts) == (b'{"a":1}', 4)
+
+
+def test_the_first_of_a_repeated_content_type_is_the_one_read() -> None:
+    with pytest.raises(UnsupportedMediaType):
+        _read([(b"content-type", b"text/plain"), JSON_HEADER], [_part(b"{}")])
+    assert _read([JSON_HEADER, (b"content-type", b"text/plain")], [_part(b"{}")]) == (b"{}", 1)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [[], [(b"content-type", b"text/plain")], [JSON_HEADER, (b"content-encoding", b"GZIP")]],
+    ids=["none", "text", "compressed"],
+)
+def test_a_body_not_sent_as_plain_json_is_refused_unread(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    with pytest.raises(UnsupportedMediaType) as refused:
+        _read(headers, [])
+    if headers[1:]:
+        assert "(gzip)" in refused.value.message
+
+
+def test_a_body_over_the_limit_is_refused_declared_unread_or_as_it_passes_it() -> None:
+    with pytest.raises(PayloadTooLarge):
+        _read([JSON_HEADER, (b"content-length", b"101")], [])
+    with pytest.raises(PayloadTooLarge):
+        _read([JSON_HEADER], [_part(b"x" * 60, more=True), _part(b"x" * 60)])
+    identity = [JSON_HEADER, (b"content-encoding", b"identity"), (b"content-length", b"100")]
+    assert _read(identity, [_part(b"x" * 100)]) == (b"x" * 100, 1)
+
+
+def test_a_client_that_leaves_while_its_body_comes_is_a_disconnect() -> None:
+    with pytest.raises(ClientDisconnect):
+        _read([JSON_HEADER], [_part(b"{", more=True), {"type": "http.disconnect"}])
