@@ -15,6 +15,7 @@ reading gives.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ class Conversation:
     messages: list[Message]
     keys: list[bytes]  #: :func:`~compaction.tokens.counter.message_key` of each message
     counts: list[int]
+    #: ``sum(counts)``, carried from a previous reading rather than summed again
+    #: over every message.
+    message_tokens: int
     overhead: int
     groups: tuple[Group, ...]
     problems: tuple[PairingProblem, ...]  #: how tool calls and results fail to pair up
@@ -67,7 +71,7 @@ class Conversation:
 
     @property
     def tokens(self) -> int:
-        return sum(self.counts) + self.overhead
+        return self.message_tokens + self.overhead
 
     @functools.cached_property
     def session(self) -> str:
@@ -131,20 +135,29 @@ def _read(
     counts: list[int] | None,
     scope: bytes,
     recall_salt: str,
+    new_counts: list[int] | None = None,
 ) -> Conversation:
     """:func:`read_conversation` once it is known whether ``previous`` continues
-    into ``messages`` (``None``: it does not), which asks every message."""
+    into ``messages`` (``None``: it does not), which asks every message.
+    ``new_counts``, with ``previous``: the counts of the messages it had not,
+    instead of ``counts``."""
     known = len(previous.messages) if previous is not None else 0
     if previous is not None:
         if keys is None:
             keys = [*previous.keys, *message_keys(messages[known:])]
         if counts is None:
-            counts = [*previous.counts, *counter.count_messages(messages[known:], keys[known:])]
+            if new_counts is None:
+                new_counts = counter.count_messages(messages[known:], keys[known:])
+            counts = [*previous.counts, *new_counts]
+            message_tokens = previous.message_tokens + sum(new_counts)
+        else:
+            message_tokens = sum(counts)
         grouping = _regroup(previous, messages)
         echoes, context = _context_on(previous, messages)
     else:
         keys = message_keys(messages) if keys is None else keys
         counts = counter.count_messages(messages, keys) if counts is None else counts
+        message_tokens = sum(counts)
         grouping = group_and_validate(messages)
         echoes = system_texts(messages)
         context = context_end(messages, echoes)
@@ -157,6 +170,7 @@ def _read(
         messages=messages,
         keys=keys,
         counts=counts,
+        message_tokens=message_tokens,
         overhead=counter.request_overhead(request),
         groups=grouping.groups,
         problems=grouping.problems,
@@ -186,18 +200,26 @@ async def read_conversation_async(
     if previous is not None and known:
         new = messages[known:]
         new_keys = message_keys(new)
-        keys = [*previous.keys, *new_keys]
-        counts = [*previous.counts, *await count_messages_off_loop(counter, new, new_keys)]
-    else:
-        previous = None
-        keys = message_keys(messages)
-        counts = await count_messages_off_loop(counter, messages, keys)
+        return _read(
+            request,
+            messages,
+            counter,
+            head_count,
+            previous,
+            keys=[*previous.keys, *new_keys],
+            counts=None,
+            new_counts=await count_messages_off_loop(counter, new, new_keys),
+            scope=scope,
+            recall_salt=recall_salt,
+        )
+    keys = message_keys(messages)
+    counts = await count_messages_off_loop(counter, messages, keys)
     return _read(
         request,
         messages,
         counter,
         head_count,
-        previous,
+        None,
         keys=keys,
         counts=counts,
         scope=scope,
@@ -264,12 +286,14 @@ def _regroup(previous: Conversation, messages: list[Message]) -> Grouping:
             start = min(start, group_of(groups, problem.index).start)
             break
     found = group_and_validate(messages[start:])
-    kept = groups[: _index_of(groups, start)]
-    moved = tuple(Group(g.start + start, g.end + start, g.kind) for g in found.groups)
+    moved = (Group(g.start + start, g.end + start, g.kind) for g in found.groups)
     problems = tuple(p for p in previous.problems if p.index < start) + tuple(
         PairingProblem(p.index + start, p.kind, p.tool_call_id) for p in found.problems
     )
-    return Grouping(kept + moved, problems)
+    # One new tuple: a slice of the kept groups and then their concatenation
+    # would each take every earlier group of the conversation in hand again.
+    kept = itertools.islice(groups, _index_of(groups, start))
+    return Grouping(tuple(itertools.chain(kept, moved)), problems)
 
 
 def _index_of(groups: tuple[Group, ...], start: int) -> int:

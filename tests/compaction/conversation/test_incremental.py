@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -72,6 +73,8 @@ def _same(incremental: Conversation, full: Conversation) -> None:
     assert incremental.head == full.head
     assert incremental.chain == full.chain
     assert incremental.session == full.session
+    assert incremental.message_tokens == full.message_tokens == sum(full.counts)
+    assert incremental.tokens == full.tokens
     assert incremental.echoes == full.echoes
     assert incremental.context == full.context
 
@@ -180,6 +183,25 @@ def test_a_continued_reading_compares_the_history_once_and_copies_only_what_is_n
     assert grown.walks == 1
     assert all(length < 10 for length in grown.slices), grown.slices
     _same(incremental, read_conversation({}, list(grown), COUNTER, 2))
+
+
+class _Unwalkable(list[int]):
+    def __iter__(self) -> Iterator[int]:
+        raise AssertionError("every count was read again")
+
+
+def test_a_readings_size_is_carried_not_summed_again_over_every_count() -> None:
+    """A request's size is its previous request's and its new messages': the
+    counts of a long history are not all read again to know it."""
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}"} for i in range(40)
+    ]
+    previous = read_conversation({}, history, COUNTER, 2)
+    grown = [*history, {"role": "user", "content": "more"}]
+    incremental = read_conversation({}, grown, COUNTER, 2, previous=previous)
+    full = read_conversation({}, grown, COUNTER, 2)
+    unwalkable = dataclasses.replace(incremental, counts=_Unwalkable(incremental.counts))
+    assert unwalkable.tokens == full.tokens
 
 
 def test_a_new_system_text_finds_the_context_again() -> None:
