@@ -4,11 +4,14 @@ model names are the client's to invent."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
 from proxy.upstream import traffic as traffic_module
 from proxy.upstream.traffic import Traffic
+from proxy.upstream.transport import UpstreamResponse
 
 
 async def _reply() -> str:
@@ -61,3 +64,39 @@ def test_a_user_request_cancels_the_summaries_in_flight_only_where_the_upstream_
 
     gave_way, told = asyncio.run(run())
     assert gave_way == told == (stated == 1)
+
+
+def _unreleased(key: str, traffic: Traffic) -> None:
+    """An answer counted in flight, then dropped without being read, released or aborted."""
+
+    async def run() -> None:
+        sending = await traffic.begin(key, stated=None)
+        response = UpstreamResponse.__new__(UpstreamResponse)  # no connection behind it
+        response.on_end = None
+        sending.answered(response)
+        assert traffic._requests[key] == 1
+
+    asyncio.run(run())
+
+
+def test_an_answer_dropped_unreleased_ends_its_count_when_collected() -> None:
+    traffic = Traffic()
+    _unreleased("http://upstream\x1fm", traffic)
+    gc.collect()
+    assert "http://upstream\x1fm" not in traffic._requests
+
+
+def test_counting_an_answer_registers_no_finalizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer's own end tells the count, collected or not: a finalizer
+    registered per request (an object and a registry entry each) is not needed."""
+    registered: list[object] = []
+
+    def finalize(*args: object) -> None:
+        registered.append(args)
+
+    monkeypatch.setattr(weakref, "finalize", finalize)
+    traffic = Traffic()
+    _unreleased("http://upstream\x1fm", traffic)
+    gc.collect()
+    assert registered == []
+    assert "http://upstream\x1fm" not in traffic._requests
