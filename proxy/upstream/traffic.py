@@ -11,6 +11,7 @@ answer so its end (its last byte relayed, not its headers) ends the count.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, Literal
@@ -171,9 +172,9 @@ class Sending:
         traffic = self._traffic
         if self.overlapped and traffic._ended[self.key] > self.ended:
             _count(traffic._overlaps, self.key)
-        # An answer dropped unreleased (a bug) ends it too, when it is
-        # collected (UpstreamResponse.__del__): it must not hold the count forever.
         response.on_end = self.end
+        # An answer dropped unreleased (a bug) must not hold the count forever.
+        weakref.finalize(response, self.end)
         return response
 
     def end(self) -> None:

@@ -18,13 +18,12 @@ class UpstreamResponse:
     gives the connection back to the pool.
 
     ``on_end``, when set, is told each time the answer is over — read to its
-    end, released or aborted, and once more when the object is collected, so
-    an answer dropped unreleased is over too
-    (:meth:`proxy.upstream.traffic.Sending.answered` counts the request in
-    flight until then).
+    end, released or aborted (:meth:`proxy.upstream.traffic.Sending.answered`
+    counts the request in flight until then).
     """
 
     __slots__ = (
+        "__weakref__",
         "_ahead",
         "_closing",
         "_response",
@@ -67,13 +66,6 @@ class UpstreamResponse:
             if closing is not None:
                 closing.add_done_callback(_retrieve)
                 self._closing = closing
-
-    def __del__(self) -> None:
-        # Dropped without being read, released or aborted (a bug): its end is
-        # told all the same (``on_end`` is told each end; an end told twice is one).
-        on_end = getattr(self, "on_end", None)
-        if on_end is not None:
-            on_end()
 
     def header(self, name: str) -> str | None:
         return self._response.headers.get(name)
