@@ -183,7 +183,10 @@ class SQLiteStore:
         """
         if self._ends is None:
             return
-        own: int = connection.execute("PRAGMA data_version").fetchone()[0]
+        try:
+            own: int = connection.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:  # the work itself is done: its caller is told so, nothing claimed
+            return
         if own == self._ends_version:
             self._checked_at = version
 

@@ -525,3 +525,20 @@ async def test_a_lookup_made_while_a_checkpoint_is_being_written_waits_for_it(
     finally:
         gate.set()
         await store.close()
+
+
+async def test_a_settle_that_cannot_read_its_version_claims_nothing_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    """The worker settles after work that is done: reading its own connection's
+    version failing must neither fail that work nor vouch for anything."""
+    store = SQLiteStore(tmp_path / "state.db")
+    try:
+        await store.lookup(["x"])  # the ends read, the file open
+        before = store._checked_at
+        broken = sqlite3.connect(tmp_path / "other.db")
+        broken.close()  # any statement on it raises sqlite3.ProgrammingError
+        store._settle(broken, 12345)
+        assert store._checked_at == before
+    finally:
+        await store.close()
