@@ -44,16 +44,18 @@ from compaction.budget.profile import (
     requested_output_tokens,
 )
 from compaction.chat.calls import key_argument
+from compaction.chat.groups import (
+    PairingProblem,
+    group_messages,
+    repair_tool_pairing,
+    validate_tool_pairing,
+)
 from compaction.chat.messages import (
     OPAQUE_KEY,
-    PairingProblem,
     call_name_and_arguments,
     check_messages,
-    group_messages,
     message_text,
-    repair_tool_pairing,
     tool_calls,
-    validate_tool_pairing,
 )
 from compaction.chat.own import SUMMARY_MARKER, is_summary
 from compaction.chat.recall import (

@@ -29,13 +29,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from compaction.chat.messages import (
-    HEAD_ROLES,
-    call_name_and_arguments,
-    group_starts,
-    message_text,
-    tool_calls,
-)
+from compaction.chat.groups import group_starts
+from compaction.chat.messages import HEAD_ROLES, call_name_and_arguments, message_text, tool_calls
 from compaction.chat.own import own, recorded
 from compaction.tokens.counter import message_key
 from compaction.types import Message

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from compaction.chat.messages import Group, Grouping, PairingProblem, group_and_validate, group_of
+from compaction.chat.groups import Group, Grouping, PairingProblem, group_and_validate, group_of
 from compaction.chat.typed import EXAMPLE_SCAN, context_end, system_texts
 from compaction.conversation.checkpoints import chain_hashes, continue_chain, session_key
 from compaction.conversation.regions import head_end

@@ -1,12 +1,13 @@
 """Where a conversation's parts lie: the head kept verbatim, the turn a
 message belongs to, and the tail of newest groups that fits a budget.
-Indices over the messages and their groups (:func:`compaction.chat.messages.group_messages`)."""
+Indices over the messages and their groups (:func:`compaction.chat.groups.group_messages`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from compaction.chat.messages import HEAD_ROLES, Group
+from compaction.chat.groups import Group
+from compaction.chat.messages import HEAD_ROLES
 from compaction.chat.typed import context_end
 from compaction.types import Message
 

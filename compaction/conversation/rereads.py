@@ -48,13 +48,8 @@ from typing import Any
 import orjson
 
 from compaction.budget.profile import Profile
-from compaction.chat.messages import (
-    RESULT_ROLES,
-    call_name_and_arguments,
-    group_messages,
-    message_text,
-    tool_calls,
-)
+from compaction.chat.groups import group_messages
+from compaction.chat.messages import RESULT_ROLES, call_name_and_arguments, message_text, tool_calls
 from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.regions import head_end
 from compaction.summary.files import files_of_call

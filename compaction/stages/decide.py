@@ -47,7 +47,7 @@ from compaction.budget.plan import (
 )
 from compaction.budget.pricing import Prices
 from compaction.budget.profile import Budget, Profile
-from compaction.chat.messages import PairingProblem
+from compaction.chat.groups import PairingProblem
 from compaction.conversation.checkpoints import (
     Checkpoint,
     apply_checkpoint,

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compaction.budget.profile import Budget, Profile
-from compaction.chat.messages import (
+from compaction.chat.groups import (
     Group,
     group_messages,
     repair_tool_pairing,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compaction.chat.messages import group_messages, riding_in
+from compaction.chat.groups import group_messages, riding_in
 from compaction.chat.own import is_summary
 from compaction.errors import SummarizationError
 from compaction.types import Message

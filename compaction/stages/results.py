@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compaction.chat.messages import Group, group_starts
+from compaction.chat.groups import Group, group_starts
 from compaction.chat.own import is_own
 from compaction.conversation.checkpoints import Checkpoint, replacement_digest
 from compaction.conversation.reading import Conversation

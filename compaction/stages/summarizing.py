@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from compaction.budget.profile import Profile
-from compaction.chat.messages import group_messages, message_text
+from compaction.chat.groups import group_messages
+from compaction.chat.messages import message_text
 from compaction.chat.own import is_summary
 from compaction.chat.typed import first_typed
 from compaction.errors import SummarizationError

@@ -37,9 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compaction.chat.groups import Group, group_messages
 from compaction.chat.messages import (
-    Group,
-    group_messages,
     is_truncation_note,
     message_text,
     pinned_in,

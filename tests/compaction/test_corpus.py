@@ -21,8 +21,9 @@ from compaction import (
     validate_tool_pairing,
 )
 from compaction.chat.calls import parse_arguments as parse_args
+from compaction.chat.groups import group_messages
 from compaction.chat.messages import call_name_and_arguments as call_parts
-from compaction.chat.messages import group_messages, message_text, tool_calls
+from compaction.chat.messages import message_text, tool_calls
 from compaction.chat.own import SUMMARY_MARKER
 from compaction.conversation.regions import head_end
 

@@ -6,17 +6,19 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from compaction.chat.groups import (
+    group_and_validate,
+    group_messages,
+    repair_tool_pairing,
+    validate_tool_pairing,
+)
 from compaction.chat.messages import (
     MISSING_RESULT,
     check_messages,
-    group_and_validate,
-    group_messages,
     is_truncation_note,
     message_text,
-    repair_tool_pairing,
     truncation_note,
     truncation_note_count,
-    validate_tool_pairing,
 )
 from compaction.chat.own import SUMMARY_MARKER, is_summary, recorded
 from compaction.conversation.regions import head_end, tail_start, turn_start

@@ -3,7 +3,7 @@ from __future__ import annotations
 import copy
 from concurrent.futures import ThreadPoolExecutor
 
-from compaction.chat.messages import group_messages
+from compaction.chat.groups import group_messages
 from compaction.chat.own import SUMMARY_MARKER
 from compaction.conversation.checkpoints import (
     Checkpoint,

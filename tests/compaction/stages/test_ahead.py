@@ -10,7 +10,7 @@ from typing import Any
 from compaction import Profile, TokenCounter, ahead, execute
 from compaction.budget.calibrated import calibrated_budget
 from compaction.budget.plan import Pace, growth_of, lead_turns
-from compaction.chat.messages import validate_tool_pairing
+from compaction.chat.groups import validate_tool_pairing
 from compaction.conversation.checkpoints import Checkpoint
 from compaction.conversation.reading import Conversation, read_conversation
 from compaction.stages.decide import Decision, decide

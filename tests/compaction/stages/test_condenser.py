@@ -11,7 +11,8 @@ import compaction.stages.summarizing as summarizing_module
 import compaction.summary.contradictions as contradictions_module
 import compaction.summary.extractive as extractive_module
 from compaction.budget.profile import Profile
-from compaction.chat.messages import OPAQUE_KEY, message_text, validate_tool_pairing
+from compaction.chat.groups import validate_tool_pairing
+from compaction.chat.messages import OPAQUE_KEY, message_text
 from compaction.chat.own import SUMMARY_MARKER, is_summary
 from compaction.chat.typed import first_typed
 from compaction.errors import SummarizationError

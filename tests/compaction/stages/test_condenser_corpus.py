@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from compaction import Profile, TokenCounter
-from compaction.chat.messages import group_messages
+from compaction.chat.groups import group_messages
 from compaction.chat.own import is_summary
 from compaction.conversation.regions import head_end
 from compaction.errors import SummarizationError

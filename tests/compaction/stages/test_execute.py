@@ -8,7 +8,8 @@ from typing import Any
 
 from compaction import Profile, TokenCounter, compact
 from compaction.budget.calibrated import calibrated_budget
-from compaction.chat.messages import message_text, validate_tool_pairing
+from compaction.chat.groups import validate_tool_pairing
+from compaction.chat.messages import message_text
 from compaction.chat.own import SUMMARY_MARKER, is_summary
 from compaction.conversation.reading import read_conversation
 from compaction.stages.decide import decide

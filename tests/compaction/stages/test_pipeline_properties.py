@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from compaction import CannotFitError, Profile, TokenCounter, compact, validate_tool_pairing
 from compaction.budget.calibrated import calibrated_budget
-from compaction.chat.messages import group_messages
+from compaction.chat.groups import group_messages
 from compaction.conversation.reading import read_conversation
 from compaction.conversation.regions import head_end, tail_start
 from compaction.stages.decide import decide

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction.budget.profile import Profile
-from compaction.chat.messages import validate_tool_pairing
+from compaction.chat.groups import validate_tool_pairing
 from compaction.stages.pruner import PruneResult, prune, tool_brief
 from compaction.text.cuts import shrink_arguments
 from tests.conftest import assistant, system, tool_group, user

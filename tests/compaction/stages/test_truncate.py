@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction.chat.messages import group_messages, validate_tool_pairing
+from compaction.chat.groups import group_messages, validate_tool_pairing
 from compaction.chat.own import SUMMARY_MARKER, recorded
 from compaction.errors import CannotFitError
 from compaction.stages.truncate import TruncateResult, truncate

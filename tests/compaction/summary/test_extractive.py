@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from compaction.chat.messages import group_messages
+from compaction.chat.groups import group_messages
 from compaction.conversation.regions import head_end
 from compaction.summary.extractive import extractive_summary
 from compaction.summary.files import FileLists

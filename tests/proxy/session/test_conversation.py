@@ -11,7 +11,7 @@ import pytest
 
 import proxy.session.compacting
 from compaction import SUMMARY_MARKER, Checkpoint, TokenCounter, encoding_for_model, execute
-from compaction.chat.messages import group_messages
+from compaction.chat.groups import group_messages
 from compaction.conversation.checkpoints import chain_hashes, session_key
 from config import load_settings
 from proxy.session.conversation import BareRequest, compact_if_needed, identify
