@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from compaction import message_text
 from proxy.edge.errors import ProxyError
-from proxy.flow.answered.bill import account
+from proxy.flow.answered.bill import Spent, account
 from proxy.flow.answered.record import request_record, rereads_of
-from proxy.flow.exchange import Exchange
 from proxy.flow.read import Call
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
@@ -29,8 +29,21 @@ logger = logging.getLogger(REQUESTS)
 summaries_log = logging.getLogger("compaction_proxy.summaries")
 
 
+class Answering(Protocol):
+    """What :func:`finish` reads of the request being answered (the handler's
+    :class:`~proxy.flow.exchange.Exchange`, which sits above this folder and so
+    is not imported here)."""
+
+    @property
+    def services(self) -> Services: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def spent(self) -> Spent: ...
+
+
 def finish(
-    exchange: Exchange,
+    exchange: Answering,
     call: Call,
     resolved: Resolved,
     status: int,
