@@ -167,16 +167,11 @@ class Exchange:
                     body,
                     upstream=call.base_url,
                 )
-        except UpstreamTimeout:
+        except BaseException as exc:
             sent.end()
-            metrics.record_upstream("chat", 0.0, None, "timeout")
-            raise
-        except UpstreamUnreachable:
-            sent.end()
-            metrics.record_upstream("chat", 0.0, None, "unreachable")
-            raise
-        except BaseException:
-            sent.end()
+            if isinstance(exc, (UpstreamTimeout, UpstreamUnreachable)):
+                kind = "timeout" if isinstance(exc, UpstreamTimeout) else "unreachable"
+                metrics.record_upstream("chat", 0.0, None, kind)
             raise
         response = sent.answered(response)
         metrics.record_upstream("chat", time.perf_counter() - started, response.status)

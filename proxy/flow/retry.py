@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from compaction import (
     Budget,
+    EmptyStreamLesson,
     OverflowReport,
     credible_report,
     retry_budget,
@@ -70,15 +71,28 @@ async def overflow(
             return relay_bytes(upstream, error, exchange.headers(resolved))
         return OverflowReport(window=stated.limit, count=stated.count)
     if upstream.status != 200 or not call.streamed:
+        return None  # most answers: nothing more to ask of them here
+    lesson = await _ended_empty(exchange, call, resolved, upstream)
+    if lesson is None:
         return None
+    if lesson.overflow:
+        upstream.release()
+        return EmptyOverflow()
+    return empty_stream_error(exchange, call, resolved, upstream)
+
+
+async def _ended_empty(
+    exchange: Exchange, call: Call, resolved: Resolved, upstream: UpstreamResponse
+) -> EmptyStreamLesson | None:
+    """For a 200 stream (the caller's to tell) that ended before its first
+    event: counted as an upstream error, and what it teaches of the upstream's
+    model kept and returned; ``None`` for one that began, which the upstream
+    took (:func:`_stream_began`)."""
     if await _stream_began(exchange, call, resolved, upstream):
         return None
     empty_stream(exchange.services.observed.metrics, exchange.spent)
     models = exchange.services.conversations.models
-    if models.empty_stream(call.config, _upstream_size(exchange, call, resolved)).overflow:
-        upstream.release()
-        return EmptyOverflow()
-    return empty_stream_error(exchange, call, resolved, upstream)
+    return models.empty_stream(call.config, _upstream_size(exchange, call, resolved))
 
 
 def _upstream_size(exchange: Exchange, call: Call, resolved: Resolved) -> int:
@@ -115,13 +129,7 @@ async def empty_again(
     teaches is kept for the requests after it."""
     if upstream.status != 200 or not call.streamed:
         return False
-    if await _stream_began(exchange, call, resolved, upstream):
-        return False
-    empty_stream(exchange.services.observed.metrics, exchange.spent)
-    exchange.services.conversations.models.empty_stream(
-        call.config, _upstream_size(exchange, call, resolved)
-    )
-    return True
+    return await _ended_empty(exchange, call, resolved, upstream) is not None
 
 
 def empty_stream_error(
