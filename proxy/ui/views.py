@@ -168,12 +168,14 @@ async def read_session(
     under the id (the CLI's ``show``) with the settings of its latest owner.
     """
     reader = viewer if viewer is not None else owner
+    # The summary first: figures recorded between the reads then show in the
+    # requests, never a summary counting requests the list does not hold yet.
+    summaries = [s for s in await store.sessions(owner=reader) if s.session == session]
+    summary = summaries[0] if summaries else None
     requests = await store.requests(session, owner=reader, limit=CHART_REQUESTS)
     # The chart is of requests: a compaction prepared in the background is none.
     requests = [r for r in reversed(requests) if not r.background]
     events = await store.events(session=session, owner=reader, limit=SESSION_EVENTS)
-    summaries = [s for s in await store.sessions(owner=reader) if s.session == session]
-    summary = summaries[0] if summaries else None
     whose = reader if reader is not None else (summary.owner if summary else "")
     ids = list(dict.fromkeys(e.checkpoint_id for e in events if e.checkpoint_id))
     shown: list[ShownCheckpoint] = []
