@@ -262,6 +262,22 @@ class ModelKnowledge:
         """What ``owner`` knows of ``config``'s upstream and model."""
         return self.get(calibration_key(config), owner)
 
+    def windows(
+        self, config: ModelConfig, owner: str = ANONYMOUS
+    ) -> tuple[int | None, int | None, int | None]:
+        """``owner``'s learned window, the server's stated one and the working
+        limit of ``config``'s upstream and model (:meth:`get`'s three windows):
+        read in place, not through a :class:`Known`, since every request's
+        configuration is resolved with them."""
+        key = calibration_key(config)
+        served = self._served.get(key, _NONE_SERVED)
+        own = self._own.get(key)
+        window = own[owner].window if own is not None and owner in own else None
+        agreed = self._agreed[key].window
+        if agreed is not None:
+            window = agreed if window is None else min(window, agreed)
+        return window, served.window_stated, served.working_limit
+
     def slots(self, config: ModelConfig) -> int | None:
         """How many requests the upstream serves at once, where it says."""
         return self._served.get(calibration_key(config), _NONE_SERVED).slots

@@ -294,3 +294,29 @@ async def test_a_callers_ratio_is_its_own_else_what_the_others_agree_on_as_it_mo
             models.observe(config, ESTIMATE, int(ESTIMATE * 1.4), caller)
     assert models.ratio(config, "newcomer") > agreed + 0.05
     assert models.ratio(config, "newcomer") == models.of(config, "newcomer").ratio
+
+
+async def test_the_windows_read_in_place_say_what_the_view_says() -> None:
+    """``windows`` (read on every request) and ``of`` (the full view) agree for
+    a caller with its own window, one under the callers' agreement, one with
+    neither; with the server's stated window and an empty stream's limit."""
+    models = _models(cap=16)
+    (config,) = _configs([MODEL])
+    assert models.windows(config, "newcomer") == (None, None, None)
+    callers = [f"caller-{n}" for n in range(AGREEING_CALLERS)]
+    for caller in callers:
+        assert await models.learn_window(config, 16_000, caller)
+    assert await models.learn_window(config, 12_000, "own")
+    assert await models.learn_window(config, 20_000, "larger")
+    assert await models.server_stated(config, ServerFacts(32_768, slots=1, source="test"))
+    models.stream_answered(config, 5_000)
+    assert models.empty_stream(config, 9_000).overflow
+    for owner in ("newcomer", "own", "larger", callers[0]):
+        known = models.of(config, owner)
+        expected = (known.window_learned, known.window_stated, known.working_limit)
+        assert models.windows(config, owner) == expected
+    assert models.windows(config, "own")[0] == 12_000  # its own, below the agreement
+    assert models.windows(config, "larger")[0] == 16_000  # held to the agreement
+    assert models.windows(config, "newcomer")[0] == 16_000
+    assert models.windows(config, "newcomer")[1] == 32_768
+    assert models.windows(config, "newcomer")[2] is not None
