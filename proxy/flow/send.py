@@ -72,6 +72,9 @@ HOP_BY_HOP = frozenset(
         "expect",
     }
 )
+#: Of an upstream's answer, as its head came (names lower-cased bytes): the
+#: hop-by-hop ones, and its date, since uvicorn sends its own.
+_NOT_RELAYED = frozenset({name.encode("latin-1") for name in HOP_BY_HOP} | {b"date"})
 
 
 def upstream_headers(
@@ -112,12 +115,12 @@ def relayed_headers(
     upstream: UpstreamResponse, extra: Mapping[str, str]
 ) -> list[tuple[bytes, bytes]]:
     """The head of a response relaying ``upstream``'s, with ``extra`` headers."""
-    headers = [
-        (k, v)
-        for k, v in upstream.raw_headers
-        if k != b"date" and k.decode("latin-1") not in HOP_BY_HOP  # uvicorn sends its own date
-    ]
-    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+    headers: list[tuple[bytes, bytes]] = []
+    for name, value in upstream.raw_headers:
+        if name not in _NOT_RELAYED:
+            headers.append((name, value))
+    for extra_name, extra_value in extra.items():
+        headers.append((extra_name.encode("latin-1"), extra_value.encode("latin-1")))
     return headers
 
 

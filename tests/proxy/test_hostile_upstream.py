@@ -248,3 +248,38 @@ def test_proxy_credentials_in_the_proxy_url_are_sent_to_the_proxy_only(
             assert answer.status_code == 200, answer.text
         (authorization,) = corporate.authorizations
         assert authorization == "Basic " + base64.b64encode(b"alice:s3cret").decode()
+
+
+# --- what of an upstream's head is relayed --------------------------------------------------------
+
+
+def test_an_upstream_heads_connection_headers_and_date_are_not_relayed_its_own_are() -> None:
+    """Headers that describe the upstream's connection (and its date: uvicorn
+    sends the proxy's own) stop at the proxy; the answer's own pass, repeats kept."""
+    answer = response(
+        json.dumps({"id": "c", "choices": []}).encode(),
+        "content-type: application/json",
+        "Keep-Alive: timeout=5",
+        "Proxy-Authenticate: Basic",
+        "Upgrade: h2c",
+        "Date: Mon, 01 Jan 2001 00:00:00 GMT",
+        "X-Request-Id: r-1",
+        "Set-Cookie: a=1",
+        "Set-Cookie: b=2",
+    )
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while await read_request(reader) is not None:
+            writer.write(answer)
+            await writer.drain()
+
+    with _proxy_before_script(script) as proxy:
+        relayed = httpx.post(f"{proxy}/chat/completions", json=CHAT)
+    assert relayed.status_code == 200, relayed.text
+    for name in ("keep-alive", "proxy-authenticate", "upgrade"):
+        assert name not in relayed.headers
+    assert relayed.headers.get_list("date") != ["Mon, 01 Jan 2001 00:00:00 GMT"]
+    assert len(relayed.headers.get_list("date")) == 1
+    assert relayed.headers["x-request-id"] == "r-1"
+    assert relayed.headers.get_list("set-cookie") == ["a=1", "b=2"]
+    assert relayed.headers["x-compaction-stage"] == "none"
