@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tests.bench.client import Target
 from tests.bench.processes import (
     BENCH_MODELS,
@@ -164,21 +162,43 @@ def profile_load(
     try:
         target = Target("proxy-profiled", "127.0.0.1", server.port)
         load(target)
-        _signal(server, signal.SIGUSR1)
+        begin(server, output)
         requests = load(target)
-        _signal(server, signal.SIGUSR2)
-        deadline = time.monotonic() + 15
-        while not output.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        end(server, output)
     finally:
         server.stop()
     return read(output, label, requests)
 
 
-def _signal(server: Server, signum: int) -> None:
-    """Send ``signum``; a request makes the event loop run Python, so the handler runs now."""
+def begin(server: Server, output: Path) -> None:
+    """Start ``server``'s profiler (started by :func:`start_profiled` with
+    ``output``), and wait until it runs: nothing but the load is profiled."""
+    _signal(server, signal.SIGUSR1, _started(output))
+
+
+def end(server: Server, output: Path) -> None:
+    """Stop ``server``'s profiler and wait until it has written ``output``."""
+    _signal(server, signal.SIGUSR2, output)
+
+
+def _started(output: Path) -> Path:
+    """The file the profiled process writes once its profiler runs."""
+    return output.with_name(output.name + ".started")
+
+
+def _signal(server: Server, signum: int, written: Path, timeout: float = 15.0) -> None:
+    """Send ``signum``, and wait until the handler has written ``written``.
+
+    No request is sent to make the process run its handler (one would be
+    profiled with the load): a Python handler runs as soon as the main
+    thread runs Python again, at the latest on uvicorn's next tick.
+    """
     os.kill(server.pid, signum)
-    httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=10)
+    deadline = time.monotonic() + timeout
+    while not written.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the profiled proxy did not answer signal {signum}")
+        time.sleep(0.02)
 
 
 def main() -> None:
@@ -188,15 +208,17 @@ def main() -> None:
 
     profiler = cProfile.Profile(time.thread_time)
 
-    def begin(signum: int, frame: object) -> None:
+    def started(signum: int, frame: object) -> None:
         profiler.enable()
+        _started(Path(output)).touch()
 
-    def end(signum: int, frame: object) -> None:
+    def ended(signum: int, frame: object) -> None:
         profiler.disable()
-        profiler.dump_stats(output)
+        profiler.dump_stats(output + ".part")
+        os.replace(output + ".part", output)  # whole when it appears
 
-    signal.signal(signal.SIGUSR1, begin)
-    signal.signal(signal.SIGUSR2, end)
+    signal.signal(signal.SIGUSR1, started)
+    signal.signal(signal.SIGUSR2, ended)
     cli(argv)
 
 
