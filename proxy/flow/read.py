@@ -147,11 +147,10 @@ def _parse(
     )
     credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
     scope = scope_of(config, credential, dialect.name)
-    ahead = ahead and untouchable is None
-    with deep_nesting_refused():
-        identified = (
-            identify(services.conversations, config, body, messages, scope) if ahead else None
-        )
+    identified = None
+    if ahead and untouchable is None:
+        with deep_nesting_refused():
+            identified = identify(services.conversations, config, body, messages, scope)
     return Call(
         raw=raw,
         body=body,
