@@ -169,6 +169,8 @@ def _bill(
     """The bill, with its sums and dollars worked out once (the log line, the
     metrics and the figures all read them)."""
     cost = own + summarizer_cost
+    if prices.input_per_mtok is None:  # no dollar price (no preset has one): no dollars
+        return Bill(prices, usage, summarizer, summarizer_cost, own, without, cost)
     return Bill(
         prices,
         usage,

@@ -17,7 +17,12 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from compaction import Prices, Profile
+from config import ModelConfig
+from proxy.flow.answered.bill import untouched_bill
+from proxy.flow.read import Call
 from proxy.state.logs import REQUESTS
+from proxy.upstream.usage import Usage
 from tests.proxy.dialects.anthropic.upstream import is_summary_request
 from tests.proxy.inprocess import (
     Asked,
@@ -321,3 +326,33 @@ def test_a_request_forwarded_as_sent_costs_what_it_would_have_without_compaction
     requests = figures["requests"]
     assert [r["cost"] for r in requests] == pytest.approx([cost, cost])
     assert all(r["cost"] == r["cost_without"] for r in requests)
+
+
+@pytest.mark.parametrize("per_mtok", [None, PER_MTOK])
+def test_a_bill_is_worked_out_in_dollars_only_where_a_dollar_price_is(
+    monkeypatch: pytest.MonkeyPatch, per_mtok: float | None
+) -> None:
+    asked: list[float] = []
+    dollars = Prices.dollars
+
+    def counted(prices: Prices, cost: float) -> float | None:
+        asked.append(cost)
+        return dollars(prices, cost)
+
+    monkeypatch.setattr(Prices, "dollars", counted)
+    profile = Profile(pricing="openai", input_price_per_mtok=per_mtok)
+    config = ModelConfig("gpt-4o", profile, "http://upstream.test/v1", "gpt-4o", None)
+    call = Call(raw=b"", body={}, messages=[], config=config, headers={})
+    bill = untouched_bill(call, Usage(prompt=1_000, cache_write=1_000, output=10))
+
+    assert bill.cost == bill.without == 1_000 * 1.0 + 10 * 8.0  # the openai preset
+    if per_mtok is None:
+        # No preset has a dollar price: most bills have none to work out.
+        assert asked == []
+        assert bill.cost_dollars is bill.own_dollars is bill.without_dollars is None
+        assert "cost_usd" not in bill.fields()
+    else:
+        in_dollars = bill.cost * per_mtok / 1e6
+        assert bill.cost_dollars == bill.own_dollars == bill.without_dollars
+        assert bill.cost_dollars == pytest.approx(in_dollars)
+        assert bill.fields()["cost_usd"] == round(in_dollars, 6)
