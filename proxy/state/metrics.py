@@ -283,6 +283,8 @@ class Metrics:
         self._store_latency = _Children(self.store_latency)
         self._store_at_once = _Children(self.store_at_once)
         self._usage: dict[str, _UsageChildren] = {}
+        #: Likewise the two dollar costs, made for a model only once it has a dollar price.
+        self._dollars: dict[str, tuple[Any, Any]] = {}
 
     def model(self, name: str) -> str:
         if name in self._models:
@@ -372,9 +374,17 @@ class Metrics:
         children.cost.inc(cost)
         children.without.inc(without)
         if dollars is not None:  # only models with a known price show dollars at all
-            label = self.model(model or "-")
-            self.cost_dollars.labels(label).inc(dollars[0])
-            self.cost_without_dollars.labels(label).inc(dollars[1])
+            in_dollars = self._dollars.get(model)
+            if in_dollars is None:
+                label = self.model(model or "-")
+                in_dollars = (
+                    self.cost_dollars.labels(label),
+                    self.cost_without_dollars.labels(label),
+                )
+                if len(self._dollars) < MAX_MODELS * 2:
+                    self._dollars[model] = in_dollars
+            in_dollars[0].inc(dollars[0])
+            in_dollars[1].inc(dollars[1])
 
     def record_summarizer(
         self, model: str, usage: Usage, cost: float, dollars: float | None = None
