@@ -172,9 +172,11 @@ class Sending:
         traffic = self._traffic
         if self.overlapped and traffic._ended[self.key] > self.ended:
             _count(traffic._overlaps, self.key)
-        response.on_end = self.end
-        # An answer dropped unreleased (a bug) must not hold the count forever.
-        weakref.finalize(response, self.end)
+        # An answer dropped unreleased (a bug) must not hold the count forever:
+        # a finalizer ends it when the answer is collected. The same finalizer
+        # is what its end calls, since a finalizer runs once: the count is
+        # ended once, not again by a later abort and again at collection.
+        response.on_end = weakref.finalize(response, self.end)
         return response
 
     def end(self) -> None:

@@ -172,6 +172,7 @@ class _Response(UpstreamResponse):
         self._ended = False
         self._on_abort = on_abort
         self.on_end = None
+        self.over = False
         #: Whether the proxy stopped the body before its end (the connection closed).
         self.aborted = False
 
@@ -197,6 +198,7 @@ class _Response(UpstreamResponse):
                     return chunk
         except StopAsyncIteration:
             self._ended = True
+            self.release()  # as the real one's: a body read to its end is over
             return None
         except BodyLost:
             self.abort()
@@ -208,14 +210,16 @@ class _Response(UpstreamResponse):
     def release(self) -> None:
         if not self._ended:
             self.abort()
-        elif self.on_end is not None:  # as the real one's: its end is told
+            return
+        self.over = True
+        if self.on_end is not None:  # as the real one's: its end is told
             self.on_end()
 
     def abort(self) -> None:
         if not self._ended and not self.aborted:
             self.aborted = True
             self._on_abort()
-        self._ended = True
+        self._ended = self.over = True
         if self.on_end is not None:
             self.on_end()
 

@@ -163,7 +163,8 @@ class Relay(Response):
                 relay = Relay(answer, self._extra, self.tap, self.dialect, after, cut, rounds)
                 await relay(scope, receive, send)
         finally:
-            self.upstream.abort()  # nothing when the body was read to its end
+            if not self.upstream.over:  # not read to its end: its connection closes now
+                self.upstream.abort()
             self._run_after()
             if self._pending is not None:
                 await self._pending

@@ -19,7 +19,8 @@ class UpstreamResponse:
 
     ``on_end``, when set, is told each time the answer is over — read to its
     end, released or aborted (:meth:`proxy.upstream.traffic.Sending.answered`
-    counts the request in flight until then).
+    counts the request in flight until then). ``over`` says it has been: an
+    answer over needs no :meth:`abort`.
     """
 
     __slots__ = (
@@ -30,6 +31,7 @@ class UpstreamResponse:
         "head_bytes",
         "length",
         "on_end",
+        "over",
         "raw_headers",
         "status",
         "url",
@@ -52,6 +54,8 @@ class UpstreamResponse:
         self.length = response.content_length
         self._ahead: bytes | None = None
         self.on_end: Callable[[], None] | None = None
+        #: True once read to its end, released or aborted.
+        self.over = False
         #: For a body that ends when the connection closes: how it closed. A
         #: reset is a broken body, which aiohttp would end as cleanly as a FIN.
         self._closing: asyncio.Future[None] | None = None
@@ -128,12 +132,14 @@ class UpstreamResponse:
         """Done with it: a body read to its end returns the connection to the
         pool, any other closes it. Idempotent."""
         self._response.release()
+        self.over = True
         if self.on_end is not None:
             self.on_end()
 
     def abort(self) -> None:
         """Stop now (the client left, the body broke): the connection is closed."""
         self._response.close()
+        self.over = True
         if self.on_end is not None:
             self.on_end()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import gzip
 import socket
 import ssl
@@ -24,6 +25,7 @@ import pytest
 import trustme
 import uvloop
 
+from proxy.upstream import traffic as traffic_module
 from proxy.upstream.traffic import Traffic
 from proxy.upstream.transport import (
     BodyLost,
@@ -741,3 +743,39 @@ def test_a_user_request_is_counted_in_flight_until_its_answer_is_over(end: str) 
             assert traffic.in_flight("key") == 0
 
     asyncio.run(test())
+
+
+@pytest.mark.parametrize("end", ["read", "chunks", "release", "abort"])
+def test_an_answers_end_is_told_to_the_traffic_once(
+    end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However the answer ends, and whatever comes after (an abort, its
+    collection), its count is ended once: the later ends have nothing to do."""
+    told = 0
+    ended = traffic_module.Sending.end
+
+    def counted(self: traffic_module.Sending) -> None:
+        nonlocal told
+        told += 1
+        ended(self)
+
+    monkeypatch.setattr(traffic_module.Sending, "end", counted)
+
+    async def test() -> None:
+        async with _Upstream(_answering(_ok(b"hello"))) as up, _pool() as transport:
+            sent = await Traffic().begin("key", stated=None)
+            response = sent.answered(await _get(transport, up.url))
+            if end == "read":
+                await response.read()
+            elif end == "chunks":
+                await _chunks(response)
+            elif end == "release":
+                response.release()
+            else:
+                response.abort()
+            response.abort()
+            del response
+            gc.collect()
+
+    asyncio.run(test())
+    assert told == 1
