@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 #: Per-request figures are kept this long unless configured otherwise.
@@ -188,81 +188,98 @@ class SessionSettings:
     updated_at: float = 0.0
 
 
+#: The figures a summary adds up under the record's own names: of every
+#: record, and of requests only (not of a compaction prepared in the background).
+_SUMS: Final = (
+    "summarizer_calls",
+    "summarizer_tokens",
+    "summarizer_prompt_tokens",
+    "summarizer_output_tokens",
+    "cost",
+    "cost_without",
+)
+_REQUEST_SUMS: Final = (
+    "saved",
+    "rereads",
+    "prompt_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "output_tokens",
+)
+
+
 def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> SessionSummary:
     """``summary`` with ``records`` (of its session, in order) added in.
 
     ``summary=None`` starts a new one from the first record.
     """
+    # The records are added up in one dict of the summary's fields, and one
+    # summary is made of it at the end: a batch folds hundreds of records on
+    # the store's thread, beside the event loop.
+    values = None if summary is None else dict(vars(summary))
+    counts_copied = False  # the stage and reason counts, copied before the first is added
     for record in records:
-        if summary is None:
-            summary = SessionSummary(
-                session=record.session,
-                owner=record.owner,
+        if values is None:
+            values = {
+                **_EMPTY,
+                "session": record.session,
+                "owner": record.owner,
+                "model": record.model,
+                "api": record.api,
+                "first_at": record.created_at,
+                "last_at": record.created_at,
+                "stages": {},
+                "reasons": {},
+            }
+            counts_copied = True  # its own
+        for name in _SUMS:
+            values[name] += getattr(record, name)
+        if record.cost_dollars is not None:
+            values["cost_dollars"] += record.cost_dollars
+            values["cost_without_dollars"] += record.cost_without_dollars or 0.0
+            values["dollar_records"] += 1
+        if record.background:
+            continue
+        if record.compacted:
+            if not counts_copied:  # the stored summary's: copied, never changed in place
+                values["stages"] = dict(values["stages"])
+                values["reasons"] = dict(values["reasons"])
+                counts_copied = True
+            stages, reasons = values["stages"], values["reasons"]
+            stages[record.stage] = stages.get(record.stage, 0) + 1
+            reasons[record.reason] = reasons.get(record.reason, 0) + 1
+        # The first request of a session first seen through its preparation is its newest.
+        newest = values["requests"] == 0 or record.created_at >= values["last_at"]
+        for name in _REQUEST_SUMS:
+            values[name] += getattr(record, name)
+        values["requests"] += 1
+        values["compactions"] += record.compacted
+        values["upstream_errors"] += record.errors
+        values["overflow_retries"] += record.reason == "overflow"
+        values["priced_requests"] += record.priced
+        values["first_at"] = min(values["first_at"], record.created_at)
+        values["task"] = values["task"] or record.task
+        if newest:
+            values.update(
                 model=record.model,
                 api=record.api,
-                first_at=record.created_at,
                 last_at=record.created_at,
+                tokens_before=record.tokens_before,
+                tokens_after=record.tokens_after,
+                input_limit=record.input_limit,
+                trigger=record.trigger,
+                context_window=record.context_window or values["context_window"],
+                window_source=record.window_source or values["window_source"],
+                user_agent=record.user_agent or values["user_agent"],
             )
-        # One new summary per record (a batch folds hundreds on the store's
-        # thread, beside the event loop): the changes are gathered first.
-        changes: dict[str, Any] = {
-            "summarizer_calls": summary.summarizer_calls + record.summarizer_calls,
-            "summarizer_tokens": summary.summarizer_tokens + record.summarizer_tokens,
-            "summarizer_prompt_tokens": summary.summarizer_prompt_tokens
-            + record.summarizer_prompt_tokens,
-            "summarizer_output_tokens": summary.summarizer_output_tokens
-            + record.summarizer_output_tokens,
-            "cost": summary.cost + record.cost,
-            "cost_without": summary.cost_without + record.cost_without,
-        }
-        if record.cost_dollars is not None:
-            changes.update(
-                cost_dollars=summary.cost_dollars + record.cost_dollars,
-                cost_without_dollars=summary.cost_without_dollars
-                + (record.cost_without_dollars or 0.0),
-                dollar_records=summary.dollar_records + 1,
-            )
-        if not record.background:
-            stages, reasons = summary.stages, summary.reasons
-            if record.compacted:
-                stages, reasons = dict(stages), dict(reasons)
-                stages[record.stage] = stages.get(record.stage, 0) + 1
-                reasons[record.reason] = reasons.get(record.reason, 0) + 1
-            changes.update(
-                requests=summary.requests + 1,
-                compactions=summary.compactions + record.compacted,
-                saved=summary.saved + record.saved,
-                upstream_errors=summary.upstream_errors + record.errors,
-                overflow_retries=summary.overflow_retries + (record.reason == "overflow"),
-                rereads=summary.rereads + record.rereads,
-                priced_requests=summary.priced_requests + record.priced,
-                prompt_tokens=summary.prompt_tokens + record.prompt_tokens,
-                cache_read_tokens=summary.cache_read_tokens + record.cache_read_tokens,
-                cache_write_tokens=summary.cache_write_tokens + record.cache_write_tokens,
-                output_tokens=summary.output_tokens + record.output_tokens,
-                first_at=min(summary.first_at, record.created_at),
-                task=summary.task or record.task,
-                stages=stages,
-                reasons=reasons,
-            )
-            # The first request of a session first seen through its preparation is its newest.
-            if summary.requests == 0 or record.created_at >= summary.last_at:
-                changes.update(
-                    model=record.model,
-                    api=record.api,
-                    last_at=record.created_at,
-                    tokens_before=record.tokens_before,
-                    tokens_after=record.tokens_after,
-                    input_limit=record.input_limit,
-                    trigger=record.trigger,
-                    context_window=record.context_window or summary.context_window,
-                    window_source=record.window_source or summary.window_source,
-                    user_agent=record.user_agent or summary.user_agent,
-                )
-        summary = replace(summary, **changes)
-    if summary is None:
+    if values is None:
         raise ValueError("nothing to fold")
-    return summary
+    return SessionSummary(**values)
+
+
+#: A summary's fields before its first record (its stage and reason counts
+#: are dicts of its own).
+_EMPTY: Final[Mapping[str, Any]] = vars(SessionSummary("", "", "", "", 0.0, 0.0))
 
 
 def bucket_of(created_at: float) -> float:

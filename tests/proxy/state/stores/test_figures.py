@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from proxy.state.stores.figures import (
     SAVINGS_BUCKET_SECONDS,
     RequestRecord,
+    SessionSummary,
     bucket_of,
     fold,
     savings_of,
@@ -43,6 +46,42 @@ def test_folding_in_batches_is_folding_at_once(
     # A backend folds each write's batch into the stored summary.
     cut = data.draw(st.integers(1, len(batch)))
     assert fold(fold(None, batch[:cut]), batch[cut:]) == fold(None, batch)
+
+
+@given(st.lists(records, min_size=2, max_size=30), st.data())
+def test_folding_leaves_the_summary_it_adds_to_as_it_was(
+    batch: list[RequestRecord], data: st.DataObject
+) -> None:
+    # A memory store keeps the summary it folds onto; a reader may hold it still.
+    cut = data.draw(st.integers(1, len(batch) - 1))
+    stored = fold(None, batch[:cut])
+    stages, reasons = dict(stored.stages), dict(stored.reasons)
+    fold(stored, batch[cut:])
+    assert (stored.stages, stored.reasons) == (stages, reasons)
+    assert stored == fold(None, batch[:cut])
+
+
+def test_a_batch_is_folded_into_one_new_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A batch holds up to a second of a session's requests (hundreds, on a
+    # busy one), folded on the store's thread beside the event loop.
+    batch = [
+        RequestRecord("s", "m", "condensed", "threshold", 900, 300, 800, 600, 200, 1.0, rereads=i)
+        for i in range(5)
+    ]
+    stored = fold(None, batch[:1])
+    made: list[SessionSummary] = []
+    init = SessionSummary.__init__
+
+    def counted(summary: SessionSummary, *args: Any, **kwargs: Any) -> None:
+        made.append(summary)
+        init(summary, *args, **kwargs)
+
+    monkeypatch.setattr(SessionSummary, "__init__", counted)
+    new = fold(None, batch)
+    assert len(made) == 1
+    assert fold(stored, batch[1:]) == new
+    assert len(made) == 2
+    assert (new.requests, new.compactions, new.rereads, new.stages) == (5, 5, 10, {"condensed": 5})
 
 
 @given(st.lists(records, min_size=1, max_size=30))
