@@ -59,6 +59,8 @@ class Upstream:
         self.traffic = Traffic()
         self.paces = Paces()
         self.discoveries = Discoveries(max_keys=max_keys)
+        #: Each configured key variable's value, read once (the names are the settings').
+        self._keys: dict[str, str | None] = {}
 
     @property
     def background_pool(self) -> Transport:
@@ -67,8 +69,17 @@ class Upstream:
 
     def configured_key(self, env: str | None) -> str | None:
         """The key in the variable ``env`` (a model's ``api_key_env`` or
-        ``anthropic_api_key_env``), used only when a client sends none."""
-        return (os.environ.get(env) or None) if env else None
+        ``anthropic_api_key_env``), used only when a client sends none.
+
+        Read from the environment the first time it is asked for, then kept:
+        a process's environment is set before it starts, and reading it
+        (encoding the name, decoding the value) was a cost of every request."""
+        if not env:
+            return None
+        keys = self._keys
+        if env not in keys:
+            keys[env] = os.environ.get(env) or None
+        return keys[env]
 
     def discover(
         self,

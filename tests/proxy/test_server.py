@@ -343,6 +343,20 @@ def test_configured_key_is_used_only_when_the_client_sends_none(
     assert sent[2]["api-key"] == "azure-key" and "authorization" not in sent[2]
 
 
+def test_the_configured_key_is_read_from_the_environment_once(
+    start_app: AppFactory, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's environment is set before it starts: the variable is read
+    for the first request that needs it, not again for every request."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-configured")
+    proxy = start_app()
+    proxy.http.post(f"{proxy.url}/chat/completions", json=HI)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-changed-in-the-process")
+    proxy.http.post(f"{proxy.url}/chat/completions", json=HI)
+    sent = [r.headers["authorization"] for r in fake_upstream.chat_requests]
+    assert sent == ["Bearer sk-configured", "Bearer sk-configured"]
+
+
 def test_the_configured_key_never_goes_to_a_models_own_upstream(
     start_app: AppFactory, fake_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
