@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 
 from proxy.state.stores import codec
+from proxy.state.stores.figures import RequestRecord, SessionSettings, fold
 from tests.proxy.state.stores.test_contract import checkpoint, event
 
 
@@ -37,3 +38,16 @@ def test_messages_round_trip_and_to_dict_is_json_ready() -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "é"}], "zz": None}]
     assert codec.load_messages(codec.dump_messages(messages)) == messages
     assert orjson.loads(orjson.dumps(codec.to_dict(event("c"))))["type"] == "compaction.queued"
+
+
+def test_figures_and_settings_round_trip_as_their_fields() -> None:
+    record = RequestRecord(
+        "s", "m", "condensed", "threshold", 900, 300, 800, 600, 200, 1.5, cost_dollars=0.25
+    )
+    summary = fold(None, [record])
+    settings = SessionSettings(enabled=False, instructions="keep the paths", updated_at=1.5)
+    for value in (record, summary, settings):
+        raw = codec.dump(value)
+        assert raw == orjson.dumps(codec.to_dict(value))
+        assert codec.load(type(value), raw) == value
+    assert orjson.loads(codec.dump(summary))["stages"] == {"condensed": 1}
