@@ -162,7 +162,7 @@ class _Response(UpstreamResponse):
         chunks: AsyncIterator[bytes],
         on_abort: Callable[[], None] = lambda: None,
     ) -> None:
-        self.url = url
+        self._url = url
         self.status = status
         self.raw_headers = [(name.lower(), value) for name, value in headers]
         declared = self._header(b"content-length")
@@ -175,6 +175,10 @@ class _Response(UpstreamResponse):
         self.over = False
         #: Whether the proxy stopped the body before its end (the connection closed).
         self.aborted = False
+
+    @property
+    def url(self) -> str:
+        return self._url
 
     def _header(self, name: bytes) -> str | None:
         for key, value in self.raw_headers:

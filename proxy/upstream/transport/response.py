@@ -34,14 +34,11 @@ class UpstreamResponse:
         "over",
         "raw_headers",
         "status",
-        "url",
     )
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
         self.status = response.status
-        #: Where it came from (for log lines; may hold a query, never printed raw).
-        self.url = str(response.url)
         #: As received, names lower-cased (ASGI's form); repeated headers kept.
         self.raw_headers: list[tuple[bytes, bytes]] = []
         #: The head's size, its names and values (what the transport limits),
@@ -70,6 +67,12 @@ class UpstreamResponse:
             if closing is not None:
                 closing.add_done_callback(_retrieve)
                 self._closing = closing
+
+    @property
+    def url(self) -> str:
+        """Where it came from, for the log line of a failure (may hold a query,
+        never printed raw); made into text only then."""
+        return str(self._response.url)
 
     def header(self, name: str) -> str | None:
         return self._response.headers.get(name)
