@@ -151,7 +151,7 @@ class Traffic:
 class Sending:
     """One user request in flight (:meth:`Traffic.begin`), until :meth:`end`."""
 
-    __slots__ = ("_done", "_traffic", "ended", "key", "overlapped")
+    __slots__ = ("_answer", "_done", "_traffic", "ended", "key", "overlapped")
 
     def __init__(self, traffic: Traffic, key: str, *, overlapped: bool, ended: int) -> None:
         self._traffic = traffic
@@ -161,6 +161,8 @@ class Sending:
         #: How many such summaries had ended by then.
         self.ended = ended
         self._done = False
+        #: Its answer, weakly, until the count ends (see :meth:`answered`).
+        self._answer: weakref.ref[UpstreamResponse] | None = None
 
     def answered(self, response: UpstreamResponse) -> UpstreamResponse:
         """Its answer's headers are in: it queued behind a summary if one in
@@ -172,18 +174,23 @@ class Sending:
         traffic = self._traffic
         if self.overlapped and traffic._ended[self.key] > self.ended:
             _count(traffic._overlaps, self.key)
+        response.on_end = self.end
         # An answer dropped unreleased (a bug) must not hold the count forever:
-        # a finalizer ends it when the answer is collected. The same finalizer
-        # is what its end calls, since a finalizer runs once: the count is
-        # ended once, not again by a later abort and again at collection.
-        response.on_end = weakref.finalize(response, self.end)
+        # collected, it ends the count through this weak reference, which the
+        # count's end lets go, so an answer that ended has nothing left to run
+        # when it is collected (a finalizer cost a registration per answer).
+        self._answer = weakref.ref(response, self._collected)
         return response
+
+    def _collected(self, _: weakref.ref[UpstreamResponse]) -> None:
+        self.end()
 
     def end(self) -> None:
         """Its answer is over (read, relayed, or cut off). Idempotent."""
         if self._done:
             return
         self._done = True
+        self._answer = None
         requests, key = self._traffic._requests, self.key
         requests[key] -= 1
         if requests[key] <= 0:

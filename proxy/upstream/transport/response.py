@@ -17,7 +17,7 @@ class UpstreamResponse:
     :class:`BodyLost`; the connection then closes. A body read to its end
     gives the connection back to the pool.
 
-    ``on_end``, when set, is told each time the answer is over — read to its
+    ``on_end``, when set, is told once, when the answer is over — read to its
     end, released or aborted (:meth:`proxy.upstream.traffic.Sending.answered`
     counts the request in flight until then). ``over`` says it has been: an
     answer over needs no :meth:`abort`.
@@ -135,16 +135,18 @@ class UpstreamResponse:
         """Done with it: a body read to its end returns the connection to the
         pool, any other closes it. Idempotent."""
         self._response.release()
-        self.over = True
-        if self.on_end is not None:
-            self.on_end()
+        if not self.over:
+            self.over = True
+            if self.on_end is not None:
+                self.on_end()
 
     def abort(self) -> None:
         """Stop now (the client left, the body broke): the connection is closed."""
         self._response.close()
-        self.over = True
-        if self.on_end is not None:
-            self.on_end()
+        if not self.over:
+            self.over = True
+            if self.on_end is not None:
+                self.on_end()
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -17,6 +17,7 @@ import gzip
 import socket
 import ssl
 import struct
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -750,7 +751,8 @@ def test_an_answers_end_is_told_to_the_traffic_once(
     end: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """However the answer ends, and whatever comes after (an abort, its
-    collection), its count is ended once: the later ends have nothing to do."""
+    collection), its count is ended once: the later ends have nothing to do,
+    and nothing waits for its collection once it is over."""
     told = 0
     ended = traffic_module.Sending.end
 
@@ -774,6 +776,7 @@ def test_an_answers_end_is_told_to_the_traffic_once(
             else:
                 response.abort()
             response.abort()
+            assert weakref.getweakrefcount(response) == 0  # nothing to run at its collection
             del response
             gc.collect()
 
