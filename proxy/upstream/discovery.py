@@ -45,7 +45,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 from urllib.parse import urlsplit
 
 import orjson
@@ -71,6 +71,7 @@ RETRY_SILENT_SECONDS = 600.0
 #: private and link-local addresses and names without a dot).
 _LOCAL_SUFFIXES = (".local", ".internal", ".localhost", ".lan", ".home.arpa")
 _NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d{1,9})\s*$", re.MULTILINE)
+_P = ParamSpec("_P")
 
 
 @dataclass(frozen=True)
@@ -334,16 +335,24 @@ class Discoveries:
     def __len__(self) -> int:
         return len(self._running)
 
-    def start(self, key: str, ask: Callable[[], Awaitable[bool]]) -> bool:
-        """Run ``ask`` (which answers whether the server stated a window) in
-        the background, unless ``key`` is being or was recently asked, or
-        :data:`MAX_RUNNING` others are under way; whether it was started."""
+    def start(
+        self,
+        key: str,
+        ask: Callable[_P, Awaitable[bool]],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> bool:
+        """Run ``ask(*args, **kwargs)`` (which answers whether the server stated
+        a window) in the background, unless ``key`` is being or was recently
+        asked, or :data:`MAX_RUNNING` others are under way; whether it was
+        started. Every request asks, and most find their key asked already:
+        the question is put together only when it is to be asked."""
         if key in self._running or len(self._running) >= self._max_running:
             return False
         if self._clock() < self._next.get(key, float("-inf")):
             return False
         self._remember(key, float("inf"))  # until it answers: asked once at a time
-        task = asyncio.ensure_future(self._run(key, ask))
+        task = asyncio.ensure_future(self._run(key, functools.partial(ask, *args, **kwargs)))
         self._running[key] = task
         task.add_done_callback(lambda _: self._running.pop(key, None))
         return True

@@ -18,7 +18,6 @@ the caller computes: this layer knows servers, not what was learned of them.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -102,7 +101,7 @@ class Upstream:
             return
         if mode == "auto" and not is_local(config.upstream):
             return
-        self.discoveries.start(key, functools.partial(self._ask, config, headers, stated))
+        self.discoveries.start(key, self._ask, config, headers, stated)
 
     async def _ask(self, config: ModelConfig, headers: Mapping[str, str], stated: Stated) -> bool:
         # Picked out only when the server is asked: once per model, not per request.
