@@ -70,7 +70,7 @@ def owner_of(headers: Iterable[tuple[str, str]]) -> str:
     for name, value in headers:
         lower = name.lower()
         if lower in AUTH_HEADERS:
-            presented[lower] = value  # the last one, as upstream_headers keeps it
+            presented[lower] = value  # the last one, as read_client_headers keeps it
     for name in AUTH_HEADERS:
         if name in presented:
             return owner_digest(presented[name])

@@ -24,7 +24,7 @@
   meant for the proxy, whichever other headers came with it; the client's own
   credentials stay. Only ``x-compaction-proxy-admin-key`` is left in, for
   :func:`proxy.edge.access.viewer` to check (it is never sent upstream:
-  :func:`proxy.flow.send.upstream_headers` drops it by name).
+  :func:`proxy.flow.send.read_client_headers` drops it by name).
 
 * A WebSocket upgrade — no route of the proxy takes one — is answered
   ``426 Upgrade Required``, which sends Codex on over HTTP at once.

@@ -21,12 +21,12 @@ from starlette.responses import Response
 
 from proxy.dialects.anthropic import ANTHROPIC
 from proxy.dialects.chat import CHAT
-from proxy.edge.access import owner_of
+from proxy.edge.access import owner_digest
 from proxy.edge.disconnect import ClientWatch, client_left
 from proxy.edge.errors import ProxyError, anthropic_path
 from proxy.edge.paths import forward_url, raw_path_of
 from proxy.flow.relay import Relay
-from proxy.flow.send import send, upstream_headers
+from proxy.flow.send import read_client_headers, send
 from proxy.flow.services import Services
 from proxy.flow.usage import UsageTap
 from proxy.session.conversation import identify
@@ -58,15 +58,15 @@ async def forward(services: Services, path: str, request: Request) -> Response:
     url = forward_url(
         base, raw_path_of(scope["path"], scope.get("raw_path")), scope["query_string"], prefix="v1"
     )
-    headers = upstream_headers(
-        request.headers.items(),
+    client = read_client_headers(request.headers.items())
+    headers = client.upstream(
         fallback_key=upstream.configured_key(key_env),
         fallback_header=ANTHROPIC.key_header if anthropic else CHAT.key_header,
     )
     body = await _body(request)
     tap = None
     if anthropic and path == "messages/count_tokens" and isinstance(body, bytes):
-        tap = await _count_tokens_tap(conversations, body, owner_of(request.headers.items()))
+        tap = await _count_tokens_tap(conversations, body, owner_digest(client.credential or ""))
     started = time.perf_counter()
     # Not watched while an upload is streamed on: that reads the client itself.
     watch = None if isinstance(body, AsyncIterator) else ClientWatch(request.receive)

@@ -21,15 +21,14 @@ from compaction import Conversation, Message, Prices
 from config import ModelConfig, with_client_window
 from proxy.dialects.base import Dialect, Mapped, Reading
 from proxy.dialects.chat import CHAT
-from proxy.edge.access import owner_of
+from proxy.edge.access import owner_digest
 from proxy.edge.body import check_model, deep_nesting_refused, read_body
-from proxy.edge.headers import AUTH_HEADERS
 from proxy.flow import manual
 from proxy.flow.continued import continued, remember_reading, without_commands
-from proxy.flow.send import upstream_headers
+from proxy.flow.send import ClientHeaders, read_client_headers
 from proxy.flow.services import Services
 from proxy.session.conversation import Resolved, identify, scope_of
-from proxy.session.naming import client_session
+from proxy.session.naming import sent_session
 
 #: Bodies larger than this are parsed, keyed and counted in a worker thread,
 #: so one huge request never stalls the event loop (and every other request
@@ -106,7 +105,7 @@ def _host(url: str) -> str:
 def _parse(
     services: Services,
     raw: bytes,
-    client_headers: list[tuple[str, str]],
+    client: ClientHeaders,
     dialect: Dialect,
     owner: str,
     *,
@@ -123,29 +122,22 @@ def _parse(
     body, original, mapped = reading.body, reading.original, reading.mapped
     untouchable, engine_messages = reading.untouchable, reading.messages
     check_model(body.get("model"), services.settings.server.max_model_chars)
-    beta: list[str] = []
-    user_agent: str | None = None
-    for name, value in client_headers:
-        lower = name.lower()
-        if lower == "anthropic-beta":
-            beta.append(value)
-        elif lower == "user-agent" and user_agent is None:  # the first, as a server reads it
-            user_agent = value
     config = services.conversations.model_config(body.get("model"), owner)
-    if beta:  # most clients send no beta header: no window of theirs to read
-        config = with_client_window(config, ",".join(beta))
+    beta = client.forwarded.get("anthropic-beta")  # every one sent, as one list
+    if beta is not None:  # most clients send none: no window of theirs to read
+        config = with_client_window(config, beta)
     # Most bodies cannot hold the word: neither /compact exchanges to remove
     # nor a command to find (asked once, here).
     holds_command = manual.may_hold_command(raw)
     messages = without_commands(engine_messages, settled) if holds_command else engine_messages
     command = manual.find_command(messages) if holds_command else None
     base_url, key_env = dialect.route(config)
-    headers = upstream_headers(
-        client_headers,
-        fallback_key=services.upstream.configured_key(key_env),
-        fallback_header=dialect.key_header,
+    fallback_key = services.upstream.configured_key(key_env)
+    headers = client.upstream(fallback_key=fallback_key, fallback_header=dialect.key_header)
+    # Whose conversation: the client's key, or the configured one it goes with.
+    credential = (
+        client.credential if client.credential is not None else headers.get(dialect.key_header)
     )
-    credential = next((headers[name] for name in AUTH_HEADERS if name in headers), None)
     scope = scope_of(config, credential, dialect.name)
     identified = None
     if ahead and untouchable is None:
@@ -165,16 +157,16 @@ def _parse(
         mapped=mapped,
         untouchable=untouchable,
         command=command,
-        client_session=client_session(client_headers),
-        user_agent=user_agent or "",
+        client_session=sent_session(client.first),
+        user_agent=client.first.get("user-agent", ""),
         base_url=base_url,
     )
 
 
 async def read_call(request: Request, services: Services, dialect: Dialect = CHAT) -> Call:
     raw = await read_body(request, services.settings.server.max_body_bytes)
-    client_headers = request.headers.items()
-    owner = owner_of(client_headers)
+    client = read_client_headers(request.headers.items())
+    owner = owner_digest(client.credential or "")  # as proxy.edge.access.owner_of reads it
     # A body too small to be worth the reading cache (most requests) is
     # neither looked up in it nor remembered: asked once, here.
     cached = services.conversations.readings.wants(raw)
@@ -184,7 +176,7 @@ async def read_call(request: Request, services: Services, dialect: Dialect = CHA
         read = _parse(
             services,
             raw,
-            client_headers,
+            client,
             dialect,
             owner,
             ahead=False,
@@ -194,11 +186,9 @@ async def read_call(request: Request, services: Services, dialect: Dialect = CHA
     elif len(raw) > OFF_LOOP_BYTES:
         # Parsing, keying and counting megabytes takes long enough to stall
         # every other request on the loop: one worker thread does it all.
-        read = await asyncio.to_thread(
-            _parse, services, raw, client_headers, dialect, owner, ahead=True
-        )
+        read = await asyncio.to_thread(_parse, services, raw, client, dialect, owner, ahead=True)
     else:
-        read = _parse(services, raw, client_headers, dialect, owner, ahead=False)
+        read = _parse(services, raw, client, dialect, owner, ahead=False)
     # The server is asked for its window off the request path (this request
     # is served on the window believed now).
     services.conversations.discover(read.config, read.base_url, read.headers)

@@ -1,4 +1,5 @@
-"""Talking to the upstream: request headers, sending, and the answers the proxy
+"""Talking to the upstream: a request's headers read (those forwarded, and the
+few the proxy reads itself, in one pass), sending, and the answers the proxy
 gives in the upstream's place (an error read whole, its own error).
 
 One :class:`~proxy.upstream.transport.Transport` (opened in the app's lifespan) sends
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
 from starlette.responses import Response
 
 from proxy.edge.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from proxy.edge.headers import AUTH_HEADERS, PROXY_HEADERS
+from proxy.session.naming import CLIENT_SESSION_HEADERS
 from proxy.upstream.transport import (
     BodyLost,
     ConnectFailed,
@@ -77,38 +81,66 @@ HOP_BY_HOP = frozenset(
 _NOT_RELAYED = frozenset({name.encode("latin-1") for name in HOP_BY_HOP} | {b"date"})
 
 
-def upstream_headers(
-    client_headers: Iterable[tuple[str, str]],
-    *,
-    fallback_key: str | None,
-    fallback_header: str = "authorization",
-) -> dict[str, str]:
-    """Headers for the upstream: the client's, less hop-by-hop ones and the proxy's own.
+@dataclass(frozen=True, slots=True)
+class ClientHeaders:
+    """A request's headers as the proxy reads them, in one pass
+    (:func:`read_client_headers`): those it forwards, and the first value of
+    each it reads for itself."""
+
+    #: The client's headers for the upstream, names lower-cased, less
+    #: hop-by-hop ones and the proxy's own; a repeated one joined as one list.
+    forwarded: dict[str, str]
+    #: The first value of each of :data:`READ_FIRST`, as a server reads them.
+    first: dict[str, str]
+    #: The client's own key for the upstream: the first of ``AUTH_HEADERS``
+    #: present (its last value, the one forwarded); ``None`` when it sent none.
+    credential: str | None
+
+    def upstream(self, *, fallback_key: str | None, fallback_header: str) -> dict[str, str]:
+        """The headers to send: :attr:`forwarded`, with the configured key
+        added only when the client sent none, as ``Authorization: Bearer``
+        or (Anthropic) ``x-api-key``."""
+        if not fallback_key or self.credential is not None:
+            return self.forwarded
+        if fallback_header == "authorization":
+            return {**self.forwarded, "authorization": f"Bearer {fallback_key}"}
+        return {**self.forwarded, fallback_header: fallback_key}
+
+
+#: The headers whose first value the proxy reads: its figures' user agent, and
+#: where clients name their session (:mod:`proxy.session.naming`).
+READ_FIRST: Final = frozenset({"user-agent", *(name for name, _ in CLIENT_SESSION_HEADERS)})
+
+
+def read_client_headers(client_headers: Iterable[tuple[str, str]]) -> ClientHeaders:
+    """A request's headers read once (see :class:`ClientHeaders`).
 
     ``client_headers`` are the request's as the edge passed them on: every
     header holding the proxy key or the admin key is gone already
     (:class:`proxy.edge.guards.Edge`), whatever its name, so what is left of
     ``Authorization``, ``api-key`` and ``x-api-key`` is the client's own and
-    forwarded unchanged. The configured key is added only when the client
-    sent none, as ``Authorization: Bearer`` or (Anthropic) ``x-api-key``.
+    forwarded unchanged.
     """
-    headers: dict[str, str] = {}
+    forwarded: dict[str, str] = {}
+    first: dict[str, str] = {}
     for name, value in client_headers:
         lower = name.lower()
+        if lower in READ_FIRST and lower not in first:
+            first[lower] = value
         if lower in HOP_BY_HOP or lower in PROXY_HEADERS:
             continue
-        if lower in headers and lower not in AUTH_HEADERS:
+        if lower in forwarded and lower not in AUTH_HEADERS:
             # A header sent twice is one list (RFC 9110 5.3): two anthropic-beta
             # lines are two betas. A credential is no list; its last is the one
-            # the edge read (proxy.edge.access) and the one forwarded.
-            value = f"{headers[lower]}{'; ' if lower == 'cookie' else ', '}{value}"
-        headers[lower] = value
-    if fallback_key and not any(h in headers for h in AUTH_HEADERS):
-        if fallback_header == "authorization":
-            headers["authorization"] = f"Bearer {fallback_key}"
-        else:
-            headers[fallback_header] = fallback_key
-    return headers
+            # forwarded, and the one the request's owner is read from.
+            value = f"{forwarded[lower]}{'; ' if lower == 'cookie' else ', '}{value}"
+        forwarded[lower] = value
+    credential = None
+    for name in AUTH_HEADERS:
+        if name in forwarded:
+            credential = forwarded[name]
+            break
+    return ClientHeaders(forwarded, first, credential)
 
 
 def relayed_headers(

@@ -21,7 +21,7 @@ digest; a client's own id is never shown or stored.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import orjson
@@ -67,6 +67,12 @@ def client_session(headers: Iterable[tuple[str, str]]) -> str | None:
     sent: dict[str, str] = {}
     for name, value in headers:
         sent.setdefault(name.lower(), value)
+    return sent_session(sent)
+
+
+def sent_session(sent: Mapping[str, str]) -> str | None:
+    """:func:`client_session` of headers already read: ``sent`` holds the first
+    value of each (names lower-cased), at least of :data:`CLIENT_SESSION_HEADERS`'."""
     for name, read in CLIENT_SESSION_HEADERS:
         found = sent.get(name)
         if found is None or len(found) > MAX_CLIENT_SESSION_CHARS:

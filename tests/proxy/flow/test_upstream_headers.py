@@ -19,6 +19,9 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
+from proxy.edge.access import owner_digest, owner_of
+from proxy.flow.send import read_client_headers
+from proxy.session.naming import client_session, sent_session
 from tests.proxy.conftest import AppFactory
 from tests.proxy.inprocess import InProcessProxy, RecordingTransport
 from tests.proxy.servers import FakeUpstream
@@ -251,3 +254,56 @@ def test_a_list_header_sent_twice_reaches_the_upstream_as_one_list(
         )
         assert headers["x-api-key"] == "sk-ant-second"
         assert headers["cookie"] == "a=1; b=2"
+
+
+# --- one pass over a request's headers -----------------------------------------------------------
+
+_READ_NAMES = st.sampled_from(
+    [
+        "authorization",
+        "api-key",
+        "x-api-key",
+        "user-agent",
+        "x-claude-code-session-id",
+        "session-id",
+        "x-codex-window-id",
+        "anthropic-beta",
+        "connection",
+        "x-other",
+    ]
+).flatmap(_cased)
+_ANY_HEADERS = st.lists(
+    st.tuples(_READ_NAMES, st.sampled_from(["", "a", "Bearer b", "t:3", "ua/1", "c"])), max_size=8
+)
+
+
+@given(headers=_ANY_HEADERS)
+def test_a_requests_headers_read_once_say_what_each_reader_says(headers: list[Header]) -> None:
+    """One pass gives the owner the edge reads (owner_of), the session the
+    naming reads (client_session), the first user agent, and what goes upstream:
+    no hop-by-hop header, a repeated one as one list, a credential's last value."""
+    read = read_client_headers(headers)
+    assert owner_digest(read.credential or "") == owner_of(headers)
+    assert sent_session(read.first) == client_session(headers)
+    agents = [value for name, value in headers if name.lower() == "user-agent"]
+    assert read.first.get("user-agent") == (agents[0] if agents else None)
+    assert "connection" not in read.forwarded
+    for name in ("api-key", "x-api-key", "authorization"):
+        sent = [value for sent_name, value in headers if sent_name.lower() == name]
+        assert read.forwarded.get(name) == (sent[-1] if sent else None)
+    betas = [value for name, value in headers if name.lower() == "anthropic-beta"]
+    assert read.forwarded.get("anthropic-beta") == (", ".join(betas) if betas else None)
+
+
+@given(headers=_ANY_HEADERS, header=st.sampled_from(["authorization", "x-api-key"]))
+def test_the_configured_key_goes_upstream_only_where_the_client_sent_none(
+    headers: list[Header], header: str
+) -> None:
+    read = read_client_headers(headers)
+    sent = read.upstream(fallback_key="configured", fallback_header=header)
+    if read.credential is not None:
+        assert sent == read.forwarded
+    else:
+        expected = "Bearer configured" if header == "authorization" else "configured"
+        assert sent == {**read.forwarded, header: expected}
+    assert read.upstream(fallback_key=None, fallback_header=header) == read.forwarded
