@@ -151,7 +151,7 @@ class Traffic:
 class Sending:
     """One user request in flight (:meth:`Traffic.begin`), until :meth:`end`."""
 
-    __slots__ = ("_answer", "_done", "_traffic", "ended", "key", "overlapped")
+    __slots__ = ("_done", "_finalizer", "_traffic", "ended", "key", "overlapped")
 
     def __init__(self, traffic: Traffic, key: str, *, overlapped: bool, ended: int) -> None:
         self._traffic = traffic
@@ -161,8 +161,8 @@ class Sending:
         #: How many such summaries had ended by then.
         self.ended = ended
         self._done = False
-        #: Its answer, weakly, until the count ends (see :meth:`answered`).
-        self._answer: weakref.ref[UpstreamResponse] | None = None
+        #: Ends the count if its answer is collected before (see :meth:`answered`).
+        self._finalizer: weakref.finalize[[], None] | None = None
 
     def answered(self, response: UpstreamResponse) -> UpstreamResponse:
         """Its answer's headers are in: it queued behind a summary if one in
@@ -175,22 +175,24 @@ class Sending:
         if self.overlapped and traffic._ended[self.key] > self.ended:
             _count(traffic._overlaps, self.key)
         response.on_end = self.end
-        # An answer dropped unreleased (a bug) must not hold the count forever:
-        # collected, it ends the count through this weak reference, which the
-        # count's end lets go, so an answer that ended has nothing left to run
-        # when it is collected (a finalizer cost a registration per answer).
-        self._answer = weakref.ref(response, self._collected)
+        # An answer dropped unreleased (a bug) must not hold the count forever.
+        # A finalizer, not a weak reference with a callback: the finalizers'
+        # registry keeps it alive, so it runs even when the answer is collected
+        # in a reference cycle (an exception's traceback holding it, the likely
+        # bug), where a weak reference held by this Sending would be collected
+        # with it, its callback never called. The count's end detaches it.
+        self._finalizer = weakref.finalize(response, self.end)
         return response
-
-    def _collected(self, _: weakref.ref[UpstreamResponse]) -> None:
-        self.end()
 
     def end(self) -> None:
         """Its answer is over (read, relayed, or cut off). Idempotent."""
         if self._done:
             return
         self._done = True
-        self._answer = None
+        finalizer = self._finalizer
+        if finalizer is not None:
+            self._finalizer = None
+            finalizer.detach()  # nothing left to run when the answer is collected
         requests, key = self._traffic._requests, self.key
         requests[key] -= 1
         if requests[key] <= 0:

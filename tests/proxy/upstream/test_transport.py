@@ -746,6 +746,38 @@ def test_a_user_request_is_counted_in_flight_until_its_answer_is_over(end: str) 
     asyncio.run(test())
 
 
+def test_an_answer_dropped_unreleased_in_a_reference_cycle_still_ends_its_count() -> None:
+    """The count's safety net for a bug: an answer nobody ended, dropped where
+    only the cyclic collector frees it (an exception's traceback holding it),
+    ends its count when collected, so its upstream is not busy for ever."""
+
+    async def test() -> None:
+        async with _Upstream(_answering(_ok(b"hello"))) as up, _pool() as transport:
+            traffic = Traffic()
+            response = (await traffic.begin("key", stated=None)).answered(
+                await _get(transport, up.url)
+            )
+            assert traffic.in_flight("key") == 1
+            lost = _caught_holding(response)
+            del response, lost  # now only the cycle holds the answer, and its count's end
+            gc.collect()
+            assert traffic.in_flight("key") == 0
+
+    asyncio.run(test())
+
+
+def _caught_holding(answer: object) -> BaseException:
+    """An error whose traceback holds ``answer`` in a reference cycle (the
+    error → its traceback → this frame → the error), as a handler keeping
+    the error it caught makes one."""
+    try:
+        raise RuntimeError("a bug on the way")
+    except RuntimeError as error:
+        kept = error
+    assert answer is not None
+    return kept
+
+
 @pytest.mark.parametrize("end", ["read", "chunks", "release", "abort"])
 def test_an_answers_end_is_told_to_the_traffic_once(
     end: str, monkeypatch: pytest.MonkeyPatch
