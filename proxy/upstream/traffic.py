@@ -162,7 +162,7 @@ class Sending:
         self.ended = ended
         self._done = False
         #: Ends the count if its answer is collected before (see :meth:`answered`).
-        self._finalizer: weakref.finalize[[], None] | None = None
+        self._finalizer: weakref.finalize[[], UpstreamResponse] | None = None
 
     def answered(self, response: UpstreamResponse) -> UpstreamResponse:
         """Its answer's headers are in: it queued behind a summary if one in
