@@ -10,12 +10,14 @@ in the request's own API, reused on the next turn, and never an error.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anthropic
+import openai
 import orjson
 import pytest
 from openai import OpenAI
@@ -332,3 +334,35 @@ def test_a_responses_request_on_server_side_state_goes_upstream_byte_for_byte(
         )
     assert [r.body for r in upstream.received] == [raw]  # the client's own bytes
     assert "x-compaction-stage" not in answer.headers
+
+
+# --- an output limit that leaves no room ---------------------------------------
+
+
+def test_an_output_limit_as_large_as_the_window_is_refused_in_the_clients_own_field() -> None:
+    """A short request asking for the whole window as output cannot fit however
+    small it is: each API's client is told so in its own error shape, naming
+    the field it set (not a head above a negative input limit), and nothing
+    goes upstream."""
+    claude = AnthropicUpstream()
+    responses = ResponsesUpstream()
+    window = PROFILE["context_window"]
+    with _proxy(responses, claude) as proxy:
+        hi = [{"role": "user", "content": "hi"}]
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            _anthropic(proxy).messages.create(model=CLAUDE, max_tokens=window, messages=hi)
+        said = refused.value.body["error"]["message"]  # type: ignore[index]
+        assert f"{window:,} output tokens (max_tokens) of a {window:,}-token window" in said
+        assert re.search(r"-\d", said) is None  # no negative figure
+        with pytest.raises(openai.BadRequestError) as answered:
+            _openai(proxy).responses.create(model=MODEL, input="hi", max_output_tokens=window)
+        assert answered.value.code == "context_length_exceeded"
+        assert answered.value.param == "max_output_tokens"
+        assert "Lower max_output_tokens." in str(answered.value)
+        with pytest.raises(openai.BadRequestError) as chat:
+            _openai(proxy).chat.completions.create(
+                model=MODEL, messages=hi, max_completion_tokens=window + 1
+            )
+        assert chat.value.param == "max_completion_tokens"
+        assert f"{window + 1:,} output tokens" in str(chat.value)
+    assert not claude.message_requests and not responses.turn_requests
