@@ -40,8 +40,13 @@ SUMMARY_SECONDS = 4.0
 TURN_SECONDS = 1.0
 TURNS = 100
 CONVERSATIONS = 100
-#: No pruning: every compaction of the session condenses, so each needs a summary.
-PROFILE = {"context_window": WINDOW, "tool_result_chars": 1_000_000}
+#: No pruning: every compaction of the session condenses, so each needs a
+#: summary; and the model writes every one. Left to judge whether a model's
+#: summary pays for itself (``summary_must_pay``), the plan uses the extractive
+#: one at these prices, and then no turn has a summarizer to wait for: what
+#: this section measures would not happen (it did not, from the plan's
+#: arrival until this was set).
+PROFILE = {"context_window": WINDOW, "tool_result_chars": 1_000_000, "summary_must_pay": False}
 COMPACTED = ("pruned", "condensed", "truncated")
 COUNTER = TokenCounter(MODEL)
 RUNNING = "compaction_proxy_background_running"
