@@ -73,7 +73,7 @@ class Conversations:
         """The model's configuration with the windows stated for it and learned
         by (or agreed for) ``owner``, held to the working limit empty streams taught."""
         config = self.resolver.resolve(model)
-        window, server, limit = self.models.windows(config, owner)
+        window, server, limit = self.models.windows(calibration_key(config), owner)
         if window is None and server is None and limit is None:
             return config
         learned = {config.model: window} if window is not None else None

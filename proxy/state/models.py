@@ -243,10 +243,8 @@ class ModelKnowledge:
         """What ``owner`` knows under ``key`` (an empty :class:`Known` when nothing is known)."""
         served = self._served.get(key, _NONE_SERVED)
         own = self._own.get(key, {}).get(owner, _NONE_OWN)
+        window, _, _ = self.windows(key, owner)
         agreed = self._agreed[key]
-        window = own.window
-        if agreed.window is not None:
-            window = agreed.window if window is None else min(window, agreed.window)
         return Known(
             window_learned=window,
             window_stated=served.window_stated,
@@ -263,13 +261,14 @@ class ModelKnowledge:
         return self.get(calibration_key(config), owner)
 
     def windows(
-        self, config: ModelConfig, owner: str = ANONYMOUS
+        self, key: str, owner: str = ANONYMOUS
     ) -> tuple[int | None, int | None, int | None]:
-        """``owner``'s learned window, the server's stated one and the working
-        limit of ``config``'s upstream and model (:meth:`get`'s three windows):
-        read in place, not through a :class:`Known`, since every request's
-        configuration is resolved with them."""
-        key = calibration_key(config)
+        """``owner``'s learned window (its own, held to what the callers agree
+        on), the server's stated one and the working limit under ``key``:
+        :meth:`get`'s three windows, read in place, not through a
+        :class:`Known`, since every request's configuration is resolved with
+        them (and where :meth:`get` reads its learned window, so that the
+        rule is written once)."""
         served = self._served.get(key, _NONE_SERVED)
         own = self._own.get(key)
         window = own[owner].window if own is not None and owner in own else None

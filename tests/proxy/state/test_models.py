@@ -302,7 +302,8 @@ async def test_the_windows_read_in_place_say_what_the_view_says() -> None:
     neither; with the server's stated window and an empty stream's limit."""
     models = _models(cap=16)
     (config,) = _configs([MODEL])
-    assert models.windows(config, "newcomer") == (None, None, None)
+    key = calibration_key(config)
+    assert models.windows(key, "newcomer") == (None, None, None)
     callers = [f"caller-{n}" for n in range(AGREEING_CALLERS)]
     for caller in callers:
         assert await models.learn_window(config, 16_000, caller)
@@ -314,9 +315,9 @@ async def test_the_windows_read_in_place_say_what_the_view_says() -> None:
     for owner in ("newcomer", "own", "larger", callers[0]):
         known = models.of(config, owner)
         expected = (known.window_learned, known.window_stated, known.working_limit)
-        assert models.windows(config, owner) == expected
-    assert models.windows(config, "own")[0] == 12_000  # its own, below the agreement
-    assert models.windows(config, "larger")[0] == 16_000  # held to the agreement
-    assert models.windows(config, "newcomer")[0] == 16_000
-    assert models.windows(config, "newcomer")[1] == 32_768
-    assert models.windows(config, "newcomer")[2] is not None
+        assert models.windows(key, owner) == expected
+    assert models.windows(key, "own")[0] == 12_000  # its own, below the agreement
+    assert models.windows(key, "larger")[0] == 16_000  # held to the agreement
+    assert models.windows(key, "newcomer")[0] == 16_000
+    assert models.windows(key, "newcomer")[1] == 32_768
+    assert models.windows(key, "newcomer")[2] is not None
