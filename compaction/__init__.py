@@ -18,7 +18,14 @@ in between::
 Everything a caller may use is named in ``__all__``.
 """
 
-from compaction.budget.calibrated import RetryBudget, calibrated_budget, retry_budget
+from compaction.budget.calibrated import (
+    Budget,
+    RetryBudget,
+    calibrated_budget,
+    compute_budget,
+    requested_output_tokens,
+    retry_budget,
+)
 from compaction.budget.lessons import (
     WINDOW_BOUNDS,
     EmptyStream,
@@ -36,13 +43,7 @@ from compaction.budget.lessons import (
 )
 from compaction.budget.plan import Depth, Pace
 from compaction.budget.pricing import PRICING_PRESETS, Prices
-from compaction.budget.profile import (
-    Bounds,
-    Budget,
-    Profile,
-    compute_budget,
-    requested_output_tokens,
-)
+from compaction.budget.profile import Bounds, Profile
 from compaction.chat.calls import key_argument
 from compaction.chat.groups import (
     PairingProblem,

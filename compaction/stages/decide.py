@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from compaction.budget.calibrated import Budget
 from compaction.budget.plan import (
     Depth,
     Pace,
@@ -46,7 +47,7 @@ from compaction.budget.plan import (
     model_summary_pays,
 )
 from compaction.budget.pricing import Prices
-from compaction.budget.profile import Budget, Profile
+from compaction.budget.profile import Profile
 from compaction.chat.groups import PairingProblem
 from compaction.conversation.checkpoints import (
     Checkpoint,

@@ -38,7 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction.budget.profile import Budget, Profile
+from compaction.budget.calibrated import Budget
+from compaction.budget.profile import Profile
 from compaction.chat.groups import (
     Group,
     group_messages,

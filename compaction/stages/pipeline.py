@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from compaction.budget.calibrated import calibrated_budget
-from compaction.budget.profile import Profile, requested_output_tokens
+from compaction.budget.calibrated import calibrated_budget, requested_output_tokens
+from compaction.budget.profile import Profile
 from compaction.chat.messages import check_messages
 from compaction.conversation.reading import read_conversation
 from compaction.stages.decide import decide

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from compaction.budget.profile import compute_budget
+from compaction.budget.calibrated import compute_budget
 from config import ModelResolver, Settings, find_override, resolve_model
 from config.settings import ModelOverride
 

@@ -4,13 +4,8 @@ import dataclasses
 
 import pytest
 
-from compaction.budget.profile import (
-    DEFAULT_SAFETY_MARGIN,
-    Bounds,
-    Profile,
-    compute_budget,
-    requested_output_tokens,
-)
+from compaction.budget.calibrated import compute_budget, requested_output_tokens
+from compaction.budget.profile import DEFAULT_SAFETY_MARGIN, Bounds, Profile
 
 
 def test_budget_for_small_local_model_keeps_a_quarter_for_output() -> None:

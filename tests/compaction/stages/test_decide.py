@@ -9,9 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compaction import Profile, TokenCounter
-from compaction.budget.calibrated import calibrated_budget, retry_budget
+from compaction.budget.calibrated import calibrated_budget, compute_budget, retry_budget
 from compaction.budget.lessons import MAX_RATIO, MIN_RATIO, OverflowReport
-from compaction.budget.profile import compute_budget
 from compaction.conversation.checkpoints import Checkpoint, chain_hashes
 from compaction.conversation.reading import read_conversation
 from compaction.stages.decide import Steering, decide, made_progress, steering_can_matter
