@@ -283,8 +283,10 @@ class Metrics:
         self._store_latency = _Children(self.store_latency)
         self._store_at_once = _Children(self.store_at_once)
         self._usage: dict[str, _UsageChildren] = {}
-        #: Likewise the two dollar costs, made for a model only once it has a dollar price.
-        self._dollars: dict[str, tuple[Any, Any]] = {}
+        #: The two dollar costs, per model label: made for a model only once it
+        #: has a dollar price, so a model without one shows no dollar series.
+        self._cost_dollars = _Children(self.cost_dollars)
+        self._cost_without_dollars = _Children(self.cost_without_dollars)
 
     def model(self, name: str) -> str:
         if name in self._models:
@@ -374,17 +376,9 @@ class Metrics:
         children.cost.inc(cost)
         children.without.inc(without)
         if dollars is not None:  # only models with a known price show dollars at all
-            in_dollars = self._dollars.get(model)
-            if in_dollars is None:
-                label = self.model(model or "-")
-                in_dollars = (
-                    self.cost_dollars.labels(label),
-                    self.cost_without_dollars.labels(label),
-                )
-                if len(self._dollars) < MAX_MODELS * 2:
-                    self._dollars[model] = in_dollars
-            in_dollars[0].inc(dollars[0])
-            in_dollars[1].inc(dollars[1])
+            label = self.model(model or "-")
+            self._cost_dollars[label].inc(dollars[0])
+            self._cost_without_dollars[label].inc(dollars[1])
 
     def record_summarizer(
         self, model: str, usage: Usage, cost: float, dollars: float | None = None
@@ -448,8 +442,9 @@ class _UsageChildren(NamedTuple):
 
 
 class _Children(dict[str, Any]):
-    """``metric``'s child per label (one of a fixed few: routes, store
-    operations), made by its first ``labels()`` call and then only looked up."""
+    """``metric``'s child per label (one of a bounded few: routes, store
+    operations, model labels as :meth:`Metrics.model` bounds them), made by its
+    first ``labels()`` call and then only looked up."""
 
     def __init__(self, metric: Any) -> None:
         super().__init__()
