@@ -110,7 +110,8 @@ async def execute(
     """Compact ``decision.messages`` to ``decision.budget``.
 
     Raises :class:`~compaction.errors.CannotFitError` when the head, or the
-    newest group even cut, cannot fit.
+    newest group even cut, cannot fit, or the output asked for leaves the
+    input no room.
     """
     if decision.action == "forward":
         return forwarded(conversation, decision)
@@ -216,9 +217,16 @@ async def _compact(
     summarizer: Summarizer | None,
     instructions: str | None,
 ) -> _Outcome:
+    budget = run.budget
+    if budget.input_limit <= 0 and budget.requested_output >= budget.reserve:
+        # The output asked for set the reserve and took the window: the head is
+        # not what is too large, and no compaction can help.
+        raise CannotFitError.output(
+            budget.requested_output, budget.context_window, budget.input_limit
+        )
     head_tokens = sum(counts[:head]) + run.overhead
-    if head_tokens > run.budget.input_limit:
-        raise CannotFitError.head(sum(counts[:head]), run.overhead, run.budget.input_limit)
+    if head_tokens > budget.input_limit:
+        raise CannotFitError.head(sum(counts[:head]), run.overhead, budget.input_limit)
     # Stage 1: prune the whole middle, or mask its tool outputs
     # (compaction.stages.strategies: the strategy decides).
     tail = tail_start(groups, counts, _tail_budget(run, counts, head), head)

@@ -127,9 +127,8 @@ class Exchange:
                     store=store,
                 )
         except CannotFitError as exc:
-            refusal = _output_takes_the_window(call) if exc.limit <= 0 else None
-            if refusal is not None:  # the output asked for leaves the input no room at all
-                raise refusal from exc
+            if exc.part == "output":  # the output asked for leaves the input no room at all
+                raise _output_takes_the_window(call, exc) from exc
             advice = (
                 "Shorten the system prompt, the first messages or the tool schemas, or lower "
                 "max_tokens."
@@ -192,27 +191,23 @@ class Exchange:
 
 
 #: Where a client asks for its output's length, by API (chat's two, then
-#: Anthropic's and chat's older name, then Responses').
+#: Anthropic's and chat's older name, then Responses'): the refusal names the
+#: one it set.
 _OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def _output_takes_the_window(call: Call) -> ContextLengthExceeded | None:
-    """The refusal of a request whose output limit leaves its input no room in
-    the window, whatever its size: said in the client's own field, rather than
-    as a head above a negative input limit. ``None`` if it named no output
-    limit (then the tools' room took it: the head's refusal says so)."""
+def _output_takes_the_window(call: Call, exc: CannotFitError) -> ContextLengthExceeded:
+    """The engine's refusal of a request whose output limit leaves its input no
+    room in the window (``exc``, part ``"output"``), in the field the client
+    set, rather than as a head above a negative input limit."""
     asked = call.original if call.original is not None else call.body
-    for field in _OUTPUT_FIELDS:
-        value = asked.get(field)
-        if isinstance(value, int) and not isinstance(value, bool):
-            window = call.config.profile.context_window
-            return ContextLengthExceeded(
-                f"This request cannot be made to fit the model's context window: it asks "
-                f"for up to {value:,} output tokens ({field}) of a {window:,}-token window, "
-                f"which leaves no room for its input. Lower {field}.",
-                param=field,
-            )
-    return None
+    field = next((name for name in _OUTPUT_FIELDS if name in asked), "max_tokens")
+    return ContextLengthExceeded(
+        f"This request cannot be made to fit the model's context window: it asks "
+        f"for up to {exc.tokens:,} output tokens ({field}) of a {exc.window:,}-token window, "
+        f"which leaves no room for its input. Lower {field}.",
+        param=field,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
