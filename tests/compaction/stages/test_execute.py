@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from compaction import Profile, TokenCounter, compact
+import pytest
+
+from compaction import CannotFitError, Profile, TokenCounter, compact
 from compaction.budget.calibrated import calibrated_budget
 from compaction.chat.groups import validate_tool_pairing
 from compaction.chat.messages import message_text
@@ -133,3 +135,23 @@ def test_an_aider_conversation_cut_to_fit_says_what_it_removed() -> None:
     assert not any("removed 0 " in note for note in result.notes)
     # The head holds aider's canned messages and the first request typed.
     assert message_text(result.messages[7]).startswith("Please change step 0")
+
+
+def test_an_output_that_takes_the_window_is_refused_as_the_output_not_the_head() -> None:
+    """A short request asking for the whole window as output cannot fit: the
+    refusal names the output (its tokens and the window), not a head above a
+    negative limit; a head too large under a small output is still the head."""
+    profile = Profile(context_window=4_096, summarizer="extractive")
+    hi = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    with pytest.raises(CannotFitError) as refused:
+        asyncio.run(compact({"messages": hi, "max_tokens": 4_096}, profile))
+    assert (refused.value.part, refused.value.tokens, refused.value.window) == (
+        "output",
+        4_096,
+        4_096,
+    )
+    assert "4,096 output tokens of a 4,096-token window" in str(refused.value)
+    long_head = [{"role": "system", "content": "rule " * 5_000}, hi[1]]
+    with pytest.raises(CannotFitError) as head:
+        asyncio.run(compact({"messages": long_head, "max_tokens": 100}, profile))
+    assert head.value.part == "head"
