@@ -216,8 +216,10 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
     # The records are added up in one dict of the summary's fields, and one
     # summary is made of it at the end: a batch folds hundreds of records on
     # the store's thread, beside the event loop.
-    values = None if summary is None else dict(vars(summary))
-    counts_copied = False  # the stage and reason counts, copied before the first is added
+    values: dict[str, Any] | None = None
+    if summary is not None:  # its fields to add to; its counts copied, never changed in place
+        values = dict(vars(summary))
+        values["stages"], values["reasons"] = dict(summary.stages), dict(summary.reasons)
     for record in records:
         if values is None:
             values = {
@@ -231,7 +233,6 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
                 "stages": {},
                 "reasons": {},
             }
-            counts_copied = True  # its own
         for name in _SUMS:
             values[name] += getattr(record, name)
         if record.cost_dollars is not None:
@@ -241,10 +242,6 @@ def fold(summary: SessionSummary | None, records: Iterable[RequestRecord]) -> Se
         if record.background:
             continue
         if record.compacted:
-            if not counts_copied:  # the stored summary's: copied, never changed in place
-                values["stages"] = dict(values["stages"])
-                values["reasons"] = dict(values["reasons"])
-                counts_copied = True
             stages, reasons = values["stages"], values["reasons"]
             stages[record.stage] = stages.get(record.stage, 0) + 1
             reasons[record.reason] = reasons.get(record.reason, 0) + 1
